@@ -1,0 +1,1 @@
+"""Models: the CausalLM protocol, the native Llama-family runtime, weight loaders, registry."""

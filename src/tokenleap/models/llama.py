@@ -1,0 +1,175 @@
+"""Native Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral) in plain PyTorch.
+
+The architecture of Touvron et al. (2023): pre-RMSNorm blocks with rotary position embeddings
+(half-split "NeoX" layout), grouped-query attention and a SwiGLU MLP. Written as a functional
+forward over plain tensors rather than `nn.Module`s, with Q/K/V and gate/up fused into one
+matrix each, because on a 2-core CPU decoding is memory-bound and every Python-level op costs.
+
+`forward` takes any number of new tokens at arbitrary positions with an explicit attention mask
+(causal or a token tree), appends their keys and values to the KV cache, and returns final
+hidden states; `compute_logits` runs the LM head on chosen rows only. Weights are kept in the
+model dtype (bfloat16 or float32); activations, the KV cache and attention run in float32.
+
+Forwards of up to `ROW_PATH_MAX_ROWS` new tokens (decoding, verification) run on the
+row-invariant kernels of `tokenleap.kernels`, so verifying a draft is bit-identical to decoding
+it token by token; longer forwards (prompt prefill, shared by both paths) use torch's GEMM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from tokenleap.attention.ops import AttentionMask, attend, causal_mask
+from tokenleap.kernels import CpuKernels
+from tokenleap.kv.cache import KVCache
+from tokenleap.models.config import ModelConfig
+
+# New rows up to this count use the row-invariant path (decode / verify); longer forwards
+# (prompt prefill) use torch's batched kernels.
+ROW_PATH_MAX_ROWS = 32
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor  # [D]
+    wqkv: torch.Tensor  # [Q + 2KV, D]
+    bqkv: torch.Tensor | None  # [Q + 2KV]
+    wo: torch.Tensor  # [D, Q]
+    mlp_norm: torch.Tensor  # [D]
+    w_gate_up: torch.Tensor  # [2F, D]
+    w_down: torch.Tensor  # [D, F]
+
+
+@dataclass
+class ModelOutput:
+    hidden: torch.Tensor  # [n, D] after the final norm
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [n, D]
+
+
+class LlamaModel:
+    """A Llama-family causal LM implementing the `CausalLM` protocol."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        kernels: CpuKernels | None = None,
+    ) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.kv_dtype = torch.float32
+        self.kernels = kernels
+
+        def w(name: str) -> torch.Tensor:
+            return weights[name].to(dtype).contiguous()
+
+        def f32(name: str) -> torch.Tensor:
+            return weights[name].float().contiguous()
+
+        self.embed = w("embed")  # [V, D]
+        self.lm_head = self.embed if config.tie_word_embeddings else w("lm_head")
+        self.norm = f32("norm")
+        self.layers: list[_Layer] = []
+        for i in range(config.num_layers):
+            p = f"layers.{i}."
+            bias = None
+            if f"{p}q_bias" in weights:
+                bias = torch.cat([weights[f"{p}{n}_bias"] for n in ("q", "k", "v")]).float()
+            self.layers.append(
+                _Layer(
+                    attn_norm=f32(p + "attn_norm"),
+                    wqkv=torch.cat([weights[p + n] for n in ("q", "k", "v")]).to(dtype).contiguous(),
+                    bqkv=bias,
+                    wo=w(p + "o"),
+                    mlp_norm=f32(p + "mlp_norm"),
+                    w_gate_up=torch.cat([weights[p + "gate"], weights[p + "up"]]).to(dtype).contiguous(),
+                    w_down=w(p + "down"),
+                )
+            )
+        half = config.head_dim // 2
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+        angles = torch.outer(torch.arange(config.max_position, dtype=torch.float64), inv_freq)
+        self._cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # [P, hd]
+        self._sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()  # [P, hd]
+
+    @property
+    def max_context(self) -> int:
+        return self.config.max_position
+
+    def new_kv_cache(self, max_capacity: int | None = None) -> KVCache:
+        c = self.config
+        return KVCache(
+            c.num_layers,
+            c.num_kv_heads,
+            c.head_dim,
+            dtype=self.kv_dtype,
+            max_capacity=max_capacity or c.max_position,
+        )
+
+    def weight_bytes_per_token(self) -> int:
+        return self.config.bytes_per_token(self.embed.element_size())
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, row_path: bool) -> torch.Tensor:
+        """fp32 `[n, in]` -> fp32 `[n, out]`; row-invariant kernel on the row path."""
+        if row_path and self.kernels is not None:
+            return self.kernels.linear(x, w, b)
+        y = F.linear(x.to(w.dtype), w).float()
+        return y + b if b is not None else y
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [n] int64
+        positions: torch.Tensor,  # [n] int64
+        kv: KVCache,
+        attn: AttentionMask | None = None,
+        *,
+        return_hidden: Sequence[int] = (),
+    ) -> ModelOutput:
+        """Run `n` new tokens; their K/V go to cache slots `kv.length ..`, which are committed."""
+        c = self.config
+        n = input_ids.shape[0]
+        attn = attn or causal_mask()
+        start = kv.length
+        kv.reserve(n)
+        end = start + n
+        row_path = n <= ROW_PATH_MAX_ROWS
+        lin = self._linear
+        cos = self._cos[positions].unsqueeze(1)  # [n, 1, hd]
+        sin = self._sin[positions].unsqueeze(1)
+        half = c.head_dim // 2
+        nq, nkv = c.num_heads, c.num_kv_heads
+        x = F.embedding(input_ids, self.embed).float()  # [n, D]
+        hidden_states: dict[int, torch.Tensor] = {}
+        for idx, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer.attn_norm)
+            qkv = lin(h, layer.wqkv, layer.bqkv, row_path)  # [n, Q + 2KV]
+            qk = qkv[:, : c.q_size + c.kv_size].view(n, nq + nkv, c.head_dim)
+            rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
+            qk = qk * cos + rotated * sin  # [n, nq + nkv, hd]
+            v = qkv[:, c.q_size + c.kv_size :].view(n, nkv, c.head_dim)
+            kv.write(idx, start, qk[:, nq:].transpose(0, 1), v.transpose(0, 1))
+            a = attend(qk[:, :nq], kv, idx, start, attn, row_path=row_path, kernels=self.kernels)
+            x = x + lin(a, layer.wo, None, row_path)
+            h = self._rms_norm(x, layer.mlp_norm)
+            gate, up = lin(h, layer.w_gate_up, None, row_path).chunk(2, dim=-1)
+            x = x + lin(F.silu(gate) * up, layer.w_down, None, row_path)
+            if idx in return_hidden:
+                hidden_states[idx] = x
+        kv.commit(n)
+        return ModelOutput(self._rms_norm(x, self.norm), hidden_states)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
+        """LM head over `hidden[indices]` (all rows when None): float32 `[rows, vocab]`."""
+        if indices is not None:
+            hidden = hidden[indices]
+        return self._linear(hidden, self.lm_head, None, hidden.shape[0] <= ROW_PATH_MAX_ROWS)
