@@ -131,6 +131,10 @@ def load_kernels() -> CpuKernels | None:
     if not compiler or not _cpu_has_avx512():
         logger.warning("no C compiler or no AVX-512: using torch kernels (slower, not row-invariant)")
         return None
+    # Threads that busy-wait between kernel calls collapse throughput (measured: 5 vs 23 tok/s)
+    # when another process shares the two cores; sleeping waiters cost little when idle. Our
+    # OpenMP runtime reads this when the library loads (torch's own runtime is separate).
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     try:
         lib = ctypes.CDLL(str(_compile(compiler)))
     except (OSError, subprocess.CalledProcessError) as exc:

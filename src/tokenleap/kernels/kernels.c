@@ -88,7 +88,7 @@ void tl_linear(const float *x, const void *w, const float *b, float *y, float *x
     }
     const int64_t nblocks = out_dim / OB;
     const int64_t wbytes = wbits / 8;
-    #pragma omp parallel for schedule(static) num_threads(threads)
+    #pragma omp parallel for schedule(dynamic, 8) num_threads(threads)
     for (int64_t blk = 0; blk < nblocks; blk++) {
         const int64_t o0 = blk * OB;
         if (blk + 2 < nblocks) {
@@ -110,7 +110,7 @@ void tl_attention(const float *q, const float *k, const float *v, float *out,
                   float *scratch, int64_t max_slots, int threads) {
     const int64_t group = heads / kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
-    #pragma omp parallel for schedule(static) num_threads(threads)
+    #pragma omp parallel for schedule(dynamic, 8) num_threads(threads)
     for (int64_t job = 0; job < rows * heads; job++) {
         const int64_t r = job / heads, h = job % heads, kh = h / group;
         float *scores = scratch + (int64_t)omp_get_thread_num() * max_slots;

@@ -1,0 +1,83 @@
+"""CLI: generate/chat on the real model, and clear errors (no traceback, exit 2) on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tokenleap.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["generate", "hi", "--model", "/nonexistent/m.gguf"], "GGUF file not found"),
+        (["generate", "   "], "the prompt is empty"),
+        (["generate", "hi", "--max-tokens", "0"], "max_tokens must be a positive integer"),
+        (["generate", "hi", "--temperature", "-0.5"], "temperature must be >= 0"),
+        (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+        (["generate", "hi", "--model", "gemma3-270m"], "not yet implemented"),
+    ],
+)
+def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "generate" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_context_via_entry_point() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenleap.cli", "generate", "hello " * 40, "--raw", "--max-model-len", "16"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "context length is 16" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_generate_json_greedy_is_deterministic(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "What is 2 + 2?", "--temperature", "0", "-n", "24", "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["text"].strip()
+    assert len(first["token_ids"]) == first["num_generation_tokens"] <= 24
+    assert first["finish_reason"] in ("stop", "length")
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == first["token_ids"]
+
+
+@pytest.mark.slow
+def test_generate_streams_text_and_stats(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "Count from 1 to 5.", "--seed", "7", "-n", "20", "--stop", "5"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip()
+    assert "5" not in captured.out  # the stop string is cut
+    assert "tok/s" in captured.err
+
+
+@pytest.mark.slow
+def test_chat_multi_turn_from_stdin() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenleap.cli", "chat", "--temperature", "0", "-n", "16"],
+        input="My name is Ada.\n/reset\nSay hello.\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "(history cleared)" in proc.stderr
+    assert proc.stderr.count(" generated; ") == 2  # one stats line per answered turn
+    assert "Traceback" not in proc.stderr
