@@ -217,7 +217,10 @@ class TransformersEngine:
 
 def load_transformers(path: Path, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()  # GGUF conversion progress bars and the packed-weights notice
+    hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     model.eval()
     gc_ = model.generation_config  # drop sampling defaults so greedy generate does not warn
@@ -662,8 +665,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 model = load_transformers(source.path, dtype)
             gen_eos = model.generation_config.eos_token_id
             eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
-            hf_info[name] = {"load_s": time.perf_counter() - t0,
-                             "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+            q_proj = model.model.layers[0].self_attn.q_proj  # dense nn.Linear unless the GGUF stayed packed
+            hf_info[name] = {
+                "load_s": time.perf_counter() - t0,
+                "attn_implementation": getattr(model.config, "_attn_implementation", None),
+                "linear_class": f"{type(q_proj).__module__}.{type(q_proj).__name__}",
+                "weight_dtypes": sorted({str(t.dtype) for t in model.parameters()}),
+                "parameter_bytes": sum(t.numel() * t.element_size() for t in model.parameters()),
+            }
             pad = tok.hf.pad_token_id if tok.hf.pad_token_id is not None else min(tok.eos_token_ids)
             engines.append(TransformersEngine(name, model, pad))
 

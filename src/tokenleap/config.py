@@ -30,3 +30,58 @@ class EngineConfig:
         object.__setattr__(self, "dtype", dtype)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise TokenleapError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+SPEC_METHODS = ("ngram", "draft-model", "custom")
+_SPEC_ALIASES = {"draft_model": "draft-model", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
+MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding settings, named as in vLLM's `speculative_config` dict."""
+
+    method: str
+    num_speculative_tokens: int = 8  # draft length cap (llama.cpp: --draft-max)
+    draft_min: int = 0  # drafts shorter than this are not verified (llama.cpp: --draft-min)
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    model: str | None = None  # the draft model (method "draft-model")
+    drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
+
+    def __post_init__(self) -> None:
+        method = _SPEC_ALIASES.get(str(self.method), str(self.method))
+        object.__setattr__(self, "method", method)
+        if method not in SPEC_METHODS:
+            raise TokenleapError(f"unknown speculative method {self.method!r}; choose one of {', '.join(SPEC_METHODS)}")
+        if not 1 <= self.num_speculative_tokens <= MAX_DRAFT_TOKENS:
+            raise TokenleapError(f"num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_speculative_tokens}")
+        if not 0 <= self.draft_min <= self.num_speculative_tokens:
+            raise TokenleapError(f"draft_min must be in [0, num_speculative_tokens], got {self.draft_min}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise TokenleapError(
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+        if method == "draft-model" and not self.model:
+            raise TokenleapError("method 'draft-model' needs a draft model: speculative_config['model'] (CLI: --model-draft)")
+        if method == "custom" and self.drafter is None:
+            raise TokenleapError("method 'custom' needs a drafter object: speculative_config['drafter']")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, object] | None) -> SpecConfig | None:
+        """Build from a vLLM-style dict; None, {} or {"method": "none"} mean no speculation."""
+        if not raw:
+            return None
+        raw = dict(raw)
+        if str(raw.get("method", "")).lower() in ("none", "off", ""):
+            if "method" not in raw:
+                raise TokenleapError("speculative_config needs a 'method'")
+            return None
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise TokenleapError(f"unknown speculative_config key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        try:
+            return cls(**raw)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise TokenleapError(f"bad speculative_config: {exc}") from exc

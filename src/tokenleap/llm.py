@@ -14,7 +14,8 @@ from typing import Any, Union
 import torch
 from tqdm.auto import tqdm
 
-from tokenleap.config import EngineConfig
+from tokenleap.config import EngineConfig, SpecConfig
+from tokenleap.drafters import default_registry
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.request import Request
 from tokenleap.errors import TokenleapError
@@ -46,12 +47,16 @@ class LLM:
         speculative_config: dict[str, Any] | None = None,
         use_kernels: bool = True,
     ) -> None:
-        if speculative_config:
-            raise TokenleapError("speculative_config is not available yet in this build (plain decoding only)")
         self.config = EngineConfig(model=model, dtype=dtype, max_model_len=max_model_len, use_kernels=use_kernels)
+        self.spec_config = SpecConfig.from_dict(speculative_config)
         self.source = resolve(self.config.model)
         self.model, self.tokenizer = load_model(self.source, DTYPES[self.config.dtype], use_kernels=use_kernels)
-        self.engine = Engine(self.model, self.tokenizer, self.config.max_model_len)
+        self.drafter = None
+        if self.spec_config is not None:
+            self.drafter = default_registry().create(
+                self.spec_config.method, self.spec_config, target=self.model, tokenizer=self.tokenizer, dtype=self.config.dtype
+            )
+        self.engine = Engine(self.model, self.tokenizer, self.config.max_model_len, self.spec_config, self.drafter)
 
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer

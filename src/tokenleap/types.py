@@ -10,6 +10,41 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class SpecStats:
+    """Speculation counters in the words of vLLM and llama.cpp."""
+
+    num_drafts: int = 0  # steps that verified a non-empty draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # accepted count at draft position i
+    drafted_per_position: list[int] = field(default_factory=list)  # drafts that reached position i
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    def acceptance_rate_per_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def record(self, draft_len: int, num_accepted: int) -> None:
+        if draft_len == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += draft_len
+        self.num_accepted_tokens += num_accepted
+        grow = draft_len - len(self.drafted_per_position)
+        if grow > 0:
+            self.drafted_per_position.extend([0] * grow)
+            self.accepted_per_position.extend([0] * grow)
+        for i in range(draft_len):
+            self.drafted_per_position[i] += 1
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+
+@dataclass
 class RequestMetrics:
     arrival_time: float
     first_token_time: float | None = None
@@ -19,6 +54,14 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_forward_passes: int = 0  # target forwards after prefill (steps)
+    spec: SpecStats = field(default_factory=SpecStats)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens committed per target forward after prefill (1.00 for plain decoding)."""
+        if self.num_forward_passes == 0:
+            return 0.0
+        return (self.num_generation_tokens - 1) / self.num_forward_passes
 
     @property
     def decode_tokens_per_second(self) -> float:

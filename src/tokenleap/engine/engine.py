@@ -5,9 +5,10 @@ through the target model, turns the logits into tokens and commits them to the r
 
     schedule -> [drafter.propose] -> target forward -> sample / verify -> kv.truncate -> emit
 
-This module implements plain autoregressive decoding (greedy and sampled) over one request at
-a time; the forward already takes many query tokens at arbitrary positions with an explicit
-mask and the KV cache rolls back, which is what verification needs.
+Plain decoding is the same step with an empty draft, so both paths share one code path and
+(thanks to the row-invariant kernels) compute every committed token's logits identically: greedy
+speculative output is token-for-token the plain output. Requests run one at a time here;
+continuous batching comes with the server.
 """
 
 from __future__ import annotations
@@ -18,19 +19,33 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from tokenleap.config import SpecConfig
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.engine.request import Request
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
 from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import RequestMetrics
+from tokenleap.verify.chain import verify_chain
+
+_EMPTY = Draft()
 
 
 class Engine:
-    def __init__(self, model: LlamaModel, tokenizer: Tokenizer, max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        tokenizer: Tokenizer,
+        max_model_len: int | None = None,
+        spec: SpecConfig | None = None,
+        drafter: Drafter | None = None,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = min(max_model_len or model.max_context, model.max_context)
+        self.spec = spec
+        self.drafter = drafter if spec is not None else None
         self._ids = itertools.count()
 
     def add_request(
@@ -74,19 +89,54 @@ class Engine:
         req.metrics.prefill_seconds = time.perf_counter() - t0
         req.metrics.first_token_time = time.time()
 
-    def step(self, req: Request) -> None:
-        """One target forward: the last committed token in, the next token out."""
+    def _draft_budget(self, req: Request) -> int:
+        """Draft tokens worth verifying this step: the cap, bounded by what is left to generate
+        and by the context."""
+        if self.spec is None:
+            return 0
+        left = req.params.max_tokens - len(req.output_ids) - 1
+        room = self.max_context - req.kv.length - 1
+        return max(0, min(self.spec.num_speculative_tokens, left, room))
+
+    def _propose(self, req: Request) -> Draft:
+        budget = self._draft_budget(req)
+        if budget == 0 or self.drafter is None:
+            return _EMPTY
         t0 = time.perf_counter()
-        last = req.output_ids[-1]
+        draft = self.drafter.propose(req.request_id, req.prompt_ids + req.output_ids, budget)
+        req.metrics.spec.draft_seconds += time.perf_counter() - t0
+        if len(draft) < max(1, self.spec.draft_min if self.spec else 0):
+            return _EMPTY
+        if len(draft) > budget:
+            probs = draft.probs[:budget] if draft.probs is not None else None
+            draft = Draft(draft.tokens[:budget], None, probs)
+        return draft
+
+    def step(self, req: Request) -> None:
+        """One target forward over the last committed token plus the draft; commit the verified
+        tokens and roll the KV cache back past the rejected ones."""
+        t0 = time.perf_counter()
+        draft = self._propose(req)
+        t1 = time.perf_counter()
         pos = req.kv.length
-        out = self.model.forward(torch.tensor([last]), torch.tensor([pos]), req.kv)
-        logits = self.model.compute_logits(out.hidden)[0]
-        req.append_tokens([sample_next(logits, req.params, req.generator)])
+        ids = torch.tensor([req.output_ids[-1], *draft.tokens])
+        out = self.model.forward(ids, torch.arange(pos, pos + len(ids)), req.kv)
+        logits = self.model.compute_logits(out.hidden)  # [k+1, V]
+        result = verify_chain(draft.tokens, logits, req.params, req.generator, draft.probs)
+        req.kv.truncate(pos + 1 + result.num_accepted)
+        if self.drafter is not None:
+            self.drafter.accept(req.request_id, result.tokens, result.num_accepted)
+        req.append_tokens(result.tokens)
+        t2 = time.perf_counter()
+        req.metrics.spec.verify_seconds += t2 - t1
+        req.metrics.spec.record(len(draft), result.num_accepted)
         req.metrics.num_forward_passes += 1
-        req.metrics.decode_seconds += time.perf_counter() - t0
+        req.metrics.decode_seconds += t2 - t0
 
     def stream(self, req: Request) -> Iterator[str]:
         """Run a request to completion, yielding text deltas as they become final."""
+        if self.drafter is not None:
+            self.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
         try:
             self.prefill(req)
             delta = req.take_delta()
@@ -100,6 +150,8 @@ class Engine:
         finally:
             req.metrics.finished_time = time.time()
             req.kv.free()
+            if self.drafter is not None:
+                self.drafter.end(req.request_id)
 
     def run(self, req: Request) -> Request:
         for _ in self.stream(req):

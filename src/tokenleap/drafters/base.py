@@ -1,0 +1,101 @@
+"""The drafter protocol: llama.cpp's begin / propose / accept / end lifecycle with Hugging Face
+assisted generation's feedback hook, and a registry of drafter factories by method name.
+
+A drafter sees a request's prompt once (`begin`), proposes up to `max_tokens` tokens given the
+full context (`propose`), learns which of them were accepted (`accept`) and forgets the request
+(`end`). A `Draft` is a chain unless `parents` says otherwise, and carries `probs`, the exact
+distribution q each token was drawn from, when the drafter samples (None = deterministic, q is
+one-hot). The engine dispatches on capability flags (`needs_hidden_states`), never on types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from tokenleap.errors import TokenleapError
+from tokenleap.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] | None = None  # -1 = child of the last committed token; None = chain
+    probs: torch.Tensor | None = None  # [n, V] q(x); None = deterministic
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What a drafter may know about a request when it begins."""
+
+    request_id: str
+    prompt_ids: Sequence[int]
+    params: SamplingParams
+    generator: torch.Generator
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: ClassVar[str]
+    needs_hidden_states: ClassVar[bool]
+
+    def begin(self, request: DraftRequest) -> None: ...
+
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft: ...
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None: ...
+
+    def end(self, request_id: str) -> None: ...
+
+
+class StatelessDrafter:
+    """Base for drafters that need no per-request state (lifecycle calls are no-ops)."""
+
+    needs_hidden_states: ClassVar[bool] = False
+
+    def begin(self, request: DraftRequest) -> None:
+        return None
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
+        return None
+
+    def end(self, request_id: str) -> None:
+        return None
+
+
+DrafterFactory = Callable[..., Drafter]
+
+
+@dataclass
+class DrafterRegistry:
+    """Method name -> factory(spec_config, **context) -> Drafter."""
+
+    factories: dict[str, DrafterFactory] = field(default_factory=dict)
+
+    def register(self, name: str, factory: DrafterFactory) -> None:
+        self.factories[name] = factory
+
+    def create(self, name: str, config: Any, **context: Any) -> Drafter:
+        if name not in self.factories:
+            known = ", ".join(sorted(self.factories))
+            raise TokenleapError(f"unknown speculative method {name!r}; known: {known}")
+        return self.factories[name](config, **context)
+
+    def names(self) -> list[str]:
+        return sorted(self.factories)
+
+
+def check_drafter(obj: Any) -> Drafter:
+    """Validate a user-supplied drafter object against the protocol, with a clear error."""
+    missing = [m for m in ("begin", "propose", "accept", "end") if not callable(getattr(obj, m, None))]
+    if missing:
+        raise TokenleapError(
+            f"custom drafter {type(obj).__name__} lacks method(s) {', '.join(missing)} of the Drafter protocol"
+        )
+    return obj

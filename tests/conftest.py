@@ -1,0 +1,189 @@
+"""Shared fixtures: the real SmolLM2 model (loaded once per session), its tokenizer, transformers' reference, and a tiny random Llama."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenleap.kernels import CpuKernels, load_kernels
+from tokenleap.models.config import ModelConfig
+from tokenleap.models.llama import LlamaModel
+from tokenleap.models.registry import DEFAULT_MODEL, resolve
+from tokenleap.tokenizer import Tokenizer
+
+SPEC_BENCH = Path("/work/shared/bench/spec_bench.jsonl")
+
+# A few real English questions, used when the Spec-Bench file is not present on the machine.
+_FALLBACK_QUESTIONS = [
+    "What is the capital of France, and why is it famous?",
+    "Explain in simple terms how a rainbow forms.",
+    "Write a short poem about the sea at night.",
+    "Give three tips for staying focused while studying.",
+    "How do vaccines help the immune system fight disease?",
+    "Describe the water cycle for a ten-year-old.",
+]
+
+
+def _load_questions() -> list[str]:
+    if not SPEC_BENCH.is_file():
+        return list(_FALLBACK_QUESTIONS)
+    rows = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines() if line.strip()]
+    # One question from several different categories, short enough to keep the tests fast.
+    picked: dict[str, str] = {}
+    for row in rows:
+        q = row["turns"][0]
+        if row.get("category") not in picked and len(q) < 260:
+            picked[row.get("category", str(len(picked)))] = q
+    return list(picked.values())
+
+
+@pytest.fixture(scope="session")
+def questions() -> list[str]:
+    """Real English prompts (Spec-Bench first turns, one per category)."""
+    qs = _load_questions()
+    assert len(qs) >= 5
+    return qs
+
+
+# --------------------------------------------------------------------------- real model
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    path = resolve(DEFAULT_MODEL).path
+    assert path.is_file()
+    return path
+
+
+@pytest.fixture(scope="session")
+def weights(model_path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    from tokenleap.models.loaders import load_gguf
+
+    return load_gguf(model_path)
+
+
+@pytest.fixture(scope="session")
+def kernels() -> CpuKernels:
+    """The compiled row-invariant kernels; tests that need them skip on machines without."""
+    k = load_kernels()
+    if k is None:
+        pytest.skip("tokenleap kernels unavailable (no C compiler or no AVX-512)")
+    return k
+
+
+@pytest.fixture(scope="session")
+def model_fp32(weights: tuple[ModelConfig, dict[str, torch.Tensor]]) -> LlamaModel:
+    config, w = weights
+    return LlamaModel(config, w, torch.float32, load_kernels())
+
+
+@pytest.fixture(scope="session")
+def model_bf16(weights: tuple[ModelConfig, dict[str, torch.Tensor]]) -> LlamaModel:
+    config, w = weights
+    return LlamaModel(config, w, torch.bfloat16, load_kernels())
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_path: Path) -> torch.nn.Module:
+    """transformers' own Llama on the same GGUF, in float32: the reference implementation."""
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(model_path.parent, gguf_file=model_path.name, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_path: Path) -> Tokenizer:
+    return Tokenizer.from_gguf(model_path)
+
+
+@pytest.fixture(scope="session")
+def llm():  # -> tokenleap.LLM
+    import tokenleap
+
+    return tokenleap.LLM()
+
+
+# --------------------------------------------------------------------------- tiny random model
+
+# Sizes satisfy the kernels' constraints: every linear's input width (hidden, heads * head_dim,
+# intermediate) is a multiple of 32 and head_dim is a multiple of 16.
+TINY_CONFIG = ModelConfig(
+    architecture="llama",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    max_position=128,
+    tie_word_embeddings=False,
+)
+
+
+def make_tiny_weights(config: ModelConfig = TINY_CONFIG, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random float32 weights under tokenleap's canonical names, scaled so logits are spread."""
+    g = torch.Generator().manual_seed(seed)
+    d, f = config.hidden_size, config.intermediate_size
+
+    def rnd(*shape: int, std: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * std
+
+    w: dict[str, torch.Tensor] = {"embed": rnd(config.vocab_size, d), "norm": 1.0 + rnd(d, std=0.1)}
+    if not config.tie_word_embeddings:
+        w["lm_head"] = rnd(config.vocab_size, d, std=d**-0.5)
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        w[p + "attn_norm"] = 1.0 + rnd(d, std=0.1)
+        w[p + "mlp_norm"] = 1.0 + rnd(d, std=0.1)
+        w[p + "q"] = rnd(config.q_size, d, std=d**-0.5)
+        w[p + "k"] = rnd(config.kv_size, d, std=d**-0.5)
+        w[p + "v"] = rnd(config.kv_size, d, std=d**-0.5)
+        w[p + "o"] = rnd(d, config.q_size, std=config.q_size**-0.5)
+        w[p + "gate"] = rnd(f, d, std=d**-0.5)
+        w[p + "up"] = rnd(f, d, std=d**-0.5)
+        w[p + "down"] = rnd(d, f, std=f**-0.5)
+    return w
+
+
+@pytest.fixture(scope="session")
+def tiny_config() -> ModelConfig:
+    return TINY_CONFIG
+
+
+@pytest.fixture(scope="session")
+def tiny_weights() -> dict[str, torch.Tensor]:
+    return make_tiny_weights()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_weights: dict[str, torch.Tensor]) -> LlamaModel:
+    """2 layers, hidden 64, 4 heads / 2 KV heads of 32, vocab 256, fp32, with kernels when available."""
+    return LlamaModel(TINY_CONFIG, tiny_weights, torch.float32, load_kernels())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_bf16(tiny_weights: dict[str, torch.Tensor]) -> LlamaModel:
+    return LlamaModel(TINY_CONFIG, tiny_weights, torch.bfloat16, load_kernels())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory() -> Callable[..., LlamaModel]:
+    """Build a tiny model with chosen dtype / kernels / weights seed."""
+
+    def build(dtype: torch.dtype = torch.float32, use_kernels: bool = True, seed: int = 0) -> LlamaModel:
+        return LlamaModel(TINY_CONFIG, make_tiny_weights(TINY_CONFIG, seed), dtype, load_kernels() if use_kernels else None)
+
+    return build

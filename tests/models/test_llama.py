@@ -1,0 +1,300 @@
+"""Native Llama forward: agreement with transformers, and bit-identity of verification with token-by-token decoding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from tokenleap.attention import AttentionMask, tree_mask
+from tokenleap.engine.engine import Engine
+from tokenleap.kernels import CpuKernels
+from tokenleap.kv.cache import KVCache
+from tokenleap.models.llama import ROW_PATH_MAX_ROWS, LlamaModel
+from tokenleap.sampling import SamplingParams
+from tokenleap.tokenizer import Tokenizer
+
+EOS = 2  # SmolLM2's <|im_end|>
+
+
+def _prefill(model: LlamaModel, ids: Sequence[int]) -> tuple[KVCache, torch.Tensor]:
+    kv = model.new_kv_cache()
+    out = model.forward(torch.tensor(ids), torch.arange(len(ids)), kv)
+    return kv, out.hidden
+
+
+def _hf_logits(hf_model: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return hf_model(torch.tensor([list(ids)])).logits[0].float()
+
+
+# --------------------------------------------------------------------------- vs transformers
+
+
+@pytest.mark.slow
+def test_prefill_logits_match_transformers(
+    model_fp32: LlamaModel, hf_model: torch.nn.Module, tokenizer: Tokenizer, questions: list[str]
+) -> None:
+    prompts = [questions[0], questions[3], min(questions, key=len)]
+    lengths = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt)
+        lengths.append(len(ids))
+        _, hidden = _prefill(model_fp32, ids)
+        logits = model_fp32.compute_logits(hidden)
+        ref = _hf_logits(hf_model, ids)
+        assert logits.shape == ref.shape == (len(ids), 49152)
+        diff = (logits - ref).abs().max().item()
+        assert diff < 1e-3, f"prompt {prompt[:40]!r}: max abs diff {diff}"
+        assert torch.equal(logits.argmax(-1), ref.argmax(-1))
+    # both prefill paths were exercised: torch GEMM (long) and the row kernels (short)
+    assert max(lengths) > ROW_PATH_MAX_ROWS >= min(lengths)
+
+
+@pytest.mark.slow
+def test_single_token_decode_logits_match_transformers(
+    model_fp32: LlamaModel, hf_model: torch.nn.Module, tokenizer: Tokenizer, questions: list[str]
+) -> None:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": questions[1]}])
+    n = len(ids)
+    continuation = tokenizer.encode(" Sure, here is my answer in a few words.")
+    kv, _ = _prefill(model_fp32, ids)
+    rows = []
+    for i, tok in enumerate(continuation):
+        out = model_fp32.forward(torch.tensor([tok]), torch.tensor([n + i]), kv)
+        rows.append(model_fp32.compute_logits(out.hidden))
+    logits = torch.cat(rows)
+    ref = _hf_logits(hf_model, ids + continuation)[n:]
+    diff = (logits - ref).abs().max().item()
+    assert diff < 1e-3, f"max abs diff {diff}"
+    assert kv.length == n + len(continuation)
+
+
+@pytest.mark.slow
+def test_greedy_generation_matches_transformers(
+    model_fp32: LlamaModel, hf_model: torch.nn.Module, tokenizer: Tokenizer, questions: list[str]
+) -> None:
+    """Greedy fp32 output of the engine == transformers' generate(do_sample=False), token by token.
+
+    transformers appends EOS and stops; tokenleap stops at EOS without adding it to token_ids
+    and reports finish_reason "stop". So: the tokens before the first EOS must be identical,
+    and either both stopped at that point or both ran the full 64 tokens.
+    """
+    max_new = 64
+    engine = Engine(model_fp32, tokenizer)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new)
+    compared = 0
+    for question in questions[:5]:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}])
+        with torch.inference_mode():
+            ref = hf_model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=max_new,
+                pad_token_id=EOS,
+            )[0, len(ids) :].tolist()
+        req = engine.run(engine.add_request(ids, params))
+        hf_stopped = EOS in ref
+        hf_tokens = ref[: ref.index(EOS)] if hf_stopped else ref
+        assert req.output_ids == hf_tokens, f"greedy output differs for {question[:50]!r}"
+        if hf_stopped:
+            assert req.finish_reason == "stop"
+        else:
+            assert len(ref) == max_new and req.finish_reason == "length"
+        compared += len(hf_tokens)
+    assert compared >= 5 * 32  # a real comparison, not five immediate EOS
+
+
+# --------------------------------------------------------------------------- verification == decoding
+
+
+def _check_chain(model: LlamaModel, prompt: Sequence[int], chunk: Sequence[int]) -> None:
+    """k rows in one forward vs k single-row forwards, after the same prefill."""
+    p = len(prompt)
+    kv_a, _ = _prefill(model, prompt)
+    out = model.forward(torch.tensor(chunk), torch.arange(p, p + len(chunk)), kv_a)
+    batched = model.compute_logits(out.hidden)
+
+    kv_b, _ = _prefill(model, prompt)
+    rows = []
+    for i, tok in enumerate(chunk):
+        o = model.forward(torch.tensor([tok]), torch.tensor([p + i]), kv_b)
+        rows.append(model.compute_logits(o.hidden))
+    single = torch.cat(rows)
+
+    assert torch.equal(batched, single), f"max diff {(batched - single).abs().max().item()}"
+    assert kv_a.length == kv_b.length == p + len(chunk)
+    for layer in range(model.config.num_layers):
+        assert torch.equal(kv_a.keys(layer, kv_a.length), kv_b.keys(layer, kv_b.length))
+        assert torch.equal(kv_a.values(layer, kv_a.length), kv_b.values(layer, kv_b.length))
+
+
+def _depths(parents: Sequence[int]) -> list[int]:
+    depth: list[int] = []
+    for parent in parents:
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+    return depth
+
+
+def _path(parents: Sequence[int], node: int) -> list[int]:
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def _check_tree(model: LlamaModel, prompt: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> None:
+    """A token tree verified in one forward vs decoding each root-to-node path token by token."""
+    p = len(prompt)
+    kv_a, _ = _prefill(model, prompt)
+    positions = torch.tensor([p + d for d in _depths(parents)])
+    out = model.forward(torch.tensor(tokens), positions, kv_a, tree_mask(parents, p))
+    tree_logits = model.compute_logits(out.hidden)
+
+    kv_b, _ = _prefill(model, prompt)
+    for node in range(len(tokens)):
+        kv_b.truncate(p)  # back to the prefill; the prompt slots are untouched
+        path = _path(parents, node)
+        for depth, row in enumerate(path):
+            o = model.forward(torch.tensor([tokens[row]]), torch.tensor([p + depth]), kv_b)
+        single = model.compute_logits(o.hidden)[0]
+        assert torch.equal(tree_logits[node], single), (
+            f"tree row {node} (path {path}) differs by {(tree_logits[node] - single).abs().max().item()}"
+        )
+
+
+TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 5, -1, 7]  # two roots, branching at rows 0 and 1, depth up to 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_chunk_verification_bit_identical_to_decoding(
+    dtype: torch.dtype,
+    model_fp32: LlamaModel,
+    model_bf16: LlamaModel,
+    kernels: CpuKernels,
+    tokenizer: Tokenizer,
+    questions: list[str],
+) -> None:
+    model = model_fp32 if dtype == torch.float32 else model_bf16
+    ids = tokenizer.encode(questions[2])
+    assert len(ids) > ROW_PATH_MAX_ROWS + 8  # prefill on the batch path
+    _check_chain(model, ids[:-8], ids[-8:])
+    # short prefill (row path) and a longer chunk, too
+    _check_chain(model, ids[:5], ids[5:21])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tree_verification_bit_identical_to_decoding(
+    dtype: torch.dtype,
+    model_fp32: LlamaModel,
+    model_bf16: LlamaModel,
+    kernels: CpuKernels,
+    tokenizer: Tokenizer,
+    questions: list[str],
+) -> None:
+    model = model_fp32 if dtype == torch.float32 else model_bf16
+    ids = tokenizer.encode(questions[4])
+    tokens = tokenizer.encode(" The answer is that we can read the files")[: len(TREE_PARENTS)]
+    assert len(tokens) == len(TREE_PARENTS)
+    _check_tree(model, ids, tokens, TREE_PARENTS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tiny_model_verification_bit_identical(
+    dtype: torch.dtype, tiny_model: LlamaModel, tiny_model_bf16: LlamaModel, kernels: CpuKernels
+) -> None:
+    model = tiny_model if dtype == torch.float32 else tiny_model_bf16
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, model.config.vocab_size, (60,), generator=g).tolist()
+    _check_chain(model, ids[:40], ids[40:52])
+    _check_chain(model, ids[:3], ids[3:35])  # a full row-path chunk of 32 rows
+    _check_tree(model, ids[:40], ids[40 : 40 + len(TREE_PARENTS)], TREE_PARENTS)
+
+
+def test_tree_forward_matches_path_forward_without_kernels(tiny_model_factory) -> None:
+    """The torch fallback (no compiled kernels) computes the same function, within rounding."""
+    model = tiny_model_factory(use_kernels=False)
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 256, (20,), generator=g).tolist()
+    tokens = torch.randint(0, 256, (len(TREE_PARENTS),), generator=g).tolist()
+    p = len(prompt)
+    kv, _ = _prefill(model, prompt)
+    positions = torch.tensor([p + d for d in _depths(TREE_PARENTS)])
+    tree_logits = model.compute_logits(model.forward(torch.tensor(tokens), positions, kv, tree_mask(TREE_PARENTS, p)).hidden)
+    for node in range(len(tokens)):
+        path = _path(TREE_PARENTS, node)
+        ref_kv, ref_hidden = _prefill(model, prompt + [tokens[r] for r in path])
+        ref = model.compute_logits(ref_hidden, [len(prompt) + len(path) - 1])[0]
+        torch.testing.assert_close(tree_logits[node], ref, atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@pytest.mark.slow
+def test_return_hidden_states_match_transformers(
+    model_fp32: LlamaModel, hf_model: torch.nn.Module, tokenizer: Tokenizer, questions: list[str]
+) -> None:
+    ids = tokenizer.encode(questions[5])
+    layers = (0, 14, 28)
+    kv = model_fp32.new_kv_cache()
+    out = model_fp32.forward(torch.tensor(ids), torch.arange(len(ids)), kv, return_hidden=layers)
+    assert sorted(out.hidden_states) == list(layers)
+    with torch.inference_mode():
+        ref = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    for layer in layers:
+        mine = out.hidden_states[layer]
+        assert mine.shape == (len(ids), 576)
+        # transformers' hidden_states[0] is the embedding output; [i + 1] is after layer i
+        expected = ref[layer + 1][0]
+        scale = expected.abs().max().item()
+        diff = (mine - expected).abs().max().item()
+        assert diff < 1e-4 * max(scale, 1.0), f"layer {layer}: diff {diff} (scale {scale})"
+    # different layers really are different tensors
+    assert not torch.allclose(out.hidden_states[0], out.hidden_states[28])
+
+
+def test_return_hidden_row_path_and_default(tiny_model: LlamaModel) -> None:
+    ids = torch.arange(10, 16)
+    kv = tiny_model.new_kv_cache()
+    out = tiny_model.forward(ids, torch.arange(6), kv, return_hidden=[1])
+    assert list(out.hidden_states) == [1]
+    assert out.hidden_states[1].shape == (6, 64)
+    kv2 = tiny_model.new_kv_cache()
+    plain = tiny_model.forward(ids, torch.arange(6), kv2)
+    assert plain.hidden_states == {}
+    assert torch.equal(plain.hidden, out.hidden)
+
+
+@pytest.mark.parametrize("n", [8, 48], ids=["row-path", "batch-path"])
+def test_compute_logits_indices_selects_rows(tiny_model: LlamaModel, n: int) -> None:
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 256, (n,), generator=g)
+    kv = tiny_model.new_kv_cache()
+    hidden = tiny_model.forward(ids, torch.arange(n), kv).hidden
+    full = tiny_model.compute_logits(hidden)
+    assert full.shape == (n, 256) and full.dtype == torch.float32
+    for indices in ([n - 1], [0, 3, n - 2], torch.tensor([2, 5])):
+        picked = tiny_model.compute_logits(hidden, indices)
+        assert picked.shape == (len(indices), 256)
+        torch.testing.assert_close(picked, full[torch.as_tensor(indices)], atol=1e-5, rtol=1e-5)
+    # distinct rows give distinct logits: the selection is not trivially satisfied
+    assert not torch.allclose(full[0], full[n - 1])
+
+
+def test_explicit_causal_mask_equals_default(tiny_model: LlamaModel) -> None:
+    """A full boolean causal mask (tree of a chain) gives the same rows as mask=None."""
+    g = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, 256, (12,), generator=g)
+    chunk = torch.randint(0, 256, (5,), generator=g)
+    kv_a, _ = _prefill(tiny_model, prompt.tolist())
+    a = tiny_model.forward(chunk, torch.arange(12, 17), kv_a).hidden
+    kv_b, _ = _prefill(tiny_model, prompt.tolist())
+    chain = tree_mask([-1, 0, 1, 2, 3], 12)
+    assert torch.equal(chain.mask, torch.ones(5, 17, dtype=torch.bool).tril(12))
+    b = tiny_model.forward(chunk, torch.arange(12, 17), kv_b, AttentionMask(chain.mask)).hidden
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
