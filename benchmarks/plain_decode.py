@@ -61,7 +61,9 @@ benchmarks/results/plain_decode.json) and rich tables on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import io
 import json
 import math
 import os
@@ -221,7 +223,8 @@ def load_transformers(path: Path, dtype: torch.dtype) -> Any:
 
     hf_logging.set_verbosity_error()  # GGUF conversion progress bars and the packed-weights notice
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    with contextlib.redirect_stderr(io.StringIO()):  # its GGUF de-quantization bar is a bare tqdm
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     model.eval()
     gc_ = model.generation_config  # drop sampling defaults so greedy generate does not warn
     for attr in ("temperature", "top_p", "top_k"):
@@ -429,9 +432,12 @@ def verify_curve(
     result: dict[str, Any] = {"context_tokens": ctx, "repeats": repeats, "ks": list(ks), "dtypes": {}}
     for dtype in models:
         med = {k: statistics.median(times[dtype][k]) for k in ks}
+        best = {k: min(times[dtype][k]) for k in ks}
         result["dtypes"][dtype] = {
             "ms": {str(k): med[k] * 1e3 for k in ks},
             "relative": {str(k): med[k] / med[ks[0]] for k in ks},
+            "ms_min": {str(k): best[k] * 1e3 for k in ks},
+            "relative_min": {str(k): best[k] / best[ks[0]] for k in ks},
         }
     return result
 
@@ -689,6 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cpu": _cpu_name(),
             "threads": torch.get_num_threads(),
             "loadavg_start": load_start,
+            "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "KMP_", "MKL_"))},
             "kernels": kernels is not None,
             "model": str(source.path),
             "transformers_engines": hf_info,

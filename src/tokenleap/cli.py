@@ -43,6 +43,28 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
 
 
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
+    g.add_argument("--spec-type", default="none", help="ngram | none (default: %(default)s)")
+    g.add_argument("--draft-max", type=int, default=8, help="draft tokens per step at most (default: %(default)s)")
+    g.add_argument("--draft-min", type=int, default=0, help="shorter drafts are not verified (default: %(default)s)")
+    g.add_argument("--spec-ngram-size-n", type=int, default=4, help="longest n-gram to look up (default: %(default)s)")
+    g.add_argument("--spec-ngram-size-m", type=int, default=1, help="shortest n-gram to look up (default: %(default)s)")
+    g.add_argument("--stats", action="store_true", help="print speculation statistics after each answer")
+
+
+def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.spec_type in ("none", "off"):
+        return None
+    return {
+        "method": args.spec_type,
+        "num_speculative_tokens": args.draft_max,
+        "draft_min": args.draft_min,
+        "prompt_lookup_max": args.spec_ngram_size_n,
+        "prompt_lookup_min": args.spec_ngram_size_m,
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenleap", description="Speculative-decoding LLM inference engine.")
     parser.add_argument("--version", action="version", version="tokenleap 0.1.0")
@@ -54,11 +76,72 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, finish reason, metrics) instead of streaming")
     _add_model_args(gen)
     _add_sampling_args(gen)
+    _add_spec_args(gen)
     chat = sub.add_parser("chat", help="interactive multi-turn chat", description="Interactive chat with the model's chat template. Commands: /reset, /exit.")
     chat.add_argument("--system", default=None, help="system message")
     _add_model_args(chat)
     _add_sampling_args(chat)
+    _add_spec_args(chat)
+    bench = sub.add_parser("bench", help="Spec-Bench: plain vs speculative methods, back to back", description="Run the Spec-Bench protocol: greedy, batch 1, every prompt under plain decoding and each method back to back; checks outputs match plain decoding; writes JSON and a PNG chart.")
+    bench.add_argument("--input", default="../shared/bench/spec_bench.jsonl", help="Spec-Bench question.jsonl or a JSONL of {\"messages\": [...]} (default: %(default)s)")
+    bench.add_argument("--methods", default="ngram", help="comma-separated speculative methods (default: %(default)s)")
+    bench.add_argument("--questions-per-group", "-q", type=int, default=8, help="questions per group (default: %(default)s)")
+    bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, Spec-Bench's protocol (default: %(default)s)")
+    bench.add_argument("--draft-max", type=int, default=8, help="draft length cap (default: %(default)s)")
+    bench.add_argument("--out", default="bench_results.json", help="JSON output (default: %(default)s)")
+    bench.add_argument("--plot", default=None, help="PNG chart of speedup per group (default: next to --out)")
+    _add_model_args(bench)
     return parser
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from tokenleap.bench import GROUPS, load_questions, parse_methods, plot, run_bench, summarize, write_json
+    from tokenleap.sampling import SamplingParams
+
+    SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)  # validate early
+    methods = parse_methods(args.methods, args.draft_max)
+    questions = load_questions(Path(args.input), args.questions_per_group)
+    if not questions:
+        raise TokenleapError(f"no questions in {args.input}")
+    llm = _load(argparse.Namespace(**{**vars(args), "spec_type": "none"}))
+    console = Console(stderr=True)
+    total = sum(len(q.turns) for q in questions) * (1 + len(methods))
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("bench", total=total)
+        records = run_bench(llm.model, llm.tokenizer, questions, methods, args.max_tokens, args.temperature,
+                            progress=lambda: bar.advance(task))
+    summary = summarize(records)
+    out = Path(args.out)
+    meta = {"model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "questions_per_group": args.questions_per_group, "methods": [m.method for m in methods], "input": args.input}
+    write_json(out, meta, records, summary)
+    table = Table(title=f"Spec-Bench, {args.model} {args.dtype}, {args.max_tokens} new tokens, temperature {args.temperature}")
+    for col in ("group", "method", "prompts", "tok/s", "speedup", "decode speedup", "accept len", "matched plain"):
+        table.add_column(col, justify="left" if col in ("group", "method") else "right")
+    order = [g for g in (*GROUPS, "overall") if g in summary] + sorted(set(summary) - set(GROUPS) - {"overall"})
+    for group in order:
+        for method, f in sorted(summary[group].items(), key=lambda kv: kv[0] != "plain"):
+            table.add_row(group, method, str(f["prompts"]), f"{f['tokens_per_second']:.1f}", f"{f['speedup']:.2f}x",
+                          f"{f['decode_speedup']:.2f}x", f"{f['mean_acceptance_length']:.2f}",
+                          f"{f['matched_plain']}/{f['prompts']}")
+    Console().print(table)
+    mismatched = sum(not r.matched_plain for r in records)
+    if args.temperature == 0 and mismatched:
+        console.print(f"[red]{mismatched} outputs differ from plain decoding[/red]")
+    try:
+        png = Path(args.plot) if args.plot else out.with_suffix(".png")
+        plot(png, summary)
+        console.print(f"wrote {out} and {png}")
+    except ImportError:
+        console.print(f"wrote {out} (install matplotlib for the chart)")
+    return 1 if args.temperature == 0 and mismatched else 0
 
 
 def _sampling(args: argparse.Namespace) -> Any:
@@ -79,12 +162,35 @@ def _sampling(args: argparse.Namespace) -> Any:
 def _load(args: argparse.Namespace) -> Any:
     from rich.console import Console
 
+    from tokenleap.config import SpecConfig
     from tokenleap.llm import LLM, set_threads
 
+    spec = _spec_dict(args)
+    SpecConfig.from_dict(spec)  # reject bad flags before the slow model load
     set_threads(args.threads)
     console = Console(stderr=True)
     with console.status(f"loading {args.model} ({args.dtype})...", spinner="dots"):
-        return LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, use_kernels=not args.no_kernels)
+        return LLM(
+            model=args.model,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            use_kernels=not args.no_kernels,
+            speculative_config=spec,
+        )
+
+
+def _spec_lines(out: Any) -> str:
+    """llama.cpp / vLLM style speculation statistics."""
+    m = out.metrics
+    s = m.spec
+    per_pos = " ".join(f"{r:.2f}" for r in s.acceptance_rate_per_position()) or "-"
+    return (
+        f"[spec] target forwards {m.num_forward_passes}, mean acceptance length {m.mean_acceptance_length:.2f}\n"
+        f"[spec] drafts generated {s.num_drafts}, draft tokens {s.num_draft_tokens}, accepted {s.num_accepted_tokens} "
+        f"(acceptance rate {s.acceptance_rate:.2f})\n"
+        f"[spec] acceptance rate per position: {per_pos}\n"
+        f"[spec] time drafting {s.draft_seconds:.3f} s, verifying {s.verify_seconds:.3f} s"
+    )
 
 
 def _stats_line(out: Any) -> str:
@@ -123,6 +229,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             "decode_seconds": round(m.decode_seconds, 4),
             "decode_tokens_per_second": round(m.decode_tokens_per_second, 2),
             "tokens_per_second": round(m.tokens_per_second, 2),
+            "num_forward_passes": m.num_forward_passes,
+            "mean_acceptance_length": round(m.mean_acceptance_length, 3),
+            "speculative": {
+                "num_drafts": m.spec.num_drafts,
+                "num_draft_tokens": m.spec.num_draft_tokens,
+                "num_accepted_tokens": m.spec.num_accepted_tokens,
+                "acceptance_rate_per_position": [round(r, 3) for r in m.spec.acceptance_rate_per_position()],
+            },
         }, ensure_ascii=False))
         return 0
     chunk = None
@@ -132,6 +246,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     if chunk is not None and chunk.output is not None:
         print(_stats_line(chunk.output), file=sys.stderr)
+        if args.stats:
+            print(_spec_lines(chunk.output), file=sys.stderr)
     return 0
 
 
@@ -173,6 +289,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": "".join(reply)}]
         if chunk is not None and chunk.output is not None:
             print(_stats_line(chunk.output), file=sys.stderr)
+            if args.stats:
+                print(_spec_lines(chunk.output), file=sys.stderr)
     return 0
 
 
@@ -188,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _cmd_generate(args)
+        if args.command == "bench":
+            return _cmd_bench(args)
         return _cmd_chat(args)
     except TokenleapError as exc:
         print(f"error: {exc}", file=sys.stderr)

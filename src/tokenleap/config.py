@@ -48,6 +48,7 @@ class SpecConfig:
     prompt_lookup_max: int = 4
     model: str | None = None  # the draft model (method "draft-model")
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
+    adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
 
     def __post_init__(self) -> None:
         method = _SPEC_ALIASES.get(str(self.method), str(self.method))

@@ -22,6 +22,7 @@ import torch
 from tokenleap.config import SpecConfig
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.engine.request import Request
+from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
@@ -47,6 +48,14 @@ class Engine:
         self.spec = spec
         self.drafter = drafter if spec is not None else None
         self._ids = itertools.count()
+        self._cost_curve: CostCurve | None = None
+
+    def cost_curve(self) -> CostCurve:
+        """Relative cost of verifying k drafts, measured once (lazily) on this machine."""
+        if self._cost_curve is None:
+            cap = self.spec.num_speculative_tokens if self.spec else 1
+            self._cost_curve = measure_cost_curve(self.model, cap)
+        return self._cost_curve
 
     def add_request(
         self,
@@ -66,6 +75,9 @@ class Engine:
                 "no room left to generate"
             )
         metrics = RequestMetrics(arrival_time=time.time(), num_prompt_tokens=len(prompt_ids))
+        controller = None
+        if self.spec is not None and self.spec.adaptive:
+            controller = DraftController(self.cost_curve(), self.spec.num_speculative_tokens, self.spec.draft_min)
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt=prompt,
@@ -77,6 +89,7 @@ class Engine:
             eos_token_ids=self.tokenizer.eos_token_ids,
             max_context=self.max_context,
             metrics=metrics,
+            controller=controller,
         )
 
     def prefill(self, req: Request) -> None:
@@ -96,7 +109,8 @@ class Engine:
             return 0
         left = req.params.max_tokens - len(req.output_ids) - 1
         room = self.max_context - req.kv.length - 1
-        return max(0, min(self.spec.num_speculative_tokens, left, room))
+        budget = max(0, min(self.spec.num_speculative_tokens, left, room))
+        return req.controller.choose(budget) if req.controller is not None else budget
 
     def _propose(self, req: Request) -> Draft:
         budget = self._draft_budget(req)
@@ -130,6 +144,8 @@ class Engine:
         t2 = time.perf_counter()
         req.metrics.spec.verify_seconds += t2 - t1
         req.metrics.spec.record(len(draft), result.num_accepted)
+        if req.controller is not None:
+            req.controller.update(len(draft), result.num_accepted)
         req.metrics.num_forward_passes += 1
         req.metrics.decode_seconds += t2 - t0
 

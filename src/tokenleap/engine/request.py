@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tokenleap.engine.speculation import DraftController
 from tokenleap.kv.cache import KVCache
 from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import IncrementalDetokenizer
@@ -47,6 +48,7 @@ class Request:
     emitted_chars: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    controller: DraftController | None = None  # adaptive draft length (speculation only)
 
     @property
     def finished(self) -> bool:

@@ -1,0 +1,196 @@
+"""`tokenleap bench`: the Spec-Bench protocol (Xia et al., 2024) on this machine.
+
+Greedy decoding, batch size 1; every prompt runs under plain decoding and then under each
+speculative method, back to back in one process on one loaded model, so machine drift hits all
+methods alike. Multi-turn questions run turn by turn, the history built from plain decoding's
+answers (identical for exact methods). Reported per group and overall: tokens/s, speedup over
+plain end to end (prefill included, Spec-Bench's definition) and in the decode phase (prefill
+excluded), mean acceptance length (tokens per target forward), and whether every output matched
+plain decoding token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenleap.config import SpecConfig
+from tokenleap.drafters import default_registry
+from tokenleap.engine.engine import Engine
+from tokenleap.errors import TokenleapError
+from tokenleap.models.llama import LlamaModel
+from tokenleap.sampling import SamplingParams
+from tokenleap.tokenizer import Tokenizer
+
+MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+def group_of(category: str) -> str:
+    return "mt_bench" if category in MT_BENCH else category
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: str
+    group: str
+    turns: tuple[str, ...]
+
+
+def load_questions(path: Path, per_group: int) -> list[Question]:
+    """The first `per_group` questions of each group, in Spec-Bench's or a `{"messages"}` JSONL."""
+    if not path.is_file():
+        raise TokenleapError(f"benchmark file not found: {path}")
+    chosen: dict[str, list[Question]] = defaultdict(list)
+    for n, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TokenleapError(f"{path}:{n + 1}: not JSON ({exc.msg})") from exc
+        if "turns" in row:
+            group, turns = group_of(str(row.get("category", "other"))), tuple(row["turns"])
+        elif "messages" in row:
+            group = str(row.get("category", "messages"))
+            turns = tuple(m["content"] for m in row["messages"] if m.get("role") == "user")
+        else:
+            raise TokenleapError(f"{path}:{n + 1}: expected 'turns' (Spec-Bench) or 'messages'")
+        if turns and len(chosen[group]) < per_group:
+            chosen[group].append(Question(str(row.get("question_id", n)), group, turns))
+    return [q for g in chosen.values() for q in g]
+
+
+@dataclass
+class Record:
+    question_id: str
+    group: str
+    turn: int
+    method: str
+    new_tokens: int
+    target_forwards: int
+    wall_seconds: float
+    decode_seconds: float
+    prefill_seconds: float
+    draft_tokens: int
+    accepted_tokens: int
+    matched_plain: bool
+
+
+def parse_methods(spec: str, draft_max: int) -> list[SpecConfig]:
+    configs = []
+    for name in [m.strip() for m in spec.split(",") if m.strip()]:
+        cfg = SpecConfig.from_dict({"method": name, "num_speculative_tokens": draft_max})
+        if cfg is None:
+            raise TokenleapError(f"method {name!r} is not a speculative method")
+        configs.append(cfg)
+    if not configs:
+        raise TokenleapError("no methods to compare (--methods)")
+    return configs
+
+
+def run_bench(
+    model: LlamaModel,
+    tokenizer: Tokenizer,
+    questions: Sequence[Question],
+    methods: Sequence[SpecConfig],
+    max_tokens: int,
+    temperature: float = 0.0,
+    progress: Any = None,
+) -> list[Record]:
+    registry = default_registry()
+    engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
+    for cfg in methods:
+        drafter = registry.create(cfg.method, cfg, target=model, tokenizer=tokenizer)
+        engines[cfg.method] = Engine(model, tokenizer, spec=cfg, drafter=drafter)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
+    records: list[Record] = []
+    for q in questions:
+        history: list[dict[str, str]] = []
+        for turn, text in enumerate(q.turns):
+            history.append({"role": "user", "content": text})
+            ids = tokenizer.apply_chat_template(history)
+            plain_ids: list[int] | None = None
+            for name, engine in engines.items():
+                req = engine.add_request(ids, params)
+                t0 = time.perf_counter()
+                engine.run(req)
+                wall = time.perf_counter() - t0
+                if name == "plain":
+                    plain_ids = list(req.output_ids)
+                    answer = req.text
+                m = req.metrics
+                records.append(
+                    Record(q.question_id, q.group, turn, name, len(req.output_ids), m.num_forward_passes, wall,
+                           m.decode_seconds, m.prefill_seconds, m.spec.num_draft_tokens, m.spec.num_accepted_tokens,
+                           req.output_ids == plain_ids)
+                )
+                if progress is not None:
+                    progress()
+            history.append({"role": "assistant", "content": answer})
+    return records
+
+
+def summarize(records: Sequence[Record]) -> dict[str, dict[str, dict[str, float]]]:
+    """group (and "overall") -> method -> figures."""
+    by: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        by[(r.group, r.method)].append(r)
+        by[("overall", r.method)].append(r)
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for (group, method), rs in by.items():
+        tokens = sum(r.new_tokens for r in rs)
+        wall = sum(r.wall_seconds for r in rs)
+        decode = sum(r.decode_seconds for r in rs)
+        forwards = sum(r.target_forwards for r in rs)
+        out[group][method] = {
+            "prompts": len(rs),
+            "tokens": tokens,
+            "tokens_per_second": tokens / wall if wall else 0.0,
+            "decode_tokens_per_second": sum(r.new_tokens - 1 for r in rs) / decode if decode else 0.0,
+            "mean_acceptance_length": sum(r.new_tokens - 1 for r in rs) / forwards if forwards else 1.0,
+            "matched_plain": sum(r.matched_plain for r in rs),
+        }
+    for group, methods in out.items():
+        base = methods.get("plain")
+        for fig in methods.values():
+            fig["speedup"] = fig["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else 0.0
+            fig["decode_speedup"] = (
+                fig["decode_tokens_per_second"] / base["decode_tokens_per_second"]
+                if base and base["decode_tokens_per_second"] else 0.0
+            )
+    return dict(out)
+
+
+def write_json(path: Path, meta: dict[str, Any], records: Sequence[Record], summary: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "summary": summary, "records": [asdict(r) for r in records]}, indent=1))
+
+
+def plot(path: Path, summary: dict[str, dict[str, dict[str, float]]], key: str = "speedup") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [g for g in (*GROUPS, "overall") if g in summary] + sorted(set(summary) - set(GROUPS) - {"overall"})
+    methods = sorted({m for g in summary.values() for m in g} - {"plain"})
+    width = 0.8 / max(1, len(methods))
+    fig, ax = plt.subplots(figsize=(1.4 * len(groups) + 2, 4))
+    for i, method in enumerate(methods):
+        values = [summary[g].get(method, {}).get(key, 0.0) for g in groups]
+        ax.bar([x + i * width for x in range(len(groups))], values, width, label=method)
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(groups))], groups, rotation=20)
+    ax.set_ylabel(f"{key} vs plain decoding")
+    ax.set_title("tokenleap Spec-Bench: " + ("end to end" if key == "speedup" else "decode phase"))
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
