@@ -47,6 +47,7 @@ class SpecConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     model: str | None = None  # the draft model (method "draft-model")
+    draft_layers: int | None = None  # use only the draft model's first N layers
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
 

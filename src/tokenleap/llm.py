@@ -54,7 +54,11 @@ class LLM:
         self.drafter = None
         if self.spec_config is not None:
             self.drafter = default_registry().create(
-                self.spec_config.method, self.spec_config, target=self.model, tokenizer=self.tokenizer, dtype=self.config.dtype
+                self.spec_config.method,
+                self.spec_config,
+                target=self.model,
+                tokenizer=self.tokenizer,
+                target_path=self.source.path,
             )
         self.engine = Engine(self.model, self.tokenizer, self.config.max_model_len, self.spec_config, self.drafter)
 

@@ -6,11 +6,28 @@ from typing import Any
 
 from tokenleap.config import SpecConfig
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, check_drafter
+from tokenleap.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
 from tokenleap.drafters.ngram import NgramDrafter
 
 
 def _ngram(config: SpecConfig, **_: Any) -> Drafter:
     return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+
+
+def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, dtype: Any = None, **_: Any) -> Drafter:
+    from tokenleap.models.loading import load_model
+    from tokenleap.models.registry import resolve
+
+    source = resolve(str(config.model))
+    if target_path is not None and source.path.resolve() == target_path.resolve():
+        model = target  # the target's own weights (shared, not copied)
+    else:
+        draft, draft_tok = load_model(source, target.dtype, use_kernels=target.kernels is not None)
+        check_same_vocabulary(tokenizer, draft_tok, target, draft)
+        model = draft
+    if config.draft_layers is not None:
+        model = model.with_layers(config.draft_layers)
+    return DraftModelDrafter(model)
 
 
 def _custom(config: SpecConfig, **_: Any) -> Drafter:
@@ -21,8 +38,9 @@ def default_registry() -> DrafterRegistry:
     """A fresh registry holding the built-in methods (no module-level mutable state)."""
     registry = DrafterRegistry()
     registry.register("ngram", _ngram)
+    registry.register("draft-model", _draft_model)
     registry.register("custom", _custom)
     return registry
 
 
-__all__ = ["Draft", "Drafter", "DraftRequest", "DrafterRegistry", "NgramDrafter", "default_registry", "check_drafter"]
+__all__ = ["DraftModelDrafter", "Draft", "Drafter", "DraftRequest", "DrafterRegistry", "NgramDrafter", "default_registry", "check_drafter"]

@@ -17,6 +17,8 @@ it token by token; longer forwards (prompt prefill, shared by both paths) use to
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 
 from tokenleap.attention.ops import AttentionMask, attend, causal_mask
 from tokenleap.kernels import CpuKernels
+from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.config import ModelConfig
 
@@ -96,6 +99,15 @@ class LlamaModel:
         angles = torch.outer(torch.arange(config.max_position, dtype=torch.float64), inv_freq)
         self._cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # [P, hd]
         self._sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()  # [P, hd]
+
+    def with_layers(self, num_layers: int) -> LlamaModel:
+        """A model made of this one's first `num_layers` layers, sharing its weights."""
+        if not 1 <= num_layers <= self.config.num_layers:
+            raise TokenleapError(f"draft_layers must be in [1, {self.config.num_layers}], got {num_layers}")
+        clone = copy.copy(self)
+        clone.config = dataclasses.replace(self.config, num_layers=num_layers)
+        clone.layers = self.layers[:num_layers]
+        return clone
 
     @property
     def max_context(self) -> int:

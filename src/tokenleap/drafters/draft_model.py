@@ -1,0 +1,94 @@
+"""Two-model speculative decoding (Leviathan et al., 2023; Chen et al., 2023): a small causal LM
+sharing the target's tokenizer drafts k tokens autoregressively, with its own KV cache.
+
+Under sampling the drafter samples each token from q, its own distribution after the request's
+temperature / top-k / top-p / min-p, and returns q so verification stays lossless; under greedy
+it takes the argmax. Its cache follows the request by longest common prefix: each `propose`
+truncates the cache to the tokens still in the context (rolling back rejected drafts in O(1))
+and feeds only what is new. A draft made of the target's first N layers (`draft_layers`) shares
+the target's weights, which is also the simplest form of self-speculation (LayerSkip, Elhoushi
+et al., 2024, without its training).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from tokenleap.drafters.base import Draft, DraftRequest
+from tokenleap.errors import TokenleapError
+from tokenleap.kv.cache import KVCache
+from tokenleap.models.llama import LlamaModel
+from tokenleap.sampling import logits_to_probs
+from tokenleap.tokenizer import Tokenizer
+
+
+@dataclass
+class _State:
+    request: DraftRequest
+    kv: KVCache
+    cached: list[int] = field(default_factory=list)  # token ids whose K/V are in `kv`
+
+
+def check_same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: LlamaModel, draft: LlamaModel) -> None:
+    if draft.config.vocab_size != target.config.vocab_size or target_tok.hf.get_vocab() != draft_tok.hf.get_vocab():
+        raise TokenleapError(
+            f"the draft model's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
+            f"({target.config.vocab_size}): a draft model must share the target's tokenizer"
+        )
+
+
+class DraftModelDrafter:
+    name: ClassVar[str] = "draft-model"
+    needs_hidden_states: ClassVar[bool] = False
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+        self._states: dict[str, _State] = {}
+
+    def begin(self, request: DraftRequest) -> None:
+        self._states[request.request_id] = _State(request, self.model.new_kv_cache())
+
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
+        st = self._states[request_id]
+        if max_tokens <= 0:
+            return Draft()
+        common = 0
+        limit = min(len(st.cached), len(tokens) - 1)  # always re-feed at least the last token
+        while common < limit and st.cached[common] == tokens[common]:
+            common += 1
+        st.kv.truncate(common)
+        del st.cached[common:]
+        room = self.model.max_context - len(tokens)
+        max_tokens = min(max_tokens, room)
+        if max_tokens <= 0:
+            return Draft()
+        new = list(tokens[common:])
+        params, gen = st.request.params, st.request.generator
+        drafted: list[int] = []
+        qs: list[torch.Tensor] = []
+        for _ in range(max_tokens):
+            pos = st.kv.length
+            out = self.model.forward(torch.tensor(new), torch.arange(pos, pos + len(new)), st.kv)
+            st.cached.extend(new)
+            logits = self.model.compute_logits(out.hidden, [len(new) - 1])  # [1, V]
+            if params.greedy:
+                tok = int(logits[0].argmax())
+            else:
+                q = logits_to_probs(logits, params)[0]
+                tok = int(torch.multinomial(q, 1, generator=gen))
+                qs.append(q)
+            drafted.append(tok)
+            new = [tok]
+        return Draft(drafted, None, torch.stack(qs) if qs else None)
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
+        return None  # the next propose re-synchronises by common prefix
+
+    def end(self, request_id: str) -> None:
+        st = self._states.pop(request_id, None)
+        if st is not None:
+            st.kv.free()

@@ -1,0 +1,152 @@
+"""Compiled CPU kernels: linear and per-row attention against torch references, and row invariance."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenleap.kernels import CpuKernels
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- linear
+
+
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize(("rows", "in_dim", "out_dim"), [(1, 32, 4), (3, 64, 37), (5, 576, 195), (9, 1536, 130)])
+def test_linear_matches_torch(kernels: CpuKernels, wdtype: torch.dtype, bias: bool, rows: int, in_dim: int, out_dim: int) -> None:
+    g = _gen(rows * 1000 + out_dim)
+    x = torch.randn(rows, in_dim, generator=g)
+    w = (torch.randn(out_dim, in_dim, generator=g) / math.sqrt(in_dim)).to(wdtype)
+    b = torch.randn(out_dim, generator=g) if bias else None
+    y = kernels.linear(x, w, b)
+    assert y.shape == (rows, out_dim) and y.dtype == torch.float32
+    # the kernel widens bf16 weights exactly and accumulates in fp32: compare to fp32 math
+    ref = F.linear(x.double(), w.double(), b.double() if b is not None else None).float()
+    torch.testing.assert_close(y, ref, atol=1e-5 * math.sqrt(in_dim), rtol=1e-5)
+
+
+def test_linear_output_tail_columns(kernels: CpuKernels) -> None:
+    """out_dim % 4 != 0: the tail columns (computed outside the blocked loop) are right too."""
+    g = _gen(7)
+    x = torch.randn(6, 64, generator=g)
+    w = torch.randn(7, 64, generator=g)
+    y = kernels.linear(x, w)
+    torch.testing.assert_close(y[:, 4:], x @ w[4:].T, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_linear_row_invariance(kernels: CpuKernels, wdtype: torch.dtype) -> None:
+    """Each row of an M-row call is bit-identical to the 1-row call on that row, M = 1..33."""
+    g = _gen(11)
+    in_dim, out_dim = 576, 195
+    x = torch.randn(33, in_dim, generator=g)
+    w = torch.randn(out_dim, in_dim, generator=g).to(wdtype)
+    b = torch.randn(out_dim, generator=g)
+    singles = torch.cat([kernels.linear(x[i : i + 1], w, b) for i in range(33)])
+    for m in range(1, 34):
+        y = kernels.linear(x[:m], w, b)
+        assert torch.equal(y[0], singles[0]), f"row 0 differs at M={m}"
+        assert torch.equal(y, singles[:m]), f"some row differs at M={m}"
+    # the same row at a different position in the batch
+    perm = torch.randperm(33, generator=g)
+    assert torch.equal(kernels.linear(x[perm], w, b), singles[perm])
+
+
+def test_linear_non_contiguous_input(kernels: CpuKernels) -> None:
+    g = _gen(12)
+    x = torch.randn(64, 5, generator=g).T  # [5, 64], not contiguous
+    w = torch.randn(8, 64, generator=g)
+    torch.testing.assert_close(kernels.linear(x, w), x @ w.T, atol=1e-4, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: list[torch.Tensor]) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v per row and head, over that row's visible slots, GQA by h // group."""
+    rows, heads, hd = q.shape
+    group = heads // keys.shape[0]
+    out = torch.empty(rows, heads, hd, dtype=torch.float64)
+    for r in range(rows):
+        for h in range(heads):
+            k = keys[h // group, visible[r]].double()
+            v = values[h // group, visible[r]].double()
+            scores = (k @ q[r, h].double()) / math.sqrt(hd)
+            out[r, h] = scores.softmax(0) @ v
+    return out.reshape(rows, heads * hd).float()
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(4, 4, 16), (9, 3, 64), (4, 2, 32)], ids=["mha", "gqa3", "gqa2"])
+def test_attention_causal_rows(kernels: CpuKernels, heads: int, kv_heads: int, hd: int) -> None:
+    g = _gen(heads * hd)
+    cap, start, rows = 64, 20, 6
+    q = torch.randn(rows, heads, hd, generator=g)
+    keys = torch.randn(kv_heads, cap, hd, generator=g)
+    values = torch.randn(kv_heads, cap, hd, generator=g)
+    keys[:, start + rows :] = float("nan")  # slots past the last row must never be read
+    values[:, start + rows :] = float("nan")
+    slot_end = torch.arange(start + 1, start + rows + 1, dtype=torch.int64)
+    out = kernels.attention(q, keys, values, slot_end, None, None, start + rows)
+    ref = _reference_attention(q, keys, values, [torch.arange(int(e)) for e in slot_end])
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(9, 3, 64), (4, 2, 32)], ids=["gqa3", "gqa2"])
+def test_attention_index_list_rows(kernels: CpuKernels, heads: int, kv_heads: int, hd: int) -> None:
+    g = _gen(5 + hd)
+    cap = 48
+    q = torch.randn(4, heads, hd, generator=g)
+    keys = torch.randn(kv_heads, cap, hd, generator=g) * 2
+    values = torch.randn(kv_heads, cap, hd, generator=g)
+    visible = [
+        torch.tensor([0, 1, 2, 30]),
+        torch.tensor([0, 1, 2, 30, 31, 35]),
+        torch.tensor([7]),
+        torch.arange(0, 40, 3),
+    ]
+    unseen = torch.ones(cap, dtype=torch.bool)  # poison every slot nobody sees
+    unseen[torch.cat(visible)] = False
+    keys[:, unseen] = float("nan")
+    values[:, unseen] = float("nan")
+    counts = torch.tensor([len(v) for v in visible])
+    offsets = torch.zeros(5, dtype=torch.int64)
+    offsets[1:] = counts.cumsum(0)
+    idx = torch.cat(visible).to(torch.int64)
+    out = kernels.attention(q, keys, values, None, offsets, idx, int(counts.max()))
+    ref = _reference_attention(q, keys, values, visible)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_attention_row_invariance(kernels: CpuKernels) -> None:
+    """A row's output does not depend on which other rows share the call."""
+    g = _gen(21)
+    heads, kv_heads, hd, cap = 9, 3, 64, 80
+    q = torch.randn(10, heads, hd, generator=g)
+    keys = torch.randn(kv_heads, cap, hd, generator=g)
+    values = torch.randn(kv_heads, cap, hd, generator=g)
+    ends = torch.arange(41, 51, dtype=torch.int64)
+    together = kernels.attention(q, keys, values, ends, None, None, 50)
+    for r in range(10):
+        alone = kernels.attention(q[r : r + 1], keys, values, ends[r : r + 1], None, None, int(ends[r]))
+        assert torch.equal(together[r], alone[0])
+
+
+def test_attention_non_contiguous_query(kernels: CpuKernels) -> None:
+    g = _gen(22)
+    qk = torch.randn(3, 6, 32, generator=g)
+    q = qk[:, :4]  # like the model's q slice of a fused q/k tensor
+    assert not q.is_contiguous()
+    keys = torch.randn(2, 16, 32, generator=g)
+    values = torch.randn(2, 16, 32, generator=g)
+    ends = torch.tensor([5, 6, 7])
+    out = kernels.attention(q, keys, values, ends, None, None, 7)
+    ref = _reference_attention(q, keys, values, [torch.arange(int(e)) for e in ends])
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,97 @@
+"""Tokenizer from the GGUF, chat template, and incremental detokenization of multi-byte text."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tokenleap.errors import TokenleapError
+from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
+
+MULTIBYTE = "héllo 你好 🙂 done"
+
+
+def test_encode_decode_round_trip(tokenizer: Tokenizer) -> None:
+    for text in ("Hello, world!", MULTIBYTE, "  leading spaces and\nnewlines\t", "1234 + 5678 = 6912"):
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.vocab_size == 49152
+    assert tokenizer.eos_token_ids == frozenset({2})
+
+
+def test_extra_eos_ids(model_path) -> None:
+    tok = Tokenizer.from_gguf(model_path, extra_eos_ids=[0, 7])
+    assert tok.eos_token_ids == frozenset({0, 2, 7})
+
+
+def test_multibyte_characters_span_several_tokens(tokenizer: Tokenizer) -> None:
+    """Precondition of the streaming test: some tokens are partial UTF-8 sequences."""
+    ids = tokenizer.encode(MULTIBYTE)
+    assert any("\ufffd" in tokenizer.decode([t]) for t in ids)
+
+
+def _stream(tokenizer: Tokenizer, ids: list[int]) -> tuple[list[str], str]:
+    detok = IncrementalDetokenizer(tokenizer)
+    deltas = [detok.push([t]) for t in ids]
+    return deltas, detok.flush()
+
+
+@pytest.mark.parametrize("text", [MULTIBYTE, "🙂🙂🙂", "日本語のテキストです。", "naïve café — ok"])
+def test_incremental_detokenizer_never_emits_replacement_chars(tokenizer: Tokenizer, text: str) -> None:
+    ids = tokenizer.encode(text)
+    deltas, tail = _stream(tokenizer, ids)
+    for i, delta in enumerate(deltas):
+        assert "\ufffd" not in delta, f"delta {i} {delta!r} splits a character"
+    assert "".join(deltas) + tail == tokenizer.decode(ids) == text
+    assert tail == ""  # nothing incomplete at the end of well-formed text
+
+
+def test_incremental_detokenizer_flush_returns_held_back_bytes(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode(MULTIBYTE)
+    cuts = [k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
+    assert cuts  # some prefix ends in the middle of a character
+    partial = ids[: cuts[0]]
+    deltas, tail = _stream(tokenizer, partial)
+    assert "\ufffd" not in "".join(deltas)
+    assert tail != ""
+    assert "".join(deltas) + tail == tokenizer.decode(partial)
+
+
+def test_incremental_detokenizer_chunks(tokenizer: Tokenizer) -> None:
+    """Pushing several ids at once gives the same text as one at a time."""
+    ids = tokenizer.encode("A longer sentence, with 你好 and 🙂, to be streamed in uneven chunks.")
+    detok = IncrementalDetokenizer(tokenizer)
+    out = []
+    i = 0
+    for size in (1, 3, 2, 5, 1, 4, 100):
+        out.append(detok.push(ids[i : i + size]))
+        i += size
+    out.append(detok.flush())
+    assert "".join(out) == tokenizer.decode(ids)
+
+
+def test_chat_template(tokenizer: Tokenizer) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+    ids = tokenizer.apply_chat_template(messages)
+    text = tokenizer.hf.decode(ids)  # keep the special tokens
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in text
+    assert "<|im_start|>user\nWhat is 2+2?<|im_end|>" in text
+    assert text.rstrip().endswith("<|im_start|>assistant")
+    without = tokenizer.hf.decode(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
+    assert "<|im_start|>assistant" not in without
+    # the special markers are single tokens, not spelled out
+    im_start = tokenizer.hf.convert_tokens_to_ids("<|im_start|>")
+    assert ids.count(im_start) == 3
+
+
+@pytest.mark.parametrize("bad", [[{"content": "hi"}], [{"role": "user"}], ["hello"]])
+def test_chat_template_bad_messages(tokenizer: Tokenizer, bad: list) -> None:
+    with pytest.raises(TokenleapError, match="role.*content"):
+        tokenizer.apply_chat_template(bad)
+
+
+def test_no_chat_template() -> None:
+    tok = Tokenizer(SimpleNamespace(chat_template=None, eos_token_id=None))
+    assert tok.eos_token_ids == frozenset()
+    with pytest.raises(TokenleapError, match="no chat template"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
