@@ -187,3 +187,53 @@ def tiny_model_factory() -> Callable[..., LlamaModel]:
         return LlamaModel(TINY_CONFIG, make_tiny_weights(TINY_CONFIG, seed), dtype, load_kernels() if use_kernels else None)
 
     return build
+
+
+_HF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "mlp_norm": "post_attention_layernorm",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_folder(tmp_path_factory: pytest.TempPathFactory, tiny_weights: dict[str, torch.Tensor], tokenizer: Tokenizer) -> Path:
+    """The tiny model written as a Hugging Face folder (config.json + safetensors) with the real
+    SmolLM2 tokenizer beside it: a complete model `tokenleap.LLM` loads in well under a second."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    c = TINY_CONFIG
+    tensors = {
+        "model.embed_tokens.weight": tiny_weights["embed"],
+        "model.norm.weight": tiny_weights["norm"],
+        "lm_head.weight": tiny_weights["lm_head"],
+    }
+    for key, t in tiny_weights.items():
+        if key.startswith("layers."):
+            _, idx, short = key.split(".")
+            tensors[f"model.layers.{idx}.{_HF_LAYER_NAMES[short]}.weight"] = t
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    config = {
+        "model_type": "llama",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_position,
+        "tie_word_embeddings": c.tie_word_embeddings,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    tokenizer.hf.save_pretrained(str(folder))
+    return folder

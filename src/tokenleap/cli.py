@@ -45,7 +45,9 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
-    g.add_argument("--spec-type", default="none", help="ngram | none (default: %(default)s)")
+    g.add_argument("--spec-type", default="none", help="ngram | draft-model | none (default: %(default)s)")
+    g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder)")
+    g.add_argument("--draft-layers", type=int, default=None, help="use only the draft model's first N layers")
     g.add_argument("--draft-max", type=int, default=8, help="draft tokens per step at most (default: %(default)s)")
     g.add_argument("--draft-min", type=int, default=0, help="shorter drafts are not verified (default: %(default)s)")
     g.add_argument("--spec-ngram-size-n", type=int, default=4, help="longest n-gram to look up (default: %(default)s)")
@@ -56,13 +58,18 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
 def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.spec_type in ("none", "off"):
         return None
-    return {
+    spec: dict[str, Any] = {
         "method": args.spec_type,
         "num_speculative_tokens": args.draft_max,
         "draft_min": args.draft_min,
         "prompt_lookup_max": args.spec_ngram_size_n,
         "prompt_lookup_min": args.spec_ngram_size_m,
     }
+    if args.model_draft is not None:
+        spec["model"] = args.model_draft
+    if args.draft_layers is not None:
+        spec["draft_layers"] = args.draft_layers
+    return spec
 
 
 def build_parser() -> argparse.ArgumentParser:
