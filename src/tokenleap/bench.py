@@ -74,6 +74,7 @@ class Record:
     method: str
     new_tokens: int
     target_forwards: int
+    decode_tokens: int  # committed by the target forwards after prefill (a final EOS included)
     wall_seconds: float
     decode_seconds: float
     prefill_seconds: float
@@ -126,7 +127,7 @@ def run_bench(
                     answer = req.text
                 m = req.metrics
                 records.append(
-                    Record(q.question_id, q.group, turn, name, len(req.output_ids), m.num_forward_passes, wall,
+                    Record(q.question_id, q.group, turn, name, len(req.output_ids), m.num_forward_passes, m.num_decode_tokens, wall,
                            m.decode_seconds, m.prefill_seconds, m.spec.num_draft_tokens, m.spec.num_accepted_tokens,
                            req.output_ids == plain_ids)
                 )
@@ -153,7 +154,7 @@ def summarize(records: Sequence[Record]) -> dict[str, dict[str, dict[str, float]
             "tokens": tokens,
             "tokens_per_second": tokens / wall if wall else 0.0,
             "decode_tokens_per_second": sum(r.new_tokens - 1 for r in rs) / decode if decode else 0.0,
-            "mean_acceptance_length": sum(r.new_tokens - 1 for r in rs) / forwards if forwards else 1.0,
+            "mean_acceptance_length": sum(r.decode_tokens for r in rs) / forwards if forwards else 1.0,
             "matched_plain": sum(r.matched_plain for r in rs),
         }
     for group, methods in out.items():

@@ -32,7 +32,7 @@ class EngineConfig:
             raise TokenleapError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
 
-SPEC_METHODS = ("ngram", "draft-model", "custom")
+SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom")
 _SPEC_ALIASES = {"draft_model": "draft-model", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
 
@@ -46,6 +46,14 @@ class SpecConfig:
     draft_min: int = 0  # drafts shorter than this are not verified (llama.cpp: --draft-min)
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    ngram_size_n: int = 3  # llama.cpp n-gram family: key length (--spec-ngram-size-n)
+    ngram_size_m: int = 16  # llama.cpp n-gram family: drafted m-gram length (--spec-ngram-size-m)
+    ngram_min_hits: int = 1  # ngram-map-k / -k4v: occurrences needed (--spec-ngram-min-hits)
+    ngram_cache_path: str | None = None  # ngram-cache: static statistics file to load
+    suffix_decoding_max_tree_depth: int = 64  # suffix: longest suffix indexed and matched
+    suffix_decoding_max_spec_factor: float = 1.0  # suffix: draft <= factor * match length
+    suffix_decoding_min_token_prob: float = 0.1  # suffix: stop below this path probability
+    suffix_decoding_max_cached_requests: int = 1000  # suffix: finished outputs kept (FIFO)
     model: str | None = None  # the draft model (method "draft-model")
     draft_layers: int | None = None  # use only the draft model's first N layers
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
@@ -63,6 +71,21 @@ class SpecConfig:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise TokenleapError(
                 f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+        if self.ngram_size_n < 1 or self.ngram_size_m < 1 or self.ngram_min_hits < 1:
+            raise TokenleapError(
+                f"ngram_size_n, ngram_size_m and ngram_min_hits must be >= 1, got "
+                f"{self.ngram_size_n}, {self.ngram_size_m}, {self.ngram_min_hits}"
+            )
+        if self.suffix_decoding_max_tree_depth < 1 or self.suffix_decoding_max_spec_factor < 0:
+            raise TokenleapError(
+                f"need suffix_decoding_max_tree_depth >= 1 and suffix_decoding_max_spec_factor >= 0, got "
+                f"{self.suffix_decoding_max_tree_depth} and {self.suffix_decoding_max_spec_factor}"
+            )
+        if not 0 <= self.suffix_decoding_min_token_prob <= 1 or self.suffix_decoding_max_cached_requests < 0:
+            raise TokenleapError(
+                f"need suffix_decoding_min_token_prob in [0, 1] and suffix_decoding_max_cached_requests >= 0, got "
+                f"{self.suffix_decoding_min_token_prob} and {self.suffix_decoding_max_cached_requests}"
             )
         if method == "draft-model" and not self.model:
             raise TokenleapError("method 'draft-model' needs a draft model: speculative_config['model'] (CLI: --model-draft)")

@@ -54,6 +54,7 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_forward_passes: int = 0  # target forwards after prefill (steps)
+    num_decode_tokens: int = 0  # tokens committed by those forwards (a final EOS included)
     spec: SpecStats = field(default_factory=SpecStats)
 
     @property
@@ -61,7 +62,7 @@ class RequestMetrics:
         """Tokens committed per target forward after prefill (1.00 for plain decoding)."""
         if self.num_forward_passes == 0:
             return 0.0
-        return (self.num_generation_tokens - 1) / self.num_forward_passes
+        return self.num_decode_tokens / self.num_forward_passes
 
     @property
     def decode_tokens_per_second(self) -> float:

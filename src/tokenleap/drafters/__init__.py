@@ -8,10 +8,27 @@ from tokenleap.config import SpecConfig
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, check_drafter
 from tokenleap.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
 from tokenleap.drafters.ngram import NgramDrafter
+from tokenleap.drafters.ngram_cache import NgramCacheDrafter
+from tokenleap.drafters.ngram_map import NgramMapK4VDrafter, NgramMapKDrafter, NgramSimpleDrafter
+from tokenleap.drafters.ngram_mod import NgramModDrafter
+from tokenleap.drafters.suffix import SuffixConfig, SuffixDrafter
 
 
 def _ngram(config: SpecConfig, **_: Any) -> Drafter:
     return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+
+
+def _llamacpp_family(config: SpecConfig, **_: Any) -> Drafter:
+    n, m, hits = config.ngram_size_n, config.ngram_size_m, config.ngram_min_hits
+    if config.method == "ngram-simple":
+        return NgramSimpleDrafter(n, m)
+    if config.method == "ngram-map-k":
+        return NgramMapKDrafter(n, m, hits)
+    if config.method == "ngram-map-k4v":
+        return NgramMapK4VDrafter(n, m, max(hits, 2))
+    if config.method == "ngram-mod":
+        return NgramModDrafter(n)
+    return NgramCacheDrafter(n_max=min(n, 4), static_path=config.ngram_cache_path)
 
 
 def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, dtype: Any = None, **_: Any) -> Drafter:
@@ -30,6 +47,17 @@ def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path
     return DraftModelDrafter(model)
 
 
+def _suffix(config: SpecConfig, **_: Any) -> Drafter:
+    return SuffixDrafter(
+        SuffixConfig(
+            max_depth=config.suffix_decoding_max_tree_depth,
+            max_spec_factor=config.suffix_decoding_max_spec_factor,
+            min_token_prob=config.suffix_decoding_min_token_prob,
+            max_cached_requests=config.suffix_decoding_max_cached_requests,
+        )
+    )
+
+
 def _custom(config: SpecConfig, **_: Any) -> Drafter:
     return check_drafter(config.drafter)
 
@@ -38,6 +66,9 @@ def default_registry() -> DrafterRegistry:
     """A fresh registry holding the built-in methods (no module-level mutable state)."""
     registry = DrafterRegistry()
     registry.register("ngram", _ngram)
+    for name in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"):
+        registry.register(name, _llamacpp_family)
+    registry.register("suffix", _suffix)
     registry.register("draft-model", _draft_model)
     registry.register("custom", _custom)
     return registry

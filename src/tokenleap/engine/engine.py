@@ -140,7 +140,7 @@ class Engine:
         req.kv.truncate(pos + 1 + result.num_accepted)
         if self.drafter is not None:
             self.drafter.accept(req.request_id, result.tokens, result.num_accepted)
-        req.append_tokens(result.tokens)
+        req.metrics.num_decode_tokens += req.append_tokens(result.tokens)
         t2 = time.perf_counter()
         req.metrics.spec.verify_seconds += t2 - t1
         req.metrics.spec.record(len(draft), result.num_accepted)

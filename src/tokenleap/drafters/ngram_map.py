@@ -1,0 +1,176 @@
+"""llama.cpp's n-gram map drafters: `ngram-simple`, `ngram-map-k`, `ngram-map-k4v`.
+
+All three look up the context's last n tokens (the key) in the request's own history and draft
+the m tokens (the m-gram) that followed it:
+
+* `ngram-simple`: the most recent earlier occurrence of the key; draft what followed it.
+* `ngram-map-k`: an incrementally built hash map key -> positions; draft the m-gram after the
+  most recent occurrence only when at least `min_hits` occurrences were followed by it. The
+  accepted length is remembered per key and caps the next draft from that key.
+* `ngram-map-k4v`: per key, up to four distinct m-gram values with counts; a value is drafted
+  only when it dominates (seen at least `min_hits` times and more than twice as often as any
+  other value).
+
+Indexing is incremental (only new positions each step), so a step costs O(new tokens + m).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from tokenleap.drafters.base import Draft, DraftRequest
+from tokenleap.drafters.ngram import longest_suffix_match
+
+
+class NgramSimpleDrafter:
+    name: ClassVar[str] = "ngram-simple"
+    needs_hidden_states: ClassVar[bool] = False
+
+    def __init__(self, size_n: int = 3, size_m: int = 16) -> None:
+        self.size_n, self.size_m = size_n, size_m
+
+    def begin(self, request: DraftRequest) -> None:
+        return None
+
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
+        if len(tokens) <= self.size_n or max_tokens <= 0:
+            return Draft()
+        arr = np.asarray(tokens, dtype=np.int64)
+        match = longest_suffix_match(arr, self.size_n, self.size_n)
+        if match is None:
+            return Draft()
+        start = match[0]
+        return Draft(arr[start : start + min(self.size_m, max_tokens)].tolist())
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
+        return None
+
+    def end(self, request_id: str) -> None:
+        return None
+
+
+@dataclass
+class _KeyIndex:
+    """Positions right after each n-gram key, built incrementally over a request's tokens."""
+
+    size_n: int
+    positions: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
+    indexed: int = 0  # keys ending before this position are indexed
+    last_key: tuple[int, ...] | None = None  # key of the last draft (for acceptance feedback)
+    accepted: dict[tuple[int, ...], int] = field(default_factory=dict)
+
+    def update(self, tokens: Sequence[int]) -> None:
+        n = self.size_n
+        # a key ending at e (exclusive) is indexed once a token follows it: e <= len - 1
+        for end in range(max(self.indexed, n), len(tokens)):
+            self.positions.setdefault(tuple(tokens[end - n : end]), []).append(end)
+        self.indexed = max(self.indexed, len(tokens))
+
+
+class NgramMapKDrafter:
+    name: ClassVar[str] = "ngram-map-k"
+    needs_hidden_states: ClassVar[bool] = False
+
+    def __init__(self, size_n: int = 3, size_m: int = 16, min_hits: int = 1) -> None:
+        self.size_n, self.size_m, self.min_hits = size_n, size_m, min_hits
+        self._index: dict[str, _KeyIndex] = {}
+
+    def begin(self, request: DraftRequest) -> None:
+        self._index[request.request_id] = _KeyIndex(self.size_n)
+
+    def _candidates(self, idx: _KeyIndex, tokens: Sequence[int]) -> tuple[tuple[int, ...], list[int]] | None:
+        if len(tokens) <= self.size_n:
+            return None
+        idx.update(tokens)
+        key = tuple(tokens[-self.size_n :])
+        starts = idx.positions.get(key)
+        return (key, starts) if starts else None
+
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
+        idx = self._index[request_id]
+        found = self._candidates(idx, tokens)
+        if found is None or max_tokens <= 0:
+            return Draft()
+        key, starts = found
+        limit = min(self.size_m, max_tokens)
+        if key in idx.accepted:  # drafts from this key were cut short before: draft a bit past that
+            limit = min(limit, idx.accepted[key] + 2)
+        value = tuple(tokens[starts[-1] : starts[-1] + limit])
+        hits = sum(1 for s in starts if tuple(tokens[s : s + len(value)]) == value)
+        if hits < self.min_hits:
+            return Draft()
+        idx.last_key = key
+        return Draft(list(value))
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
+        idx = self._index.get(request_id)
+        if idx is not None and idx.last_key is not None:
+            idx.accepted[idx.last_key] = num_accepted
+            idx.last_key = None
+
+    def end(self, request_id: str) -> None:
+        self._index.pop(request_id, None)
+
+
+@dataclass
+class _ValueTable:
+    """Per key, up to four m-gram values with occurrence counts."""
+
+    size_n: int
+    size_m: int
+    values: dict[tuple[int, ...], dict[tuple[int, ...], int]] = field(default_factory=dict)
+    indexed: int = 0  # key starts below this are indexed (their m-gram was complete)
+
+    def update(self, tokens: Sequence[int]) -> None:
+        n, m = self.size_n, self.size_m
+        last_start = len(tokens) - n - m  # the m-gram after a key starting here is complete
+        for start in range(self.indexed, last_start + 1):
+            key = tuple(tokens[start : start + n])
+            value = tuple(tokens[start + n : start + n + m])
+            table = self.values.setdefault(key, {})
+            if value in table:
+                table[value] += 1
+            elif len(table) < 4:
+                table[value] = 1
+            else:  # replace the rarest value, keeping the slot count at four
+                rarest = min(table, key=table.__getitem__)
+                del table[rarest]
+                table[value] = 1
+        self.indexed = max(self.indexed, last_start + 1)
+
+
+class NgramMapK4VDrafter:
+    name: ClassVar[str] = "ngram-map-k4v"
+    needs_hidden_states: ClassVar[bool] = False
+
+    def __init__(self, size_n: int = 3, size_m: int = 8, min_hits: int = 2) -> None:
+        self.size_n, self.size_m, self.min_hits = size_n, size_m, min_hits
+        self._tables: dict[str, _ValueTable] = {}
+
+    def begin(self, request: DraftRequest) -> None:
+        self._tables[request.request_id] = _ValueTable(self.size_n, self.size_m)
+
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
+        table = self._tables[request_id]
+        if len(tokens) <= self.size_n or max_tokens <= 0:
+            return Draft()
+        table.update(tokens)
+        values = table.values.get(tuple(tokens[-self.size_n :]))
+        if not values:
+            return Draft()
+        ranked = sorted(values.items(), key=lambda kv: kv[1], reverse=True)
+        best, count = ranked[0]
+        runner_up = ranked[1][1] if len(ranked) > 1 else 0
+        if count < self.min_hits or count <= 2 * runner_up:
+            return Draft()
+        return Draft(list(best[:max_tokens]))
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
+        return None
+
+    def end(self, request_id: str) -> None:
+        self._tables.pop(request_id, None)
