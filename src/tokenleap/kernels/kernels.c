@@ -70,6 +70,74 @@ static inline __attribute__((always_inline)) void block_all_rows(
     }
 }
 
+#ifdef __AVX512BF16__
+/* bf16 weights with AVX512-BF16 dot products: activations are rounded to bf16 once per call
+ * (round to nearest even), then each (m, o) accumulates vdpbf16ps over 32-wide chunks of i in
+ * order and is reduced with _mm512_reduce_add_ps. One instruction does 32 multiply-adds and the
+ * weights need no conversion, so several rows cost little more than one. */
+static inline __attribute__((always_inline)) void block_dp(
+        const uint16_t *xb, const uint16_t *w, const float *b, float *y, int64_t m0, int64_t o0, int NO,
+        int64_t in_dim, int64_t out_dim, const int NR) {
+    __m512 acc[RB][OB];
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < OB; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < in_dim; i += 32) {
+        __m512bh wv[OB];
+        for (int j = 0; j < NO; j++) wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(w + (o0 + j) * in_dim + i));
+        for (int r = 0; r < NR; r++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xb + (m0 + r) * in_dim + i));
+            for (int j = 0; j < NO; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xv, wv[j]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NO; j++) {
+            float s = _mm512_reduce_add_ps(acc[r][j]);
+            if (b) s += b[o0 + j];
+            y[(m0 + r) * out_dim + o0 + j] = s;
+        }
+}
+
+static inline __attribute__((always_inline)) void block_dp_rows(
+        const uint16_t *xb, const uint16_t *w, const float *b, float *y, int64_t rows, int64_t o0, const int NO,
+        int64_t in_dim, int64_t out_dim) {
+    int64_t m0 = 0;
+    for (; m0 + RB <= rows; m0 += RB) block_dp(xb, w, b, y, m0, o0, NO, in_dim, out_dim, RB);
+    switch (rows - m0) {
+        case 3: block_dp(xb, w, b, y, m0, o0, NO, in_dim, out_dim, 3); break;
+        case 2: block_dp(xb, w, b, y, m0, o0, NO, in_dim, out_dim, 2); break;
+        case 1: block_dp(xb, w, b, y, m0, o0, NO, in_dim, out_dim, 1); break;
+        default: break;
+    }
+}
+
+static void linear_bf16_dp(const float *x, const uint16_t *w, const float *b, float *y, uint16_t *xb,
+                           int64_t rows, int64_t in_dim, int64_t out_dim, int threads) {
+    for (int64_t k = 0; k < rows * in_dim; k += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
+        _mm512_storeu_si512((void *)(xb + k), (__m512i)v);
+    }
+    const int64_t nblocks = out_dim / OB;
+    #pragma omp parallel for schedule(dynamic, 8) num_threads(threads)
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        const int64_t o0 = blk * OB;
+        if (blk + 2 < nblocks) {
+            const char *next = (const char *)(w + (o0 + 2 * OB) * in_dim);
+            for (int64_t off = 0; off < OB * in_dim * 2; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+        }
+        block_dp_rows(xb, w, b, y, rows, o0, OB, in_dim, out_dim);
+    }
+    for (int64_t o = nblocks * OB; o < out_dim; o++) block_dp_rows(xb, w, b, y, rows, o, 1, in_dim, out_dim);
+}
+#endif
+
+int tl_has_bf16_dot(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* y[m, o] = sum_i x[m, i] * w[o, i] (+ b[o]); x, y fp32; w bf16 (wbits=16) or fp32 (wbits=32).
  * Each (m, o) has one accumulator, filled by FMAs over 32-wide chunks of i in order, then
  * reduced with _mm512_reduce_add_ps: the same arithmetic in every block shape, so a row's
@@ -77,6 +145,12 @@ static inline __attribute__((always_inline)) void block_all_rows(
  * of rows * in_dim floats. */
 void tl_linear(const float *x, const void *w, const float *b, float *y, float *xp,
                int64_t rows, int64_t in_dim, int64_t out_dim, int wbits, int threads) {
+#ifdef __AVX512BF16__
+    if (wbits == 16) {
+        linear_bf16_dp(x, (const uint16_t *)w, b, y, (uint16_t *)xp, rows, in_dim, out_dim, threads);
+        return;
+    }
+#endif
     if (wbits == 16) {
         for (int64_t m = 0; m < rows; m++)
             for (int64_t c = 0; c < in_dim; c += 32)
