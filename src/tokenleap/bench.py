@@ -40,10 +40,12 @@ class Question:
     question_id: str
     group: str
     turns: tuple[str, ...]
+    assistant_prefix: str = ""  # text the answer starts with (e.g. "```python\n" for code edits)
 
 
 def load_questions(path: Path, per_group: int) -> list[Question]:
-    """The first `per_group` questions of each group, in Spec-Bench's or a `{"messages"}` JSONL."""
+    """The first `per_group` questions of each group, in Spec-Bench's or a `{"messages"}` JSONL
+    (optional `category`, `question_id` and `assistant_prefix`, text the answer starts with)."""
     if not path.is_file():
         raise TokenleapError(f"benchmark file not found: {path}")
     chosen: dict[str, list[Question]] = defaultdict(list)
@@ -62,7 +64,8 @@ def load_questions(path: Path, per_group: int) -> list[Question]:
         else:
             raise TokenleapError(f"{path}:{n + 1}: expected 'turns' (Spec-Bench) or 'messages'")
         if turns and len(chosen[group]) < per_group:
-            chosen[group].append(Question(str(row.get("question_id", n)), group, turns))
+            prefix = str(row.get("assistant_prefix", ""))
+            chosen[group].append(Question(str(row.get("question_id", n)), group, turns, prefix))
     return [q for g in chosen.values() for q in g]
 
 
@@ -95,6 +98,37 @@ def parse_methods(spec: str, draft_max: int) -> list[SpecConfig]:
     return configs
 
 
+class HFBaseline:
+    """transformers' greedy `generate` and its prompt lookup (`prompt_lookup_num_tokens`) on the
+    same GGUF, as the peer measured in the same run."""
+
+    def __init__(self, gguf_path: Path, dtype: str, num_tokens: int = 10) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+        self.model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch_dtype)
+        self.num_tokens = num_tokens
+
+    def generate(self, ids: Sequence[int], max_tokens: int, pld: bool) -> tuple[list[int], float]:
+        import torch
+
+        inputs = torch.tensor([list(ids)])
+        extra = {"prompt_lookup_num_tokens": self.num_tokens} if pld else {}
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
+                                      max_new_tokens=max_tokens, pad_token_id=2, **extra)
+        wall = time.perf_counter() - t0
+        new = out[0, len(ids):].tolist()
+        if new and new[-1] == 2:  # EOS: tokenleap does not count it as output either
+            new = new[:-1]
+        return new, wall
+
+    def prefill_seconds(self, ids: Sequence[int]) -> float:
+        return self.generate(ids, 1, pld=False)[1]
+
+
 def run_bench(
     model: LlamaModel,
     tokenizer: Tokenizer,
@@ -103,6 +137,7 @@ def run_bench(
     max_tokens: int,
     temperature: float = 0.0,
     progress: Any = None,
+    hf: HFBaseline | None = None,
 ) -> list[Record]:
     registry = default_registry()
     engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
@@ -116,6 +151,8 @@ def run_bench(
         for turn, text in enumerate(q.turns):
             history.append({"role": "user", "content": text})
             ids = tokenizer.apply_chat_template(history)
+            if q.assistant_prefix:
+                ids += tokenizer.encode(q.assistant_prefix)
             plain_ids: list[int] | None = None
             for name, engine in engines.items():
                 req = engine.add_request(ids, params)
@@ -133,6 +170,14 @@ def run_bench(
                 )
                 if progress is not None:
                     progress()
+            if hf is not None:
+                prefill = hf.prefill_seconds(ids)
+                for name, pld in (("hf-plain", False), ("hf-pld", True)):
+                    out_ids, wall = hf.generate(ids, max_tokens, pld)
+                    records.append(Record(q.question_id, q.group, turn, name, len(out_ids), 0, 0, wall,
+                                          max(wall - prefill, 1e-9), prefill, 0, 0, out_ids == plain_ids))
+                    if progress is not None:
+                        progress()
             history.append({"role": "assistant", "content": answer})
     return records
 
@@ -154,12 +199,12 @@ def summarize(records: Sequence[Record]) -> dict[str, dict[str, dict[str, float]
             "tokens": tokens,
             "tokens_per_second": tokens / wall if wall else 0.0,
             "decode_tokens_per_second": sum(r.new_tokens - 1 for r in rs) / decode if decode else 0.0,
-            "mean_acceptance_length": sum(r.decode_tokens for r in rs) / forwards if forwards else 1.0,
+            "mean_acceptance_length": sum(r.decode_tokens for r in rs) / forwards if forwards else float("nan"),
             "matched_plain": sum(r.matched_plain for r in rs),
         }
     for group, methods in out.items():
-        base = methods.get("plain")
-        for fig in methods.values():
+        for name, fig in methods.items():
+            base = methods.get("hf-plain" if name.startswith("hf-") else "plain")
             fig["speedup"] = fig["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else 0.0
             fig["decode_speedup"] = (
                 fig["decode_tokens_per_second"] / base["decode_tokens_per_second"]

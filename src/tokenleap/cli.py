@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, Spec-Bench's protocol (default: %(default)s)")
     bench.add_argument("--draft-max", type=int, default=8, help="draft length cap (default: %(default)s)")
+    bench.add_argument("--hf-baseline", action="store_true", help="also run transformers' generate and its prompt lookup (prompt_lookup_num_tokens=10) on the same GGUF; their speedups are relative to transformers' own plain decoding")
     bench.add_argument("--out", default="bench_results.json", help="JSON output (default: %(default)s)")
     bench.add_argument("--plot", default=None, help="PNG chart of speedup per group (default: next to --out)")
     _add_model_args(bench)
@@ -110,13 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    import time
     from pathlib import Path
 
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
-    from tokenleap.bench import GROUPS, load_questions, parse_methods, plot, run_bench, summarize, write_json
+    from tokenleap.bench import GROUPS, HFBaseline, load_questions, parse_methods, plot, run_bench, summarize, write_json
     from tokenleap.sampling import SamplingParams
 
     SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)  # validate early
@@ -126,15 +128,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise TokenleapError(f"no questions in {args.input}")
     llm = _load(argparse.Namespace(**{**vars(args), "spec_type": "none"}))
     console = Console(stderr=True)
-    total = sum(len(q.turns) for q in questions) * (1 + len(methods))
+    hf = None
+    if args.hf_baseline:
+        if llm.source.kind != "gguf":
+            raise TokenleapError("--hf-baseline needs a GGUF model")
+        with console.status("loading the transformers baseline..."):
+            hf = HFBaseline(llm.source.path, args.dtype)
+    total = sum(len(q.turns) for q in questions) * (1 + len(methods) + (2 if hf else 0))
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         records = run_bench(llm.model, llm.tokenizer, questions, methods, args.max_tokens, args.temperature,
-                            progress=lambda: bar.advance(task))
+                            progress=lambda: bar.advance(task), hf=hf)
     summary = summarize(records)
     out = Path(args.out)
     meta = {"model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens, "temperature": args.temperature,
-            "questions_per_group": args.questions_per_group, "methods": [m.method for m in methods], "input": args.input}
+            "questions_per_group": args.questions_per_group, "methods": [m.method for m in methods], "input": args.input,
+            "hf_baseline": bool(hf), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_json(out, meta, records, summary)
     table = Table(title=f"Spec-Bench, {args.model} {args.dtype}, {args.max_tokens} new tokens, temperature {args.temperature}")
     for col in ("group", "method", "prompts", "tok/s", "speedup", "decode speedup", "accept len", "matched plain"):
@@ -146,7 +155,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                           f"{f['decode_speedup']:.2f}x", f"{f['mean_acceptance_length']:.2f}",
                           f"{f['matched_plain']}/{f['prompts']}")
     Console().print(table)
-    mismatched = sum(not r.matched_plain for r in records)
+    mismatched = sum(not r.matched_plain for r in records if not r.method.startswith("hf-"))
     if args.temperature == 0 and mismatched:
         console.print(f"[red]{mismatched} outputs differ from plain decoding[/red]")
     try:
