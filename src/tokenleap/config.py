@@ -32,7 +32,7 @@ class EngineConfig:
             raise TokenleapError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
 
-SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom")
+SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom", "chain")
 _SPEC_ALIASES = {"draft_model": "draft-model", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
 
@@ -58,9 +58,13 @@ class SpecConfig:
     draft_layers: int | None = None  # use only the draft model's first N layers
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
+    chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins
 
     def __post_init__(self) -> None:
         method = _SPEC_ALIASES.get(str(self.method), str(self.method))
+        if "+" in method:  # "suffix+ngram": a chain, the first that proposes wins
+            object.__setattr__(self, "chain", tuple(method.split("+")))
+            method = "chain"
         object.__setattr__(self, "method", method)
         if method not in SPEC_METHODS:
             raise TokenleapError(f"unknown speculative method {self.method!r}; choose one of {', '.join(SPEC_METHODS)}")
@@ -89,6 +93,16 @@ class SpecConfig:
             )
         if method == "draft-model" and not self.model:
             raise TokenleapError("method 'draft-model' needs a draft model: speculative_config['model'] (CLI: --model-draft)")
+        if isinstance(self.chain, str):
+            object.__setattr__(self, "chain", tuple(m.strip() for m in self.chain.split(",") if m.strip()))
+        object.__setattr__(self, "chain", tuple(_SPEC_ALIASES.get(m, m) for m in self.chain))
+        if method == "chain":
+            bad = [m for m in self.chain if m not in SPEC_METHODS or m in ("chain", "custom")]
+            if not self.chain or bad:
+                raise TokenleapError(
+                    f"method 'chain' needs 'chain': a list of methods from {', '.join(m for m in SPEC_METHODS if m not in ('chain', 'custom'))}"
+                    + (f"; not allowed: {', '.join(bad)}" if bad else "")
+                )
         if method == "custom" and self.drafter is None:
             raise TokenleapError("method 'custom' needs a drafter object: speculative_config['drafter']")
 

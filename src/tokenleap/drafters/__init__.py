@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tokenleap.config import SpecConfig
+from tokenleap.drafters.chain import ChainDrafter
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, check_drafter
 from tokenleap.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
 from tokenleap.drafters.ngram import NgramDrafter
@@ -58,6 +60,11 @@ def _suffix(config: SpecConfig, **_: Any) -> Drafter:
     )
 
 
+def _chain(config: SpecConfig, **context: Any) -> Drafter:
+    registry = default_registry()
+    return ChainDrafter([registry.create(m, dataclasses.replace(config, method=m), **context) for m in config.chain])
+
+
 def _custom(config: SpecConfig, **_: Any) -> Drafter:
     return check_drafter(config.drafter)
 
@@ -71,6 +78,7 @@ def default_registry() -> DrafterRegistry:
     registry.register("suffix", _suffix)
     registry.register("draft-model", _draft_model)
     registry.register("custom", _custom)
+    registry.register("chain", _chain)
     return registry
 
 

@@ -1,0 +1,45 @@
+"""Drafter chaining: several drafters behind one, the first that proposes wins.
+
+Mirrors llama.cpp's precedence of draftless methods over a draft model: cheap lookups first
+(suffix trees, n-grams), a costlier drafter only when they have nothing. Every drafter sees
+every request's lifecycle (begin / accept / end), so each keeps its own state current whether
+or not its draft was used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest
+
+
+class ChainDrafter:
+    name: ClassVar[str] = "chain"
+    needs_hidden_states: ClassVar[bool] = False
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        if not drafters:
+            raise ValueError("a drafter chain needs at least one drafter")
+        self.drafters = list(drafters)
+        self.wins = [0] * len(self.drafters)  # how often each drafter's proposal was used
+
+    def begin(self, request: DraftRequest) -> None:
+        for d in self.drafters:
+            d.begin(request)
+
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
+        for i, d in enumerate(self.drafters):
+            draft = d.propose(request_id, tokens, max_tokens)
+            if len(draft):
+                self.wins[i] += 1
+                return draft
+        return Draft()
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
+        for d in self.drafters:
+            d.accept(request_id, tokens, num_accepted)
+
+    def end(self, request_id: str) -> None:
+        for d in self.drafters:
+            d.end(request_id)
