@@ -86,13 +86,14 @@ class Record:
     matched_plain: bool
 
 
-def parse_methods(spec: str, draft_max: int) -> list[SpecConfig]:
-    configs = []
+def parse_methods(spec: str, draft_max: int) -> dict[str, SpecConfig]:
+    """"ngram,suffix+ngram" -> {label: config}; "a+b" is a chain (the first that proposes wins)."""
+    configs = {}
     for name in [m.strip() for m in spec.split(",") if m.strip()]:
         cfg = SpecConfig.from_dict({"method": name, "num_speculative_tokens": draft_max})
         if cfg is None:
             raise TokenleapError(f"method {name!r} is not a speculative method")
-        configs.append(cfg)
+        configs[name] = cfg
     if not configs:
         raise TokenleapError("no methods to compare (--methods)")
     return configs
@@ -133,7 +134,7 @@ def run_bench(
     model: LlamaModel,
     tokenizer: Tokenizer,
     questions: Sequence[Question],
-    methods: Sequence[SpecConfig],
+    methods: dict[str, SpecConfig],
     max_tokens: int,
     temperature: float = 0.0,
     progress: Any = None,
@@ -141,9 +142,9 @@ def run_bench(
 ) -> list[Record]:
     registry = default_registry()
     engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
-    for cfg in methods:
+    for label, cfg in methods.items():
         drafter = registry.create(cfg.method, cfg, target=model, tokenizer=tokenizer)
-        engines[cfg.method] = Engine(model, tokenizer, spec=cfg, drafter=drafter)
+        engines[label] = Engine(model, tokenizer, spec=cfg, drafter=drafter)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     records: list[Record] = []
     for q in questions:

@@ -142,7 +142,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     summary = summarize(records)
     out = Path(args.out)
     meta = {"model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens, "temperature": args.temperature,
-            "questions_per_group": args.questions_per_group, "methods": [m.method for m in methods], "input": args.input,
+            "questions_per_group": args.questions_per_group, "methods": list(methods), "draft_max": args.draft_max, "input": args.input,
             "hf_baseline": bool(hf), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_json(out, meta, records, summary)
     table = Table(title=f"Spec-Bench, {args.model} {args.dtype}, {args.max_tokens} new tokens, temperature {args.temperature}")

@@ -73,9 +73,6 @@ class SuffixTree:
         self._seqs: dict[Hashable, list[int]] = {}
         self._active: dict[Hashable, list[_Node]] = {}  # per growing sequence: its repeated suffixes
 
-    def __contains__(self, seq_id: Hashable) -> bool:
-        return seq_id in self._seqs
-
     def __len__(self) -> int:
         return len(self._seqs)
 
@@ -109,21 +106,24 @@ class SuffixTree:
     def _append(self, seq: list[int], active: list[_Node], token: int) -> list[_Node]:
         """Extend every suffix of `seq` ending at the new last token. Suffixes that occurred only
         once sit in lazy chains that extend themselves; `active` holds the others (expanded
-        nodes, longest first). Returns the new active list."""
-        self.root.count += 1
+        nodes, longest first; consumed). Returns the new active list."""
+        root, max_depth = self.root, self.max_depth
+        root.count += 1
         kept: list[_Node] = []
-        for node in (*active, self.root):
-            if node.depth >= self.max_depth:
+        active.append(root)
+        for node in active:
+            depth, children = node.depth, node.children
+            if depth >= max_depth:
                 continue
-            child = node.children.get(token)  # type: ignore[union-attr]
+            child = children.get(token)  # type: ignore[union-attr]
             if child is None:  # first occurrence of this path: a lazy leaf
-                child = node.children[token] = _Node(token, node.depth + 1, seq, len(seq))  # type: ignore[index]
+                child = children[token] = _Node(token, depth + 1, seq, len(seq))  # type: ignore[index]
             else:
                 if child.children is None:
                     self._expand(child)
                 child.count += 1
                 kept.append(child)
-            if node.depth and (node.best is None or child.count >= node.best.count):
+            if depth and (node.best is None or child.count >= node.best.count):
                 node.best = child
         return kept
 
@@ -161,7 +161,7 @@ class SuffixTree:
             if child.count == 1 and single is None:
                 single = child
             node = child
-        if single is not None and single.children is not None:
+        if single is not None:
             self._collapse(single)
 
     def _collapse(self, node: _Node) -> None:
@@ -239,19 +239,27 @@ class SuffixTree:
         min_token_prob: float = 0.1,
     ) -> Speculation:
         """The best-scoring greedy walk from any of `locations` (longest match first; a shorter
-        match must score strictly higher to win)."""
-        best = Speculation()
+        match must score strictly higher to win).
+
+        A match one token shorter with the same count occurred only where the longer one did, so
+        its walk is the same and is skipped unless the longer walk hit the depth bound."""
+        best, prev = Speculation(), (-1, 0, True)  # previous match: (length, count, walk cut at depth)
         for node, k in locations:
             match_len = node.depth + k
             limit = min(max_tokens, int(match_len * max_spec_factor + max_spec_offset + 1e-6))
             if limit <= best.score:  # no shorter match can do better
                 break
-            spec = self._walk(node, k, limit, min_token_prob)
+            if prev[:2] == (match_len + 1, node.count) and not prev[2]:
+                prev = (match_len, node.count, False)
+                continue
+            spec, end_depth = self._walk(node, k, limit, min_token_prob)
+            prev = (match_len, node.count, end_depth >= self.max_depth)
             if spec.score > best.score:
                 best, spec.match_len = spec, match_len
         return best
 
-    def _walk(self, node: _Node, k: int, limit: int, min_token_prob: float) -> Speculation:
+    def _walk(self, node: _Node, k: int, limit: int, min_token_prob: float) -> tuple[Speculation, int]:
+        """Follow the most frequent child; returns the walk and the depth where it ended."""
         spec, prob = Speculation(), 1.0
         while len(spec.tokens) < limit:
             if node.children is None:  # inside a lazy chain: one occurrence, probability 1
@@ -270,7 +278,7 @@ class SuffixTree:
             spec.tokens.append(token)
             spec.probs.append(prob)
             spec.score += prob
-        return spec
+        return spec, node.depth + k
 
 
 def _count(node: _Node) -> int:
