@@ -1,15 +1,26 @@
-"""Load a resolved model source into a runnable model and its tokenizer."""
+"""Load a resolved model source into a runnable model and its tokenizer.
+
+Dequantizing a GGUF takes seconds; the float32 result is cached once as safetensors in the user
+cache (keyed by the file's path, size and mtime) and memory-mapped on later loads.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
+import os
+from pathlib import Path
 
 import torch
 
 from tokenleap.kernels import load_kernels
+from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel
 from tokenleap.models.loaders import load_gguf, load_hf_folder
 from tokenleap.models.registry import ModelSource
+from tokenleap.paths import cache_dir
 from tokenleap.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -17,9 +28,35 @@ logger = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 
 
+def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file, save_file
+
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:16]
+    cached = cache_dir() / "weights" / f"{key}.safetensors"
+    if cached.is_file():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(cached), "pt") as f:
+                meta = f.metadata()
+            return ModelConfig(**json.loads(meta["config"])), load_file(str(cached))
+        except Exception as exc:  # a damaged cache file: rebuild it
+            logger.warning("ignoring unreadable weight cache %s: %s", cached, exc)
+    config, weights = load_gguf(path)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp{os.getpid()}")
+        save_file(weights, str(tmp), metadata={"config": json.dumps(dataclasses.asdict(config))})
+        os.replace(tmp, cached)
+    except OSError as exc:  # a read-only or full cache only costs speed
+        logger.warning("could not cache dequantized weights: %s", exc)
+    return config, weights
+
+
 def load_model(source: ModelSource, dtype: torch.dtype, *, use_kernels: bool = True) -> tuple[LlamaModel, Tokenizer]:
     if source.kind == "gguf":
-        config, weights = load_gguf(source.path)
+        config, weights = _load_gguf_cached(source.path)
         tokenizer = Tokenizer.from_gguf(source.path)
     else:
         config, weights = load_hf_folder(source.path)
