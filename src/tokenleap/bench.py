@@ -31,6 +31,14 @@ MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", 
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
 
+def default_spec_bench() -> Path:
+    """`../shared/bench/spec_bench.jsonl` beside the checkout when present (all 480 questions),
+    else the 60-question subset shipped in `benchmarks/data/`."""
+    repo = Path(__file__).resolve().parents[2]
+    shared = repo.parent / "shared" / "bench" / "spec_bench.jsonl"
+    return shared if shared.is_file() else repo / "benchmarks" / "data" / "spec_bench_subset.jsonl"
+
+
 def group_of(category: str) -> str:
     return "mt_bench" if category in MT_BENCH else category
 
@@ -48,7 +56,7 @@ def load_questions(path: Path, per_group: int) -> list[Question]:
     (optional `category`, `question_id` and `assistant_prefix`, text the answer starts with)."""
     if not path.is_file():
         raise TokenleapError(f"benchmark file not found: {path}")
-    chosen: dict[str, list[Question]] = defaultdict(list)
+    pools: dict[str, dict[str, list[Question]]] = defaultdict(lambda: defaultdict(list))
     for n, line in enumerate(path.read_text().splitlines()):
         if not line.strip():
             continue
@@ -63,10 +71,20 @@ def load_questions(path: Path, per_group: int) -> list[Question]:
             turns = tuple(m["content"] for m in row["messages"] if m.get("role") == "user")
         else:
             raise TokenleapError(f"{path}:{n + 1}: expected 'turns' (Spec-Bench) or 'messages'")
-        if turns and len(chosen[group]) < per_group:
+        if turns:
             prefix = str(row.get("assistant_prefix", ""))
-            chosen[group].append(Question(str(row.get("question_id", n)), group, turns, prefix))
-    return [q for g in chosen.values() for q in g]
+            category = str(row.get("category", group))
+            pools[group][category].append(Question(str(row.get("question_id", n)), group, turns, prefix))
+    chosen: list[Question] = []
+    for categories in pools.values():  # within a group, take its categories in turn
+        queues = [list(qs) for qs in categories.values()]
+        taken = 0
+        while taken < per_group and any(queues):
+            for queue in queues:
+                if queue and taken < per_group:
+                    chosen.append(queue.pop(0))
+                    taken += 1
+    return chosen
 
 
 @dataclass

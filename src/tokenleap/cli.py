@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(chat)
     _add_spec_args(chat)
     bench = sub.add_parser("bench", help="Spec-Bench: plain vs speculative methods, back to back", description="Run the Spec-Bench protocol: greedy, batch 1, every prompt under plain decoding and each method back to back; checks outputs match plain decoding; writes JSON and a PNG chart.")
-    bench.add_argument("--input", default="../shared/bench/spec_bench.jsonl", help="Spec-Bench question.jsonl or a JSONL of {\"messages\": [...]} (default: %(default)s)")
+    bench.add_argument("--input", default=None, help="Spec-Bench question.jsonl or a JSONL of {\"messages\": [...]} (default: ../shared/bench/spec_bench.jsonl beside the checkout, else benchmarks/data/spec_bench_subset.jsonl)")
     bench.add_argument("--methods", default="ngram", help="comma-separated speculative methods (default: %(default)s)")
     bench.add_argument("--questions-per-group", "-q", type=int, default=8, help="questions per group (default: %(default)s)")
     bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
@@ -118,12 +118,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from tokenleap.bench import GROUPS, HFBaseline, load_questions, parse_methods, plot, run_bench, summarize, write_json
+    from tokenleap.bench import GROUPS, HFBaseline, default_spec_bench, load_questions, parse_methods, plot, run_bench, summarize, write_json
     from tokenleap.sampling import SamplingParams
 
     SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)  # validate early
     methods = parse_methods(args.methods, args.draft_max)
-    questions = load_questions(Path(args.input), args.questions_per_group)
+    questions = load_questions(Path(args.input) if args.input else default_spec_bench(), args.questions_per_group)
     if not questions:
         raise TokenleapError(f"no questions in {args.input}")
     llm = _load(argparse.Namespace(**{**vars(args), "spec_type": "none"}))
