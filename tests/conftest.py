@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tokenleap import LLM
 from tokenleap.kernels import CpuKernels, load_kernels
 from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel
@@ -115,10 +116,9 @@ def tokenizer(model_path: Path) -> Tokenizer:
 
 
 @pytest.fixture(scope="session")
-def llm():  # -> tokenleap.LLM
-    import tokenleap
-
-    return tokenleap.LLM()
+def llm() -> LLM:
+    """The library as a user gets it: default model, bfloat16, kernels."""
+    return LLM()
 
 
 # --------------------------------------------------------------------------- tiny random model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +20,7 @@ def test_encode_decode_round_trip(tokenizer: Tokenizer) -> None:
     assert tokenizer.eos_token_ids == frozenset({2})
 
 
-def test_extra_eos_ids(model_path) -> None:
+def test_extra_eos_ids(model_path: Path) -> None:
     tok = Tokenizer.from_gguf(model_path, extra_eos_ids=[0, 7])
     assert tok.eos_token_ids == frozenset({0, 2, 7})
 

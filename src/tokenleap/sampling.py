@@ -41,7 +41,7 @@ class SamplingParams:
             raise TokenleapError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise TokenleapError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise TokenleapError(f"top_k must be >= 1, or 0 / -1 to disable, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise TokenleapError(f"min_p must be in [0, 1], got {self.min_p}")

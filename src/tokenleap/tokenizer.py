@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ class Tokenizer:
         try:
             os.replace(tmp, folder)
         except OSError:  # another process won the race; its copy is as good as ours
-            pass
+            shutil.rmtree(tmp, ignore_errors=True)
         return cls(hf, extra_eos_ids)
 
     @classmethod

@@ -15,6 +15,12 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def _has_bf16_dot(kernels: CpuKernels) -> bool:
+    """Whether the kernels were built with the AVX512-BF16 path (bf16-rounded activations)."""
+    probe = getattr(kernels.lib, "tl_has_bf16_dot", None)
+    return bool(probe()) if probe is not None else False
+
+
 # --------------------------------------------------------------------------- linear
 
 
@@ -28,8 +34,10 @@ def test_linear_matches_torch(kernels: CpuKernels, wdtype: torch.dtype, bias: bo
     b = torch.randn(out_dim, generator=g) if bias else None
     y = kernels.linear(x, w, b)
     assert y.shape == (rows, out_dim) and y.dtype == torch.float32
-    # the kernel widens bf16 weights exactly and accumulates in fp32: compare to fp32 math
-    ref = F.linear(x.double(), w.double(), b.double() if b is not None else None).float()
+    # Products are exact and accumulate in fp32. With bf16 weights on a CPU with AVX512-BF16 dot
+    # products, the activations are rounded to bf16 (nearest even) once per call first.
+    xr = x.bfloat16() if wdtype == torch.bfloat16 and _has_bf16_dot(kernels) else x
+    ref = F.linear(xr.double(), w.double(), b.double() if b is not None else None).float()
     torch.testing.assert_close(y, ref, atol=1e-5 * math.sqrt(in_dim), rtol=1e-5)
 
 

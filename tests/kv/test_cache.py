@@ -9,8 +9,10 @@ import torch
 
 from tokenleap.attention import tree_mask
 from tokenleap.errors import TokenleapError
+from tokenleap.kernels import CpuKernels
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.llama import LlamaModel
+from tokenleap.tokenizer import Tokenizer
 
 LAYERS, HEADS, HD = 3, 2, 4
 
@@ -196,7 +198,7 @@ def test_truncate_then_recompute_tiny(tiny_model: LlamaModel) -> None:
 
 
 @pytest.mark.slow
-def test_truncate_then_recompute_real(model_fp32: LlamaModel, tokenizer, questions: list[str]) -> None:
+def test_truncate_then_recompute_real(model_fp32: LlamaModel, tokenizer: Tokenizer, questions: list[str]) -> None:
     prompt = tokenizer.encode(questions[0])
     wrong = tokenizer.encode(" Absolutely not, I refuse to write")
     right = tokenizer.encode(" Here is a blog post")
@@ -227,7 +229,7 @@ def _check_compact(model: LlamaModel, prompt: Sequence[int], tokens: Sequence[in
     assert torch.equal(compacted, reference)
 
 
-def test_compact_equals_fresh_forward_over_kept_path(tiny_model: LlamaModel, kernels) -> None:
+def test_compact_equals_fresh_forward_over_kept_path(tiny_model: LlamaModel, kernels: CpuKernels) -> None:
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 256, (40,), generator=g).tolist()
     tokens = torch.randint(0, 256, (7,), generator=g).tolist()
@@ -238,7 +240,9 @@ def test_compact_equals_fresh_forward_over_kept_path(tiny_model: LlamaModel, ker
 
 
 @pytest.mark.slow
-def test_compact_equals_fresh_forward_real(model_fp32: LlamaModel, tokenizer, questions: list[str], kernels) -> None:
+def test_compact_equals_fresh_forward_real(
+    model_fp32: LlamaModel, tokenizer: Tokenizer, questions: list[str], kernels: CpuKernels
+) -> None:
     prompt = tokenizer.encode(questions[1])
     tokens = tokenizer.encode(" Well, I think that rockets are")
     parents = [-1, 0, 0, 2, 3, 1]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -11,6 +15,7 @@ from tokenleap.attention import AttentionMask, tree_mask
 from tokenleap.engine.engine import Engine
 from tokenleap.kernels import CpuKernels
 from tokenleap.kv.cache import KVCache
+from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import ROW_PATH_MAX_ROWS, LlamaModel
 from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import Tokenizer
@@ -223,7 +228,7 @@ def test_tiny_model_verification_bit_identical(
     _check_tree(model, ids[:40], ids[40 : 40 + len(TREE_PARENTS)], TREE_PARENTS)
 
 
-def test_tree_forward_matches_path_forward_without_kernels(tiny_model_factory) -> None:
+def test_tree_forward_matches_path_forward_without_kernels(tiny_model_factory: Callable[..., LlamaModel]) -> None:
     """The torch fallback (no compiled kernels) computes the same function, within rounding."""
     model = tiny_model_factory(use_kernels=False)
     g = torch.Generator().manual_seed(4)
@@ -306,3 +311,64 @@ def test_explicit_causal_mask_equals_default(tiny_model: LlamaModel) -> None:
     assert torch.equal(chain.mask, torch.ones(5, 17, dtype=torch.bool).tril(12))
     b = tiny_model.forward(chunk, torch.arange(12, 17), kv_b, AttentionMask(chain.mask)).hidden
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- shapes the kernels cannot take
+
+_SHAPE_SCRIPT = """
+import json, sys, torch
+from tokenleap.errors import TokenleapError
+from tokenleap.kernels import load_kernels
+from tokenleap.models.config import ModelConfig
+from tokenleap.models.llama import LlamaModel
+
+c = ModelConfig(**json.loads(sys.argv[1]))
+g = torch.Generator().manual_seed(0)
+d, f = c.hidden_size, c.intermediate_size
+w = {"embed": torch.randn(c.vocab_size, d, generator=g), "norm": torch.ones(d), "lm_head": torch.randn(c.vocab_size, d, generator=g) / d**0.5}
+for i in range(c.num_layers):
+    p = f"layers.{i}."
+    for name, shape in (("q", (c.q_size, d)), ("k", (c.kv_size, d)), ("v", (c.kv_size, d)), ("o", (d, c.q_size)),
+                        ("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
+        w[p + name] = torch.randn(*shape, generator=g) / shape[1] ** 0.5
+    w[p + "attn_norm"] = torch.ones(d)
+    w[p + "mlp_norm"] = torch.ones(d)
+ids = torch.arange(5, 13)
+out = []
+for kernels in (load_kernels(), None):
+    try:
+        m = LlamaModel(c, w, torch.float32, kernels)
+    except TokenleapError as exc:  # refusing the kernels with a clear message is fine too
+        print("refused:", exc)
+        sys.exit(0)
+    out.append(m.compute_logits(m.forward(ids, torch.arange(8), m.new_kv_cache()).hidden))
+diff = (out[0] - out[1]).abs().max().item()
+print("max diff", diff)
+sys.exit(0 if diff < 1e-4 else 3)
+"""
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"hidden_size": 48},  # a linear input width that is not a multiple of 32
+        {"intermediate_size": 100},  # the down projection's input width
+        {"num_heads": 8, "num_kv_heads": 4, "head_dim": 8},  # head_dim not a multiple of 16
+    ],
+    ids=["hidden-48", "intermediate-100", "head-dim-8"],
+)
+def test_shapes_the_kernels_cannot_take_still_compute_the_model(
+    kernels: CpuKernels, tiny_config: ModelConfig, changes: dict[str, int]
+) -> None:
+    """Small or unusual Hugging Face models (e.g. the tiny random test models on the Hub, with
+    hidden sizes of 16-64) must run correctly: the kernels require in_dim % 32 == 0 and
+    head_dim % 16 == 0, so such a model must fall back to torch ops (or refuse clearly), not read
+    and write out of bounds. Run in a subprocess because the failure mode is heap corruption."""
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+
+    config = dataclasses.asdict(dataclasses.replace(tiny_config, **changes))
+    proc = subprocess.run([sys.executable, "-c", _SHAPE_SCRIPT, json.dumps(config)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout.strip()} {proc.stderr.strip()[-300:]}"

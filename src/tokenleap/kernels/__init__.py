@@ -66,10 +66,22 @@ class CpuKernels:
     lib: ctypes.CDLL
     threads: int
 
+    @staticmethod
+    def supports(*widths_then_head_dim: int) -> bool:
+        """Whether linear input widths (multiples of 32) and head_dim (of 16) fit the kernels."""
+        *widths, head_dim = widths_then_head_dim
+        return all(w % 32 == 0 for w in widths) and head_dim % 16 == 0
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight bf16/fp32 `[out, in]`."""
         rows, in_dim = x.shape
         out_dim = weight.shape[0]
+        if in_dim % 32 or weight.shape[1] != in_dim or weight.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"kernel linear: unsupported shapes/dtype x {tuple(x.shape)}, w {tuple(weight.shape)} {weight.dtype}")
+        if x.dtype != torch.float32 or not weight.is_contiguous():
+            raise ValueError("kernel linear: x must be float32 and the weight contiguous")
+        if bias is not None:
+            bias = bias.float().contiguous()
         x = x.contiguous()
         y = torch.empty(rows, out_dim, dtype=torch.float32)
         scratch = torch.empty(rows * in_dim if weight.dtype == torch.bfloat16 else 0, dtype=torch.float32)
@@ -99,6 +111,10 @@ class CpuKernels:
     ) -> torch.Tensor:  # [rows, heads * hd]
         rows, heads, hd = q.shape
         kv_heads, cap, _ = keys.shape
+        if hd % 16 or heads % kv_heads or keys.dtype != torch.float32 or q.dtype != torch.float32:
+            raise ValueError(f"kernel attention: unsupported q {tuple(q.shape)} {q.dtype}, keys {tuple(keys.shape)} {keys.dtype}")
+        if keys.stride() != (cap * hd, hd, 1) or values.stride() != keys.stride():
+            raise ValueError("kernel attention: keys/values must be a contiguous cache layer [kv_heads, cap, hd]")
         q = q.contiguous()
         out = torch.empty(rows, heads * hd, dtype=torch.float32)
         scratch = torch.empty(self.threads * max(max_slots, 1), dtype=torch.float32)
@@ -131,10 +147,6 @@ def load_kernels() -> CpuKernels | None:
     if not compiler or not _cpu_has_avx512():
         logger.warning("no C compiler or no AVX-512: using torch kernels (slower, not row-invariant)")
         return None
-    # Threads that busy-wait between kernel calls collapse throughput (measured: 5 vs 23 tok/s)
-    # when another process shares the two cores; sleeping waiters cost little when idle. Our
-    # OpenMP runtime reads this when the library loads (torch's own runtime is separate).
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     try:
         lib = ctypes.CDLL(str(_compile(compiler)))
     except (OSError, subprocess.CalledProcessError) as exc:

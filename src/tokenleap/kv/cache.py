@@ -99,6 +99,8 @@ class KVCache:
         """Keep slots `keep` (ascending absolute indices >= `start`), moved to `start..`; drop
         everything else after `start`. Copies only the kept slots (a tree path)."""
         keep = list(keep)
+        if not 0 <= start <= self.length:
+            raise ValueError(f"compact: start {start} outside [0, {self.length}]")
         if any(b <= a for a, b in zip(keep, keep[1:])):
             raise ValueError("compact: keep must be strictly increasing")
         if keep and (keep[0] < start or keep[-1] >= self.length):

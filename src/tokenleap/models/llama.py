@@ -22,6 +22,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -30,6 +32,8 @@ from tokenleap.kernels import CpuKernels
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.config import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 # New rows up to this count use the row-invariant path (decode / verify); longer forwards
 # (prompt prefill) use torch's batched kernels.
@@ -66,6 +70,12 @@ class LlamaModel:
         self.config = config
         self.dtype = dtype
         self.kv_dtype = torch.float32
+        if kernels is not None and not kernels.supports(config.hidden_size, config.intermediate_size, config.q_size, config.head_dim):
+            logger.warning(
+                "tokenleap kernels need widths that are multiples of 32 and head_dim a multiple of 16; "
+                "using torch ops for this model (slower, not row-invariant)"
+            )
+            kernels = None
         self.kernels = kernels
 
         def w(name: str) -> torch.Tensor:

@@ -143,12 +143,20 @@ def read_hf_config(folder: Path) -> ModelConfig:
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"{folder} has no config.json")
-    raw = json.loads(cfg_path.read_text())
+    try:
+        return _parse_hf_config(json.loads(cfg_path.read_text()))
+    except (KeyError, ValueError, TypeError) as exc:
+        if isinstance(exc, TokenleapError):
+            raise
+        raise TokenleapError(f"{cfg_path} is not a usable model config ({type(exc).__name__}: {exc})") from exc
+
+
+def _parse_hf_config(raw: dict[str, Any]) -> ModelConfig:
     model_type = raw.get("model_type", "")
     rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
     if rope_type not in ("default", None):
-        raise TokenleapError(f"rope scaling {rope_type!r} is not supported yet ({cfg_path})")
+        raise TokenleapError(f"rope scaling {rope_type!r} is not supported yet")
     n_heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     return ModelConfig(

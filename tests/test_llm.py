@@ -1,0 +1,213 @@
+"""The LLM facade: vLLM-shaped outputs from generate / chat / stream, determinism, seeds, and user errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import tokenleap
+from tokenleap import LLM, SamplingParams, TokenleapError
+from tokenleap.errors import ModelNotFoundError
+from tokenleap.kernels import CpuKernels
+from tokenleap.models.llama import ROW_PATH_MAX_ROWS
+from tokenleap.types import CompletionOutput, RequestOutput
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_hf_folder: Path) -> LLM:
+    """The tiny random model behind the real facade, with a 32-token context."""
+    return LLM(str(tiny_hf_folder), dtype="float32", max_model_len=32)
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@pytest.mark.slow
+def test_generate_returns_vllm_shaped_outputs(llm: LLM) -> None:
+    prompt = "The capital of France is"
+    outs = llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert isinstance(outs, list) and len(outs) == 1
+    out = outs[0]
+    assert isinstance(out, RequestOutput) and out.finished
+    assert out.prompt == prompt
+    assert out.prompt_token_ids == llm.get_tokenizer().encode(prompt)
+    assert len(out.outputs) == 1
+    c = out.outputs[0]
+    assert isinstance(c, CompletionOutput) and c.index == 0
+    assert isinstance(c.text, str) and c.text.strip()
+    assert all(isinstance(t, int) for t in c.token_ids) and 0 < len(c.token_ids) <= 12
+    assert c.finish_reason in ("stop", "length")
+    assert c.text == llm.get_tokenizer().decode(c.token_ids)
+    assert "Paris" in c.text
+    m = out.metrics
+    assert m.num_prompt_tokens == len(out.prompt_token_ids)
+    assert m.num_generation_tokens == len(c.token_ids)
+    assert m.prefill_seconds > 0 and m.tokens_per_second > 0
+    assert m.first_token_time is not None and m.finished_time is not None
+
+
+@pytest.mark.slow
+def test_generate_many_prompts_in_order(llm: LLM) -> None:
+    tok = llm.get_tokenizer()
+    ids = tok.encode("Water boils at a temperature of")
+    prompts = ["One, two, three, four,", ids]
+    params = [SamplingParams(temperature=0.0, max_tokens=6), SamplingParams(temperature=0.0, max_tokens=3)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.prompt for o in outs] == ["One, two, three, four,", None]
+    assert outs[1].prompt_token_ids == ids
+    assert len(outs[1].outputs[0].token_ids) <= 3
+    assert outs[0].request_id != outs[1].request_id
+    # token-id prompts and text prompts are the same thing
+    single = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)[0]
+    assert single.outputs[0].token_ids == outs[1].outputs[0].token_ids
+
+
+@pytest.mark.slow
+def test_chat_one_and_many_conversations(llm: LLM) -> None:
+    conv = [{"role": "user", "content": "What is the capital of Italy? Answer in one word."}]
+    one = llm.chat(conv, GREEDY, use_tqdm=False)
+    assert len(one) == 1
+    assert one[0].outputs[0].text.strip()
+    assert "<|im_start|>assistant" not in one[0].outputs[0].text
+    assert one[0].prompt_token_ids == llm.chat_token_ids(conv)
+    many = llm.chat([conv, [{"role": "user", "content": "Say hello."}]], GREEDY, use_tqdm=False)
+    assert len(many) == 2
+    assert many[0].outputs[0].token_ids == one[0].outputs[0].token_ids
+
+
+@pytest.mark.slow
+def test_greedy_is_deterministic(llm: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    prompt = "Once upon a time, in a small village,"
+    a = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    b = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    assert a.token_ids == b.token_ids and a.text == b.text
+
+
+@pytest.mark.slow
+def test_seeded_sampling_reproducible_and_seeds_differ(llm: LLM) -> None:
+    prompt = "Write a sentence about a cat:"
+
+    def sample(seed: int) -> list[int]:
+        params = SamplingParams(temperature=1.0, seed=seed, max_tokens=16, ignore_eos=True)
+        return llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+
+    first = sample(1234)
+    assert sample(1234) == first
+    assert sample(4321) != first
+
+
+@pytest.mark.slow
+def test_stream_matches_final_output(llm: LLM) -> None:
+    chunks = list(llm.stream("List three colours:", SamplingParams(temperature=0.0, max_tokens=12)))
+    assert chunks[-1].finished and chunks[-1].output is not None
+    assert not any(c.finished for c in chunks[:-1])
+    text = "".join(c.text for c in chunks)
+    assert text == chunks[-1].output.outputs[0].text
+    assert len(chunks) > 2  # streamed, not one blob
+
+
+@pytest.mark.slow
+def test_stop_string_through_llm(llm: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop=[","])
+    out = llm.generate("Apples, pears, plums, cherries, and grapes are all", params, use_tqdm=False)[0].outputs[0]
+    if out.finish_reason == "stop" and out.stop_reason == ",":
+        assert "," not in out.text
+    else:  # the model never wrote a comma: then the whole output is comma-free too
+        assert "," not in llm.get_tokenizer().decode(out.token_ids)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.slow
+def test_bad_inputs_on_the_real_model(llm: LLM) -> None:
+    with pytest.raises(TokenleapError, match="empty"):
+        llm.generate("", GREEDY, use_tqdm=False)
+    with pytest.raises(TokenleapError, match="empty"):
+        llm.generate([[]], GREEDY, use_tqdm=False)
+    with pytest.raises(TokenleapError, match="context length is 8192"):
+        llm.generate([[5] * 8192], GREEDY, use_tqdm=False)  # rejected before any compute
+    with pytest.raises(TokenleapError, match="out of range"):
+        llm.generate([[1, 49152]], GREEDY, use_tqdm=False)
+    with pytest.raises(TokenleapError, match="2 sampling params for 1 prompts"):
+        llm.generate(["hi"], [GREEDY, GREEDY], use_tqdm=False)
+    with pytest.raises(TokenleapError, match="no messages"):
+        llm.chat([], GREEDY, use_tqdm=False)
+    with pytest.raises(TokenleapError, match="role.*content"):
+        llm.chat([{"text": "hi"}], GREEDY, use_tqdm=False)
+
+
+def test_prompt_longer_than_max_model_len(tiny_llm: LLM) -> None:
+    assert tiny_llm.engine.max_context == 32
+    with pytest.raises(TokenleapError, match="40 tokens but the context length is 32"):
+        tiny_llm.generate([list(range(40))], GREEDY, use_tqdm=False)
+    out = tiny_llm.generate([list(range(30))], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2 and out[0].outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -1}, "max_tokens"), ({"temperature": -1.0}, "temperature")],
+)
+def test_bad_sampling_params(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(TokenleapError, match=message):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"model": "no-such-model"}, ModelNotFoundError, "unknown model 'no-such-model'"),
+        ({"model": "/nonexistent/model.gguf"}, ModelNotFoundError, "GGUF file not found"),
+        ({"model": "gemma3-270m"}, TokenleapError, "not yet implemented"),
+        ({"dtype": "float16"}, TokenleapError, "dtype must be one of"),
+        ({"max_model_len": 1}, TokenleapError, "max_model_len must be >= 2"),
+        ({"speculative_config": {"method": "bogus"}}, TokenleapError, "unknown speculative method 'bogus'"),
+    ],
+)
+def test_bad_llm_arguments(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        LLM(**kwargs)  # type: ignore[arg-type]
+
+
+def test_public_api() -> None:
+    for name in ("LLM", "SamplingParams", "EngineConfig", "TokenleapError", "RequestOutput", "CompletionOutput"):
+        assert hasattr(tokenleap, name)
+    assert issubclass(TokenleapError, ValueError)
+
+
+# --------------------------------------------------------------------------- losslessness of verification
+
+
+@pytest.mark.slow
+def test_bf16_greedy_output_is_reproduced_by_chunked_verification(llm: LLM, questions: list[str], kernels: CpuKernels) -> None:
+    """Feed the engine's own bf16 greedy output back in chunks of 1..6 tokens (as a verifier with
+    a perfect drafter would): every row's argmax must be the next generated token, so greedy
+    speculative decoding can reproduce plain decoding exactly."""
+    model = llm.model
+    assert model.dtype == torch.bfloat16
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for q_index, question in enumerate(questions[:3]):
+        conv = [{"role": "user", "content": question}]
+        out = llm.chat(conv, params, use_tqdm=False)[0]
+        prompt, generated = out.prompt_token_ids, out.outputs[0].token_ids
+        assert len(generated) == 24
+        kv = model.new_kv_cache()
+        hidden = model.forward(torch.tensor(prompt), torch.arange(len(prompt)), kv).hidden
+        assert int(model.compute_logits(hidden, [len(prompt) - 1])[0].argmax()) == generated[0]
+        i, size = 0, 1 + q_index  # different chunkings for different prompts
+        while i < len(generated) - 1:
+            chunk = generated[i : i + size]
+            assert len(chunk) <= ROW_PATH_MAX_ROWS
+            pos = torch.arange(kv.length, kv.length + len(chunk))
+            logits = model.compute_logits(model.forward(torch.tensor(chunk), pos, kv).hidden)
+            predicted = logits.argmax(-1).tolist()
+            expected = generated[i + 1 : i + 1 + len(chunk)]
+            assert predicted[: len(expected)] == expected, f"prompt {q_index}, tokens {i + 1}.."
+            i += len(chunk)
+            size = size % 6 + 1
