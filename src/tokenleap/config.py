@@ -61,7 +61,8 @@ class SpecConfig:
     chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins
 
     def __post_init__(self) -> None:
-        method = _SPEC_ALIASES.get(str(self.method), str(self.method))
+        method = str(self.method).strip().lower()
+        method = _SPEC_ALIASES.get(method, method)
         if "+" in method:  # "suffix+ngram": a chain, the first that proposes wins
             object.__setattr__(self, "chain", tuple(method.split("+")))
             method = "chain"

@@ -8,8 +8,10 @@ how often its path occurred, so a child's probability given its parent is child.
 parent.count. To propose, every suffix of the context that matches a path (tracked
 incrementally: one step per new token) is a starting point; from it the drafter follows the
 most frequent child while the product of those probabilities stays >= `min_token_prob`, for at
-most `match_length * max_spec_factor + max_spec_offset` tokens. A walk scores the sum of its
+most ceil(match_length * max_spec_factor + max_spec_offset) tokens. A walk scores the sum of its
 products (the expected number of accepted tokens); the best walk over both tries is the draft.
+In a request's own trie the context's own occurrence, which has no continuation yet, is left
+out of the first probability, so both tries estimate on the same footing.
 
 A path that occurred once is stored as one lazy node pointing into its sequence and is expanded
 into child nodes only when a second occurrence arrives, so a trie grows with the repeated text,
@@ -19,8 +21,10 @@ not with length x max_depth.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Hashable, Sequence
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -155,7 +159,7 @@ class SuffixTree:
             if child.count == 0:
                 del node.children[token]  # type: ignore[union-attr]
             if node.best is child:
-                node.best = max(reversed(node.children.values()), key=_count, default=None)  # type: ignore[union-attr]
+                node.best = max(reversed(node.children.values()), key=attrgetter("count"), default=None)  # type: ignore[union-attr]
             if child.count == 0:
                 break
             if child.count == 1 and single is None:
@@ -237,28 +241,30 @@ class SuffixTree:
         max_spec_factor: float = 1.0,
         max_spec_offset: float = 0.0,
         min_token_prob: float = 0.1,
+        exclude: int = 0,
     ) -> Speculation:
         """The best-scoring greedy walk from any of `locations` (longest match first; a shorter
-        match must score strictly higher to win).
+        match must score strictly higher to win). `exclude` occurrences ending at each location
+        (the context's own, in its request's tree) are left out of the first probability.
 
         A match one token shorter with the same count occurred only where the longer one did, so
         its walk is the same and is skipped unless the longer walk hit the depth bound."""
         best, prev = Speculation(), (-1, 0, True)  # previous match: (length, count, walk cut at depth)
         for node, k in locations:
             match_len = node.depth + k
-            limit = min(max_tokens, int(match_len * max_spec_factor + max_spec_offset + 1e-6))
+            limit = min(max_tokens, math.ceil(match_len * max_spec_factor + max_spec_offset - 1e-6))
             if limit <= best.score:  # no shorter match can do better
                 break
             if prev[:2] == (match_len + 1, node.count) and not prev[2]:
                 prev = (match_len, node.count, False)
                 continue
-            spec, end_depth = self._walk(node, k, limit, min_token_prob)
+            spec, end_depth = self._walk(node, k, limit, min_token_prob, exclude)
             prev = (match_len, node.count, end_depth >= self.max_depth)
             if spec.score > best.score:
                 best, spec.match_len = spec, match_len
         return best
 
-    def _walk(self, node: _Node, k: int, limit: int, min_token_prob: float) -> tuple[Speculation, int]:
+    def _walk(self, node: _Node, k: int, limit: int, min_token_prob: float, exclude: int = 0) -> tuple[Speculation, int]:
         """Follow the most frequent child; returns the walk and the depth where it ended."""
         spec, prob = Speculation(), 1.0
         while len(spec.tokens) < limit:
@@ -271,7 +277,8 @@ class SuffixTree:
                 child = node.best
                 if child is None:
                     break
-                prob *= child.count / node.count
+                prob *= child.count / (node.count - exclude)
+                exclude = 0
                 if prob < min_token_prob:
                     break
                 token, node, k = child.token, child, 0
@@ -281,14 +288,10 @@ class SuffixTree:
         return spec, node.depth + k
 
 
-def _count(node: _Node) -> int:
-    return node.count
-
-
 @dataclass(frozen=True)
 class SuffixConfig:
     max_depth: int = 64  # longest suffix indexed and matched
-    max_spec_factor: float = 1.0  # draft at most match_length * factor + offset tokens
+    max_spec_factor: float = 1.0  # draft at most ceil(match_length * factor + offset) tokens
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1  # stop the draft when its path probability drops below this
     max_cached_requests: int = 1000  # finished outputs kept in the global trie (0: none)
@@ -344,7 +347,7 @@ class SuffixDrafter:
             return Draft()
         c = self.config
         args = (max_tokens, c.max_spec_factor, c.max_spec_offset, c.min_token_prob)
-        best = state.local.speculate(state.local.active(0), *args)
+        best = state.local.speculate(state.local.active(0), *args, exclude=1)
         if state.global_locs:
             other = self.global_tree.speculate(state.global_locs, *args)
             if other.score > best.score:

@@ -76,7 +76,10 @@ class Engine:
             )
         metrics = RequestMetrics(arrival_time=time.time(), num_prompt_tokens=len(prompt_ids))
         controller = None
-        if self.spec is not None and self.spec.adaptive:
+        # A seeded sampled request keeps a fixed draft length: adaptive lengths come from a
+        # timed cost curve, and another length would consume the random stream differently,
+        # so the same seed would give different text on another machine.
+        if self.spec is not None and self.spec.adaptive and (params.greedy or params.seed is None):
             controller = DraftController(self.cost_curve(), self.spec.num_speculative_tokens, self.spec.draft_min)
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
@@ -140,10 +143,11 @@ class Engine:
         req.kv.truncate(pos + 1 + result.num_accepted)
         if self.drafter is not None:
             self.drafter.accept(req.request_id, result.tokens, result.num_accepted)
-        req.metrics.num_decode_tokens += req.append_tokens(result.tokens)
+        kept = req.append_tokens(result.tokens)  # fewer than committed when a stop came first
+        req.metrics.num_decode_tokens += kept
         t2 = time.perf_counter()
         req.metrics.spec.verify_seconds += t2 - t1
-        req.metrics.spec.record(len(draft), result.num_accepted)
+        req.metrics.spec.record(len(draft), min(result.num_accepted, kept - 1))
         if req.controller is not None:
             req.controller.update(len(draft), result.num_accepted)
         req.metrics.num_forward_passes += 1
