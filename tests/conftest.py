@@ -24,8 +24,9 @@ from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel
 from tokenleap.models.registry import DEFAULT_MODEL, resolve
 from tokenleap.tokenizer import Tokenizer
+from tokenleap.bench import default_spec_bench
 
-SPEC_BENCH = Path("/work/shared/bench/spec_bench.jsonl")
+SPEC_BENCH = default_spec_bench()  # ../shared/bench beside the checkout, else the shipped subset
 
 # A few real English questions, used when the Spec-Bench file is not present on the machine.
 _FALLBACK_QUESTIONS = [

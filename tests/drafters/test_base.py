@@ -19,8 +19,9 @@ from tokenleap.drafters.ngram import NgramDrafter
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.types import RequestOutput
+from tokenleap.bench import default_spec_bench
 
-SPEC_BENCH = Path("/work/shared/bench/spec_bench.jsonl")
+SPEC_BENCH = default_spec_bench()  # ../shared/bench beside the checkout, else the shipped subset
 VOCAB = 49152  # SmolLM2
 
 

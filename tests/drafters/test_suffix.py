@@ -18,8 +18,9 @@ from tokenleap.drafters.base import Draft, DraftRequest, Drafter
 from tokenleap.drafters.suffix import SuffixConfig, SuffixDrafter, SuffixTree
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
+from tokenleap.bench import default_spec_bench
 
-SPEC_BENCH = Path("/work/shared/bench/spec_bench.jsonl")
+SPEC_BENCH = default_spec_bench()  # ../shared/bench beside the checkout, else the shipped subset
 
 
 def start(drafter: SuffixDrafter, request_id: str, prompt: Sequence[int]) -> None:
