@@ -51,8 +51,12 @@ Everything is measured back to back in one process, on the same prompts, with
    `record_function("tokenleap::linear" / "tokenleap::attention")` range per call.
 
 Absolute numbers drift on shared machines (DESIGN.md section 8); the load average before and
-after the run is stored with the results. Results: JSON (default
-benchmarks/results/plain_decode.json) and rich tables on stdout.
+after the run is stored with the results, and the JSON is rewritten after every prompt and
+section (`"complete": false` until the end), so an interrupted run keeps what it measured. On a
+CPU shared with other busy processes the OpenMP threads of the kernels spin-wait and decoding
+slows down several-fold; such a run measures the contention, not the engine. Results: JSON
+(default benchmarks/results/plain_decode.json, or plain_decode_quick.json with --quick), the
+plot beside it, and rich tables on stdout.
 
     python benchmarks/plain_decode.py --quick          # smoke run: 2 prompts, 32 tokens
     python benchmarks/plain_decode.py                  # 24 prompts, 128 tokens, 4 engines
@@ -87,9 +91,10 @@ from tokenleap import LLM, SamplingParams
 from tokenleap.kernels import CpuKernels, load_kernels
 from tokenleap.models.llama import LlamaModel
 from tokenleap.models.registry import DEFAULT_MODEL, resolve
+from tokenleap.bench import default_spec_bench
 
 ROOT = Path(__file__).resolve().parent
-SPEC_BENCH = Path("/work/shared/bench/spec_bench.jsonl")
+SPEC_BENCH = default_spec_bench()  # ../shared/bench beside the checkout, else the shipped subset
 MT_BENCH = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"})
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 ENGINES = ("tl-bf16", "tl-fp32", "hf-fp32", "hf-bf16")
@@ -266,8 +271,14 @@ def compare_tokens(a: Sequence[int], b: Sequence[int], eos: frozenset[int]) -> d
 
 
 def run_decode(
-    engines: list[Engine], questions: list[Question], prompts: list[list[int]], max_tokens: int, progress: bool
+    engines: list[Engine],
+    questions: list[Question],
+    prompts: list[list[int]],
+    max_tokens: int,
+    progress: bool,
+    on_prompt: Callable[[list[PromptRun]], None] | None = None,
 ) -> tuple[list[PromptRun], dict[str, dict[int, list[int]]]]:
+    """Every engine on prompt 1 (engine order rotated by prompt), then prompt 2, ..."""
     runs: list[PromptRun] = []
     tokens: dict[str, dict[int, list[int]]] = {e.name: {} for e in engines}
     bar = tqdm(total=len(questions) * len(engines), desc="decode", disable=not progress)
@@ -284,6 +295,8 @@ def run_decode(
                           r.e2e_s, r.decode_tps, r.e2e_tps)
             )
             bar.update()
+        if on_prompt is not None:
+            on_prompt(runs)
     bar.close()
     return runs, tokens
 
@@ -618,12 +631,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7, help="repeats for the bandwidth, floor and verify timings")
     p.add_argument("--profile-steps", type=int, default=20, help="decode steps in the profile")
     p.add_argument("--spec-bench", type=Path, default=SPEC_BENCH, help="Spec-Bench question.jsonl")
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "plain_decode.json", help="JSON output")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON output; the plot goes beside it [default: results/plain_decode.json, "
+                        "results/plain_decode_quick.json with --quick]")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 32 tokens, fewer repeats")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     if args.skip_transformers:
         args.engines = [e for e in args.engines if not e.startswith("hf-")]
+    if args.out is None:
+        args.out = ROOT / "results" / ("plain_decode_quick.json" if args.quick else "plain_decode.json")
     if args.quick:
         args.max_tokens = min(args.max_tokens, 32)
         args.repeats = min(args.repeats, 3)
@@ -706,8 +723,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "prompts": [{**asdict(q), "text": q.text[:80], "prompt_tokens": len(ids)} for q, ids in zip(questions, prompts)],
     }
 
+    def save(complete: bool) -> None:  # partial results survive an interrupted run
+        result["complete"] = complete
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+
+    def save_partial(runs: list[PromptRun]) -> None:
+        result["decode_partial"] = [asdict(r) for r in runs]
+        save(False)
+
     if engines:
-        runs, tokens = run_decode(engines, questions, prompts, args.max_tokens, progress)
+        runs, tokens = run_decode(engines, questions, prompts, args.max_tokens, progress, save_partial)
+        result.pop("decode_partial", None)
         summary, ratios = summarize_decode(runs, [e.name for e in engines])
         result["decode"] = {
             "summary": summary,
@@ -716,6 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "eos_ids_for_comparison": sorted(eos),
             "per_prompt": [asdict(r) for r in runs],
         }
+        save(False)
     for eng in engines:  # free the transformers models before the bandwidth test
         if isinstance(eng, TransformersEngine):
             eng.model = None
@@ -732,21 +760,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     with console.status("linears-only ceilings"):
         result["kernel_floor"] = kernel_floor(models, kernels, args.repeats)
+        save(False)
 
     ks = [1, 2, 4, 8, 16, 32] if args.quick else list(range(1, args.verify_max_k + 1))
     ks = [k for k in ks if k <= args.verify_max_k]
     long_ids = max(prompts, key=len)
     context = (long_ids * (args.verify_context // len(long_ids) + 1))[: args.verify_context]
     result["verify_cost"] = verify_curve(models, context, ks, args.repeats, progress)
+    save(False)
 
     with console.status("profiling a bf16 decode step"):
         result["profile"] = profile_decode(llms["bf16"], prompts[0], args.profile_steps, top=20)
 
     result["meta"]["loadavg_end"] = os.getloadavg()
     result["meta"]["wall_s"] = time.perf_counter() - t_start
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    png = args.out.with_name("verify_cost.png")
+    save(True)
+    png = args.out.with_name("verify_cost_quick.png" if args.quick else "verify_cost.png")
     plot_verify(result["verify_cost"], png,
                 f"tokenleap {source.name}, {torch.get_num_threads()} threads, ~{len(context)} cached tokens")
     print_report(console, result)
