@@ -22,19 +22,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from tokenleap.drafters.base import Draft, DraftRequest
+from tokenleap.drafters.base import Draft, DraftRequest, StatelessDrafter
 from tokenleap.drafters.ngram import longest_suffix_match
 
 
-class NgramSimpleDrafter:
+class NgramSimpleDrafter(StatelessDrafter):
     name: ClassVar[str] = "ngram-simple"
-    needs_hidden_states: ClassVar[bool] = False
 
     def __init__(self, size_n: int = 3, size_m: int = 16) -> None:
         self.size_n, self.size_m = size_n, size_m
-
-    def begin(self, request: DraftRequest) -> None:
-        return None
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         if len(tokens) <= self.size_n or max_tokens <= 0:
@@ -45,12 +41,6 @@ class NgramSimpleDrafter:
             return Draft()
         start = match[0]
         return Draft(arr[start : start + min(self.size_m, max_tokens)].tolist())
-
-    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
-        return None
-
-    def end(self, request_id: str) -> None:
-        return None
 
 
 @dataclass
