@@ -125,7 +125,7 @@ def llm() -> LLM:
 # --------------------------------------------------------------------------- tiny random model
 
 # Sizes satisfy the kernels' constraints: every linear's input width (hidden, heads * head_dim,
-# intermediate) is a multiple of 32 and head_dim is a multiple of 16.
+# intermediate) is a multiple of 32 and head_dim is 16, 32, 64 or 128.
 TINY_CONFIG = ModelConfig(
     architecture="llama",
     vocab_size=256,

@@ -62,18 +62,51 @@ def _compile(compiler: str) -> Path:
 
 
 @dataclass(frozen=True)
+class PackedWeight:
+    """A bf16 `[out, in]` weight in the kernels' output-interleaved layout `[out/16, in/2, 16, 2]`.
+
+    One 64-byte load holds two inputs for 16 outputs, so the kernel needs no horizontal sums and
+    streams the weight front to back once per call, whatever the number of rows.
+    """
+
+    data: torch.Tensor
+    out_dim: int
+    in_dim: int
+
+    @staticmethod
+    def fits(weight: torch.Tensor) -> bool:
+        out_dim, in_dim = weight.shape
+        return weight.dtype == torch.bfloat16 and out_dim % 16 == 0 and in_dim % 32 == 0
+
+    @classmethod
+    def pack(cls, weight: torch.Tensor) -> PackedWeight:
+        if not cls.fits(weight):
+            raise ValueError(f"cannot pack weight {tuple(weight.shape)} {weight.dtype}: needs bf16, out % 16 == 0, in % 32 == 0")
+        out_dim, in_dim = weight.shape
+        data = weight.reshape(out_dim // 16, 16, in_dim // 2, 2).permute(0, 2, 1, 3).contiguous()
+        return cls(data=data, out_dim=out_dim, in_dim=in_dim)
+
+
+@dataclass(frozen=True)
 class CpuKernels:
     lib: ctypes.CDLL
     threads: int
+    packed: bool = True  # whether tl_linear_packed (AVX512-BF16) is available
 
     @staticmethod
     def supports(*widths_then_head_dim: int) -> bool:
-        """Whether linear input widths (multiples of 32) and head_dim (of 16) fit the kernels."""
+        """Whether linear input widths (multiples of 32) and head_dim (16, 32, 64 or 128) fit the kernels."""
         *widths, head_dim = widths_then_head_dim
-        return all(w % 32 == 0 for w in widths) and head_dim % 16 == 0
+        return all(w % 32 == 0 for w in widths) and head_dim in (16, 32, 64, 128)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight bf16/fp32 `[out, in]`."""
+    def pack(self, weight: torch.Tensor) -> PackedWeight | None:
+        """The packed form of `weight` when the packed kernel can use it, else None."""
+        return PackedWeight.pack(weight) if self.packed and PackedWeight.fits(weight) else None
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight bf16/fp32 `[out, in]` or packed."""
+        if isinstance(weight, PackedWeight):
+            return self._linear_packed(x, weight, bias)
         rows, in_dim = x.shape
         out_dim = weight.shape[0]
         if in_dim % 32 or weight.shape[1] != in_dim or weight.dtype not in (torch.bfloat16, torch.float32):
@@ -99,6 +132,28 @@ class CpuKernels:
         )
         return y
 
+    def _linear_packed(self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        rows, in_dim = x.shape
+        if in_dim != weight.in_dim or x.dtype != torch.float32:
+            raise ValueError(f"kernel linear: x {tuple(x.shape)} {x.dtype} does not fit packed weight [{weight.out_dim}, {weight.in_dim}]")
+        if bias is not None:
+            bias = bias.float().contiguous()
+        x = x.contiguous()
+        y = torch.empty(rows, weight.out_dim, dtype=torch.float32)
+        scratch = torch.empty(rows * in_dim, dtype=torch.bfloat16)
+        self.lib.tl_linear_packed(
+            x.data_ptr(),
+            weight.data.data_ptr(),
+            bias.data_ptr() if bias is not None else None,
+            y.data_ptr(),
+            scratch.data_ptr(),
+            rows,
+            in_dim,
+            weight.out_dim,
+            self.threads,
+        )
+        return y
+
     def attention(
         self,
         q: torch.Tensor,  # [rows, heads, hd] fp32
@@ -111,13 +166,14 @@ class CpuKernels:
     ) -> torch.Tensor:  # [rows, heads * hd]
         rows, heads, hd = q.shape
         kv_heads, cap, _ = keys.shape
-        if hd % 16 or heads % kv_heads or keys.dtype != torch.float32 or q.dtype != torch.float32:
+        if hd not in (16, 32, 64, 128) or heads % kv_heads or keys.dtype != torch.float32 or q.dtype != torch.float32:
             raise ValueError(f"kernel attention: unsupported q {tuple(q.shape)} {q.dtype}, keys {tuple(keys.shape)} {keys.dtype}")
         if keys.stride() != (cap * hd, hd, 1) or values.stride() != keys.stride():
             raise ValueError("kernel attention: keys/values must be a contiguous cache layer [kv_heads, cap, hd]")
         q = q.contiguous()
         out = torch.empty(rows, heads * hd, dtype=torch.float32)
-        scratch = torch.empty(self.threads * max(max_slots, 1), dtype=torch.float32)
+        max_slots = -(-max(max_slots, 1) // 16) * 16  # the kernel writes scores 16 at a time
+        scratch = torch.empty(self.threads * 4 * max_slots, dtype=torch.float32)
         self.lib.tl_attention(
             q.data_ptr(),
             keys.data_ptr(),
@@ -132,7 +188,7 @@ class CpuKernels:
             slot_off.data_ptr() if slot_off is not None else None,
             slot_idx.data_ptr() if slot_idx is not None else None,
             scratch.data_ptr(),
-            max(max_slots, 1),
+            max_slots,
             self.threads,
         )
         return out
@@ -157,4 +213,8 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_linear.restype = None
     lib.tl_attention.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, ctypes.c_int]
     lib.tl_attention.restype = None
-    return CpuKernels(lib=lib, threads=torch.get_num_threads())
+    packed = bool(lib.tl_has_bf16_dot())
+    if packed:
+        lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
+        lib.tl_linear_packed.restype = None
+    return CpuKernels(lib=lib, threads=torch.get_num_threads(), packed=packed)

@@ -130,6 +130,86 @@ static void linear_bf16_dp(const float *x, const uint16_t *w, const float *b, fl
 }
 #endif
 
+#ifdef __AVX512BF16__
+/* Packed bf16 weights, output-interleaved: block b holds outputs 16b..16b+15 as
+ * [in/2][16][2] (for each input pair p, the pair (w[o][2p], w[o][2p+1]) of each of the 16
+ * outputs), so one 64-byte load feeds one vdpbf16ps that advances 16 outputs by two inputs,
+ * with the input pair broadcast from the activations. No horizontal reductions: output o's
+ * accumulator takes the pairs p = 0, 1, ... in order, whatever the tile shape, so a row's
+ * result is the same in any call. A tile is NR rows x NB blocks of accumulators. */
+#define PR 4 /* rows per packed tile */
+#define PB 4 /* 16-output blocks per packed tile */
+#ifndef PF_DIST
+#define PF_DIST 16
+#endif
+
+static inline __attribute__((always_inline)) void packed_tile(
+        const uint32_t *xp, const uint16_t *wp, const float *b, float *y, int64_t m0, int64_t blk0,
+        int64_t half_in, int64_t out_dim, const int NR, const int NB) {
+    __m512 acc[PR][PB];
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NB; j++) acc[r][j] = _mm512_setzero_ps();
+    const uint16_t *wt = wp + blk0 * half_in * 32;
+    for (int64_t p = 0; p < half_in; p++) {
+        __m512bh wv[PB];
+        for (int j = 0; j < NB; j++) {
+            _mm_prefetch((const char *)(wt + (j * half_in + p + PF_DIST) * 32), _MM_HINT_T0);
+            wv[j] = (__m512bh)_mm512_loadu_si512((const void *)(wt + (j * half_in + p) * 32));
+        }
+        for (int r = 0; r < NR; r++) {
+            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp[(m0 + r) * half_in + p]);
+            for (int j = 0; j < NB; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xv, wv[j]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NB; j++) {
+            __m512 v = acc[r][j];
+            if (b) v = _mm512_add_ps(v, _mm512_loadu_ps(b + (blk0 + j) * 16));
+            _mm512_storeu_ps(y + (m0 + r) * out_dim + (blk0 + j) * 16, v);
+        }
+}
+
+#define PACKED_NB(NR_)                                                                                  \
+    switch (nb) {                                                                                       \
+        case 4: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, NR_, 4); break;                   \
+        case 3: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, NR_, 3); break;                   \
+        case 2: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, NR_, 2); break;                   \
+        default: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, NR_, 1); break;                  \
+    }
+
+static void packed_blocks(const uint32_t *xp, const uint16_t *wp, const float *b, float *y, int64_t rows,
+                          int64_t blk_lo, int64_t blk_hi, int64_t half_in, int64_t out_dim) {
+    for (int64_t blk = blk_lo; blk < blk_hi; blk += PB) {
+        const int nb = (int)(blk_hi - blk < PB ? blk_hi - blk : PB);
+        for (int64_t m0 = 0; m0 < rows; m0 += PR) {
+            switch (rows - m0 < PR ? rows - m0 : PR) {
+                case 4: PACKED_NB(4); break;
+                case 3: PACKED_NB(3); break;
+                case 2: PACKED_NB(2); break;
+                default: PACKED_NB(1); break;
+            }
+        }
+    }
+}
+
+/* y[m, o] = sum_i x[m, i] * w[o, i] (+ b[o]) with w packed as above (out_dim a multiple of 16,
+ * in_dim a multiple of 32). The activations are rounded to bf16 (nearest even) into `xb`
+ * (rows * in_dim halves); the output blocks are split into one contiguous range per thread. */
+void tl_linear_packed(const float *x, const uint16_t *wp, const float *b, float *y, uint16_t *xb,
+                      int64_t rows, int64_t in_dim, int64_t out_dim, int threads) {
+    for (int64_t k = 0; k < rows * in_dim; k += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
+        _mm512_storeu_si512((void *)(xb + k), (__m512i)v);
+    }
+    const int64_t nblk = out_dim / 16, half_in = in_dim / 2;
+    #pragma omp parallel num_threads(threads)
+    {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        packed_blocks((const uint32_t *)xb, wp, b, y, rows, nblk * t / nt, nblk * (t + 1) / nt, half_in, out_dim);
+    }
+}
+#endif
+
 int tl_has_bf16_dot(void) {
 #ifdef __AVX512BF16__
     return 1;
@@ -174,45 +254,133 @@ void tl_linear(const float *x, const void *w, const float *b, float *y, float *x
     for (int64_t o = nblocks * OB; o < out_dim; o++) block_all_rows(x, w, b, y, rows, o, 1, in_dim, out_dim, wbits);
 }
 
+/* exp(x) for x <= 0 as 16 lanes: Cephes' expf (range reduction by ln 2, degree-6 polynomial,
+ * about 1 ulp), scaled by 2^n with vscalefps. Deterministic, so attention stays row-invariant. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* Sums each of 16 vectors v[0..15] into lane j of the result, by one fixed shuffle tree
+ * (the same tree for every lane, so a slot's score never depends on its neighbours). */
+static inline __m512 hsum16(const __m512 *v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44), _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+    __m512 x0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    __m512 x1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xDD));
+}
+
+/* One attention job: query row r, the G heads h0..h0+G-1 that share kv head kh, ND 16-wide
+ * chunks of head_dim. K and V are streamed once for the G heads (they are shared under GQA).
+ * Per head: scores 16 slots at a time (per-slot partial dot products summed by hsum16),
+ * softmax with exp16, then P.V over the slots in order. The arithmetic of a (row, head) is
+ * the same whatever G, the job split or the other rows are. */
+static inline __attribute__((always_inline)) void attn_job(
+        const float *q, const float *kbase, const float *vbase, float *out, int64_t r, int64_t h0,
+        int64_t heads, int64_t n, const int64_t *idx, float *scores, int64_t max_slots, float scale,
+        const int G, const int ND) {
+    const int64_t hd = ND * 16;
+    __m512 mxv[G];
+    for (int g = 0; g < G; g++) mxv[g] = _mm512_set1_ps(-FLT_MAX);
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const int64_t cnt = n - j0 < 16 ? n - j0 : 16;
+        const __mmask16 valid = (__mmask16)((1u << cnt) - 1u);
+        for (int g = 0; g < G; g++) {
+            const float *qr = q + (r * heads + h0 + g) * hd;
+            __m512 acc[16];
+            for (int64_t t = 0; t < 16; t++) {
+                acc[t] = _mm512_setzero_ps();
+                if (t < cnt) {
+                    const float *kj = kbase + (idx ? idx[j0 + t] : j0 + t) * hd;
+                    for (int d = 0; d < ND; d++)
+                        acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d * 16), _mm512_loadu_ps(kj + d * 16), acc[t]);
+                }
+            }
+            __m512 sv = _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale));
+            sv = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-FLT_MAX), sv);
+            _mm512_storeu_ps(scores + g * max_slots + j0, sv);
+            mxv[g] = _mm512_max_ps(mxv[g], sv);
+        }
+    }
+    float inv[G];
+    for (int g = 0; g < G; g++) {
+        float *sc = scores + g * max_slots;
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv[g]));
+        __m512 sumv = _mm512_setzero_ps();
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+            const __mmask16 valid = (__mmask16)((1u << (n - j0 < 16 ? n - j0 : 16)) - 1u);
+            __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), mx)));
+            _mm512_storeu_ps(sc + j0, e);
+            sumv = _mm512_add_ps(sumv, e);
+        }
+        inv[g] = 1.0f / _mm512_reduce_add_ps(sumv);
+    }
+    __m512 o[G][ND];
+    for (int g = 0; g < G; g++)
+        for (int d = 0; d < ND; d++) o[g][d] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+        const float *vj = vbase + (idx ? idx[j] : j) * hd;
+        for (int d = 0; d < ND; d++) {
+            const __m512 vv = _mm512_loadu_ps(vj + d * 16);
+            for (int g = 0; g < G; g++) o[g][d] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * max_slots + j]), vv, o[g][d]);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *orow = out + (r * heads + h0 + g) * hd;
+        for (int d = 0; d < ND; d++) _mm512_storeu_ps(orow + d * 16, _mm512_mul_ps(o[g][d], _mm512_set1_ps(inv[g])));
+    }
+}
+
 /* Attention of `rows` query rows over a KV cache layer.
  * q: [rows, heads, hd]; k, v: [kv_heads, cap, hd] (slot stride hd, head stride cap*hd);
  * row r sees slots slot_idx[slot_off[r] .. slot_off[r+1]) when slot_idx is non-NULL, else
- * slots 0 .. slot_end[r]-1. out: [rows, heads, hd]. scratch: threads * max_slots floats. */
+ * slots 0 .. slot_end[r]-1. out: [rows, heads, hd]. scratch: threads * 4 * max_slots floats,
+ * max_slots a multiple of 16; hd must be 16, 32, 64 or 128. One job per (row, kv head). */
 void tl_attention(const float *q, const float *k, const float *v, float *out,
                   int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t cap,
                   const int64_t *slot_end, const int64_t *slot_off, const int64_t *slot_idx,
                   float *scratch, int64_t max_slots, int threads) {
     const int64_t group = heads / kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
-    #pragma omp parallel for schedule(dynamic, 8) num_threads(threads)
-    for (int64_t job = 0; job < rows * heads; job++) {
-        const int64_t r = job / heads, h = job % heads, kh = h / group;
-        float *scores = scratch + (int64_t)omp_get_thread_num() * max_slots;
-        const float *qr = q + (r * heads + h) * hd;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t job = 0; job < rows * kv_heads; job++) {
+        const int64_t r = job / kv_heads, kh = job % kv_heads;
+        float *scores = scratch + (int64_t)omp_get_thread_num() * 4 * max_slots;
         const float *kbase = k + kh * cap * hd, *vbase = v + kh * cap * hd;
-        int64_t n = slot_idx ? slot_off[r + 1] - slot_off[r] : slot_end[r];
+        const int64_t n = slot_idx ? slot_off[r + 1] - slot_off[r] : slot_end[r];
         const int64_t *idx = slot_idx ? slot_idx + slot_off[r] : NULL;
-        float mx = -FLT_MAX;
-        for (int64_t j = 0; j < n; j++) {
-            const float *kj = kbase + (idx ? idx[j] : j) * hd;
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t d = 0; d < hd; d += 16)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(kj + d), acc);
-            float s = _mm512_reduce_add_ps(acc) * scale;
-            scores[j] = s;
-            if (s > mx) mx = s;
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) { float e = expf(scores[j] - mx); scores[j] = e; sum += e; }
-        const float inv = 1.0f / sum;
-        float *o = out + (r * heads + h) * hd;
-        for (int64_t d = 0; d < hd; d += 16) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t j = 0; j < n; j++) {
-                const float *vj = vbase + (idx ? idx[j] : j) * hd;
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(vj + d), acc);
+        for (int64_t h0 = kh * group; h0 < (kh + 1) * group;) {
+            const int64_t left = (kh + 1) * group - h0;
+            const int G = left >= 4 ? 4 : (int)left;
+#define ATTN_G(ND_)                                                                                      \
+            switch (G) {                                                                                 \
+                case 4: attn_job(q, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 4, ND_); break; \
+                case 3: attn_job(q, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 3, ND_); break; \
+                case 2: attn_job(q, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 2, ND_); break; \
+                default: attn_job(q, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 1, ND_); break; \
             }
-            _mm512_storeu_ps(o + d, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+            switch (hd) {
+                case 16: ATTN_G(1) break;
+                case 32: ATTN_G(2) break;
+                case 64: ATTN_G(4) break;
+                default: ATTN_G(8) break;
+            }
+#undef ATTN_G
+            h0 += G;
         }
     }
 }

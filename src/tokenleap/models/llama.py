@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.attention.ops import AttentionMask, attend, causal_mask
-from tokenleap.kernels import CpuKernels
+from tokenleap.kernels import CpuKernels, PackedWeight
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.config import ModelConfig
@@ -49,6 +49,8 @@ class _Layer:
     mlp_norm: torch.Tensor  # [D]
     w_gate_up: torch.Tensor  # [2F, D]
     w_down: torch.Tensor  # [D, F]
+    # The same four matrices in the kernels' packed layout (row path), when they fit it.
+    packed: dict[str, PackedWeight] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,7 +74,7 @@ class LlamaModel:
         self.kv_dtype = torch.float32
         if kernels is not None and not kernels.supports(config.hidden_size, config.intermediate_size, config.q_size, config.head_dim):
             logger.warning(
-                "tokenleap kernels need widths that are multiples of 32 and head_dim a multiple of 16; "
+                "tokenleap kernels need widths that are multiples of 32 and head_dim 16, 32, 64 or 128; "
                 "using torch ops for this model (slower, not row-invariant)"
             )
             kernels = None
@@ -104,6 +106,14 @@ class LlamaModel:
                     w_down=w(p + "down"),
                 )
             )
+        self.lm_head_packed: PackedWeight | None = None
+        if kernels is not None:
+            for layer in self.layers:
+                for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+                    packed = kernels.pack(getattr(layer, name))
+                    if packed is not None:
+                        layer.packed[name] = packed
+            self.lm_head_packed = kernels.pack(self.lm_head)
         half = config.head_dim // 2
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
         angles = torch.outer(torch.arange(config.max_position, dtype=torch.float64), inv_freq)
@@ -139,10 +149,12 @@ class LlamaModel:
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, row_path: bool) -> torch.Tensor:
+    def _linear(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, row_path: bool, packed: PackedWeight | None = None
+    ) -> torch.Tensor:
         """fp32 `[n, in]` -> fp32 `[n, out]`; row-invariant kernel on the row path."""
         if row_path and self.kernels is not None:
-            return self.kernels.linear(x, w, b)
+            return self.kernels.linear(x, packed if packed is not None else w, b)
         y = F.linear(x.to(w.dtype), w).float()
         return y + b if b is not None else y
 
@@ -173,17 +185,18 @@ class LlamaModel:
         hidden_states: dict[int, torch.Tensor] = {}
         for idx, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
-            qkv = lin(h, layer.wqkv, layer.bqkv, row_path)  # [n, Q + 2KV]
+            pk = layer.packed
+            qkv = lin(h, layer.wqkv, layer.bqkv, row_path, pk.get("wqkv"))  # [n, Q + 2KV]
             qk = qkv[:, : c.q_size + c.kv_size].view(n, nq + nkv, c.head_dim)
             rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
             qk = qk * cos + rotated * sin  # [n, nq + nkv, hd]
             v = qkv[:, c.q_size + c.kv_size :].view(n, nkv, c.head_dim)
             kv.write(idx, start, qk[:, nq:].transpose(0, 1), v.transpose(0, 1))
             a = attend(qk[:, :nq], kv, idx, start, attn, row_path=row_path, kernels=self.kernels)
-            x = x + lin(a, layer.wo, None, row_path)
+            x = x + lin(a, layer.wo, None, row_path, pk.get("wo"))
             h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = lin(h, layer.w_gate_up, None, row_path).chunk(2, dim=-1)
-            x = x + lin(F.silu(gate) * up, layer.w_down, None, row_path)
+            gate, up = lin(h, layer.w_gate_up, None, row_path, pk.get("w_gate_up")).chunk(2, dim=-1)
+            x = x + lin(F.silu(gate) * up, layer.w_down, None, row_path, pk.get("w_down"))
             if idx in return_hidden:
                 hidden_states[idx] = x
         kv.commit(n)
@@ -194,4 +207,4 @@ class LlamaModel:
         """LM head over `hidden[indices]` (all rows when None): float32 `[rows, vocab]`."""
         if indices is not None:
             hidden = hidden[indices]
-        return self._linear(hidden, self.lm_head, None, hidden.shape[0] <= ROW_PATH_MAX_ROWS)
+        return self._linear(hidden, self.lm_head, None, hidden.shape[0] <= ROW_PATH_MAX_ROWS, self.lm_head_packed)
