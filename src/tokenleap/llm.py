@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from tokenleap.config import EngineConfig, SpecConfig
 from tokenleap.drafters import default_registry
+from tokenleap.drafters.base import Drafter
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.request import Request
 from tokenleap.errors import TokenleapError
@@ -51,16 +52,15 @@ class LLM:
         self.spec_config = SpecConfig.from_dict(speculative_config)
         self.source = resolve(self.config.model)
         self.model, self.tokenizer = load_model(self.source, DTYPES[self.config.dtype], use_kernels=use_kernels)
-        self.drafter = None
-        if self.spec_config is not None:
-            self.drafter = default_registry().create(
-                self.spec_config.method,
-                self.spec_config,
-                target=self.model,
-                tokenizer=self.tokenizer,
-                target_path=self.source.path,
-            )
-        self.engine = Engine(self.model, self.tokenizer, self.config.max_model_len, self.spec_config, self.drafter)
+        registry = default_registry()
+
+        def make_drafter(spec: SpecConfig) -> Drafter:
+            return registry.create(spec.method, spec, target=self.model, tokenizer=self.tokenizer, target_path=self.source.path)
+
+        self.drafter = make_drafter(self.spec_config) if self.spec_config is not None else None
+        self.engine = Engine(
+            self.model, self.tokenizer, self.config.max_model_len, self.spec_config, self.drafter, drafter_factory=make_drafter
+        )
 
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer

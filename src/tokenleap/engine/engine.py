@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -41,21 +41,37 @@ class Engine:
         max_model_len: int | None = None,
         spec: SpecConfig | None = None,
         drafter: Drafter | None = None,
+        drafter_factory: Callable[[SpecConfig], Drafter] | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = min(max_model_len or model.max_context, model.max_context)
         self.spec = spec
         self.drafter = drafter if spec is not None else None
+        self._drafter_factory = drafter_factory
+        # one drafter per speculative config, shared by the requests that use it (global state
+        # such as the suffix tree over earlier outputs or the ngram-mod pool lives there)
+        self._drafters: dict[SpecConfig, Drafter] = {}
+        if spec is not None and self.drafter is not None:
+            self._drafters[spec] = self.drafter
         self._ids = itertools.count()
         self._cost_curve: CostCurve | None = None
 
-    def cost_curve(self) -> CostCurve:
-        """Relative cost of verifying k drafts, measured once (lazily) on this machine."""
-        if self._cost_curve is None:
-            cap = self.spec.num_speculative_tokens if self.spec else 1
+    def cost_curve(self, cap: int | None = None) -> CostCurve:
+        """Relative cost of verifying k drafts, measured (lazily, once per larger cap) here."""
+        cap = cap or (self.spec.num_speculative_tokens if self.spec else 1)
+        if self._cost_curve is None or len(self._cost_curve.relative) <= cap:
             self._cost_curve = measure_cost_curve(self.model, cap)
         return self._cost_curve
+
+    def drafter_for(self, spec: SpecConfig) -> Drafter:
+        """The drafter serving `spec`, created on first use."""
+        drafter = self._drafters.get(spec)
+        if drafter is None:
+            if self._drafter_factory is None:
+                raise TokenleapError("this engine cannot create drafters for per-request speculative configs")
+            drafter = self._drafters[spec] = self._drafter_factory(spec)
+        return drafter
 
     def add_request(
         self,
@@ -64,7 +80,10 @@ class Engine:
         *,
         prompt: str | None = None,
         request_id: str | None = None,
+        speculative: SpecConfig | bool = True,
     ) -> Request:
+        """A new request. `speculative`: True uses the engine's speculative config (if any),
+        False decodes plainly, a `SpecConfig` overrides the engine's for this request."""
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise TokenleapError("the prompt is empty")
@@ -75,12 +94,14 @@ class Engine:
                 "no room left to generate"
             )
         metrics = RequestMetrics(arrival_time=time.time(), num_prompt_tokens=len(prompt_ids))
+        spec = self.spec if speculative is True else (speculative or None)
+        drafter = self.drafter_for(spec) if spec is not None else None
         controller = None
         # A seeded sampled request keeps a fixed draft length: adaptive lengths come from a
         # timed cost curve, and another length would consume the random stream differently,
         # so the same seed would give different text on another machine.
-        if self.spec is not None and self.spec.adaptive and (params.greedy or params.seed is None):
-            controller = DraftController(self.cost_curve(), self.spec.num_speculative_tokens, self.spec.draft_min)
+        if spec is not None and spec.adaptive and (params.greedy or params.seed is None):
+            controller = DraftController(self.cost_curve(spec.num_speculative_tokens), spec.num_speculative_tokens, spec.draft_min)
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt=prompt,
@@ -93,6 +114,8 @@ class Engine:
             max_context=self.max_context,
             metrics=metrics,
             controller=controller,
+            spec=spec,
+            drafter=drafter,
         )
 
     def prefill(self, req: Request) -> None:
@@ -108,57 +131,83 @@ class Engine:
     def _draft_budget(self, req: Request) -> int:
         """Draft tokens worth verifying this step: the cap, bounded by what is left to generate
         and by the context."""
-        if self.spec is None:
+        if req.spec is None:
             return 0
         left = req.params.max_tokens - len(req.output_ids) - 1
         room = self.max_context - req.kv.length - 1
-        budget = max(0, min(self.spec.num_speculative_tokens, left, room))
+        budget = max(0, min(req.spec.num_speculative_tokens, left, room))
         return req.controller.choose(budget) if req.controller is not None else budget
 
     def _propose(self, req: Request) -> Draft:
         budget = self._draft_budget(req)
-        if budget == 0 or self.drafter is None:
+        if budget == 0 or req.drafter is None or req.spec is None:
             return _EMPTY
         t0 = time.perf_counter()
-        draft = self.drafter.propose(req.request_id, req.prompt_ids + req.output_ids, budget)
+        draft = req.drafter.propose(req.request_id, req.prompt_ids + req.output_ids, budget)
         req.metrics.spec.draft_seconds += time.perf_counter() - t0
-        if len(draft) < max(1, self.spec.draft_min if self.spec else 0):
+        if len(draft) < max(1, req.spec.draft_min):
             return _EMPTY
         if len(draft) > budget:
             probs = draft.probs[:budget] if draft.probs is not None else None
             draft = Draft(draft.tokens[:budget], None, probs)
         return draft
 
+    def start(self, req: Request) -> None:
+        """Begin a request: register it with its drafter, run the prompt, sample a first token."""
+        if req.drafter is not None:
+            req.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
+        self.prefill(req)
+
     def step(self, req: Request) -> None:
-        """One target forward over the last committed token plus the draft; commit the verified
-        tokens and roll the KV cache back past the rejected ones."""
-        t0 = time.perf_counter()
-        draft = self._propose(req)
-        t1 = time.perf_counter()
-        pos = req.kv.length
-        ids = torch.tensor([req.output_ids[-1], *draft.tokens])
-        out = self.model.forward(ids, torch.arange(pos, pos + len(ids)), req.kv)
-        logits = self.model.compute_logits(out.hidden)  # [k+1, V]
+        """One decoding step of one request (see `step_batch`)."""
+        self.step_batch([req])
+
+    def step_batch(self, reqs: Sequence[Request]) -> None:
+        """One decoding step for each running request: draft, verify the last committed token
+        plus the draft in a target forward, commit the verified tokens and roll the KV cache
+        back past the rejected ones."""
+        for req in reqs:
+            t0 = time.perf_counter()
+            draft = self._propose(req)
+            t1 = time.perf_counter()
+            pos = req.kv.length
+            ids = torch.tensor([req.output_ids[-1], *draft.tokens])
+            out = self.model.forward(ids, torch.arange(pos, pos + len(ids)), req.kv)
+            logits = self.model.compute_logits(out.hidden)  # [k+1, V]
+            self._commit(req, draft, logits, pos)
+            t2 = time.perf_counter()
+            req.metrics.spec.verify_seconds += t2 - t1
+            req.metrics.decode_seconds += t2 - t0
+
+    def _commit(self, req: Request, draft: Draft, logits: torch.Tensor, pos: int) -> None:
         result = verify_chain(draft.tokens, logits, req.params, req.generator, draft.probs)
         req.kv.truncate(pos + 1 + result.num_accepted)
-        if self.drafter is not None:
-            self.drafter.accept(req.request_id, result.tokens, result.num_accepted)
+        if req.drafter is not None:
+            req.drafter.accept(req.request_id, result.tokens, result.num_accepted)
         kept = req.append_tokens(result.tokens)  # fewer than committed when a stop came first
         req.metrics.num_decode_tokens += kept
-        t2 = time.perf_counter()
-        req.metrics.spec.verify_seconds += t2 - t1
         req.metrics.spec.record(len(draft), min(result.num_accepted, kept - 1))
         if req.controller is not None:
             req.controller.update(len(draft), result.num_accepted)
         req.metrics.num_forward_passes += 1
-        req.metrics.decode_seconds += t2 - t0
+
+    def finish(self, req: Request, reason: str | None = None) -> None:
+        """End a request (finished, or aborted with `reason`): free its cache, release its
+        drafter state. Safe to call more than once."""
+        if req.released:
+            return
+        req.released = True
+        if reason is not None and req.finish_reason is None:
+            req.finish_reason = reason
+        req.metrics.finished_time = time.time()
+        req.kv.free()
+        if req.drafter is not None:
+            req.drafter.end(req.request_id)
 
     def stream(self, req: Request) -> Iterator[str]:
         """Run a request to completion, yielding text deltas as they become final."""
-        if self.drafter is not None:
-            self.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
         try:
-            self.prefill(req)
+            self.start(req)
             delta = req.take_delta()
             if delta:
                 yield delta
@@ -168,10 +217,7 @@ class Engine:
                 if delta:
                     yield delta
         finally:
-            req.metrics.finished_time = time.time()
-            req.kv.free()
-            if self.drafter is not None:
-                self.drafter.end(req.request_id)
+            self.finish(req, "abort")
 
     def run(self, req: Request) -> Request:
         for _ in self.stream(req):

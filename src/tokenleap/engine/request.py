@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tokenleap.config import SpecConfig
+from tokenleap.drafters.base import Drafter
 from tokenleap.engine.speculation import DraftController
 from tokenleap.kv.cache import KVCache
 from tokenleap.sampling import SamplingParams
@@ -49,6 +51,9 @@ class Request:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     controller: DraftController | None = None  # adaptive draft length (speculation only)
+    spec: SpecConfig | None = None  # this request's speculative config (None: plain decoding)
+    drafter: Drafter | None = None
+    released: bool = False  # cache freed and drafter released (Engine.finish)
 
     @property
     def finished(self) -> bool:
