@@ -1,0 +1,53 @@
+"""Server settings: one frozen, validated record (`ServerConfig`) built by the CLI or by tests.
+
+Every knob of `tokenleap serve` lives here (address, API key, batching and queue bounds,
+timeouts, body size limit), validated in `__post_init__` with a `TokenleapError` naming the
+option, the same way `tokenleap.config` validates the engine's settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenleap.errors import TokenleapError
+
+API_KEY_ENV = "TOKENLEAP_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"  # loopback unless asked otherwise
+    port: int = 8000
+    api_key: str | None = None  # Bearer token required on every route but /health
+    served_model_name: str | None = None  # default: the model argument given to LLM
+    max_batch: int = 16  # running requests stepped together
+    max_queue: int = 64  # requests waiting for a batch slot; one more gets 429
+    timeout: float | None = None  # seconds from arrival to the last token; None: no limit
+    max_request_bytes: int = 1 << 20  # request body limit (413 above)
+    shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on shutdown
+    max_spec_configs: int = 32  # distinct per-request speculative configs (each keeps a drafter)
+    log_requests: bool = False  # one INFO line per finished request, with speculation stats
+    log_level: str = "info"  # uvicorn's log level
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise TokenleapError("host must not be empty")
+        if not 0 <= self.port <= 65535:
+            raise TokenleapError(f"port must be in [0, 65535], got {self.port}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise TokenleapError("the API key must not be empty")
+        if self.max_batch < 1:
+            raise TokenleapError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.max_queue < 0:
+            raise TokenleapError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise TokenleapError(f"timeout must be > 0 seconds (or None for no limit), got {self.timeout}")
+        if self.max_request_bytes < 1024:
+            raise TokenleapError(f"max_request_bytes must be >= 1024, got {self.max_request_bytes}")
+        if self.shutdown_timeout < 0:
+            raise TokenleapError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        if self.max_spec_configs < 1:
+            raise TokenleapError(f"max_spec_configs must be >= 1, got {self.max_spec_configs}")
+        levels = ("critical", "error", "warning", "info", "debug", "trace")
+        if self.log_level not in levels:
+            raise TokenleapError(f"log_level must be one of {', '.join(levels)}, got {self.log_level!r}")

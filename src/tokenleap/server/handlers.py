@@ -1,0 +1,317 @@
+"""Request handling for /v1/chat/completions and /v1/completions, shared by both endpoints.
+
+A request goes: read the body (size-limited) -> validate it (`protocol`) -> check the model
+name -> tokenize (chat template or raw prompt) off the event loop -> build `SamplingParams` and
+the speculative config (library validation, `TokenleapError` -> 400) -> submit to the engine
+loop (queue full -> 429) -> stream SSE chunks or wait for the whole answer. Whatever ends the
+response early (a disconnect, a cancelled task, an error) aborts the request, and the engine
+loop frees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from tokenleap.config import SpecConfig
+from tokenleap.errors import TokenleapError
+from tokenleap.llm import LLM
+from tokenleap.sampling import SamplingParams, check_token_ids
+from tokenleap.server.config import ServerConfig
+from tokenleap.server.errors import APIError, bad_request
+from tokenleap.server.loop import EngineLoop, Job, QueueFull, RequestHandle, ServerClosed
+from tokenleap.server.metrics import ServerMetrics
+from tokenleap.server.protocol import (
+    ChatCompletionRequest,
+    ChatFormatter,
+    CompletionFormatter,
+    CompletionRequest,
+    Formatter,
+    SpeculativeOverride,
+    new_id,
+)
+from tokenleap.types import RequestOutput
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class ServerState:
+    """Everything the routes need: one per app."""
+
+    llm: LLM
+    config: ServerConfig
+    loop: EngineLoop
+    metrics: ServerMetrics
+    model_name: str
+    aliases: frozenset[str]
+    created: int
+    spec_configs: set[SpecConfig] = field(default_factory=set)  # per-request configs seen (event loop only)
+
+    @property
+    def max_context(self) -> int:
+        return self.llm.engine.max_context
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    too_big = APIError(413, f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise too_big
+        except ValueError:
+            raise APIError(400, "bad Content-Length header") from None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_body(raw: bytes, model: type[M]) -> M:
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = errors[0]
+        loc = [str(p) for p in first["loc"]]
+        where = ".".join(loc) or "body"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise APIError(400, f"{where}: {first['msg']}{more}", param=loc[0] if loc else None) from None
+
+
+def check_model(state: ServerState, name: str | None) -> None:
+    if name is None or name in state.aliases or name.lower() in state.aliases:
+        return
+    raise APIError(404, f"The model `{name}` does not exist; this server serves `{state.model_name}`", param="model",
+                   code="model_not_found")
+
+
+def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None, prompt_len: int,
+                    state: ServerState) -> SamplingParams:
+    if body.n != 1:
+        raise APIError(400, f"only n=1 is supported, got n={body.n}", param="n")
+    bad = body.unsupported()
+    if bad:
+        raise APIError(400, f"not supported by this server: {', '.join(bad)}", param=bad[0])
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+    ctx = state.max_context
+    if prompt_len >= ctx:
+        raise APIError(400, f"the prompt has {prompt_len} tokens but the context length is {ctx}: no room left to generate",
+                       param="messages" if isinstance(body, ChatCompletionRequest) else "prompt")
+    room = ctx - prompt_len
+    if max_tokens is None:
+        max_tokens = room
+    elif max_tokens > room:
+        raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                       f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion). "
+                       "Please reduce the length of the prompt or max_tokens.", param="max_tokens")
+    if body.stop_token_ids:
+        try:
+            check_token_ids(body.stop_token_ids, state.llm.model.config.vocab_size)
+        except TokenleapError as exc:
+            raise bad_request(exc, "stop_token_ids") from None
+    optional = {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p") if getattr(body, k) is not None}
+    try:
+        return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=tuple(body.stop_token_ids or ()),
+                              ignore_eos=body.ignore_eos, **optional)
+    except TokenleapError as exc:
+        raise bad_request(exc) from None
+
+
+def speculative(state: ServerState, override: SpeculativeOverride | None) -> SpecConfig | bool:
+    """The request's speculation: True (the server's default), False (off) or an override."""
+    if override is None:
+        return True
+    method = override.method.strip().lower()
+    if method in ("none", "off"):
+        return False
+    knobs = override.knobs()
+    default = state.llm.engine.spec
+    try:
+        spec = None
+        if default is not None:  # the same method as the server's: start from the server's settings
+            try:
+                candidate = dataclasses.replace(default, method=method, **knobs)
+                if candidate.method == default.method and candidate.chain == default.chain:
+                    spec = candidate
+            except TokenleapError:
+                spec = None
+        if spec is None:
+            spec = SpecConfig.from_dict({"method": method, **knobs})
+    except TokenleapError as exc:
+        raise bad_request(exc, "speculative") from None
+    assert spec is not None
+    own = default is not None and spec.method == default.method and spec.chain == default.chain
+    if spec.method == "custom" or (not own and "draft-model" in (spec.method, *spec.chain)):
+        raise APIError(400, f"speculative method {method!r} is not available per request on this server "
+                       "(a draft model is set when the server starts: --spec-type draft-model --model-draft ...)", param="speculative")
+    if spec == default:
+        return True
+    if spec not in state.spec_configs:
+        if len(state.spec_configs) >= state.config.max_spec_configs:
+            raise APIError(400, f"this server already keeps {len(state.spec_configs)} distinct speculative configs, its limit; "
+                           "reuse one of the configs sent before", param="speculative")
+        state.spec_configs.add(spec)
+    return spec
+
+
+def _method_name(state: ServerState, spec: SpecConfig | bool) -> str | None:
+    if spec is False:
+        return None
+    s = state.llm.engine.spec if spec is True else spec
+    if s is None or isinstance(s, bool):
+        return None
+    return "+".join(s.chain) if s.method == "chain" else s.method
+
+
+async def chat_completions(request: Request, state: ServerState) -> Response:
+    body = parse_body(await read_body(request, state.config.max_request_bytes), ChatCompletionRequest)
+    check_model(state, body.model)
+    try:
+        ids = await run_in_threadpool(state.llm.tokenizer.apply_chat_template, body.conversation(), True)
+    except TokenleapError as exc:
+        raise bad_request(exc, "messages") from None
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    params = sampling_params(body, max_tokens, len(ids), state)
+    spec = speculative(state, body.speculative)
+    request_id = new_id("chatcmpl")
+    fmt = ChatFormatter(request_id, body.model or state.model_name, _method_name(state, spec))
+    return await _run(request, state, Job(request_id, ids, params, spec), fmt, body.stream,
+                      bool(body.stream_options and body.stream_options.include_usage))
+
+
+async def completions(request: Request, state: ServerState) -> Response:
+    body = parse_body(await read_body(request, state.config.max_request_bytes), CompletionRequest)
+    check_model(state, body.model)
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise APIError(400, f"batched prompts are not supported: send one prompt per request (got {len(prompt)})", param="prompt")
+        prompt = prompt[0]  # type: ignore[assignment]
+    if not prompt:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    text = prompt if isinstance(prompt, str) else None
+    ids = await run_in_threadpool(state.llm.tokenizer.encode, prompt) if isinstance(prompt, str) else list(prompt)  # type: ignore[arg-type]
+    try:
+        check_token_ids(ids, state.llm.model.config.vocab_size)
+    except TokenleapError as exc:
+        raise bad_request(exc, "prompt") from None
+    params = sampling_params(body, body.max_tokens, len(ids), state)
+    spec = speculative(state, body.speculative)
+    request_id = new_id("cmpl")
+    fmt = CompletionFormatter(request_id, body.model or state.model_name, _method_name(state, spec))
+    return await _run(request, state, Job(request_id, ids, params, spec, prompt=text), fmt, body.stream,
+                      bool(body.stream_options and body.stream_options.include_usage))
+
+
+async def _run(request: Request, state: ServerState, job: Job, fmt: Formatter, stream: bool, include_usage: bool) -> Response:
+    try:
+        handle = state.loop.submit(job, asyncio.get_running_loop())
+    except QueueFull as exc:
+        raise APIError(429, str(exc)) from None
+    except ServerClosed as exc:
+        raise APIError(503, str(exc)) from None
+    if stream:
+        return AbortingStreamingResponse(_sse(handle, fmt, include_usage), on_close=handle.abort, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        out = await _until_disconnect(request, _collect(handle))
+    finally:
+        handle.abort()  # a no-op once finished; frees the request on a disconnect or cancellation
+    if out is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(fmt.response(out))
+
+
+async def _collect(handle: RequestHandle) -> RequestOutput:
+    while True:
+        ev = await handle.events.get()
+        if ev.kind == "done":
+            assert ev.output is not None
+            return ev.output
+        if ev.kind == "error":
+            raise APIError(ev.status, ev.message)
+
+
+async def _until_disconnect(request: Request, work: Any) -> RequestOutput | None:
+    """Run `work` unless the client disconnects first (then None)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watch):
+            if not t.done():
+                t.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    return None
+
+
+def _data(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def _sse(handle: RequestHandle, fmt: Formatter, include_usage: bool) -> AsyncIterator[str]:
+    def chunk(c: dict[str, Any]) -> str:
+        if include_usage:  # OpenAI: "usage": null on every chunk, the counts on a last, choice-less one
+            c.setdefault("usage", None)
+        return _data(c)
+
+    for c in fmt.first_chunks():
+        yield chunk(c)
+    while True:
+        ev = await handle.events.get()
+        if ev.kind == "delta":
+            yield chunk(fmt.delta_chunk(ev.text))
+        elif ev.kind == "done":
+            assert ev.output is not None
+            yield chunk(fmt.final_chunk(ev.output))
+            if include_usage:
+                yield chunk(fmt.usage_chunk(ev.output))
+            break
+        else:
+            yield _data(APIError(ev.status, ev.message).body())
+            break
+    yield "data: [DONE]\n\n"
+
+
+class AbortingStreamingResponse(StreamingResponse):
+    """A streaming response that calls `on_close` however it ends (finished, client gone,
+    task cancelled), so the engine frees the request."""
+
+    def __init__(self, content: AsyncIterator[str], *, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()

@@ -1,0 +1,286 @@
+"""OpenAI wire protocol: request bodies (pydantic) and response / stream-chunk builders.
+
+Request models follow OpenAI's Chat Completions and (legacy) Completions APIs plus vLLM's
+sampling extensions (`top_k`, `min_p`, `stop_token_ids`, `ignore_eos`) and tokenleap's own
+per-request `speculative` override. Bodies are validated strictly from JSON (a string where a
+number belongs is an error, not a coercion); fields OpenAI defines but tokenleap does not
+implement are accepted only at their neutral value, so a client is never silently given
+something other than what it asked for. Unknown extra fields are ignored, as vLLM does.
+
+Responses are plain dicts in the shapes the official `openai` client parses: ids `chatcmpl-...`
+/ `cmpl-...`, `object`, `created`, `model`, `choices`, `usage`, and a `speculative` field with
+the request's speculation statistics.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tokenleap.types import RequestOutput
+
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class SpeculativeOverride(BaseModel):
+    """Per-request speculation: `{"method": "none"}` turns it off; any other method (with the
+    knobs below) replaces the server's default config for this request."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    method: str
+    num_speculative_tokens: Optional[int] = None
+    draft_min: Optional[int] = Field(None, ge=0)
+    adaptive: Optional[bool] = None
+    prompt_lookup_min: Optional[int] = Field(None, ge=1, le=64)
+    prompt_lookup_max: Optional[int] = Field(None, ge=1, le=64)
+    ngram_size_n: Optional[int] = Field(None, ge=1, le=64)
+    ngram_size_m: Optional[int] = Field(None, ge=1, le=64)
+    ngram_min_hits: Optional[int] = Field(None, ge=1, le=1024)
+    suffix_decoding_max_tree_depth: Optional[int] = Field(None, ge=1, le=256)
+    suffix_decoding_max_spec_factor: Optional[float] = Field(None, ge=0, le=64)
+    suffix_decoding_min_token_prob: Optional[float] = None
+
+    def knobs(self) -> dict[str, Any]:
+        """The fields the client set, without `method`."""
+        return self.model_dump(exclude_none=True, exclude={"method"})
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    """Fields shared by both endpoints."""
+
+    model: Optional[str] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    seed: Optional[int] = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    n: int = 1
+    speculative: Optional[SpeculativeOverride] = None
+    # OpenAI fields accepted only at their neutral value
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+
+    def unsupported(self) -> list[str]:
+        """Names of set fields whose values tokenleap does not implement."""
+        bad = []
+        if self.presence_penalty not in (None, 0):
+            bad.append("presence_penalty")
+        if self.frequency_penalty not in (None, 0):
+            bad.append("frequency_penalty")
+        if self.repetition_penalty not in (None, 1):
+            bad.append("repetition_penalty")
+        if self.logit_bias:
+            bad.append("logit_bias")
+        return bad
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart], None] = None
+    name: Optional[str] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    response_format: Optional[dict[str, Any]] = None
+
+    def unsupported(self) -> list[str]:
+        bad = super().unsupported()
+        if self.logprobs:
+            bad.append("logprobs")
+        if self.top_logprobs:
+            bad.append("top_logprobs")
+        if self.tools:
+            bad.append("tools")
+        if self.tool_choice not in (None, "none", "auto"):
+            bad.append("tool_choice")
+        if self.response_format not in (None, {"type": "text"}):
+            bad.append("response_format")
+        return bad
+
+    def conversation(self) -> list[dict[str, str]]:
+        """Messages as the chat template takes them (`developer` is OpenAI's new `system`)."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: Optional[int] = 16  # OpenAI's and vLLM's default for completions
+    logprobs: Optional[int] = None
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    def unsupported(self) -> list[str]:
+        bad = super().unsupported()
+        if self.logprobs:
+            bad.append("logprobs")
+        if self.echo:
+            bad.append("echo")
+        if self.best_of not in (None, 1):
+            bad.append("best_of")
+        if self.suffix:
+            bad.append("suffix")
+        return bad
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(out: RequestOutput) -> dict[str, int]:
+    prompt = len(out.prompt_token_ids)
+    completion = len(out.outputs[0].token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def speculative_stats(out: RequestOutput, method: str | None) -> dict[str, Any]:
+    """The request's speculation statistics (vLLM's / llama.cpp's counters)."""
+    m = out.metrics
+    s = m.spec
+    return {
+        "method": method,
+        "num_drafts": s.num_drafts,
+        "num_draft_tokens": s.num_draft_tokens,
+        "num_accepted_tokens": s.num_accepted_tokens,
+        "acceptance_rate": round(s.acceptance_rate, 4),
+        "mean_acceptance_length": round(m.mean_acceptance_length, 4),
+        "num_forward_passes": m.num_forward_passes,
+        "acceptance_rate_per_position": [round(r, 4) for r in s.acceptance_rate_per_position()],
+    }
+
+
+class Formatter:
+    """Builds one endpoint's response body and stream chunks for one request."""
+
+    object_name: str
+    chunk_object_name: str
+
+    def __init__(self, request_id: str, model: str, spec_method: str | None) -> None:
+        self.id = request_id
+        self.model = model
+        self.created = now()
+        self.spec_method = spec_method
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def first_chunks(self) -> list[dict[str, Any]]:
+        return []
+
+    def delta_chunk(self, text: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def final_chunk(self, out: RequestOutput) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def usage_chunk(self, out: RequestOutput) -> dict[str, Any]:
+        return {**self._head(self.chunk_object_name), "choices": [], "usage": usage(out)}
+
+    def response(self, out: RequestOutput) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class ChatFormatter(Formatter):
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {**self._head(self.chunk_object_name), "system_fingerprint": None, "choices": [choice]}
+
+    def first_chunks(self) -> list[dict[str, Any]]:
+        return [self._chunk({"role": "assistant", "content": ""}, None)]
+
+    def delta_chunk(self, text: str) -> dict[str, Any]:
+        return self._chunk({"content": text}, None)
+
+    def final_chunk(self, out: RequestOutput) -> dict[str, Any]:
+        chunk = self._chunk({}, out.outputs[0].finish_reason)
+        chunk["speculative"] = speculative_stats(out, self.spec_method)
+        return chunk
+
+    def response(self, out: RequestOutput) -> dict[str, Any]:
+        c = out.outputs[0]
+        message = {"role": "assistant", "content": c.text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": c.finish_reason}
+        return {
+            **self._head(self.object_name),
+            "system_fingerprint": None,
+            "choices": [choice],
+            "usage": usage(out),
+            "speculative": speculative_stats(out, self.spec_method),
+        }
+
+
+class CompletionFormatter(Formatter):
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def _chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {**self._head(self.chunk_object_name), "system_fingerprint": None, "choices": [choice]}
+
+    def delta_chunk(self, text: str) -> dict[str, Any]:
+        return self._chunk(text, None)
+
+    def final_chunk(self, out: RequestOutput) -> dict[str, Any]:
+        chunk = self._chunk("", out.outputs[0].finish_reason)
+        chunk["speculative"] = speculative_stats(out, self.spec_method)
+        return chunk
+
+    def response(self, out: RequestOutput) -> dict[str, Any]:
+        c = out.outputs[0]
+        choice = {"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+        return {
+            **self._head(self.object_name),
+            "system_fingerprint": None,
+            "choices": [choice],
+            "usage": usage(out),
+            "speculative": speculative_stats(out, self.spec_method),
+        }
