@@ -1,4 +1,4 @@
-"""Command line: `tokenleap generate` and `tokenleap chat` (argparse; the only module that prints).
+"""Command line: `tokenleap generate`, `chat`, `bench` and `serve` (argparse; the only module that prints).
 
 Option names follow vLLM / llama.cpp where they exist (`--max-tokens`, `--temperature`,
 `--top-p`, `--top-k`, `--min-p`, `--seed`, `--stop`). Errors a user can cause print one line
@@ -107,7 +107,63 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench_results.json", help="JSON output (default: %(default)s)")
     bench.add_argument("--plot", default=None, help="PNG chart of speedup per group (default: next to --out)")
     _add_model_args(bench)
+    _add_serve_parser(sub)
     return parser
+
+
+def _add_serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server", description="Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) with continuous batching; the speculative flags set the default speculation, which a request can override with \"speculative\": {\"method\": ...} (or {\"method\": \"none\"}).")
+    g = serve.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
+    g.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health (default: $TOKENLEAP_API_KEY, else no key)")
+    g.add_argument("--served-model-name", default=None, help="model name clients send (default: the --model argument)")
+    g.add_argument("--max-batch", type=int, default=16, help="requests decoded together at most (default: %(default)s)")
+    g.add_argument("--max-queue", type=int, default=64, help="requests waiting for a batch slot at most; more get 429 (default: %(default)s)")
+    g.add_argument("--timeout", type=float, default=None, help="seconds a request may take, queueing included (default: no limit)")
+    g.add_argument("--max-request-bytes", type=int, default=1 << 20, help="request body size limit; larger bodies get 413 (default: %(default)s)")
+    g.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM (default: %(default)s)")
+    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log level (default: %(default)s)")
+    _add_model_args(serve)
+    _add_spec_args(serve)  # --stats: log each finished request's speculation statistics
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    try:
+        from tokenleap.server import ServerConfig, bind_socket, serve
+        from tokenleap.server.config import API_KEY_ENV
+    except ImportError as exc:
+        raise TokenleapError(f"the server needs the 'server' extra (pip install 'tokenleap[server]'): {exc}") from None
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        served_model_name=args.served_model_name,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        timeout=args.timeout,
+        max_request_bytes=args.max_request_bytes,
+        shutdown_timeout=args.shutdown_timeout,
+        log_requests=args.stats,
+        log_level=args.log_level,
+    )
+    sock = bind_socket(config.host, config.port)  # a port in use fails now, not after the model load
+    try:
+        logging.getLogger("tokenleap.server").setLevel(logging.INFO if args.stats or args.verbose else logging.WARNING)
+        llm = _load(args)
+        host, port = sock.getsockname()[:2]
+        auth = "API key required" if config.api_key else "no API key"
+        print(f"tokenleap: serving {config.served_model_name or args.model} at http://{host}:{port}/v1 ({auth}); Ctrl-C stops", file=sys.stderr)
+        try:
+            serve(llm, config, sock)
+        except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after a graceful shutdown
+            pass
+    finally:
+        sock.close()
+    print("tokenleap: server stopped", file=sys.stderr)
+    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -331,6 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_generate(args)
         if args.command == "bench":
             return _cmd_bench(args)
+        if args.command == "serve":
+            return _cmd_serve(args)
         return _cmd_chat(args)
     except TokenleapError as exc:
         print(f"error: {exc}", file=sys.stderr)
