@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import os
 
 # Before torch is imported: torch's OpenMP threads otherwise busy-wait between ops, and on a
@@ -84,6 +87,53 @@ def kernels() -> CpuKernels:
     if k is None:
         pytest.skip("tokenleap kernels unavailable (no C compiler or no AVX-512)")
     return k
+
+
+@pytest.fixture(scope="session")
+def kernel_attention(kernels: CpuKernels) -> Callable[..., torch.Tensor]:
+    """`run_kernel_attention` bound to the kernels."""
+    return functools.partial(run_kernel_attention, kernels)
+
+
+def run_kernel_attention(
+    kernels: CpuKernels,
+    q: torch.Tensor,  # [rows, heads, hd]
+    keys: torch.Tensor,  # [kv_heads, S, hd]: the whole cache, new rows' keys included
+    values: torch.Tensor,
+    write_slot: torch.Tensor,  # [rows]: each row's own slot (its k/v are keys/values there)
+    slot_end: torch.Tensor | None = None,
+    slot_off: torch.Tensor | None = None,
+    slot_idx: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`CpuKernels.attention` with identity rotary tables, so it computes plain attention of q
+    over the given keys/values (each row re-writes its own slot with the same k/v)."""
+    from tokenleap.kernels import RowPlan
+    from tokenleap.kv.cache import KVCache
+
+    rows, heads, hd = q.shape
+    kv_heads, slots, _ = keys.shape
+    kv = KVCache(1, kv_heads, hd, dtype=torch.float32, max_capacity=slots, initial_capacity=slots)
+    kv.reserve(slots)
+    kv.write(0, 0, keys, values)
+    k_new = keys[:, write_slot].transpose(0, 1).reshape(rows, -1)
+    v_new = values[:, write_slot].transpose(0, 1).reshape(rows, -1)
+    qkv = torch.cat([q.reshape(rows, -1), k_new, v_new], dim=1)
+    if slot_idx is not None:
+        max_slots = int((slot_off[1:] - slot_off[:-1]).max())
+    else:
+        max_slots = int(slot_end.max())
+    plan = RowPlan(
+        positions=write_slot.to(torch.int64),
+        kv_base=torch.full((rows,), kv.storage().data_ptr(), dtype=torch.int64),
+        capacity=torch.full((rows,), kv.capacity, dtype=torch.int64),
+        write_slot=write_slot.to(torch.int64),
+        slot_end=slot_end,
+        slot_off=slot_off,
+        slot_idx=slot_idx,
+        max_slots=-(-max_slots // 16) * 16,
+    )
+    cos, sin = torch.ones(slots, hd), torch.zeros(slots, hd)
+    return kernels.attention(qkv, plan, 0, heads, kv_heads, hd, cos, sin)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tokenleap.attention import AttentionMask, attend, causal_mask, tree_mask
-from tokenleap.kernels import CpuKernels, load_kernels
+from tokenleap.attention.ops import RowGroup, plan_rows
+from tokenleap.kernels import load_kernels
 from tokenleap.kv.cache import KVCache
 
 
@@ -76,8 +77,14 @@ def _attend(path: str, q: torch.Tensor, kv: KVCache, start: int, mask: Attention
         kernels = load_kernels()
         if kernels is None:
             pytest.skip("kernels unavailable")
-        return attend(q, kv, 0, start, mask, row_path=True, kernels=kernels)
-    return attend(q, kv, 0, start, mask, row_path=(path == "rows-torch"), kernels=None)
+        n, heads, hd = q.shape
+        positions = torch.arange(start, start + n)
+        plan = plan_rows([RowGroup(kv, start, positions, mask)])
+        keys, values = kv.keys(0, start + n)[:, start:], kv.values(0, start + n)[:, start:]
+        qkv = torch.cat([q.reshape(n, -1), keys.transpose(0, 1).reshape(n, -1), values.transpose(0, 1).reshape(n, -1)], 1)
+        cos, sin = torch.ones(start + n, hd), torch.zeros(start + n, hd)  # identity rotary
+        return kernels.attention(qkv, plan, 0, heads, kv.num_kv_heads, hd, cos, sin)
+    return attend(q, kv, 0, start, mask, row_path=(path == "rows-torch"))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -109,7 +116,8 @@ def test_attend_tree(path: str) -> None:
     torch.testing.assert_close(out, _reference(q, keys, values, mask.mask), atol=2e-5, rtol=1e-4)
 
 
-def test_kernel_row_path_ignores_stale_slots_past_the_rows(kernels: CpuKernels) -> None:
+@pytest.mark.parametrize("path", ["rows-torch", "rows-kernels"])
+def test_row_path_ignores_stale_slots_past_the_rows(path: str) -> None:
     """Slots past start + n (e.g. a rejected draft before truncation) are never attended to."""
     g = torch.Generator().manual_seed(2)
     keys = torch.randn(2, 20, 16, generator=g)
@@ -117,6 +125,4 @@ def test_kernel_row_path_ignores_stale_slots_past_the_rows(kernels: CpuKernels) 
     q = torch.randn(3, 2, 16, generator=g)
     clean = _cache_with(keys[:, :13], values[:, :13])
     dirty = _cache_with(keys, values)  # 7 more slots of garbage after the rows
-    a = attend(q, clean, 0, 10, causal_mask(), row_path=True, kernels=kernels)
-    b = attend(q, dirty, 0, 10, causal_mask(), row_path=True, kernels=kernels)
-    assert torch.equal(a, b)
+    assert torch.equal(_attend(path, q, clean, 10, causal_mask()), _attend(path, q, dirty, 10, causal_mask()))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenleap.kernels import CpuKernels
+from tokenleap.kernels import CpuKernels, PackedWeight, RowPlan
+from tokenleap.kv.cache import KVCache
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -93,7 +95,7 @@ def _reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(4, 4, 16), (9, 3, 64), (4, 2, 32)], ids=["mha", "gqa3", "gqa2"])
-def test_attention_causal_rows(kernels: CpuKernels, heads: int, kv_heads: int, hd: int) -> None:
+def test_attention_causal_rows(kernel_attention: Callable[..., torch.Tensor], heads: int, kv_heads: int, hd: int) -> None:
     g = _gen(heads * hd)
     cap, start, rows = 64, 20, 6
     q = torch.randn(rows, heads, hd, generator=g)
@@ -102,13 +104,13 @@ def test_attention_causal_rows(kernels: CpuKernels, heads: int, kv_heads: int, h
     keys[:, start + rows :] = float("nan")  # slots past the last row must never be read
     values[:, start + rows :] = float("nan")
     slot_end = torch.arange(start + 1, start + rows + 1, dtype=torch.int64)
-    out = kernels.attention(q, keys, values, slot_end, None, None, start + rows)
+    out = kernel_attention(q, keys, values, slot_end - 1, slot_end=slot_end)
     ref = _reference_attention(q, keys, values, [torch.arange(int(e)) for e in slot_end])
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(9, 3, 64), (4, 2, 32)], ids=["gqa3", "gqa2"])
-def test_attention_index_list_rows(kernels: CpuKernels, heads: int, kv_heads: int, hd: int) -> None:
+def test_attention_index_list_rows(kernel_attention: Callable[..., torch.Tensor], heads: int, kv_heads: int, hd: int) -> None:
     g = _gen(5 + hd)
     cap = 48
     q = torch.randn(4, heads, hd, generator=g)
@@ -128,12 +130,13 @@ def test_attention_index_list_rows(kernels: CpuKernels, heads: int, kv_heads: in
     offsets = torch.zeros(5, dtype=torch.int64)
     offsets[1:] = counts.cumsum(0)
     idx = torch.cat(visible).to(torch.int64)
-    out = kernels.attention(q, keys, values, None, offsets, idx, int(counts.max()))
+    own = torch.tensor([int(v[-1]) for v in visible])
+    out = kernel_attention(q, keys, values, own, slot_off=offsets, slot_idx=idx)
     ref = _reference_attention(q, keys, values, visible)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
-def test_attention_row_invariance(kernels: CpuKernels) -> None:
+def test_attention_row_invariance(kernel_attention: Callable[..., torch.Tensor]) -> None:
     """A row's output does not depend on which other rows share the call."""
     g = _gen(21)
     heads, kv_heads, hd, cap = 9, 3, 64, 80
@@ -141,20 +144,89 @@ def test_attention_row_invariance(kernels: CpuKernels) -> None:
     keys = torch.randn(kv_heads, cap, hd, generator=g)
     values = torch.randn(kv_heads, cap, hd, generator=g)
     ends = torch.arange(41, 51, dtype=torch.int64)
-    together = kernels.attention(q, keys, values, ends, None, None, 50)
+    together = kernel_attention(q, keys, values, ends - 1, slot_end=ends)
     for r in range(10):
-        alone = kernels.attention(q[r : r + 1], keys, values, ends[r : r + 1], None, None, int(ends[r]))
+        alone = kernel_attention(q[r : r + 1], keys, values, ends[r : r + 1] - 1, slot_end=ends[r : r + 1])
         assert torch.equal(together[r], alone[0])
 
 
-def test_attention_non_contiguous_query(kernels: CpuKernels) -> None:
-    g = _gen(22)
-    qk = torch.randn(3, 6, 32, generator=g)
-    q = qk[:, :4]  # like the model's q slice of a fused q/k tensor
-    assert not q.is_contiguous()
-    keys = torch.randn(2, 16, 32, generator=g)
-    values = torch.randn(2, 16, 32, generator=g)
-    ends = torch.tensor([5, 6, 7])
-    out = kernels.attention(q, keys, values, ends, None, None, 7)
-    ref = _reference_attention(q, keys, values, [torch.arange(int(e)) for e in ends])
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+def test_attention_rotates_and_writes_each_row_to_its_own_cache(kernels: CpuKernels) -> None:
+    """Rows of two sequences in one call: each row's rotated key and value land in its own
+    cache at its slot, and its output equals a rotary-then-attention reference over that cache."""
+    g = _gen(23)
+    heads, kv_heads, hd, layers = 4, 2, 32, 2
+    half = hd // 2
+    inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float64) / half))
+    ang = torch.outer(torch.arange(64, dtype=torch.float64), inv)
+    cos = torch.cat([ang.cos(), ang.cos()], -1).float()
+    sin = torch.cat([ang.sin(), ang.sin()], -1).float()
+
+    def rope(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:  # [n, h, hd]
+        rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * cos[p].unsqueeze(1) + rot * sin[p].unsqueeze(1)
+
+    caches, starts, news = [], [5, 11], [3, 2]
+    for start, cap in zip(starts, (16, 32)):
+        kv = KVCache(layers, kv_heads, hd, dtype=torch.float32, max_capacity=64, initial_capacity=cap)
+        kv.reserve(start)
+        for layer in range(layers):
+            kv.write(layer, 0, torch.randn(kv_heads, start, hd, generator=g), torch.randn(kv_heads, start, hd, generator=g))
+        kv.commit(start)
+        caches.append(kv)
+    rows = sum(news)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * hd, generator=g)
+    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, news)])
+    plan = RowPlan(
+        positions=positions,
+        kv_base=torch.tensor([kv.storage().data_ptr() for kv, n in zip(caches, news) for _ in range(n)]),
+        capacity=torch.tensor([kv.capacity for kv, n in zip(caches, news) for _ in range(n)]),
+        write_slot=positions.clone(),
+        slot_end=positions + 1,
+        slot_off=None,
+        slot_idx=None,
+        max_slots=16,
+    )
+    out = kernels.attention(qkv, plan, 1, heads, kv_heads, hd, cos, sin)
+    q = rope(qkv[:, : heads * hd].view(rows, heads, hd), positions)
+    k = rope(qkv[:, heads * hd : (heads + kv_heads) * hd].view(rows, kv_heads, hd), positions)
+    v = qkv[:, (heads + kv_heads) * hd :].view(rows, kv_heads, hd)
+    r = 0
+    for kv, start, n in zip(caches, starts, news):
+        keys, values = kv.keys(1, start + n), kv.values(1, start + n)
+        torch.testing.assert_close(keys[:, start:].transpose(0, 1), k[r : r + n], atol=1e-6, rtol=1e-5)
+        assert torch.equal(values[:, start:].transpose(0, 1), v[r : r + n])
+        ref = _reference_attention(q[r : r + n], keys, values, [torch.arange(start + i + 1) for i in range(n)])
+        torch.testing.assert_close(out[r : r + n], ref, atol=1e-5, rtol=1e-4)
+        r += n
+
+
+def test_rmsnorm_and_silu_mul_match_torch(kernels: CpuKernels) -> None:
+    g = _gen(24)
+    x = torch.randn(5, 576, generator=g) * 3
+    w = torch.randn(576, generator=g)
+    torch.testing.assert_close(kernels.rmsnorm(x, w, 1e-5), F.rms_norm(x, (576,), w, 1e-5), atol=1e-5, rtol=1e-5)
+    gu = torch.randn(3, 2 * 1536, generator=g) * 4
+    gu[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -30.0])  # saturated and zero inputs
+    ref = F.silu(gu[:, :1536]) * gu[:, 1536:]
+    torch.testing.assert_close(kernels.silu_mul(gu), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_linear_accumulates_and_is_row_invariant(kernels: CpuKernels) -> None:
+    if not kernels.packed:
+        pytest.skip("no AVX512-BF16 packed kernel on this machine")
+    g = _gen(25)
+    w = torch.randn(96, 64, generator=g).bfloat16()
+    b = torch.randn(96, generator=g)
+    packed = PackedWeight.pack(w)
+    x = torch.randn(11, 64, generator=g)
+    xr = x.bfloat16().double()  # the kernel rounds activations to bf16
+    y = kernels.linear(x, packed, b)
+    torch.testing.assert_close(y, (xr @ w.double().T + b.double()).float(), atol=1e-4, rtol=1e-5)
+    singles = torch.cat([kernels.linear(x[i : i + 1], packed, b) for i in range(11)])
+    assert torch.equal(y, singles)
+    base = torch.randn(11, 96, generator=g)
+    acc = base.clone()
+    assert kernels.linear(x, packed, b, out=acc) is acc
+    assert torch.equal(acc, base + y)
+    with pytest.raises(ValueError, match="cannot pack"):
+        PackedWeight.pack(torch.randn(20, 64).bfloat16())

@@ -228,6 +228,53 @@ def test_tiny_model_verification_bit_identical(
     _check_tree(model, ids[:40], ids[40 : 40 + len(TREE_PARENTS)], TREE_PARENTS)
 
 
+def _check_batch(model: LlamaModel, prompts: Sequence[Sequence[int]], news: Sequence[Sequence[int]], tree: int | None) -> None:
+    """One `forward_batch` over new tokens of several sequences (sequence `tree` as a token
+    tree) vs one forward per sequence: logits and caches bit-identical."""
+    from tokenleap.models.llama import SeqInput
+
+    def inputs(caches: list) -> list[SeqInput]:
+        seqs = []
+        for i, (prompt, new, kv) in enumerate(zip(prompts, news, caches)):
+            p = len(prompt)
+            if i == tree:
+                parents = TREE_PARENTS[: len(new)]
+                seqs.append(SeqInput(torch.tensor(new), torch.tensor([p + d for d in _depths(parents)]), kv, tree_mask(parents, p)))
+            else:
+                seqs.append(SeqInput(torch.tensor(new), torch.arange(p, p + len(new)), kv))
+        return seqs
+
+    caches_a = [_prefill(model, prompt)[0] for prompt in prompts]
+    batched = model.compute_logits(model.forward_batch(inputs(caches_a)).hidden)
+    caches_b = [_prefill(model, prompt)[0] for prompt in prompts]
+    alone = torch.cat([model.compute_logits(model.forward(s.input_ids, s.positions, s.kv, s.attn).hidden) for s in inputs(caches_b)])
+    assert torch.equal(batched, alone), f"max diff {(batched - alone).abs().max().item()}"
+    for kv_a, kv_b in zip(caches_a, caches_b):
+        assert kv_a.length == kv_b.length
+        for layer in range(model.config.num_layers):
+            assert torch.equal(kv_a.keys(layer, kv_a.length), kv_b.keys(layer, kv_b.length))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tiny_model_batched_forward_bit_identical(
+    dtype: torch.dtype, tiny_model: LlamaModel, tiny_model_bf16: LlamaModel, kernels: CpuKernels
+) -> None:
+    model = tiny_model if dtype == torch.float32 else tiny_model_bf16
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, model.config.vocab_size, (200,), generator=g).tolist()
+    prompts = [ids[:40], ids[40:43], ids[50:120], ids[120:121]]
+    news = [ids[130:131], ids[131:139], ids[140:149], ids[150:170]]
+    _check_batch(model, prompts, news, tree=2)
+    _check_batch(model, prompts, news, tree=None)
+
+
+@pytest.mark.slow
+def test_batched_forward_bit_identical_real_model(model_bf16: LlamaModel, kernels: CpuKernels, tokenizer: Tokenizer, questions: list[str]) -> None:
+    prompts = [tokenizer.encode(q) for q in questions[:5]]
+    news = [tokenizer.encode(" Sure, here is the answer you asked for")[: 1 + 2 * i] for i in range(5)]
+    _check_batch(model_bf16, prompts, news, tree=None)
+
+
 def test_tree_forward_matches_path_forward_without_kernels(tiny_model_factory: Callable[..., LlamaModel]) -> None:
     """The torch fallback (no compiled kernels) computes the same function, within rounding."""
     model = tiny_model_factory(use_kernels=False)

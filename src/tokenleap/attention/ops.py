@@ -3,11 +3,13 @@
 Two paths compute the same function:
 
 * the *batch* path (long prefills): one `scaled_dot_product_attention` call over all new rows;
-* the *row* path (decoding and verification, few new rows): each query row attends, in its own
-  call, to exactly the cache slots it may see, gathered in slot order. A row's result then
-  depends only on its own query and keys, never on how many other rows share the forward or
-  how long the cache is past it. That is what makes verifying k+1 draft rows numerically
-  identical to k+1 single-token decode steps (losslessness in floating point, DESIGN.md §6).
+* the *row* path (decoding and verification, few new rows): each query row attends, on its own,
+  to exactly the cache slots it may see, in slot order. A row's result then depends only on
+  its own query and keys, never on how many other rows share the forward or how long the cache
+  is past it. That is what makes verifying k+1 draft rows numerically identical to k+1
+  single-token decode steps (losslessness in floating point, DESIGN.md §6). With the compiled
+  kernels the row path is `CpuKernels.attention`, driven by a `RowPlan` (`plan_rows`) that may
+  mix rows of several sequences (a batched decode step); without them, `attend` below.
 
 Masks are boolean `[n_new, n_cached + n_new]`, True where a new row may attend to a slot; `None`
 means causal (row i sees every cached slot and new rows 0..i). Tree verification passes the
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tokenleap.kernels import CpuKernels
+from tokenleap.kernels import RowPlan
 from tokenleap.kv.cache import KVCache
 
 
@@ -61,15 +63,40 @@ def tree_mask(parents: Sequence[int], num_cached: int) -> AttentionMask:
     return AttentionMask(mask)
 
 
-def _row_slots(mask: AttentionMask, n: int, start: int) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]:
-    """Per-row visible slots for the kernel: (slot_end, slot_off, slot_idx, max_slots)."""
-    if mask.mask is None:
-        return torch.arange(start + 1, start + n + 1, dtype=torch.int64), None, None, start + n
-    counts = mask.mask.sum(dim=1)
-    offsets = torch.zeros(n + 1, dtype=torch.int64)
-    offsets[1:] = counts.cumsum(0)
-    idx = mask.mask.nonzero()[:, 1].contiguous()  # row-major: each row's slots ascending
-    return None, offsets, idx, int(counts.max())
+@dataclass(frozen=True)
+class RowGroup:
+    """New rows of one sequence in a forward: `n` tokens written from slot `start` of `kv`."""
+
+    kv: KVCache
+    start: int
+    positions: torch.Tensor  # [n] int64
+    mask: AttentionMask
+
+
+def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
+    """The attention kernel's per-row plan for `groups`, concatenated in order. The caches must
+    already have room for the new rows (`KVCache.reserve`)."""
+    positions = torch.cat([g.positions for g in groups]).to(torch.int64)
+    counts = [int(g.positions.shape[0]) for g in groups]
+    kv_base = torch.tensor([g.kv.storage().data_ptr() for g in groups], dtype=torch.int64).repeat_interleave(torch.tensor(counts))
+    capacity = torch.tensor([g.kv.capacity for g in groups], dtype=torch.int64).repeat_interleave(torch.tensor(counts))
+    write_slot = torch.cat([torch.arange(g.start, g.start + n, dtype=torch.int64) for g, n in zip(groups, counts)])
+    slot_end = slot_off = slot_idx = None
+    if all(g.mask.mask is None for g in groups):
+        slot_end = write_slot + 1
+        max_slots = int(slot_end.max())
+    else:
+        lists = []
+        for g, n in zip(groups, counts):
+            for i in range(n):
+                slots = g.mask.row_slots(i, g.start)
+                lists.append(torch.arange(slots) if isinstance(slots, int) else slots)
+        sizes = torch.tensor([len(x) for x in lists], dtype=torch.int64)
+        slot_off = torch.zeros(len(lists) + 1, dtype=torch.int64)
+        slot_off[1:] = sizes.cumsum(0)
+        slot_idx = torch.cat(lists).to(torch.int64).contiguous()
+        max_slots = int(sizes.max())
+    return RowPlan(positions, kv_base, capacity, write_slot, slot_end, slot_off, slot_idx, -(-max_slots // 16) * 16)
 
 
 def attend(
@@ -80,16 +107,11 @@ def attend(
     mask: AttentionMask,
     *,
     row_path: bool,
-    kernels: CpuKernels | None,
 ) -> torch.Tensor:  # [n, heads * head_dim] fp32
-    """Attention of `n` new rows (their K/V already written at slots `start..`) over the cache."""
+    """Attention of `n` new rows (their K/V already written at slots `start..`) over the cache,
+    in torch: SDPA over all rows (batch path) or one SDPA per row (row path, no kernels)."""
     n, heads, head_dim = q.shape
     end = start + n
-    if row_path and kernels is not None:
-        slot_end, slot_off, slot_idx, max_slots = _row_slots(mask, n, start)
-        return kernels.attention(
-            q, kv.layer_keys(layer), kv.layer_values(layer), slot_end, slot_off, slot_idx, max_slots
-        )
     keys, values = kv.keys(layer, end), kv.values(layer, end)
     if not row_path:
         # [1, heads, n, d] against [1, kv_heads, end, d]

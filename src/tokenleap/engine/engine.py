@@ -22,9 +22,9 @@ import torch
 from tokenleap.config import SpecConfig
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.engine.request import Request
-from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve
+from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
 from tokenleap.errors import TokenleapError
-from tokenleap.models.llama import LlamaModel
+from tokenleap.models.llama import LlamaModel, SeqInput
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
 from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import RequestMetrics
@@ -129,17 +129,36 @@ class Engine:
         req.metrics.first_token_time = time.time()
 
     def _draft_budget(self, req: Request) -> int:
-        """Draft tokens worth verifying this step: the cap, bounded by what is left to generate
-        and by the context."""
-        if req.spec is None:
+        """The most draft tokens this step may verify: the cap, bounded by what is left to
+        generate and by the context."""
+        if req.spec is None or req.drafter is None:
             return 0
         left = req.params.max_tokens - len(req.output_ids) - 1
         room = self.max_context - req.kv.length - 1
-        budget = max(0, min(req.spec.num_speculative_tokens, left, room))
-        return req.controller.choose(budget) if req.controller is not None else budget
+        return max(0, min(req.spec.num_speculative_tokens, left, room))
 
-    def _propose(self, req: Request) -> Draft:
-        budget = self._draft_budget(req)
+    def _draft_lengths(self, reqs: Sequence[Request]) -> list[int]:
+        """How many draft tokens to ask of each request's drafter this step. One request: its
+        controller's choice. Several: `plan_batch_drafts` over the batch, so that speculation
+        shrinks as the batch fills the forward."""
+        budgets = [self._draft_budget(r) for r in reqs]
+        if len(reqs) == 1:
+            req = reqs[0]
+            return [req.controller.choose(budgets[0]) if req.controller is not None and budgets[0] else budgets[0]]
+        if not any(budgets):
+            return budgets
+        alphas = [r.controller.alpha if r.controller is not None else None for r in reqs]
+        floors = [r.spec.draft_min if r.spec is not None else 0 for r in reqs]
+        ks = plan_batch_drafts(self.cost_curve(max(r.spec.num_speculative_tokens for r in reqs if r.spec)), alphas, budgets, floors)
+        for i, req in enumerate(reqs):
+            if req.controller is not None and budgets[i]:
+                if ks[i]:
+                    req.controller.steps_off = 0
+                else:
+                    ks[i] = req.controller.off_step(budgets[i])
+        return ks
+
+    def _propose(self, req: Request, budget: int) -> Draft:
         if budget == 0 or req.drafter is None or req.spec is None:
             return _EMPTY
         t0 = time.perf_counter()
@@ -163,19 +182,30 @@ class Engine:
         self.step_batch([req])
 
     def step_batch(self, reqs: Sequence[Request]) -> None:
-        """One decoding step for each running request: draft, verify the last committed token
-        plus the draft in a target forward, commit the verified tokens and roll the KV cache
-        back past the rejected ones."""
-        for req in reqs:
-            t0 = time.perf_counter()
-            draft = self._propose(req)
-            t1 = time.perf_counter()
+        """One decoding step for every running request (none finished): draft, then one target
+        forward over each request's last committed token plus its draft (all requests batched),
+        verify, commit the verified tokens and roll each KV cache back past the rejected ones.
+        The kernels compute each row independently of the others, so a request's output does not
+        depend on what it is batched with."""
+        if not reqs:
+            return
+        t0 = time.perf_counter()
+        drafts = [self._propose(req, k) for req, k in zip(reqs, self._draft_lengths(reqs))]
+        t1 = time.perf_counter()
+        seqs, starts = [], []
+        for req, draft in zip(reqs, drafts):
             pos = req.kv.length
+            starts.append(pos)
             ids = torch.tensor([req.output_ids[-1], *draft.tokens])
-            out = self.model.forward(ids, torch.arange(pos, pos + len(ids)), req.kv)
-            logits = self.model.compute_logits(out.hidden)  # [k+1, V]
-            self._commit(req, draft, logits, pos)
-            t2 = time.perf_counter()
+            seqs.append(SeqInput(ids, torch.arange(pos, pos + len(ids)), req.kv))
+        logits = self.model.compute_logits(self.model.forward_batch(seqs).hidden)  # [rows, V]
+        row = 0
+        for req, draft, pos in zip(reqs, drafts, starts):
+            n = len(draft) + 1
+            self._commit(req, draft, logits[row : row + n], pos)
+            row += n
+        t2 = time.perf_counter()
+        for req in reqs:
             req.metrics.spec.verify_seconds += t2 - t1
             req.metrics.decode_seconds += t2 - t0
 

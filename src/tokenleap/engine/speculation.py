@@ -27,6 +27,15 @@ class CostCurve:
     def cost(self, k: int) -> float:
         return self.relative[min(k, len(self.relative) - 1)]
 
+    def rows_cost(self, rows: int) -> float:
+        """Relative cost of a forward over `rows` rows (any mix of sequences), extrapolated
+        linearly from the last measured step past the measured range."""
+        r = self.relative
+        if rows <= len(r):
+            return r[max(rows, 1) - 1]
+        slope = r[-1] - r[-2] if len(r) > 1 else 1.0
+        return r[-1] + max(slope, 0.0) * (rows - len(r))
+
 
 def measure_cost_curve(model: LlamaModel, max_draft: int, context: int = 128, repeats: int = 3) -> CostCurve:
     """Time forwards of 1..max_draft+1 rows at a short context; median of `repeats`."""
@@ -93,6 +102,15 @@ class DraftController:
             return max(1, self.floor) if max(1, self.floor) <= top else 0
         return 0
 
+    def off_step(self, budget: int) -> int:
+        """This step was given no draft by the batch planner: count it, and probe with a short
+        draft every `probe_every` such steps."""
+        self.steps_off += 1
+        if self.steps_off >= self.probe_every and budget >= max(1, self.floor):
+            self.steps_off = 0
+            return max(1, self.floor)
+        return 0
+
     def update(self, draft_len: int, num_accepted: int) -> None:
         """Fold in one verification: num_accepted successes, then one failure if rejected."""
         if draft_len == 0:
@@ -100,3 +118,46 @@ class DraftController:
         fails = 1 if num_accepted < draft_len else 0
         self.accepted = self.decay * self.accepted + num_accepted
         self.trials = self.decay * self.trials + num_accepted + fails
+
+
+def plan_batch_drafts(
+    curve: CostCurve, alphas: list[float | None], budgets: list[int], floors: list[int], min_gain: float = 1.05
+) -> list[int]:
+    """Draft lengths for one batched step that maximise expected tokens per unit of forward time.
+
+    Request i commits E_i(k) = sum_{j<=k} alpha_i^j tokens for a k-token draft, and the forward
+    costs `curve.rows_cost(sum(1 + k_i))`. Starting from no drafts, add one draft token at a time
+    to the request whose next token is most likely accepted (alpha_i^(k_i+1)), while that raises
+    tokens per unit time by the `min_gain` margin overall. A large batch already fills the
+    forward, so its drafts stop paying sooner: the planner then speculates less, down to none.
+    `alphas[i] is None` means a fixed-length request (seeded sampling): it gets its budget.
+    """
+    ks = [b if a is None else 0 for a, b in zip(alphas, budgets)]
+    tokens = float(sum(expected_tokens(1.0, k) if a is None else 1.0 for a, k in zip(alphas, ks)))
+    rows = sum(1 + k for k in ks)
+    base_rate = len(ks) / curve.rows_cost(len(ks))  # plain decoding of the adaptive requests
+    best_rate, best_ks = tokens / curve.rows_cost(rows), list(ks)
+    while True:
+        pick, gain = -1, 0.0
+        for i, (a, k, b) in enumerate(zip(alphas, ks, budgets)):
+            if a is not None and k < b and a ** (k + 1) > gain:
+                pick, gain = i, a ** (k + 1)
+        if pick < 0:
+            break
+        ks[pick] += 1
+        # a floor is all or nothing: a draft shorter than it is never proposed
+        while ks[pick] < floors[pick] and ks[pick] < budgets[pick]:
+            gain += alphas[pick] ** (ks[pick] + 1)  # type: ignore[operator]
+            ks[pick] += 1
+        if ks[pick] < floors[pick]:
+            ks[pick] = 0
+            budgets = [0 if j == pick else bb for j, bb in enumerate(budgets)]
+            continue
+        tokens += gain
+        rows = sum(1 + k for k in ks)
+        rate = tokens / curve.rows_cost(rows)
+        if rate > best_rate:
+            best_rate, best_ks = rate, list(ks)
+    if best_rate < base_rate * min_gain and all(a is not None for a in alphas):
+        return [0] * len(ks)
+    return best_ks

@@ -103,10 +103,19 @@ class CpuKernels:
         """The packed form of `weight` when the packed kernel can use it, else None."""
         return PackedWeight.pack(weight) if self.packed and PackedWeight.fits(weight) else None
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight bf16/fp32 `[out, in]` or packed."""
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | PackedWeight,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight bf16/fp32 `[out, in]` or packed.
+        With `out` (contiguous fp32 `[rows, out]`), the result is added to it in place."""
         if isinstance(weight, PackedWeight):
-            return self._linear_packed(x, weight, bias)
+            return self._linear_packed(x, weight, bias, out)
+        if out is not None:
+            return out.add_(self.linear(x, weight, bias))
         rows, in_dim = x.shape
         out_dim = weight.shape[0]
         if in_dim % 32 or weight.shape[1] != in_dim or weight.dtype not in (torch.bfloat16, torch.float32):
@@ -132,14 +141,18 @@ class CpuKernels:
         )
         return y
 
-    def _linear_packed(self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    def _linear_packed(
+        self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None, out: torch.Tensor | None
+    ) -> torch.Tensor:
         rows, in_dim = x.shape
         if in_dim != weight.in_dim or x.dtype != torch.float32:
             raise ValueError(f"kernel linear: x {tuple(x.shape)} {x.dtype} does not fit packed weight [{weight.out_dim}, {weight.in_dim}]")
+        if out is not None and (out.shape != (rows, weight.out_dim) or out.dtype != torch.float32 or not out.is_contiguous()):
+            raise ValueError(f"kernel linear: out {tuple(out.shape)} must be contiguous float32 [{rows}, {weight.out_dim}]")
         if bias is not None:
             bias = bias.float().contiguous()
         x = x.contiguous()
-        y = torch.empty(rows, weight.out_dim, dtype=torch.float32)
+        y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
         scratch = torch.empty(rows * in_dim, dtype=torch.bfloat16)
         self.lib.tl_linear_packed(
             x.data_ptr(),
@@ -150,48 +163,93 @@ class CpuKernels:
             rows,
             in_dim,
             weight.out_dim,
+            int(out is not None),
             self.threads,
         )
         return y
 
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of each row of fp32 `x` `[rows, dim]` (dim a multiple of 16), fp32 weight."""
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        self.lib.tl_rmsnorm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
+        return y
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """`silu(gate) * up` for fp32 `[rows, 2f]` = (gate | up), f a multiple of 16."""
+        rows, width = gate_up.shape
+        y = torch.empty(rows, width // 2, dtype=torch.float32)
+        self.lib.tl_silu_mul(gate_up.contiguous().data_ptr(), y.data_ptr(), rows, width // 2)
+        return y
+
     def attention(
         self,
-        q: torch.Tensor,  # [rows, heads, hd] fp32
-        keys: torch.Tensor,  # [kv_heads, cap, hd] fp32 (a layer of the cache)
-        values: torch.Tensor,
-        slot_end: torch.Tensor | None,  # [rows] int64: row r sees slots 0..slot_end[r]-1
-        slot_off: torch.Tensor | None,  # [rows + 1] int64 offsets into slot_idx
-        slot_idx: torch.Tensor | None,  # [total] int64 slot indices (tree rows)
-        max_slots: int,
+        qkv: torch.Tensor,  # [rows, (heads + 2 kv_heads) * hd] fp32, bias added
+        plan: RowPlan,
+        layer: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        cos: torch.Tensor,  # [positions, hd] fp32
+        sin: torch.Tensor,
     ) -> torch.Tensor:  # [rows, heads * hd]
-        rows, heads, hd = q.shape
-        kv_heads, cap, _ = keys.shape
-        if hd not in (16, 32, 64, 128) or heads % kv_heads or keys.dtype != torch.float32 or q.dtype != torch.float32:
-            raise ValueError(f"kernel attention: unsupported q {tuple(q.shape)} {q.dtype}, keys {tuple(keys.shape)} {keys.dtype}")
-        if keys.stride() != (cap * hd, hd, 1) or values.stride() != keys.stride():
-            raise ValueError("kernel attention: keys/values must be a contiguous cache layer [kv_heads, cap, hd]")
-        q = q.contiguous()
-        out = torch.empty(rows, heads * hd, dtype=torch.float32)
-        max_slots = -(-max(max_slots, 1) // 16) * 16  # the kernel writes scores 16 at a time
-        scratch = torch.empty(self.threads * 4 * max_slots, dtype=torch.float32)
+        """Rotary embedding, K/V write to each row's cache slot and attention, for one layer."""
+        rows = qkv.shape[0]
+        if head_dim not in (16, 32, 64, 128) or heads % kv_heads or qkv.dtype != torch.float32:
+            raise ValueError(f"kernel attention: unsupported heads {heads}/{kv_heads} x {head_dim}, {qkv.dtype}")
+        if qkv.shape[1] != (heads + 2 * kv_heads) * head_dim or rows != plan.rows:
+            raise ValueError(f"kernel attention: qkv {tuple(qkv.shape)} does not fit the plan ({plan.rows} rows)")
+        qkv = qkv.contiguous()
+        out = torch.empty(rows, heads * head_dim, dtype=torch.float32)
+        qrot = torch.empty(rows * heads * head_dim, dtype=torch.float32)
+        scratch = torch.empty(self.threads * 4 * plan.max_slots, dtype=torch.float32)
         self.lib.tl_attention(
-            q.data_ptr(),
-            keys.data_ptr(),
-            values.data_ptr(),
+            qkv.data_ptr(),
+            plan.positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            plan.kv_base.data_ptr(),
+            plan.capacity.data_ptr(),
+            plan.write_slot.data_ptr(),
+            layer,
             out.data_ptr(),
+            qrot.data_ptr(),
             rows,
             heads,
             kv_heads,
-            hd,
-            cap,
-            slot_end.data_ptr() if slot_end is not None else None,
-            slot_off.data_ptr() if slot_off is not None else None,
-            slot_idx.data_ptr() if slot_idx is not None else None,
+            head_dim,
+            plan.slot_end.data_ptr() if plan.slot_end is not None else None,
+            plan.slot_off.data_ptr() if plan.slot_off is not None else None,
+            plan.slot_idx.data_ptr() if plan.slot_idx is not None else None,
             scratch.data_ptr(),
-            max_slots,
+            plan.max_slots,
             self.threads,
         )
         return out
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Where each new row of a forward lives, for the attention kernel (built once per forward).
+
+    Row r is position `positions[r]` of a sequence whose fp32 KV cache tensor `[layers, 2,
+    kv_heads, capacity[r], hd]` starts at address `kv_base[r]`; its key and value go to slot
+    `write_slot[r]`; it attends to slots `0 .. slot_end[r]-1`, or, when `slot_idx` is set, to
+    `slot_idx[slot_off[r] : slot_off[r+1]]` (token trees). All int64.
+    """
+
+    positions: torch.Tensor
+    kv_base: torch.Tensor
+    capacity: torch.Tensor
+    write_slot: torch.Tensor
+    slot_end: torch.Tensor | None
+    slot_off: torch.Tensor | None
+    slot_idx: torch.Tensor | None
+    max_slots: int  # a multiple of 16
+
+    @property
+    def rows(self) -> int:
+        return int(self.positions.shape[0])
 
 
 @lru_cache(maxsize=1)
@@ -211,10 +269,14 @@ def load_kernels() -> CpuKernels | None:
         return None
     lib.tl_linear.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int]
     lib.tl_linear.restype = None
-    lib.tl_attention.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, ctypes.c_int]
+    lib.tl_attention.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, ctypes.c_int]
     lib.tl_attention.restype = None
+    lib.tl_rmsnorm.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float]
+    lib.tl_rmsnorm.restype = None
+    lib.tl_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64]
+    lib.tl_silu_mul.restype = None
     packed = bool(lib.tl_has_bf16_dot())
     if packed:
-        lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
+        lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int]
         lib.tl_linear_packed.restype = None
     return CpuKernels(lib=lib, threads=torch.get_num_threads(), packed=packed)

@@ -145,7 +145,7 @@ static void linear_bf16_dp(const float *x, const uint16_t *w, const float *b, fl
 
 static inline __attribute__((always_inline)) void packed_tile(
         const uint32_t *xp, const uint16_t *wp, const float *b, float *y, int64_t m0, int64_t blk0,
-        int64_t half_in, int64_t out_dim, const int NR, const int NB) {
+        int64_t half_in, int64_t out_dim, int accumulate, const int NR, const int NB) {
     __m512 acc[PR][PB];
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < NB; j++) acc[r][j] = _mm512_setzero_ps();
@@ -165,20 +165,22 @@ static inline __attribute__((always_inline)) void packed_tile(
         for (int j = 0; j < NB; j++) {
             __m512 v = acc[r][j];
             if (b) v = _mm512_add_ps(v, _mm512_loadu_ps(b + (blk0 + j) * 16));
-            _mm512_storeu_ps(y + (m0 + r) * out_dim + (blk0 + j) * 16, v);
+            float *dst = y + (m0 + r) * out_dim + (blk0 + j) * 16;
+            if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(dst), v);
+            _mm512_storeu_ps(dst, v);
         }
 }
 
 #define PACKED_NB(NR_)                                                                                  \
     switch (nb) {                                                                                       \
-        case 4: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, NR_, 4); break;                   \
-        case 3: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, NR_, 3); break;                   \
-        case 2: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, NR_, 2); break;                   \
-        default: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, NR_, 1); break;                  \
+        case 4: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 4); break;                   \
+        case 3: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 3); break;                   \
+        case 2: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 2); break;                   \
+        default: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 1); break;                  \
     }
 
 static void packed_blocks(const uint32_t *xp, const uint16_t *wp, const float *b, float *y, int64_t rows,
-                          int64_t blk_lo, int64_t blk_hi, int64_t half_in, int64_t out_dim) {
+                          int64_t blk_lo, int64_t blk_hi, int64_t half_in, int64_t out_dim, int accumulate) {
     for (int64_t blk = blk_lo; blk < blk_hi; blk += PB) {
         const int nb = (int)(blk_hi - blk < PB ? blk_hi - blk : PB);
         for (int64_t m0 = 0; m0 < rows; m0 += PR) {
@@ -193,10 +195,11 @@ static void packed_blocks(const uint32_t *xp, const uint16_t *wp, const float *b
 }
 
 /* y[m, o] = sum_i x[m, i] * w[o, i] (+ b[o]) with w packed as above (out_dim a multiple of 16,
- * in_dim a multiple of 32). The activations are rounded to bf16 (nearest even) into `xb`
- * (rows * in_dim halves); the output blocks are split into one contiguous range per thread. */
+ * in_dim a multiple of 32); with `accumulate`, y[m, o] += that sum (a fused residual add).
+ * The activations are rounded to bf16 (nearest even) into `xb` (rows * in_dim halves); the
+ * output blocks are split into one contiguous range per thread. */
 void tl_linear_packed(const float *x, const uint16_t *wp, const float *b, float *y, uint16_t *xb,
-                      int64_t rows, int64_t in_dim, int64_t out_dim, int threads) {
+                      int64_t rows, int64_t in_dim, int64_t out_dim, int accumulate, int threads) {
     for (int64_t k = 0; k < rows * in_dim; k += 32) {
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
         _mm512_storeu_si512((void *)(xb + k), (__m512i)v);
@@ -205,7 +208,7 @@ void tl_linear_packed(const float *x, const uint16_t *wp, const float *b, float 
     #pragma omp parallel num_threads(threads)
     {
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        packed_blocks((const uint32_t *)xb, wp, b, y, rows, nblk * t / nt, nblk * (t + 1) / nt, half_in, out_dim);
+        packed_blocks((const uint32_t *)xb, wp, b, y, rows, nblk * t / nt, nblk * (t + 1) / nt, half_in, out_dim, accumulate);
     }
 }
 #endif
@@ -254,7 +257,7 @@ void tl_linear(const float *x, const void *w, const float *b, float *y, float *x
     for (int64_t o = nblocks * OB; o < out_dim; o++) block_all_rows(x, w, b, y, rows, o, 1, in_dim, out_dim, wbits);
 }
 
-/* exp(x) for x <= 0 as 16 lanes: Cephes' expf (range reduction by ln 2, degree-6 polynomial,
+/* exp(x) as 16 lanes (underflows to 0 below -87.3, overflows to inf): Cephes' expf (range reduction by ln 2, degree-6 polynomial,
  * about 1 ulp), scaled by 2^n with vscalefps. Deterministic, so attention stays row-invariant. */
 static inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
@@ -345,22 +348,74 @@ static inline __attribute__((always_inline)) void attn_job(
     }
 }
 
-/* Attention of `rows` query rows over a KV cache layer.
- * q: [rows, heads, hd]; k, v: [kv_heads, cap, hd] (slot stride hd, head stride cap*hd);
- * row r sees slots slot_idx[slot_off[r] .. slot_off[r+1]) when slot_idx is non-NULL, else
- * slots 0 .. slot_end[r]-1. out: [rows, heads, hd]. scratch: threads * 4 * max_slots floats,
- * max_slots a multiple of 16; hd must be 16, 32, 64 or 128. One job per (row, kv head). */
-void tl_attention(const float *q, const float *k, const float *v, float *out,
-                  int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t cap,
+/* y = x / rms(x) * w per row (RMSNorm, Zhang & Sennrich 2019), fp32; one pass per row. */
+void tl_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        __m512 ss = _mm512_setzero_ps();
+        for (int64_t i = 0; i < dim; i += 16) {
+            __m512 v = _mm512_loadu_ps(xr + i);
+            ss = _mm512_fmadd_ps(v, v, ss);
+        }
+        const __m512 scale = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)dim + eps));
+        for (int64_t i = 0; i < dim; i += 16)
+            _mm512_storeu_ps(y + r * dim + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), scale), _mm512_loadu_ps(w + i)));
+    }
+}
+
+/* SwiGLU's gating: y[r, i] = silu(gu[r, i]) * gu[r, f + i], gu = [rows, 2f] (gate | up). */
+void tl_silu_mul(const float *gu, float *y, int64_t rows, int64_t f) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < f; i += 16) {
+            const __m512 g = _mm512_loadu_ps(gu + r * 2 * f + i), u = _mm512_loadu_ps(gu + r * 2 * f + f + i);
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+            const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            _mm512_storeu_ps(y + r * f + i, _mm512_mul_ps(silu, u));
+        }
+}
+
+/* Rotary embedding (Su et al., 2021), half-split layout: x*cos + rotate_half(x)*sin. */
+static inline void rope_head(const float *x, float *y, const float *cos, const float *sin, int64_t hd) {
+    const int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; i++) {
+        y[i] = x[i] * cos[i] - x[i + half] * sin[i];
+        y[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+    }
+}
+
+/* One decoder layer's attention for `rows` new tokens that may belong to different sequences.
+ * qkv: [rows, (heads + 2 kv_heads) * hd] (the fused projection, bias added); row r is token
+ * position pos[r] of a sequence whose KV cache is the fp32 tensor at kv_base[r] with layout
+ * [layers, 2, kv_heads, cap[r], hd]. The rotated key and the value of row r are written to slot
+ * wslot[r] of `layer`; then row r attends to slot_idx[slot_off[r] .. slot_off[r+1]) (tree rows)
+ * or to slots 0 .. slot_end[r]-1. cos/sin: [positions, hd] tables. out: [rows, heads * hd].
+ * qrot: rows * heads * hd floats; scratch: threads * 4 * max_slots floats (max_slots a
+ * multiple of 16); hd 16, 32, 64 or 128. One job per (row, kv head). */
+void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
+                  const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
+                  float *out, float *qrot, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
                   const int64_t *slot_end, const int64_t *slot_off, const int64_t *slot_idx,
                   float *scratch, int64_t max_slots, int threads) {
-    const int64_t group = heads / kv_heads;
+    const int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
     const float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = qkv + r * width, *c = cos + pos[r] * hd, *sn = sin + pos[r] * hd;
+        float *kvr = (float *)kv_base[r];
+        const int64_t plane = kv_heads * cap[r] * hd;
+        float *kl = kvr + layer * 2 * plane, *vl = kl + plane;
+        for (int64_t h = 0; h < heads; h++) rope_head(row + h * hd, qrot + (r * heads + h) * hd, c, sn, hd);
+        for (int64_t h = 0; h < kv_heads; h++) {
+            rope_head(row + (heads + h) * hd, kl + (h * cap[r] + wslot[r]) * hd, c, sn, hd);
+            memcpy(vl + (h * cap[r] + wslot[r]) * hd, row + (heads + kv_heads + h) * hd, (size_t)hd * sizeof(float));
+        }
+    }
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t job = 0; job < rows * kv_heads; job++) {
         const int64_t r = job / kv_heads, kh = job % kv_heads;
         float *scores = scratch + (int64_t)omp_get_thread_num() * 4 * max_slots;
-        const float *kbase = k + kh * cap * hd, *vbase = v + kh * cap * hd;
+        const int64_t plane = kv_heads * cap[r] * hd;
+        const float *kbase = (const float *)kv_base[r] + layer * 2 * plane + kh * cap[r] * hd;
+        const float *vbase = kbase + plane;
         const int64_t n = slot_idx ? slot_off[r + 1] - slot_off[r] : slot_end[r];
         const int64_t *idx = slot_idx ? slot_idx + slot_off[r] : NULL;
         for (int64_t h0 = kh * group; h0 < (kh + 1) * group;) {
@@ -368,10 +423,10 @@ void tl_attention(const float *q, const float *k, const float *v, float *out,
             const int G = left >= 4 ? 4 : (int)left;
 #define ATTN_G(ND_)                                                                                      \
             switch (G) {                                                                                 \
-                case 4: attn_job(q, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 4, ND_); break; \
-                case 3: attn_job(q, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 3, ND_); break; \
-                case 2: attn_job(q, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 2, ND_); break; \
-                default: attn_job(q, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 1, ND_); break; \
+                case 4: attn_job(qrot, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 4, ND_); break; \
+                case 3: attn_job(qrot, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 3, ND_); break; \
+                case 2: attn_job(qrot, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 2, ND_); break; \
+                default: attn_job(qrot, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 1, ND_); break; \
             }
             switch (hd) {
                 case 16: ATTN_G(1) break;

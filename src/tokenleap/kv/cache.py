@@ -77,6 +77,11 @@ class KVCache:
     def values(self, layer: int, end: int) -> torch.Tensor:
         return self._data[layer, 1, :, :end]  # [kv_heads, end, head_dim] (a view)
 
+    def storage(self) -> torch.Tensor:
+        """The whole `[layers, 2, kv_heads, capacity, head_dim]` tensor (for the kernels; its
+        address changes when the cache grows)."""
+        return self._data
+
     def layer_keys(self, layer: int) -> torch.Tensor:
         return self._data[layer, 0]  # [kv_heads, capacity, head_dim] (slot stride head_dim)
 

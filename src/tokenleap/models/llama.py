@@ -7,12 +7,17 @@ matrix each, because on a 2-core CPU decoding is memory-bound and every Python-l
 
 `forward` takes any number of new tokens at arbitrary positions with an explicit attention mask
 (causal or a token tree), appends their keys and values to the KV cache, and returns final
-hidden states; `compute_logits` runs the LM head on chosen rows only. Weights are kept in the
-model dtype (bfloat16 or float32); activations, the KV cache and attention run in float32.
+hidden states; `forward_batch` does the same for new tokens of several sequences at once (a
+continuous-batching decode step: the linears run over all rows together, attention per row
+over its own cache); `compute_logits` runs the LM head on chosen rows only. Weights are kept in
+the model dtype (bfloat16 or float32); activations, the KV cache and attention run in float32.
 
-Forwards of up to `ROW_PATH_MAX_ROWS` new tokens (decoding, verification) run on the
-row-invariant kernels of `tokenleap.kernels`, so verifying a draft is bit-identical to decoding
-it token by token; longer forwards (prompt prefill, shared by both paths) use torch's GEMM.
+Forwards of up to `ROW_PATH_MAX_ROWS` new tokens (decoding, verification) and every batched
+step run on the row-invariant kernels of `tokenleap.kernels` (norms, packed linears with fused
+residual adds, fused rotary + KV write + attention), so a row's result never depends on the
+other rows: verifying a draft is bit-identical to decoding it token by token, and batching
+requests does not change their output. Longer forwards (prompt prefill, shared by both paths)
+use torch's GEMM and SDPA.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from tokenleap.attention.ops import AttentionMask, attend, causal_mask
+from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask, plan_rows
 from tokenleap.kernels import CpuKernels, PackedWeight
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache
@@ -51,6 +56,16 @@ class _Layer:
     w_down: torch.Tensor  # [D, F]
     # The same four matrices in the kernels' packed layout (row path), when they fit it.
     packed: dict[str, PackedWeight] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SeqInput:
+    """New tokens of one sequence for `LlamaModel.forward_batch`."""
+
+    input_ids: torch.Tensor  # [n] int64
+    positions: torch.Tensor  # [n] int64
+    kv: KVCache
+    attn: AttentionMask | None = None  # None: causal
 
 
 @dataclass
@@ -149,12 +164,8 @@ class LlamaModel:
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
 
-    def _linear(
-        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, row_path: bool, packed: PackedWeight | None = None
-    ) -> torch.Tensor:
-        """fp32 `[n, in]` -> fp32 `[n, out]`; row-invariant kernel on the row path."""
-        if row_path and self.kernels is not None:
-            return self.kernels.linear(x, packed if packed is not None else w, b)
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """fp32 `[n, in]` -> fp32 `[n, out]` with torch."""
         y = F.linear(x.to(w.dtype), w).float()
         return y + b if b is not None else y
 
@@ -169,12 +180,61 @@ class LlamaModel:
         return_hidden: Sequence[int] = (),
     ) -> ModelOutput:
         """Run `n` new tokens; their K/V go to cache slots `kv.length ..`, which are committed."""
+        if self.kernels is not None and input_ids.shape[0] <= ROW_PATH_MAX_ROWS:
+            return self.forward_batch([SeqInput(input_ids, positions, kv, attn)], return_hidden=return_hidden)
+        return self._forward_torch(input_ids, positions, kv, attn or causal_mask(), return_hidden)
+
+    @torch.inference_mode()
+    def forward_batch(self, seqs: Sequence[SeqInput], *, return_hidden: Sequence[int] = ()) -> ModelOutput:
+        """New tokens of several sequences in one forward; hidden rows come back concatenated in
+        the order of `seqs`. Each row is computed exactly as in a forward of its own."""
+        kernels = self.kernels
+        if kernels is None:
+            outs = [self.forward(s.input_ids, s.positions, s.kv, s.attn, return_hidden=return_hidden) for s in seqs]
+            return ModelOutput(
+                torch.cat([o.hidden for o in outs]),
+                {i: torch.cat([o.hidden_states[i] for o in outs]) for i in return_hidden},
+            )
+        c = self.config
+        groups = []
+        for s in seqs:
+            if s.kv.dtype != torch.float32:
+                raise ValueError("the kernels need a float32 KV cache")
+            s.kv.reserve(int(s.input_ids.shape[0]))
+            groups.append(RowGroup(s.kv, s.kv.length, s.positions, s.attn or causal_mask()))
+        plan = plan_rows(groups)
+        if int(plan.positions.max()) >= self._cos.shape[0] or int(plan.positions.min()) < 0:
+            raise TokenleapError(f"positions must be in [0, {self._cos.shape[0]})")
+        eps = c.rms_norm_eps
+        x = F.embedding(torch.cat([s.input_ids for s in seqs]), self.embed).float()  # [rows, D]
+        hidden_states: dict[int, torch.Tensor] = {}
+        for idx, layer in enumerate(self.layers):
+            pk = layer.packed
+            qkv = kernels.linear(kernels.rmsnorm(x, layer.attn_norm, eps), pk.get("wqkv", layer.wqkv), layer.bqkv)
+            a = kernels.attention(qkv, plan, idx, c.num_heads, c.num_kv_heads, c.head_dim, self._cos, self._sin)
+            kernels.linear(a, pk.get("wo", layer.wo), None, out=x)  # x += a @ wo.T
+            gate_up = kernels.linear(kernels.rmsnorm(x, layer.mlp_norm, eps), pk.get("w_gate_up", layer.w_gate_up))
+            kernels.linear(kernels.silu_mul(gate_up), pk.get("w_down", layer.w_down), None, out=x)
+            if idx in return_hidden:
+                hidden_states[idx] = x.clone()
+        for s in seqs:
+            s.kv.commit(int(s.input_ids.shape[0]))
+        return ModelOutput(kernels.rmsnorm(x, self.norm, eps), hidden_states)
+
+    def _forward_torch(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KVCache,
+        attn: AttentionMask,
+        return_hidden: Sequence[int],
+    ) -> ModelOutput:
+        """The torch path: prefill (batched GEMM and SDPA), or every forward without kernels
+        (then short forwards attend row by row)."""
         c = self.config
         n = input_ids.shape[0]
-        attn = attn or causal_mask()
         start = kv.length
         kv.reserve(n)
-        end = start + n
         row_path = n <= ROW_PATH_MAX_ROWS
         lin = self._linear
         cos = self._cos[positions].unsqueeze(1)  # [n, 1, hd]
@@ -185,18 +245,17 @@ class LlamaModel:
         hidden_states: dict[int, torch.Tensor] = {}
         for idx, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
-            pk = layer.packed
-            qkv = lin(h, layer.wqkv, layer.bqkv, row_path, pk.get("wqkv"))  # [n, Q + 2KV]
+            qkv = lin(h, layer.wqkv, layer.bqkv)  # [n, Q + 2KV]
             qk = qkv[:, : c.q_size + c.kv_size].view(n, nq + nkv, c.head_dim)
             rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
             qk = qk * cos + rotated * sin  # [n, nq + nkv, hd]
             v = qkv[:, c.q_size + c.kv_size :].view(n, nkv, c.head_dim)
             kv.write(idx, start, qk[:, nq:].transpose(0, 1), v.transpose(0, 1))
-            a = attend(qk[:, :nq], kv, idx, start, attn, row_path=row_path, kernels=self.kernels)
-            x = x + lin(a, layer.wo, None, row_path, pk.get("wo"))
+            a = attend(qk[:, :nq], kv, idx, start, attn, row_path=row_path)
+            x = x + lin(a, layer.wo, None)
             h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = lin(h, layer.w_gate_up, None, row_path, pk.get("w_gate_up")).chunk(2, dim=-1)
-            x = x + lin(F.silu(gate) * up, layer.w_down, None, row_path, pk.get("w_down"))
+            gate, up = lin(h, layer.w_gate_up, None).chunk(2, dim=-1)
+            x = x + lin(F.silu(gate) * up, layer.w_down, None)
             if idx in return_hidden:
                 hidden_states[idx] = x
         kv.commit(n)
@@ -207,4 +266,6 @@ class LlamaModel:
         """LM head over `hidden[indices]` (all rows when None): float32 `[rows, vocab]`."""
         if indices is not None:
             hidden = hidden[indices]
-        return self._linear(hidden, self.lm_head, None, hidden.shape[0] <= ROW_PATH_MAX_ROWS, self.lm_head_packed)
+        if self.kernels is not None and hidden.shape[0] <= ROW_PATH_MAX_ROWS * 4:
+            return self.kernels.linear(hidden, self.lm_head_packed or self.lm_head)
+        return self._linear(hidden, self.lm_head, None)
