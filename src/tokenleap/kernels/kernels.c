@@ -137,8 +137,8 @@ static void linear_bf16_dp(const float *x, const uint16_t *w, const float *b, fl
  * with the input pair broadcast from the activations. No horizontal reductions: output o's
  * accumulator takes the pairs p = 0, 1, ... in order, whatever the tile shape, so a row's
  * result is the same in any call. A tile is NR rows x NB blocks of accumulators. */
-#define PR 4 /* rows per packed tile */
-#define PB 4 /* 16-output blocks per packed tile */
+#define PR 8 /* at most this many rows per packed tile (then at most 3 blocks: 24 accumulators) */
+#define PB 4 /* at most this many 16-output blocks per packed tile (then at most 4 rows) */
 #ifndef PF_DIST
 #define PF_DIST 16
 #endif
@@ -171,24 +171,39 @@ static inline __attribute__((always_inline)) void packed_tile(
         }
 }
 
-#define PACKED_NB(NR_)                                                                                  \
+#define PACKED_NB4(NR_)                                                                                 \
     switch (nb) {                                                                                       \
-        case 4: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 4); break;                   \
-        case 3: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 3); break;                   \
-        case 2: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 2); break;                   \
-        default: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 1); break;                  \
+        case 4: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 4); break;       \
+        case 3: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 3); break;       \
+        case 2: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 2); break;       \
+        default: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 1); break;      \
+    }
+#define PACKED_NB3(NR_)                                                                                 \
+    switch (nb) {                                                                                       \
+        case 3: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 3); break;       \
+        case 2: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 2); break;       \
+        default: packed_tile(xp, wp, b, y, m0, blk, half_in, out_dim, accumulate, NR_, 1); break;      \
     }
 
+/* Tiles of up to 4 rows x 4 blocks for calls of up to 4 rows (decode: the weights stream from
+ * memory once), else up to 8 rows x 3 blocks (verification, batches: twice the arithmetic per
+ * weight load, and the weights of a tile stream from memory once per 8 rows). */
 static void packed_blocks(const uint32_t *xp, const uint16_t *wp, const float *b, float *y, int64_t rows,
                           int64_t blk_lo, int64_t blk_hi, int64_t half_in, int64_t out_dim, int accumulate) {
-    for (int64_t blk = blk_lo; blk < blk_hi; blk += PB) {
-        const int nb = (int)(blk_hi - blk < PB ? blk_hi - blk : PB);
-        for (int64_t m0 = 0; m0 < rows; m0 += PR) {
-            switch (rows - m0 < PR ? rows - m0 : PR) {
-                case 4: PACKED_NB(4); break;
-                case 3: PACKED_NB(3); break;
-                case 2: PACKED_NB(2); break;
-                default: PACKED_NB(1); break;
+    const int wide = rows > 4;
+    const int64_t tile_blocks = wide ? 3 : 4, tile_rows = wide ? 8 : 4;
+    for (int64_t blk = blk_lo; blk < blk_hi; blk += tile_blocks) {
+        const int nb = (int)(blk_hi - blk < tile_blocks ? blk_hi - blk : tile_blocks);
+        for (int64_t m0 = 0; m0 < rows; m0 += tile_rows) {
+            switch (rows - m0 < tile_rows ? rows - m0 : tile_rows) {
+                case 8: PACKED_NB3(8); break;
+                case 7: PACKED_NB3(7); break;
+                case 6: PACKED_NB3(6); break;
+                case 5: PACKED_NB3(5); break;
+                case 4: PACKED_NB4(4); break;
+                case 3: PACKED_NB4(3); break;
+                case 2: PACKED_NB4(2); break;
+                default: PACKED_NB4(1); break;
             }
         }
     }
