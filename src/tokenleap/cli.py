@@ -157,8 +157,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         auth = "API key required" if config.api_key else "no API key"
         print(f"tokenleap: serving {config.served_model_name or args.model} at http://{host}:{port}/v1 ({auth}); Ctrl-C stops", file=sys.stderr)
         try:
-            serve(llm, config, sock)
-        except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after a graceful shutdown
+            serve(llm, config, sock)  # returns after SIGINT / SIGTERM and a graceful shutdown
+        except KeyboardInterrupt:  # a Ctrl-C before the server took over the signals
             pass
     finally:
         sock.close()

@@ -139,6 +139,9 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         raise bad_request(exc) from None
 
 
+_SERVER_SIDE_METHODS = {"custom", "draft-model", "chain"}  # need objects or files only the server's operator may choose
+
+
 def speculative(state: ServerState, override: SpeculativeOverride | None) -> SpecConfig | bool:
     """The request's speculation: True (the server's default), False (off) or an override."""
     if override is None:
@@ -148,24 +151,24 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
         return False
     knobs = override.knobs()
     default = state.llm.engine.spec
-    try:
-        spec = None
-        if default is not None:  # the same method as the server's: start from the server's settings
-            try:
-                candidate = dataclasses.replace(default, method=method, **knobs)
-                if candidate.method == default.method and candidate.chain == default.chain:
-                    spec = candidate
-            except TokenleapError:
-                spec = None
-        if spec is None:
+    spec = None
+    if default is not None:  # the same method as the server's: start from the server's settings
+        try:
+            candidate = dataclasses.replace(default, method=method, **knobs)
+            if candidate.method == default.method and candidate.chain == default.chain:
+                spec = candidate
+        except TokenleapError:
+            spec = None
+    if spec is None:
+        parts = {p.strip().replace("_", "-") for p in method.split("+")}
+        if parts & _SERVER_SIDE_METHODS:
+            raise APIError(400, f"speculative method {method!r} is not available per request on this server (a draft model "
+                           "is chosen when the server starts: --spec-type draft-model --model-draft ...)", param="speculative")
+        try:
             spec = SpecConfig.from_dict({"method": method, **knobs})
-    except TokenleapError as exc:
-        raise bad_request(exc, "speculative") from None
+        except TokenleapError as exc:
+            raise bad_request(exc, "speculative") from None
     assert spec is not None
-    own = default is not None and spec.method == default.method and spec.chain == default.chain
-    if spec.method == "custom" or (not own and "draft-model" in (spec.method, *spec.chain)):
-        raise APIError(400, f"speculative method {method!r} is not available per request on this server "
-                       "(a draft model is set when the server starts: --spec-type draft-model --model-draft ...)", param="speculative")
     if spec == default:
         return True
     if spec not in state.spec_configs:

@@ -10,10 +10,13 @@ engine loop, which frees every request still holding a cache.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
@@ -46,7 +49,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling the engine loop to refuse new requests on the first signal."""
+    """uvicorn's server, telling the engine loop to refuse new requests on the first signal and
+    returning normally after a signal-initiated shutdown (uvicorn re-raises the signal)."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
@@ -55,6 +59,18 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._state.loop.drain()
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 def _uvicorn_config(llm: LLM, config: ServerConfig, access_log: bool) -> tuple[uvicorn.Config, ServerState]:

@@ -1,0 +1,114 @@
+"""The OpenAI API on the real model through the official `openai` client: chat and completions,
+streamed and not; greedy output identical to the library's plain decoding; usage, ids, shapes
+and per-request speculation statistics; /v1/models and /health."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tokenleap import LLM
+from tokenleap.server import BackgroundServer
+
+from .conftest import MODEL, reference_chat, reference_completion
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "Name three prime numbers and say why they are prime."
+
+
+def test_chat_matches_library(client: openai.OpenAI, llm: LLM) -> None:
+    text, ids, finish = reference_chat(llm, QUESTION, 24)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=24)
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion" and r.model == MODEL and r.created > 0
+    assert len(r.choices) == 1
+    choice = r.choices[0]
+    assert choice.index == 0 and choice.message.role == "assistant" and choice.logprobs is None
+    assert choice.message.content == text
+    assert choice.finish_reason == finish
+    assert r.usage is not None
+    assert r.usage.prompt_tokens == len(llm.chat_token_ids([{"role": "user", "content": QUESTION}]))
+    assert r.usage.completion_tokens == len(ids)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    spec = r.model_extra["speculative"]
+    assert spec["method"] == "suffix"  # the server's default
+    assert spec["num_forward_passes"] >= 1 and spec["mean_acceptance_length"] >= 1.0
+    assert 0 <= spec["num_accepted_tokens"] <= spec["num_draft_tokens"]
+
+
+def test_chat_stream_matches_library(client: openai.OpenAI, llm: LLM) -> None:
+    text, ids, finish = reference_chat(llm, QUESTION, 24)
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0,
+                                            max_tokens=24, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == text
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(final) == 1 and final[0].choices[0].finish_reason == finish
+    assert final[0].model_extra["speculative"]["method"] == "suffix"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == len(ids)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completion_matches_library(client: openai.OpenAI, llm: LLM) -> None:
+    prompt = "def fibonacci(n):"
+    text, ids, finish = reference_completion(llm, prompt, 20)
+    r = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=20)
+    assert r.id.startswith("cmpl-") and r.object == "text_completion"
+    assert r.choices[0].text == text and r.choices[0].finish_reason == finish and r.choices[0].logprobs is None
+    assert r.usage is not None and r.usage.prompt_tokens == len(llm.tokenizer.encode(prompt)) and r.usage.completion_tokens == len(ids)
+    streamed = list(client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=20, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == text
+    assert streamed[-1].choices[0].finish_reason == finish
+    # token ids as the prompt, and a one-element list of them
+    token_prompt = llm.tokenizer.encode(prompt)
+    for p in (token_prompt, [token_prompt]):
+        r = client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=20)
+        assert r.choices[0].text == text
+
+
+def test_per_request_speculation(client: openai.OpenAI, llm: LLM) -> None:
+    prompt = "List the days of the week, one per line: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday.\nAgain:"
+    text, _, _ = reference_completion(llm, prompt, 24)
+    off = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=24,
+                                    extra_body={"speculative": {"method": "none"}})
+    spec = off.model_extra["speculative"]
+    assert off.choices[0].text == text
+    assert spec["method"] is None and spec["num_drafts"] == 0 and spec["mean_acceptance_length"] == 1.0
+    ngram = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=24,
+                                      extra_body={"speculative": {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False}})
+    spec = ngram.model_extra["speculative"]
+    assert ngram.choices[0].text == text  # lossless
+    assert spec["method"] == "ngram" and spec["num_drafts"] > 0 and spec["num_accepted_tokens"] > 0
+    assert spec["mean_acceptance_length"] > 1.0
+    assert len(spec["acceptance_rate_per_position"]) <= 4
+
+
+def test_sampling_options(client: openai.OpenAI) -> None:
+    # Seeded sampling repeats under plain decoding (with the suffix drafter, whose tree over
+    # earlier outputs changes the drafts and so the random draws, it is lossless but not repeatable).
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=12,
+              temperature=0.8, top_p=0.9, seed=7, extra_body={"top_k": 40, "min_p": 0.05, "speculative": {"method": "none"}})
+    a = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    b = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    assert a.choices[0].message.content == b.choices[0].message.content
+    r = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", temperature=0, max_tokens=24, stop=[" 7"])
+    assert r.choices[0].finish_reason == "stop" and " 7" not in r.choices[0].text
+    r = client.completions.create(model=MODEL, prompt="Hi", max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage is not None and r.usage.completion_tokens == 10 and r.choices[0].finish_reason == "length"
+
+
+def test_models_and_health(client: openai.OpenAI, server: BackgroundServer) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].object == "model" and models.data[0].owned_by == "tokenleap"
+    assert client.models.retrieve(MODEL).id == MODEL
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and health["live"] == 0
+    # `model` may be left out (vLLM does the same)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200 and r.json()["model"] == MODEL

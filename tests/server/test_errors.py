@@ -1,0 +1,153 @@
+"""Client mistakes get a 4xx with an OpenAI error body (never a 500 or a traceback), the
+`openai` client maps them to its exceptions, and the API key guards every route but /health."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tokenleap import LLM
+from tokenleap.server import BackgroundServer, ServerConfig
+
+from .conftest import BODY_LIMIT, MODEL
+
+pytestmark = pytest.mark.slow
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MSG = [{"role": "user", "content": "Hi"}]
+
+
+def _chat(**kw: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": MSG, "max_tokens": 4, **kw}
+
+
+def _completion(**kw: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "Hi", "max_tokens": 4, **kw}
+
+
+CASES = [
+    # (path, body, status, message fragment, param)
+    (CHAT, b"{not json", 400, "not valid JSON", None),
+    (CHAT, b"[1, 2]", 400, "must be a JSON object", None),
+    (CHAT, b"\xff\xfe", 400, "not valid JSON", None),
+    (CHAT, _chat(model="gpt-4o"), 404, "does not exist", "model"),
+    (CHAT, {"model": MODEL}, 400, "messages", "messages"),
+    (CHAT, _chat(messages=[]), 400, "messages", "messages"),
+    (CHAT, _chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages", "messages"),
+    (CHAT, _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "messages", "messages"),
+    (CHAT, _chat(max_tokens=-1), 400, "max_tokens must be a positive integer", "max_tokens"),
+    (CHAT, _chat(max_tokens=0), 400, "max_tokens must be a positive integer", "max_tokens"),
+    (CHAT, _chat(max_completion_tokens=-5), 400, "max_tokens must be a positive integer", "max_tokens"),
+    (CHAT, _chat(max_tokens=1.5), 400, "max_tokens", "max_tokens"),
+    (CHAT, _chat(temperature=-0.5), 400, "temperature must be >= 0", "temperature"),
+    (CHAT, _chat(temperature="hot"), 400, "temperature", "temperature"),
+    (CHAT, _chat(top_p=1.5), 400, "top_p must be in (0, 1]", "top_p"),
+    (CHAT, _chat(top_p=0), 400, "top_p must be in (0, 1]", "top_p"),
+    (CHAT, _chat(top_k=-3), 400, "top_k", "top_k"),
+    (CHAT, _chat(min_p=2), 400, "min_p", "min_p"),
+    (CHAT, _chat(stop=[""]), 400, "stop strings must be non-empty", None),
+    (CHAT, _chat(stop=5), 400, "stop", "stop"),
+    (CHAT, _chat(stop_token_ids=[10**9]), 400, "token ids out of range", "stop_token_ids"),
+    (CHAT, _chat(seed=2**70), 400, "seed", "seed"),
+    (CHAT, _chat(n=2), 400, "only n=1", "n"),
+    (CHAT, _chat(stream="yes"), 400, "stream", "stream"),
+    (CHAT, _chat(stream_options={"include_usage": True}), 400, "stream_options", "stream_options"),
+    (CHAT, _chat(logprobs=True), 400, "not supported", "logprobs"),
+    (CHAT, _chat(presence_penalty=0.5), 400, "not supported", "presence_penalty"),
+    (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "not supported", "tools"),
+    (CHAT, _chat(max_tokens=9000), 400, "maximum context length is 8192", "max_tokens"),
+    (CHAT, _chat(speculative={"method": "bogus"}), 400, "unknown speculative method", "speculative"),
+    (CHAT, _chat(speculative={"method": "suffix", "num_speculative_tokens": 99}), 400, "num_speculative_tokens", "speculative"),
+    (CHAT, _chat(speculative={"method": "suffix", "model": "/etc/passwd"}), 400, "Extra inputs", "speculative"),
+    (CHAT, _chat(speculative={"method": "custom"}), 400, "not available per request", "speculative"),
+    (CHAT, _chat(speculative={"method": "draft-model"}), 400, "not available per request", "speculative"),
+    (CHAT, _chat(speculative={"method": "suffix+draft-model"}), 400, "not available per request", "speculative"),
+    (CHAT, _chat(speculative="suffix"), 400, "speculative", "speculative"),
+    (COMPLETIONS, _completion(prompt=""), 400, "the prompt is empty", "prompt"),
+    (COMPLETIONS, _completion(prompt=[]), 400, "the prompt is empty", "prompt"),
+    (COMPLETIONS, _completion(prompt=["a", "b"]), 400, "batched prompts", "prompt"),
+    (COMPLETIONS, _completion(prompt=[1, 2, 10**7]), 400, "token ids out of range", "prompt"),
+    (COMPLETIONS, _completion(prompt=[1, -2]), 400, "token ids out of range", "prompt"),
+    (COMPLETIONS, _completion(prompt=None), 400, "prompt", "prompt"),
+    (COMPLETIONS, _completion(echo=True), 400, "not supported", "echo"),
+    (COMPLETIONS, _completion(best_of=3), 400, "not supported", "best_of"),
+    (COMPLETIONS, _completion(model="other"), 404, "does not exist", "model"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "fragment", "param"), CASES)
+def test_bad_request(server: BackgroundServer, path: str, body: Any, status: int, fragment: str, param: str | None) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server.url + path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert fragment in err["message"]
+    assert err["param"] == param
+    assert "Traceback" not in r.text
+    if status == 404:
+        assert err["code"] == "model_not_found"
+
+
+def test_prompt_longer_than_context(server: BackgroundServer) -> None:
+    long = "hello " * 9000  # ~9000 tokens, under the body limit
+    assert len(long) < BODY_LIMIT
+    for path, body in ((CHAT, _chat(messages=[{"role": "user", "content": long}])), (COMPLETIONS, _completion(prompt=long))):
+        r = httpx.post(server.url + path, json=body)
+        assert r.status_code == 400
+        assert "context length is 8192" in r.json()["error"]["message"]
+
+
+def test_oversize_body(server: BackgroundServer) -> None:
+    body = _completion(prompt="x" * (BODY_LIMIT + 1000))
+    r = httpx.post(server.url + COMPLETIONS, json=body)
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_unknown_route_and_method(server: BackgroundServer) -> None:
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "Not Found"
+    r = httpx.get(server.url + CHAT)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_openai_client_exceptions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=MSG)  # type: ignore[arg-type]
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e2:
+        client.chat.completions.create(model=MODEL, messages=MSG, temperature=-1)  # type: ignore[arg-type]
+    assert "temperature" in e2.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="Hi", n=2)
+
+
+def test_auth(server_llm: LLM, server: BackgroundServer) -> None:
+    """A second app on the same engine (the shared server is idle meanwhile)."""
+    with BackgroundServer(server_llm, ServerConfig(port=0, log_level="warning", api_key="sekret")) as srv:
+        assert httpx.get(srv.url + "/health").status_code == 200  # open
+        for path in ("/v1/models", "/metrics"):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}, {"Authorization": "Basic sekret"}):
+                r = httpx.get(srv.url + path, headers=headers)
+                assert r.status_code == 401, (path, headers)
+                assert r.json()["error"]["code"] == "invalid_api_key"
+            assert httpx.get(srv.url + path, headers={"Authorization": "Bearer sekret"}).status_code == 200
+        r = httpx.post(srv.url + CHAT, json=_chat())
+        assert r.status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekret", max_retries=0)
+        r2 = good.chat.completions.create(model=MODEL, messages=MSG, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+        assert r2.choices[0].message.content
+        assert srv.state.loop.num_live == 0
+    assert srv.state.loop.num_live == 0
+    # without a key, everything is open
+    assert httpx.get(server.url + "/v1/models").status_code == 200
+    assert httpx.get(server.url + "/metrics").status_code == 200
