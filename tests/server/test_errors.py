@@ -52,6 +52,8 @@ CASES = [
     (CHAT, _chat(min_p=2), 400, "min_p", "min_p"),
     (CHAT, _chat(stop=[""]), 400, "stop strings must be non-empty", None),
     (CHAT, _chat(stop=5), 400, "stop", "stop"),
+    (CHAT, _chat(stop=[str(i) for i in range(17)]), 400, "at most 16 stop strings", "stop"),
+    (CHAT, b"[" * 20_000 + b"]" * 20_000, 400, "nested too deeply", None),
     (CHAT, _chat(stop_token_ids=[10**9]), 400, "token ids out of range", "stop_token_ids"),
     (CHAT, _chat(seed=2**70), 400, "seed", "seed"),
     (CHAT, _chat(n=2), 400, "only n=1", "n"),

@@ -43,6 +43,7 @@ from tokenleap.server.protocol import (
 from tokenleap.types import RequestOutput
 
 M = TypeVar("M", bound=BaseModel)
+MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 16, 1000, 1024  # each is checked at every new token
 
 
 @dataclass
@@ -86,6 +87,8 @@ def parse_body(raw: bytes, model: type[M]) -> M:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
     if not isinstance(obj, dict):
         raise APIError(400, "the request body must be a JSON object")
     try:
@@ -126,6 +129,11 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
                        f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion). "
                        "Please reduce the length of the prompt or max_tokens.", param="max_tokens")
+    stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
+    if len(stops) > MAX_STOP_STRINGS or any(len(x) > MAX_STOP_CHARS for x in stops):
+        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters each", param="stop")
+    if len(body.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
+        raise APIError(400, f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids", param="stop_token_ids")
     if body.stop_token_ids:
         try:
             check_token_ids(body.stop_token_ids, state.llm.model.config.vocab_size)
