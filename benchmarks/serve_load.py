@@ -402,7 +402,7 @@ def main() -> int:
     p.add_argument("--api-key", default=os.environ.get("TOKENLEAP_API_KEY"), help="Bearer key (default: $TOKENLEAP_API_KEY)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="model for the server started here (default: %(default)s)")
     p.add_argument("--spec-type", default="suffix", help="the started server's default speculation (default: %(default)s)")
-    p.add_argument("--draft-max", type=int, default=8, help="draft length cap (default: %(default)s)")
+    p.add_argument("--draft-max", type=int, default=16, help="draft length cap (default: %(default)s)")
     p.add_argument("--max-batch", type=int, default=16, help="the started server's --max-batch (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="the started server's CPU threads")
     p.add_argument("--requests", "-n", type=int, default=32, help="requests per cell, or in total with --mixed (default: %(default)s)")

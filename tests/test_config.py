@@ -30,7 +30,7 @@ def test_ngram_alone_gets_defaults() -> None:
     spec = SpecConfig.from_dict({"method": "ngram"})
     assert spec is not None
     assert spec.method == "ngram"
-    assert spec.num_speculative_tokens == 8
+    assert spec.num_speculative_tokens == 16
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (1, 4)
     assert spec.draft_min == 0
     assert spec.model is None and spec.drafter is None

@@ -42,7 +42,7 @@ class SpecConfig:
     """Speculative decoding settings, named as in vLLM's `speculative_config` dict."""
 
     method: str
-    num_speculative_tokens: int = 8  # draft length cap (llama.cpp: --draft-max)
+    num_speculative_tokens: int = 16  # draft length cap (llama.cpp: --draft-max; adaptive drafting picks within it)
     draft_min: int = 0  # drafts shorter than this are not verified (llama.cpp: --draft-min)
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4

@@ -55,6 +55,22 @@ def test_curve_extrapolates_past_the_measured_rows() -> None:
     assert curve.rows_cost(3) == 1.3 and curve.rows_cost(5) == pytest.approx(1.7)
 
 
+def test_curve_interpolates_between_contexts() -> None:
+    curve = CostCurve((1.0, 1.1, 1.2), long=(1.0, 1.5, 2.0), short_context=100, long_context=1100)
+    assert curve.cost(2, context=50) == pytest.approx(1.2)
+    assert curve.cost(2, context=600) == pytest.approx(1.6)
+    assert curve.cost(2, context=1100) == pytest.approx(2.0)
+    assert curve.cost(2, context=2100) == pytest.approx(2.8)  # extrapolated
+    assert curve.cost(0, context=5000) == 1.0
+
+
+def test_planner_drafts_less_at_long_context() -> None:
+    curve = CostCurve(tuple(1.0 + 0.02 * n for n in range(32)), long=tuple(1.0 + 0.3 * n for n in range(32)))
+    short = plan_batch_drafts(curve, [0.6], [16], [0], context=100)
+    long = plan_batch_drafts(curve, [0.6], [16], [0], context=1500)
+    assert short[0] > long[0]
+
+
 # --------------------------------------------------------------------------- batched steps, real model
 
 

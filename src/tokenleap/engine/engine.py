@@ -144,12 +144,14 @@ class Engine:
         budgets = [self._draft_budget(r) for r in reqs]
         if len(reqs) == 1:
             req = reqs[0]
-            return [req.controller.choose(budgets[0]) if req.controller is not None and budgets[0] else budgets[0]]
+            return [req.controller.choose(budgets[0], req.kv.length) if req.controller is not None and budgets[0] else budgets[0]]
         if not any(budgets):
             return budgets
         alphas = [r.controller.alpha if r.controller is not None else None for r in reqs]
         floors = [r.spec.draft_min if r.spec is not None else 0 for r in reqs]
-        ks = plan_batch_drafts(self.cost_curve(max(r.spec.num_speculative_tokens for r in reqs if r.spec)), alphas, budgets, floors)
+        curve = self.cost_curve(max(r.spec.num_speculative_tokens for r in reqs if r.spec))
+        context = sum(r.kv.length for r in reqs) // len(reqs)
+        ks = plan_batch_drafts(curve, alphas, budgets, floors, context=context)
         for i, req in enumerate(reqs):
             if req.controller is not None and budgets[i]:
                 if ks[i]:

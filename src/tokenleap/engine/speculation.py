@@ -3,7 +3,8 @@
 With per-token acceptance rate alpha, a chain draft of k tokens yields
 E(k) = (1 - alpha^(k+1)) / (1 - alpha) committed tokens per target forward (Leviathan et al.,
 2023), and that forward costs c(k) = t(k+1 rows) / t(1 row), measured once on this machine (the
-cost curve). The controller keeps a decayed estimate of alpha per request and chooses
+cost curve, at a short and a long context: at long contexts each extra row's attention costs
+more, so the curve is interpolated at the request's length). The controller keeps a decayed estimate of alpha per request and chooses
 k* = argmax E(k) / c(k) over [draft_min, cap], or 0 when no k beats plain decoding by a margin;
 while off it probes again every `probe_every` steps with a short draft, so a request whose text
 turns predictable (a quoted passage, code being repeated) gets speculation back.
@@ -22,42 +23,71 @@ from tokenleap.models.llama import LlamaModel
 
 @dataclass(frozen=True)
 class CostCurve:
-    relative: tuple[float, ...]  # relative[k] = cost of verifying k drafts (k+1 rows) / cost of 1 row
+    """Relative cost of a forward over n rows, measured at a short context and (optionally) a
+    long one: past a few hundred tokens, each extra row's attention makes verification dearer,
+    so the cost at a request's context is interpolated (and extrapolated) linearly between the
+    two measurements."""
 
-    def cost(self, k: int) -> float:
-        return self.relative[min(k, len(self.relative) - 1)]
+    relative: tuple[float, ...]  # relative[k] = cost of k+1 rows / cost of 1 row, at short_context
+    long: tuple[float, ...] | None = None  # the same at long_context
+    short_context: int = 128
+    long_context: int = 1024
 
-    def rows_cost(self, rows: int) -> float:
-        """Relative cost of a forward over `rows` rows (any mix of sequences), extrapolated
-        linearly from the last measured step past the measured range."""
-        r = self.relative
-        if rows <= len(r):
-            return r[max(rows, 1) - 1]
-        slope = r[-1] - r[-2] if len(r) > 1 else 1.0
-        return r[-1] + max(slope, 0.0) * (rows - len(r))
+    def _weight(self, context: int) -> float:
+        if self.long is None or context <= self.short_context:
+            return 0.0
+        return min(3.0, (context - self.short_context) / (self.long_context - self.short_context))
+
+    @staticmethod
+    def _at(curve: tuple[float, ...], rows: int) -> float:
+        if rows <= len(curve):
+            return curve[max(rows, 1) - 1]
+        slope = curve[-1] - curve[-2] if len(curve) > 1 else 1.0
+        return curve[-1] + max(slope, 0.0) * (rows - len(curve))
+
+    def rows_cost(self, rows: int, context: int = 0) -> float:
+        """Relative cost of a forward over `rows` rows (any mix of sequences) at `context`
+        tokens, extrapolated linearly from the last measured step past the measured rows."""
+        short = self._at(self.relative, rows)
+        w = self._weight(context)
+        if w == 0.0 or self.long is None:
+            return short
+        return max(1.0, short + w * (self._at(self.long, rows) - short))
+
+    def cost(self, k: int, context: int = 0) -> float:
+        """Relative cost of verifying k draft tokens (k + 1 rows)."""
+        return self.rows_cost(k + 1, context)
 
 
-def measure_cost_curve(model: LlamaModel, max_draft: int, context: int = 128, repeats: int = 3) -> CostCurve:
-    """Time forwards of 1..max_draft+1 rows at a short context; median of `repeats`."""
-    kv = model.new_kv_cache(context + max_draft + 2)
+def _time_rows(model: LlamaModel, context: int, max_rows: int, repeats: int) -> list[float]:
+    kv = model.new_kv_cache(context + max_rows + 2)
     ids = torch.arange(context) % model.config.vocab_size
     model.forward(ids, torch.arange(context), kv)
     times = []
-    for k in range(max_draft + 1):
+    for n in range(1, max_rows + 1):
         samples = []
         for _ in range(repeats):
             kv.truncate(context)
-            rows = torch.full((k + 1,), 17)
             t0 = time.perf_counter()
-            model.compute_logits(model.forward(rows, torch.arange(context, context + k + 1), kv).hidden)
+            model.compute_logits(model.forward(torch.full((n,), 17), torch.arange(context, context + n), kv).hidden)
             samples.append(time.perf_counter() - t0)
         times.append(statistics.median(samples))
-    base = times[0]
-    relative = [1.0] + [max(1.0, t / base) for t in times[1:]]
-    # a longer draft never costs less than a shorter one (smooth out timing noise)
-    for k in range(1, len(relative)):
+    kv.free()
+    relative = [1.0] + [max(1.0, t / times[0]) for t in times[1:]]
+    for k in range(1, len(relative)):  # more rows never cost less (smooth out timing noise)
         relative[k] = max(relative[k], relative[k - 1])
-    return CostCurve(tuple(relative))
+    return relative
+
+
+def measure_cost_curve(model: LlamaModel, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 3) -> CostCurve:
+    """Time forwards of 1..max_draft+1 rows at a short and a long context; median of `repeats`.
+    The long context is skipped when the model's context cannot hold it."""
+    short_ctx, long_ctx = contexts
+    short = _time_rows(model, short_ctx, max_draft + 1, repeats)
+    long = None
+    if long_ctx + max_draft + 2 <= model.max_context:
+        long = tuple(_time_rows(model, long_ctx, max_draft + 1, repeats))
+    return CostCurve(tuple(short), long, short_ctx, long_ctx)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -84,13 +114,13 @@ class DraftController:
     def alpha(self) -> float:
         return self.accepted / self.trials
 
-    def choose(self, budget: int) -> int:
+    def choose(self, budget: int, context: int = 0) -> int:
         top = min(self.cap, budget)
         if top <= 0:
             return 0
         best_k, best_gain = 0, 1.0
         for k in range(max(1, self.floor), top + 1):
-            gain = expected_tokens(self.alpha, k) / self.curve.cost(k)
+            gain = expected_tokens(self.alpha, k) / self.curve.cost(k, context)
             if gain > best_gain:
                 best_k, best_gain = k, gain
         if best_k and best_gain >= self.min_gain:
@@ -121,12 +151,17 @@ class DraftController:
 
 
 def plan_batch_drafts(
-    curve: CostCurve, alphas: list[float | None], budgets: list[int], floors: list[int], min_gain: float = 1.05
+    curve: CostCurve,
+    alphas: list[float | None],
+    budgets: list[int],
+    floors: list[int],
+    min_gain: float = 1.05,
+    context: int = 0,
 ) -> list[int]:
     """Draft lengths for one batched step that maximise expected tokens per unit of forward time.
 
     Request i commits E_i(k) = sum_{j<=k} alpha_i^j tokens for a k-token draft, and the forward
-    costs `curve.rows_cost(sum(1 + k_i))`. Starting from no drafts, add one draft token at a time
+    costs `curve.rows_cost(sum(1 + k_i), context)` (context: the batch's mean length). Starting from no drafts, add one draft token at a time
     to the request whose next token is most likely accepted (alpha_i^(k_i+1)), while that raises
     tokens per unit time by the `min_gain` margin overall. A large batch already fills the
     forward, so its drafts stop paying sooner: the planner then speculates less, down to none.
@@ -135,8 +170,8 @@ def plan_batch_drafts(
     ks = [b if a is None else 0 for a, b in zip(alphas, budgets)]
     tokens = float(sum(expected_tokens(1.0, k) if a is None else 1.0 for a, k in zip(alphas, ks)))
     rows = sum(1 + k for k in ks)
-    base_rate = len(ks) / curve.rows_cost(len(ks))  # plain decoding of the adaptive requests
-    best_rate, best_ks = tokens / curve.rows_cost(rows), list(ks)
+    base_rate = len(ks) / curve.rows_cost(len(ks), context)  # plain decoding of the adaptive requests
+    best_rate, best_ks = tokens / curve.rows_cost(rows, context), list(ks)
     while True:
         pick, gain = -1, 0.0
         for i, (a, k, b) in enumerate(zip(alphas, ks, budgets)):
@@ -155,7 +190,7 @@ def plan_batch_drafts(
             continue
         tokens += gain
         rows = sum(1 + k for k in ks)
-        rate = tokens / curve.rows_cost(rows)
+        rate = tokens / curve.rows_cost(rows, context)
         if rate > best_rate:
             best_rate, best_ks = rate, list(ks)
     if best_rate < base_rate * min_gain and all(a is not None for a in alphas):
