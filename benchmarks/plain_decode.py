@@ -486,13 +486,16 @@ class ProfiledKernels:
 
     inner: CpuKernels
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        with torch.profiler.record_function("tokenleap::linear"):
-            return self.inner.linear(x, weight, bias)
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.inner, name)
+        if not callable(target):
+            return target
 
-    def attention(self, *args: Any) -> torch.Tensor:
-        with torch.profiler.record_function("tokenleap::attention"):
-            return self.inner.attention(*args)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with torch.profiler.record_function(f"tokenleap::{name}"):
+                return target(*args, **kwargs)
+
+        return call
 
 
 def profile_decode(llm: LLM, prompt_ids: list[int], steps: int, top: int) -> dict[str, Any]:

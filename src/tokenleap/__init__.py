@@ -5,9 +5,10 @@ Public API: `LLM`, `SamplingParams`, `EngineConfig`, `TokenleapError`.
 
 import os
 
-# Before torch loads its OpenMP runtime (which tokenleap's kernels share): threads that
-# busy-wait between ops collapse throughput ~5-10x when another process shares the cores, and
-# sleeping waiters cost little otherwise. An explicit setting in the environment wins.
+# Before torch loads its OpenMP runtime (used here for prompt prefill only; the decode kernels
+# have their own spin-then-yield-then-sleep pool, see kernels.c): threads that busy-wait
+# between ops collapse throughput 3-10x when another process shares the cores, and prefill's
+# few large ops pay little for sleeping. An explicit setting in the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 from tokenleap.config import EngineConfig

@@ -11,6 +11,8 @@ plain decoding token for token.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import time
 from collections import defaultdict
@@ -162,30 +164,38 @@ def run_bench(
         engines[label] = Engine(model, tokenizer, spec=cfg, drafter=drafter)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     records: list[Record] = []
-    for q in questions:
+    names = list(engines)
+    for n, q in enumerate(questions):
+        # Rotate which engine runs first on each question: whatever the machine does to the
+        # first run after a prompt change (cache, frequency, page faults) lands on every
+        # method alike. Plain's output is compared once all have run.
+        order = names[n % len(names) :] + names[: n % len(names)]
         history: list[dict[str, str]] = []
         for turn, text in enumerate(q.turns):
             history.append({"role": "user", "content": text})
             ids = tokenizer.apply_chat_template(history)
             if q.assistant_prefix:
                 ids += tokenizer.encode(q.assistant_prefix)
-            plain_ids: list[int] | None = None
-            for name, engine in engines.items():
+            outputs: dict[str, list[int]] = {}
+            turn_records: list[Record] = []
+            for name in order:
+                engine = engines[name]
                 req = engine.add_request(ids, params)
                 t0 = time.perf_counter()
                 engine.run(req)
                 wall = time.perf_counter() - t0
+                outputs[name] = list(req.output_ids)
                 if name == "plain":
-                    plain_ids = list(req.output_ids)
                     answer = req.text
                 m = req.metrics
-                records.append(
+                turn_records.append(
                     Record(q.question_id, q.group, turn, name, len(req.output_ids), m.num_forward_passes, m.num_decode_tokens, wall,
-                           m.decode_seconds, m.prefill_seconds, m.spec.num_draft_tokens, m.spec.num_accepted_tokens,
-                           req.output_ids == plain_ids)
+                           m.decode_seconds, m.prefill_seconds, m.spec.num_draft_tokens, m.spec.num_accepted_tokens, False)
                 )
                 if progress is not None:
                     progress()
+            plain_ids = outputs["plain"]
+            records.extend(dataclasses.replace(r, matched_plain=outputs[r.method] == plain_ids) for r in sorted(turn_records, key=lambda r: names.index(r.method)))
             if hf is not None:  # timed end to end only: its "decode" figures include prefill
                 for name, pld in (("hf-plain", False), ("hf-pld", True)):
                     out_ids, wall = hf.generate(ids, max_tokens, pld)

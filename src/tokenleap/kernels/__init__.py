@@ -4,8 +4,10 @@ Measured on the project machine, torch's own bf16 `linear` streams weights at ~1
 ~31 GB/s the memory gives, and its fp32 GEMM rounds a row differently depending on how many
 rows share the call. `kernels.c` computes each output element with one fixed instruction
 sequence (AVX-512, fp32 accumulation), streams the weights once for all rows, and so is both
-faster and exact for speculative verification. It is compiled with the system C compiler into
-the user cache and loaded with ctypes; when no compiler or no AVX-512 is present the model falls
+faster and exact for speculative verification. They run on their own small thread pool (spin,
+then yield, then sleep: an OpenMP runtime either pays a wake-up per call or hogs the cores from
+other processes). It is compiled with the system C compiler into the user cache and loaded
+with ctypes; when no compiler or no AVX-512 is present the model falls
 back to torch ops (correct, slower, and not guaranteed row-invariant).
 """
 
@@ -29,7 +31,7 @@ from tokenleap.paths import cache_dir
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("kernels.c")
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
 
@@ -275,8 +277,11 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_rmsnorm.restype = None
     lib.tl_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64]
     lib.tl_silu_mul.restype = None
+    lib.tl_init.argtypes = [ctypes.c_int]
+    lib.tl_init.restype = ctypes.c_int
+    threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see kernels.c)
     packed = bool(lib.tl_has_bf16_dot())
     if packed:
         lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int]
         lib.tl_linear_packed.restype = None
-    return CpuKernels(lib=lib, threads=torch.get_num_threads(), packed=packed)
+    return CpuKernels(lib=lib, threads=threads, packed=packed)

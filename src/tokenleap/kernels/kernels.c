@@ -10,7 +10,115 @@
 #include <math.h>
 #include <float.h>
 #include <immintrin.h>
-#include <omp.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------
+ * Thread pool. A decode step makes ~150 kernel calls a few microseconds apart; an OpenMP
+ * runtime either sleeps between them (OMP_WAIT_POLICY=passive: a futex wake-up per call,
+ * measured +70 % per token here) or spins (fast alone, but 3-5x slower as soon as another
+ * process wants the cores, because a spinning thread holds its core for a whole time slice).
+ * This pool's workers spin briefly, then yield the core on each check (free when nobody else
+ * wants it, polite when someone does), then sleep on a futex once idle. One job at a time:
+ * callers from several threads are serialized by a mutex. */
+#define TL_MAX_THREADS 64
+#define TL_SPIN 1000   /* pause-spins before yielding (~25 us) */
+#define TL_YIELDS 2000 /* sched_yield checks before sleeping (~1 ms when alone) */
+
+typedef void (*tl_task)(void *ctx, int tid, int nthreads);
+
+static struct {
+    int n; /* threads including the caller; 1 until tl_init */
+    _Atomic uint32_t gen; /* futex word, bumped per job */
+    _Atomic int pending; /* workers yet to finish the current job */
+    _Atomic int sleepers;
+    tl_task fn;
+    void *ctx;
+    pthread_mutex_t lock; /* one job at a time */
+} pool = {.n = 1, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void pool_wait_change(_Atomic uint32_t *word, uint32_t old) {
+    for (int i = 0; i < TL_SPIN; i++) {
+        if (atomic_load(word) != old) return;
+        _mm_pause();
+    }
+    for (int i = 0; i < TL_YIELDS; i++) {
+        if (atomic_load(word) != old) return;
+        sched_yield();
+    }
+    atomic_fetch_add(&pool.sleepers, 1);
+    while (atomic_load(word) == old) syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, old, NULL, NULL, 0);
+    atomic_fetch_sub(&pool.sleepers, 1);
+}
+
+static void *pool_worker(void *arg) {
+    const int tid = (int)(intptr_t)arg;
+    uint32_t seen = atomic_load(&pool.gen);
+    for (;;) {
+        pool_wait_change(&pool.gen, seen);
+        seen = atomic_load(&pool.gen);
+        pool.fn(pool.ctx, tid, pool.n);
+        atomic_fetch_sub(&pool.pending, 1);
+    }
+    return NULL;
+}
+
+static void pool_after_fork_child(void) { pool.n = 1; } /* the workers did not survive the fork */
+
+/* Start the workers (threads - 1 of them; the caller is thread 0). Idempotent. */
+int tl_init(int threads) {
+    pthread_mutex_lock(&pool.lock);
+    if (pool.n == 1 && threads > 1) {
+        static int atfork = 0;
+        if (!atfork) { pthread_atfork(NULL, NULL, pool_after_fork_child); atfork = 1; }
+        if (threads > TL_MAX_THREADS) threads = TL_MAX_THREADS;
+        int started = 1;
+        for (int t = 1; t < threads; t++) {
+            pthread_t th;
+            if (pthread_create(&th, NULL, pool_worker, (void *)(intptr_t)t) != 0) break;
+            pthread_detach(th);
+            started++;
+        }
+        pool.n = started;
+    }
+    const int n = pool.n;
+    pthread_mutex_unlock(&pool.lock);
+    return n;
+}
+
+/* Run fn(ctx, tid, n) on every pool thread (tid 0 is the caller) and wait for all. */
+static void tl_parallel(tl_task fn, void *ctx) {
+    pthread_mutex_lock(&pool.lock);
+    if (pool.n <= 1) {
+        fn(ctx, 0, 1);
+        pthread_mutex_unlock(&pool.lock);
+        return;
+    }
+    pool.fn = fn;
+    pool.ctx = ctx;
+    atomic_store(&pool.pending, pool.n - 1);
+    atomic_fetch_add(&pool.gen, 1);
+    if (atomic_load(&pool.sleepers) > 0) syscall(SYS_futex, &pool.gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    fn(ctx, 0, pool.n);
+    for (int i = 0; atomic_load(&pool.pending) > 0; i++) {
+        if (i < TL_SPIN) _mm_pause();
+        else sched_yield();
+    }
+    pthread_mutex_unlock(&pool.lock);
+}
+
+/* Dynamic scheduling over [0, count) in chunks: each thread takes the next chunk. */
+typedef struct { _Atomic int64_t next; int64_t count, chunk; } tl_counter;
+static inline int64_t tl_next(tl_counter *c, int64_t *end) {
+    const int64_t start = atomic_fetch_add(&c->next, c->chunk);
+    *end = start + c->chunk < c->count ? start + c->chunk : c->count;
+    return start;
+}
 
 #define RB 4 /* input rows per register block */
 #define OB 4 /* output rows per register block */
@@ -110,23 +218,39 @@ static inline __attribute__((always_inline)) void block_dp_rows(
     }
 }
 
+typedef struct {
+    tl_counter ctr;
+    const uint16_t *xb, *w;
+    const float *b;
+    float *y;
+    int64_t rows, in_dim, out_dim;
+} dp_job;
+
+static void dp_task(void *ctx, int tid, int nthreads) {
+    dp_job *j = (dp_job *)ctx;
+    (void)tid; (void)nthreads;
+    int64_t end;
+    for (int64_t blk = tl_next(&j->ctr, &end); blk < j->ctr.count; blk = tl_next(&j->ctr, &end))
+        for (; blk < end; blk++) {
+            const int64_t o0 = blk * OB;
+            if (blk + 2 < j->ctr.count) {
+                const char *next = (const char *)(j->w + (o0 + 2 * OB) * j->in_dim);
+                for (int64_t off = 0; off < OB * j->in_dim * 2; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+            }
+            block_dp_rows(j->xb, j->w, j->b, j->y, j->rows, o0, OB, j->in_dim, j->out_dim);
+        }
+}
+
 static void linear_bf16_dp(const float *x, const uint16_t *w, const float *b, float *y, uint16_t *xb,
                            int64_t rows, int64_t in_dim, int64_t out_dim, int threads) {
     for (int64_t k = 0; k < rows * in_dim; k += 32) {
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
         _mm512_storeu_si512((void *)(xb + k), (__m512i)v);
     }
-    const int64_t nblocks = out_dim / OB;
-    #pragma omp parallel for schedule(dynamic, 8) num_threads(threads)
-    for (int64_t blk = 0; blk < nblocks; blk++) {
-        const int64_t o0 = blk * OB;
-        if (blk + 2 < nblocks) {
-            const char *next = (const char *)(w + (o0 + 2 * OB) * in_dim);
-            for (int64_t off = 0; off < OB * in_dim * 2; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
-        }
-        block_dp_rows(xb, w, b, y, rows, o0, OB, in_dim, out_dim);
-    }
-    for (int64_t o = nblocks * OB; o < out_dim; o++) block_dp_rows(xb, w, b, y, rows, o, 1, in_dim, out_dim);
+    dp_job job = {{0, out_dim / OB, 8}, xb, w, b, y, rows, in_dim, out_dim};
+    (void)threads;
+    tl_parallel(dp_task, &job);
+    for (int64_t o = job.ctr.count * OB; o < out_dim; o++) block_dp_rows(xb, w, b, y, rows, o, 1, in_dim, out_dim);
 }
 #endif
 
@@ -209,6 +333,20 @@ static void packed_blocks(const uint32_t *xp, const uint16_t *wp, const float *b
     }
 }
 
+typedef struct {
+    const uint32_t *xp;
+    const uint16_t *wp;
+    const float *b;
+    float *y;
+    int64_t rows, nblk, half_in, out_dim;
+    int accumulate;
+} packed_job;
+
+static void packed_task(void *ctx, int t, int nt) {
+    const packed_job *j = (const packed_job *)ctx;
+    packed_blocks(j->xp, j->wp, j->b, j->y, j->rows, j->nblk * t / nt, j->nblk * (t + 1) / nt, j->half_in, j->out_dim, j->accumulate);
+}
+
 /* y[m, o] = sum_i x[m, i] * w[o, i] (+ b[o]) with w packed as above (out_dim a multiple of 16,
  * in_dim a multiple of 32); with `accumulate`, y[m, o] += that sum (a fused residual add).
  * The activations are rounded to bf16 (nearest even) into `xb` (rows * in_dim halves); the
@@ -219,12 +357,9 @@ void tl_linear_packed(const float *x, const uint16_t *wp, const float *b, float 
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
         _mm512_storeu_si512((void *)(xb + k), (__m512i)v);
     }
-    const int64_t nblk = out_dim / 16, half_in = in_dim / 2;
-    #pragma omp parallel num_threads(threads)
-    {
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        packed_blocks((const uint32_t *)xb, wp, b, y, rows, nblk * t / nt, nblk * (t + 1) / nt, half_in, out_dim, accumulate);
-    }
+    packed_job job = {(const uint32_t *)xb, wp, b, y, rows, out_dim / 16, in_dim / 2, out_dim, accumulate};
+    (void)threads;
+    tl_parallel(packed_task, &job);
 }
 #endif
 
@@ -234,6 +369,32 @@ int tl_has_bf16_dot(void) {
 #else
     return 0;
 #endif
+}
+
+typedef struct {
+    tl_counter ctr;
+    const float *x;
+    const void *w;
+    const float *b;
+    float *y;
+    int64_t rows, in_dim, out_dim;
+    int wbits;
+} lin_job;
+
+static void lin_task(void *ctx, int tid, int nthreads) {
+    lin_job *j = (lin_job *)ctx;
+    (void)tid; (void)nthreads;
+    const int64_t wbytes = j->wbits / 8;
+    int64_t end;
+    for (int64_t blk = tl_next(&j->ctr, &end); blk < j->ctr.count; blk = tl_next(&j->ctr, &end))
+        for (; blk < end; blk++) {
+            const int64_t o0 = blk * OB;
+            if (blk + 2 < j->ctr.count) {
+                const char *next = (const char *)j->w + (o0 + 2 * OB) * j->in_dim * wbytes;
+                for (int64_t off = 0; off < OB * j->in_dim * wbytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+            }
+            block_all_rows(j->x, j->w, j->b, j->y, j->rows, o0, OB, j->in_dim, j->out_dim, j->wbits);
+        }
 }
 
 /* y[m, o] = sum_i x[m, i] * w[o, i] (+ b[o]); x, y fp32; w bf16 (wbits=16) or fp32 (wbits=32).
@@ -258,18 +419,10 @@ void tl_linear(const float *x, const void *w, const float *b, float *y, float *x
                 }
         x = xp;
     }
-    const int64_t nblocks = out_dim / OB;
-    const int64_t wbytes = wbits / 8;
-    #pragma omp parallel for schedule(dynamic, 8) num_threads(threads)
-    for (int64_t blk = 0; blk < nblocks; blk++) {
-        const int64_t o0 = blk * OB;
-        if (blk + 2 < nblocks) {
-            const char *next = (const char *)w + (o0 + 2 * OB) * in_dim * wbytes;
-            for (int64_t off = 0; off < OB * in_dim * wbytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
-        }
-        block_all_rows(x, w, b, y, rows, o0, OB, in_dim, out_dim, wbits);
-    }
-    for (int64_t o = nblocks * OB; o < out_dim; o++) block_all_rows(x, w, b, y, rows, o, 1, in_dim, out_dim, wbits);
+    lin_job job = {{0, out_dim / OB, 8}, x, w, b, y, rows, in_dim, out_dim, wbits};
+    (void)threads;
+    tl_parallel(lin_task, &job);
+    for (int64_t o = job.ctr.count * OB; o < out_dim; o++) block_all_rows(x, w, b, y, rows, o, 1, in_dim, out_dim, wbits);
 }
 
 /* exp(x) as 16 lanes (underflows to 0 below -87.3, overflows to inf): Cephes' expf (range reduction by ln 2, degree-6 polynomial,
@@ -398,6 +551,52 @@ static inline void rope_head(const float *x, float *y, const float *cos, const f
     }
 }
 
+typedef struct {
+    tl_counter ctr;
+    const float *qrot;
+    float *out;
+    const int64_t *kv_base, *cap, *slot_end, *slot_off, *slot_idx;
+    float *scratch;
+    int64_t layer, heads, kv_heads, hd, max_slots, span; /* span: heads per job (1 or group) */
+    float scale;
+} attn_ctx;
+
+static void attn_task(void *arg, int tid, int nthreads) {
+    attn_ctx *a = (attn_ctx *)arg;
+    (void)nthreads;
+    const int64_t group = a->heads / a->kv_heads, hd = a->hd, jobs_per_row = a->heads / a->span;
+    float *scores = a->scratch + (int64_t)tid * 4 * a->max_slots;
+    int64_t end;
+    for (int64_t job = tl_next(&a->ctr, &end); job < a->ctr.count; job = tl_next(&a->ctr, &end))
+        for (; job < end; job++) {
+            const int64_t r = job / jobs_per_row, h_first = (job % jobs_per_row) * a->span, kh = h_first / group;
+            const int64_t plane = a->kv_heads * a->cap[r] * hd;
+            const float *kbase = (const float *)a->kv_base[r] + a->layer * 2 * plane + kh * a->cap[r] * hd;
+            const float *vbase = kbase + plane;
+            const int64_t n = a->slot_idx ? a->slot_off[r + 1] - a->slot_off[r] : a->slot_end[r];
+            const int64_t *idx = a->slot_idx ? a->slot_idx + a->slot_off[r] : NULL;
+            for (int64_t h0 = h_first; h0 < h_first + a->span;) {
+                const int64_t left = h_first + a->span - h0;
+                const int G = left >= 4 ? 4 : (int)left;
+#define ATTN_G(ND_)                                                                                               \
+                switch (G) {                                                                                      \
+                    case 4: attn_job(a->qrot, kbase, vbase, a->out, r, h0, a->heads, n, idx, scores, a->max_slots, a->scale, 4, ND_); break; \
+                    case 3: attn_job(a->qrot, kbase, vbase, a->out, r, h0, a->heads, n, idx, scores, a->max_slots, a->scale, 3, ND_); break; \
+                    case 2: attn_job(a->qrot, kbase, vbase, a->out, r, h0, a->heads, n, idx, scores, a->max_slots, a->scale, 2, ND_); break; \
+                    default: attn_job(a->qrot, kbase, vbase, a->out, r, h0, a->heads, n, idx, scores, a->max_slots, a->scale, 1, ND_); break; \
+                }
+                switch (hd) {
+                    case 16: ATTN_G(1) break;
+                    case 32: ATTN_G(2) break;
+                    case 64: ATTN_G(4) break;
+                    default: ATTN_G(8) break;
+                }
+#undef ATTN_G
+                h0 += G;
+            }
+        }
+}
+
 /* One decoder layer's attention for `rows` new tokens that may belong to different sequences.
  * qkv: [rows, (heads + 2 kv_heads) * hd] (the fused projection, bias added); row r is token
  * position pos[r] of a sequence whose KV cache is the fp32 tensor at kv_base[r] with layout
@@ -405,7 +604,7 @@ static inline void rope_head(const float *x, float *y, const float *cos, const f
  * wslot[r] of `layer`; then row r attends to slot_idx[slot_off[r] .. slot_off[r+1]) (tree rows)
  * or to slots 0 .. slot_end[r]-1. cos/sin: [positions, hd] tables. out: [rows, heads * hd].
  * qrot: rows * heads * hd floats; scratch: threads * 4 * max_slots floats (max_slots a
- * multiple of 16); hd 16, 32, 64 or 128. One job per (row, kv head). */
+ * multiple of 16); hd 16, 32, 64 or 128. */
 void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
                   const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
                   float *out, float *qrot, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
@@ -424,33 +623,12 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
             memcpy(vl + (h * cap[r] + wslot[r]) * hd, row + (heads + kv_heads + h) * hd, (size_t)hd * sizeof(float));
         }
     }
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t job = 0; job < rows * kv_heads; job++) {
-        const int64_t r = job / kv_heads, kh = job % kv_heads;
-        float *scores = scratch + (int64_t)omp_get_thread_num() * 4 * max_slots;
-        const int64_t plane = kv_heads * cap[r] * hd;
-        const float *kbase = (const float *)kv_base[r] + layer * 2 * plane + kh * cap[r] * hd;
-        const float *vbase = kbase + plane;
-        const int64_t n = slot_idx ? slot_off[r + 1] - slot_off[r] : slot_end[r];
-        const int64_t *idx = slot_idx ? slot_idx + slot_off[r] : NULL;
-        for (int64_t h0 = kh * group; h0 < (kh + 1) * group;) {
-            const int64_t left = (kh + 1) * group - h0;
-            const int G = left >= 4 ? 4 : (int)left;
-#define ATTN_G(ND_)                                                                                      \
-            switch (G) {                                                                                 \
-                case 4: attn_job(qrot, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 4, ND_); break; \
-                case 3: attn_job(qrot, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 3, ND_); break; \
-                case 2: attn_job(qrot, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 2, ND_); break; \
-                default: attn_job(qrot, kbase, vbase, out, r, h0, heads, n, idx, scores, max_slots, scale, 1, ND_); break; \
-            }
-            switch (hd) {
-                case 16: ATTN_G(1) break;
-                case 32: ATTN_G(2) break;
-                case 64: ATTN_G(4) break;
-                default: ATTN_G(8) break;
-            }
-#undef ATTN_G
-            h0 += G;
-        }
-    }
+    /* Few rows (decoding): one job per query head, so 2 threads share 9 heads evenly; more
+     * rows: one job per (row, kv head), streaming K and V once for the heads that share them.
+     * A head's arithmetic is the same either way. */
+    const int64_t span = rows * kv_heads < 4 * pool.n ? 1 : group;
+    attn_ctx ctx = {{0, rows * heads / span, 1}, qrot, out, kv_base, cap, slot_end, slot_off, slot_idx, scratch,
+                    layer, heads, kv_heads, hd, max_slots, span, scale};
+    (void)threads;
+    tl_parallel(attn_task, &ctx);
 }
