@@ -66,6 +66,27 @@ def test_greedy_decoding_matches_naive_recompute(engine: Engine, tiny_model: Lla
     assert len(set(req.output_ids)) > 3  # not a degenerate constant output
 
 
+def test_chunked_prefill(tiny_model: LlamaModel, tokenizer: Tokenizer, kernels: CpuKernels) -> None:
+    """The prompt runs in `prefill_chunk`-token pieces at fixed offsets; greedy output is still
+    the naive recompute's (the tiny prompt fits the row-invariant path in every chunk)."""
+    engine = Engine(tiny_model, tokenizer, prefill_chunk=4)
+    prompt = PROMPT * 2
+    req = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    engine.begin(req)
+    lengths = []
+    while not engine.prefill_step(req):
+        lengths.append(req.kv.length)
+        assert not req.output_ids
+    assert lengths == list(range(4, len(prompt), 4))
+    assert req.kv.length == len(prompt) and len(req.output_ids) == 1 and req.metrics.prefill_seconds > 0
+    while not req.finished:
+        engine.step(req)
+    engine.finish(req)
+    assert req.output_ids == _naive_greedy(tiny_model, prompt, 10)
+    with pytest.raises(TokenleapError, match="prefill_chunk"):
+        Engine(tiny_model, tokenizer, prefill_chunk=0)
+
+
 def test_greedy_is_deterministic(engine: Engine) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     a = engine.run(engine.add_request(PROMPT, params)).output_ids

@@ -53,6 +53,38 @@ def test_16_concurrent_streams_match_library(server: BackgroundServer, llm: LLM,
     assert peak > 1  # requests were batched, not run one after another
 
 
+def test_long_prompt_prefill_is_interleaved_with_running_streams(server: BackgroundServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long prompt is prefilled one chunk per loop iteration, with a decode step of the
+    running stream between chunks: the stream does not stall for the whole prefill."""
+    engine = server.state.loop.engine
+    calls: list[tuple[str, int]] = []  # appended on the engine thread only
+    prefill_step, step_batch = engine.prefill_step, engine.step_batch
+
+    def logged_prefill(req):  # type: ignore[no-untyped-def]
+        calls.append(("prefill", len(req.prompt_ids)))
+        return prefill_step(req)
+
+    def logged_step(reqs):  # type: ignore[no-untyped-def]
+        calls.append(("step", len(reqs)))
+        return step_batch(reqs)
+
+    monkeypatch.setattr(engine, "prefill_step", logged_prefill)
+    monkeypatch.setattr(engine, "step_batch", logged_step)
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 120  # > 1000 tokens: several chunks
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        with http.stream("POST", "/v1/completions", json={**LONG, "max_tokens": 200, "stream": True}) as r:
+            lines = r.iter_lines()
+            for _ in range(4):
+                next(lines)  # the first stream is running
+            reply = http.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 2, "temperature": 0})
+            assert reply.status_code == 200
+    wait_idle(server)
+    chunks = [i for i, (kind, n) in enumerate(calls) if kind == "prefill" and n > engine.prefill_chunk]
+    assert len(chunks) >= 4
+    between = [calls[a + 1 : b] for a, b in zip(chunks, chunks[1:])]
+    assert all(any(kind == "step" for kind, _ in gap) for gap in between), calls
+
+
 def _abort_count(url: str) -> float:
     return metrics(url)[("tokenleap:request_success_total", (("finished_reason", "abort"),))]
 

@@ -42,13 +42,20 @@ class Engine:
         spec: SpecConfig | None = None,
         drafter: Drafter | None = None,
         drafter_factory: Callable[[SpecConfig], Drafter] | None = None,
+        prefill_chunk: int = 256,
     ) -> None:
+        if prefill_chunk < 1:
+            raise TokenleapError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = min(max_model_len or model.max_context, model.max_context)
         self.spec = spec
         self.drafter = drafter if spec is not None else None
         self._drafter_factory = drafter_factory
+        # Prompts are prefilled in chunks of this many tokens at fixed offsets (0, chunk, ...),
+        # so a server can interleave them with decode steps and every path computes the same
+        # prompt cache: batched or not, a request's output is the library's output.
+        self.prefill_chunk = prefill_chunk
         # one drafter per speculative config, shared by the requests that use it (global state
         # such as the suffix tree over earlier outputs or the ngram-mod pool lives there)
         self._drafters: dict[SpecConfig, Drafter] = {}
@@ -119,14 +126,25 @@ class Engine:
         )
 
     def prefill(self, req: Request) -> None:
-        """Run the prompt; sample the first token from the last prompt position."""
+        """Run the whole prompt; sample the first token from the last prompt position."""
+        while not self.prefill_step(req):
+            pass
+
+    def prefill_step(self, req: Request) -> bool:
+        """Run the next chunk of the prompt (`prefill_chunk` tokens); after the last one, sample
+        the first token. Returns whether the prompt is done."""
         t0 = time.perf_counter()
-        ids = torch.tensor(req.prompt_ids, dtype=torch.long)
-        out = self.model.forward(ids, torch.arange(len(ids)), req.kv)
-        logits = self.model.compute_logits(out.hidden, [len(ids) - 1])[0]
-        req.append_tokens([sample_next(logits, req.params, req.generator)])
-        req.metrics.prefill_seconds = time.perf_counter() - t0
-        req.metrics.first_token_time = time.time()
+        start = req.kv.length
+        end = min(len(req.prompt_ids), start + self.prefill_chunk)
+        ids = torch.tensor(req.prompt_ids[start:end], dtype=torch.long)
+        out = self.model.forward(ids, torch.arange(start, end), req.kv)
+        done = end == len(req.prompt_ids)
+        if done:
+            logits = self.model.compute_logits(out.hidden, [end - start - 1])[0]
+            req.append_tokens([sample_next(logits, req.params, req.generator)])
+            req.metrics.first_token_time = time.time()
+        req.metrics.prefill_seconds += time.perf_counter() - t0
+        return done
 
     def _draft_budget(self, req: Request) -> int:
         """The most draft tokens this step may verify: the cap, bounded by what is left to
@@ -173,10 +191,14 @@ class Engine:
             draft = Draft(draft.tokens[:budget], None, probs)
         return draft
 
-    def start(self, req: Request) -> None:
-        """Begin a request: register it with its drafter, run the prompt, sample a first token."""
+    def begin(self, req: Request) -> None:
+        """Register a request with its drafter (before its prefill)."""
         if req.drafter is not None:
             req.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
+
+    def start(self, req: Request) -> None:
+        """Begin a request: register it with its drafter, run the prompt, sample a first token."""
+        self.begin(req)
         self.prefill(req)
 
     def step(self, req: Request) -> None:

@@ -6,13 +6,16 @@ The engine is single-threaded, so every engine call happens on this thread. HTTP
 `loop.call_soon_threadsafe`. Each iteration of the thread, in the manner of Orca's
 iteration-level scheduling (Yu et al., OSDI 2022) and vLLM's continuous batching:
 
-    sweep  -> drop aborted / timed-out requests (engine.finish(req, "abort"))
-    admit  -> at most one waiting request: add_request + prefill + first token
-    step   -> engine.step_batch(running): one step (>= 1 token) for every running request
-    emit   -> text deltas to their consumers; finished requests are freed and leave
+    sweep   -> drop aborted / timed-out requests (engine.finish(req, "abort"))
+    admit   -> at most one waiting request: add_request + drafter begin
+    prefill -> one chunk (`Engine.prefill_chunk` tokens) of the oldest prefilling request; after
+               its last chunk, its first token, and it joins the batch
+    step    -> engine.step_batch(running): one step (>= 1 token) for every running request
+    emit    -> text deltas to their consumers; finished requests are freed and leave
 
-so requests join and leave the batch between steps and a long prefill delays running streams
-by one prefill at most. Every request that reached the engine is passed to `engine.finish`
+so requests join and leave the batch between steps, and a long prompt delays running streams
+by one chunk per step (Sarathi-style chunked prefill, Agrawal et al., 2023), not by its whole
+prefill. Every request that reached the engine is passed to `engine.finish`
 exactly once whatever happens (finish, error, disconnect, timeout, shutdown); `num_live` counts
 those not yet freed, which is how tests see that nothing leaks.
 """
@@ -110,6 +113,7 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._waiting: deque[RequestHandle] = deque()  # guarded by _cond
         self._running: list[RequestHandle] = []  # engine thread only
+        self._prefilling: list[RequestHandle] = []  # admitted, prompt not fully run (engine thread)
         self._admitting = 0
         self._live: dict[str, Request] = {}  # added to the engine, not yet finished (engine thread)
         self._draining = False
@@ -122,7 +126,7 @@ class EngineLoop:
 
     @property
     def num_running(self) -> int:
-        return len(self._running) + self._admitting
+        return len(self._running) + len(self._prefilling) + self._admitting
 
     @property
     def num_waiting(self) -> int:
@@ -144,6 +148,8 @@ class EngineLoop:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("the engine loop was already started")
+        if self.engine.spec is not None and self.engine.spec.adaptive:
+            self.engine.cost_curve()  # measured now, not in the first request's time to first token
         self._thread = threading.Thread(target=self._run, name="tokenleap-engine", daemon=True)
         self._thread.start()
 
@@ -192,17 +198,20 @@ class EngineLoop:
         try:
             while True:
                 with self._cond:
-                    while not (self._waiting or self._running or self._stopping):
+                    while not (self._waiting or self._running or self._prefilling or self._stopping):
                         self._cond.wait()
                     if self._stopping:
                         break
                     self._expire_waiting()
-                    new = self._waiting.popleft() if self._waiting and len(self._running) < self.max_batch else None
+                    room = len(self._running) + len(self._prefilling) < self.max_batch
+                    new = self._waiting.popleft() if self._waiting and room else None
                     if new is not None:
                         self._admitting = 1
                 self._sweep()
                 if new is not None:
                     self._admit(new)
+                if self._prefilling:
+                    self._prefill_one()
                 if self._running:
                     self._step()
         except BaseException:  # a bug in the loop itself: fail everything rather than hang clients
@@ -221,19 +230,25 @@ class EngineLoop:
     def _sweep(self) -> None:
         """Remove aborted and timed-out requests from the batch, freeing them."""
         now = time.monotonic()
-        keep = []
-        for h in self._running:
-            if h.aborted:
-                self._release(h, "abort")
-                h.emit(StreamEvent("error", status=499, message="request cancelled"))
-            elif h.deadline is not None and now > h.deadline:
-                self._release(h, "abort")
-                h.emit(StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s"))
-            else:
-                keep.append(h)
-        self._running = keep
+
+        def keep(handles: list[RequestHandle]) -> list[RequestHandle]:
+            kept = []
+            for h in handles:
+                if h.aborted:
+                    self._release(h, "abort")
+                    h.emit(StreamEvent("error", status=499, message="request cancelled"))
+                elif h.deadline is not None and now > h.deadline:
+                    self._release(h, "abort")
+                    h.emit(StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s"))
+                else:
+                    kept.append(h)
+            return kept
+
+        self._running = keep(self._running)
+        self._prefilling = keep(self._prefilling)
 
     def _admit(self, h: RequestHandle) -> None:
+        """Hand a waiting job to the engine (cheap: no model work) and queue its prefill."""
         job = h.job
         if h.aborted:  # cancelled between leaving the queue and here
             self._admitting = 0
@@ -251,25 +266,42 @@ class EngineLoop:
             self._live[req.request_id] = req
             self.num_added += 1
             try:
-                self.engine.start(req)
+                self.engine.begin(req)
             except Exception as exc:
                 self._release(h, "abort")
-                h.emit(self._error_event(exc, "prefill failed"))
+                h.emit(self._error_event(exc, "could not start the request"))
                 return
-            now = time.monotonic()
-            if self.metrics is not None:
-                self.metrics.prompt_tokens.inc(len(req.prompt_ids))
-                self.metrics.ttft.observe(now - h.arrival)
-            h._last_token = now
-            self._progress(h, now, first=True)
-            if req.finished:
-                self._complete(h)
-            elif h.aborted:
-                self._release(h, "abort")
-            else:
-                self._running.append(h)
+            self._prefilling.append(h)
         finally:
             self._admitting = 0
+
+    def _prefill_one(self) -> None:
+        """One prompt chunk of the oldest prefilling request; after its last, its first token."""
+        h = self._prefilling[0]
+        req = h.req
+        assert req is not None
+        try:
+            done = self.engine.prefill_step(req)
+        except Exception as exc:
+            self._prefilling.pop(0)
+            self._release(h, "abort")
+            h.emit(self._error_event(exc, "prefill failed"))
+            return
+        if not done:
+            return
+        self._prefilling.pop(0)
+        now = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(len(req.prompt_ids))
+            self.metrics.ttft.observe(now - h.arrival)
+        h._last_token = now
+        self._progress(h, now, first=True)
+        if req.finished:
+            self._complete(h)
+        elif h.aborted:
+            self._release(h, "abort")
+        else:
+            self._running.append(h)
 
     def _step(self) -> None:
         batch = self._running
@@ -354,10 +386,10 @@ class EngineLoop:
         for h in waiting:
             self._record_finish(h, None, "abort")
             h.emit(StreamEvent("error", status=503, message="the server is shutting down"))
-        for h in self._running:
+        for h in self._running + self._prefilling:
             self._release(h, "abort")
             h.emit(StreamEvent("error", status=503, message="the server is shutting down"))
-        self._running = []
+        self._running, self._prefilling = [], []
         for req in list(self._live.values()):  # an admission interrupted mid-way
             del self._live[req.request_id]
             try:
