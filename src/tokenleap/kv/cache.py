@@ -10,7 +10,10 @@ doubling, so appending is amortised O(1) per token.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 
@@ -119,3 +122,25 @@ class KVCache:
         """Release the storage; the cache can be reused and regrows on demand."""
         self.length = 0
         self._data = self._alloc(0)
+
+
+@lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def trim_free_memory() -> bool:
+    """Give freed heap memory back to the OS (glibc `malloc_trim`). Caches of a few MB to a few
+    tens of MB come from the heap, and glibc keeps what they leave behind, so a server that
+    served a burst of requests would otherwise stay at its high-water mark. False when the C
+    library has no `malloc_trim`."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if trim is None:
+        return False
+    trim(0)
+    return True

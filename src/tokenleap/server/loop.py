@@ -34,6 +34,7 @@ from tokenleap.config import SpecConfig
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.request import Request
 from tokenleap.errors import TokenleapError
+from tokenleap.kv.cache import trim_free_memory
 from tokenleap.sampling import SamplingParams
 from tokenleap.server.metrics import ServerMetrics
 from tokenleap.types import RequestOutput
@@ -210,10 +211,13 @@ class EngineLoop:
                 self._sweep()
                 if new is not None:
                     self._admit(new)
+                busy = bool(self._running or self._prefilling)
                 if self._prefilling:
                     self._prefill_one()
                 if self._running:
                     self._step()
+                if busy and not (self._running or self._prefilling or self._waiting):
+                    trim_free_memory()  # idle again: hand the freed caches back to the OS
         except BaseException:  # a bug in the loop itself: fail everything rather than hang clients
             logger.exception("the engine loop crashed")
             raise
