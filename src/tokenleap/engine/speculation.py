@@ -161,9 +161,10 @@ def plan_batch_drafts(
     """Draft lengths for one batched step that maximise expected tokens per unit of forward time.
 
     Request i commits E_i(k) = sum_{j<=k} alpha_i^j tokens for a k-token draft, and the forward
-    costs `curve.rows_cost(sum(1 + k_i), context)` (context: the batch's mean length). Starting from no drafts, add one draft token at a time
-    to the request whose next token is most likely accepted (alpha_i^(k_i+1)), while that raises
-    tokens per unit time by the `min_gain` margin overall. A large batch already fills the
+    costs `curve.rows_cost(sum(1 + k_i), context)` (context: the batch's mean length). Starting
+    from no drafts, add one draft token at a time to the request whose next token is most likely
+    accepted (alpha_i^(k_i+1)) and keep the allocation with the best tokens per unit time; plain
+    decoding wins unless that beats it by the `min_gain` margin. A large batch already fills the
     forward, so its drafts stop paying sooner: the planner then speculates less, down to none.
     `alphas[i] is None` means a fixed-length request (seeded sampling): it gets its budget.
     """
