@@ -139,7 +139,6 @@ class CpuKernels:
             in_dim,
             out_dim,
             16 if weight.dtype == torch.bfloat16 else 32,
-            self.threads,
         )
         return y
 
@@ -166,7 +165,6 @@ class CpuKernels:
             in_dim,
             weight.out_dim,
             int(out is not None),
-            self.threads,
         )
         return y
 
@@ -225,7 +223,6 @@ class CpuKernels:
             plan.slot_idx.data_ptr() if plan.slot_idx is not None else None,
             scratch.data_ptr(),
             plan.max_slots,
-            self.threads,
         )
         return out
 
@@ -269,9 +266,9 @@ def load_kernels() -> CpuKernels | None:
         detail = getattr(exc, "stderr", "") or str(exc)
         logger.warning("could not build tokenleap kernels, using torch: %s", detail.strip()[:500])
         return None
-    lib.tl_linear.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int]
+    lib.tl_linear.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
     lib.tl_linear.restype = None
-    lib.tl_attention.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, ctypes.c_int]
+    lib.tl_attention.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64]
     lib.tl_attention.restype = None
     lib.tl_rmsnorm.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float]
     lib.tl_rmsnorm.restype = None
@@ -282,6 +279,6 @@ def load_kernels() -> CpuKernels | None:
     threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see kernels.c)
     packed = bool(lib.tl_has_bf16_dot())
     if packed:
-        lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int]
+        lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
         lib.tl_linear_packed.restype = None
     return CpuKernels(lib=lib, threads=threads, packed=packed)

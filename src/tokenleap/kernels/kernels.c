@@ -242,13 +242,12 @@ static void dp_task(void *ctx, int tid, int nthreads) {
 }
 
 static void linear_bf16_dp(const float *x, const uint16_t *w, const float *b, float *y, uint16_t *xb,
-                           int64_t rows, int64_t in_dim, int64_t out_dim, int threads) {
+                           int64_t rows, int64_t in_dim, int64_t out_dim) {
     for (int64_t k = 0; k < rows * in_dim; k += 32) {
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
         _mm512_storeu_si512((void *)(xb + k), (__m512i)v);
     }
     dp_job job = {{0, out_dim / OB, 8}, xb, w, b, y, rows, in_dim, out_dim};
-    (void)threads;
     tl_parallel(dp_task, &job);
     for (int64_t o = job.ctr.count * OB; o < out_dim; o++) block_dp_rows(xb, w, b, y, rows, o, 1, in_dim, out_dim);
 }
@@ -352,13 +351,12 @@ static void packed_task(void *ctx, int t, int nt) {
  * The activations are rounded to bf16 (nearest even) into `xb` (rows * in_dim halves); the
  * output blocks are split into one contiguous range per thread. */
 void tl_linear_packed(const float *x, const uint16_t *wp, const float *b, float *y, uint16_t *xb,
-                      int64_t rows, int64_t in_dim, int64_t out_dim, int accumulate, int threads) {
+                      int64_t rows, int64_t in_dim, int64_t out_dim, int accumulate) {
     for (int64_t k = 0; k < rows * in_dim; k += 32) {
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
         _mm512_storeu_si512((void *)(xb + k), (__m512i)v);
     }
     packed_job job = {(const uint32_t *)xb, wp, b, y, rows, out_dim / 16, in_dim / 2, out_dim, accumulate};
-    (void)threads;
     tl_parallel(packed_task, &job);
 }
 #endif
@@ -403,10 +401,10 @@ static void lin_task(void *ctx, int tid, int nthreads) {
  * result never depends on the other rows. in_dim must be a multiple of 32. `xp` is scratch
  * of rows * in_dim floats. */
 void tl_linear(const float *x, const void *w, const float *b, float *y, float *xp,
-               int64_t rows, int64_t in_dim, int64_t out_dim, int wbits, int threads) {
+               int64_t rows, int64_t in_dim, int64_t out_dim, int wbits) {
 #ifdef __AVX512BF16__
     if (wbits == 16) {
-        linear_bf16_dp(x, (const uint16_t *)w, b, y, (uint16_t *)xp, rows, in_dim, out_dim, threads);
+        linear_bf16_dp(x, (const uint16_t *)w, b, y, (uint16_t *)xp, rows, in_dim, out_dim);
         return;
     }
 #endif
@@ -420,7 +418,6 @@ void tl_linear(const float *x, const void *w, const float *b, float *y, float *x
         x = xp;
     }
     lin_job job = {{0, out_dim / OB, 8}, x, w, b, y, rows, in_dim, out_dim, wbits};
-    (void)threads;
     tl_parallel(lin_task, &job);
     for (int64_t o = job.ctr.count * OB; o < out_dim; o++) block_all_rows(x, w, b, y, rows, o, 1, in_dim, out_dim, wbits);
 }
@@ -603,13 +600,13 @@ static void attn_task(void *arg, int tid, int nthreads) {
  * [layers, 2, kv_heads, cap[r], hd]. The rotated key and the value of row r are written to slot
  * wslot[r] of `layer`; then row r attends to slot_idx[slot_off[r] .. slot_off[r+1]) (tree rows)
  * or to slots 0 .. slot_end[r]-1. cos/sin: [positions, hd] tables. out: [rows, heads * hd].
- * qrot: rows * heads * hd floats; scratch: threads * 4 * max_slots floats (max_slots a
+ * qrot: rows * heads * hd floats; scratch: (pool threads) * 4 * max_slots floats (max_slots a
  * multiple of 16); hd 16, 32, 64 or 128. */
 void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
                   const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
                   float *out, float *qrot, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
                   const int64_t *slot_end, const int64_t *slot_off, const int64_t *slot_idx,
-                  float *scratch, int64_t max_slots, int threads) {
+                  float *scratch, int64_t max_slots) {
     const int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int64_t r = 0; r < rows; r++) {
@@ -629,6 +626,5 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
     const int64_t span = rows * kv_heads < 4 * pool.n ? 1 : group;
     attn_ctx ctx = {{0, rows * heads / span, 1}, qrot, out, kv_base, cap, slot_end, slot_off, slot_idx, scratch,
                     layer, heads, kv_heads, hd, max_slots, span, scale};
-    (void)threads;
     tl_parallel(attn_task, &ctx);
 }

@@ -14,6 +14,7 @@ the request's speculation statistics.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 import time
 import uuid
 from typing import Any, Literal, Optional, Union
@@ -195,7 +196,7 @@ def speculative_stats(out: RequestOutput, method: str | None) -> dict[str, Any]:
     }
 
 
-class Formatter:
+class Formatter(ABC):
     """Builds one endpoint's response body and stream chunks for one request."""
 
     object_name: str
@@ -213,17 +214,17 @@ class Formatter:
     def first_chunks(self) -> list[dict[str, Any]]:
         return []
 
-    def delta_chunk(self, text: str) -> dict[str, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def delta_chunk(self, text: str) -> dict[str, Any]: ...
 
-    def final_chunk(self, out: RequestOutput) -> dict[str, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def final_chunk(self, out: RequestOutput) -> dict[str, Any]: ...
 
     def usage_chunk(self, out: RequestOutput) -> dict[str, Any]:
         return {**self._head(self.chunk_object_name), "choices": [], "usage": usage(out)}
 
-    def response(self, out: RequestOutput) -> dict[str, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def response(self, out: RequestOutput) -> dict[str, Any]: ...
 
 
 class ChatFormatter(Formatter):
