@@ -63,9 +63,9 @@ def test_reserve_grows_by_doubling_and_keeps_content() -> None:
 def test_reserve_within_capacity_does_not_reallocate() -> None:
     kv = _cache(initial_capacity=16)
     _fill(kv, 4)
-    data = kv.layer_keys(0).data_ptr()
+    data = kv.storage().data_ptr()
     kv.reserve(12)
-    assert kv.layer_keys(0).data_ptr() == data
+    assert kv.storage().data_ptr() == data
 
 
 def test_context_overflow_raises() -> None:
@@ -290,3 +290,34 @@ def test_trim_free_memory_returns_freed_heap_to_the_os() -> None:
     if not ok:
         pytest.skip("no malloc_trim in this C library")
     assert after < before - (100 << 20)
+
+
+def test_blocked_cache_reads_back_what_was_written_through_growth_and_compaction() -> None:
+    """The bf16 slot-blocked layout behaves like a plain cache to the torch path."""
+    g = torch.Generator().manual_seed(0)
+    kv = KVCache(2, 3, 8, dtype=torch.bfloat16, max_capacity=100, initial_capacity=5, blocked=True)
+    assert kv.capacity == 16 and kv.storage().abs().sum() == 0  # rounded up to blocks, zeroed
+    k = torch.randn(2, 3, 40, 8, generator=g)
+    v = torch.randn(2, 3, 40, 8, generator=g)
+    for start, n in [(0, 7), (7, 20), (27, 13)]:  # unaligned writes, growing twice
+        kv.reserve(n)
+        for layer in range(2):
+            kv.write(layer, start, k[layer, :, start : start + n], v[layer, :, start : start + n])
+        kv.commit(n)
+    assert kv.capacity % 16 == 0 and kv.capacity >= 40
+    for layer in range(2):
+        assert torch.equal(kv.keys(layer, 40), k[layer].bfloat16().float())
+        assert torch.equal(kv.values(layer, 40), v[layer].bfloat16().float())
+    # the layout itself: keys in [cap/16, hd/2, 16, 2] blocks, values in [cap/2, hd, 2] pairs
+    plane_k = kv.storage()[1, 0, 2].reshape(-1)
+    plane_v = kv.storage()[1, 1, 2].reshape(-1)
+    slot, d = 21, 5
+    assert plane_k[(slot // 16) * 16 * 8 + (d // 2) * 32 + (slot % 16) * 2 + d % 2] == k[1, 2, slot, d].bfloat16()
+    assert plane_v[(slot // 2) * 16 + d * 2 + slot % 2] == v[1, 2, slot, d].bfloat16()
+    kv.compact(30, [31, 35, 39])
+    assert kv.length == 33
+    keep = [*range(30), 31, 35, 39]
+    assert torch.equal(kv.keys(0, 33), k[0][:, keep].bfloat16().float())
+    assert torch.equal(kv.values(1, 33), v[1][:, keep].bfloat16().float())
+    with pytest.raises(ValueError, match="bfloat16"):
+        KVCache(1, 1, 8, dtype=torch.float32, max_capacity=16, blocked=True)

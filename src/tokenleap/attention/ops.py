@@ -75,17 +75,34 @@ class RowGroup:
 
 def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
     """The attention kernel's per-row plan for `groups`, concatenated in order. The caches must
-    already have room for the new rows (`KVCache.reserve`)."""
+    already have room for the new rows (`KVCache.reserve`) and be all blocked or all plain."""
+    blocked = groups[0].kv.blocked
+    if any(g.kv.blocked != blocked for g in groups):
+        raise ValueError("plan_rows: caches of one forward must share a layout")
     positions = torch.cat([g.positions for g in groups]).to(torch.int64)
     counts = [int(g.positions.shape[0]) for g in groups]
     kv_base = torch.tensor([g.kv.storage().data_ptr() for g in groups], dtype=torch.int64).repeat_interleave(torch.tensor(counts))
     capacity = torch.tensor([g.kv.capacity for g in groups], dtype=torch.int64).repeat_interleave(torch.tensor(counts))
     write_slot = torch.cat([torch.arange(g.start, g.start + n, dtype=torch.int64) for g, n in zip(groups, counts)])
-    slot_end = slot_off = slot_idx = None
-    if all(g.mask.mask is None for g in groups):
-        slot_end = write_slot + 1
-        max_slots = int(slot_end.max())
-    else:
+    slot_end = write_slot + 1  # a row's own slot is the last it sees (tree: ancestors precede it)
+    slot_off = slot_idx = mask_start = mask = None
+    max_slots = int(slot_end.max())
+    trees = any(g.mask.mask is not None for g in groups)
+    if trees and blocked:
+        # blocked caches: a tree row sees the cached slots, then its path (ancestors and itself),
+        # which the kernel lays out as if decoded in order (mask_start = tree start, -1 = chain)
+        width = max(counts)
+        mask = torch.zeros(len(positions), width, dtype=torch.uint8)
+        mask_start = torch.full((len(positions),), -1, dtype=torch.int64)
+        row = 0
+        for g, n in zip(groups, counts):
+            if g.mask.mask is not None:
+                path = g.mask.mask[:, g.start : g.start + n]
+                mask[row : row + n, :n] = path
+                mask_start[row : row + n] = g.start
+                slot_end[row : row + n] = g.start + path.sum(1)
+            row += n
+    elif trees:
         lists = []
         for g, n in zip(groups, counts):
             for i in range(n):
@@ -95,8 +112,12 @@ def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
         slot_off = torch.zeros(len(lists) + 1, dtype=torch.int64)
         slot_off[1:] = sizes.cumsum(0)
         slot_idx = torch.cat(lists).to(torch.int64).contiguous()
+        slot_end = None
         max_slots = int(sizes.max())
-    return RowPlan(positions, kv_base, capacity, write_slot, slot_end, slot_off, slot_idx, -(-max_slots // 16) * 16)
+    return RowPlan(
+        positions, kv_base, capacity, write_slot, slot_end, slot_off, slot_idx, -(-max_slots // 16) * 16,
+        blocked=blocked, mask_start=mask_start, mask=mask,
+    )
 
 
 def attend(

@@ -201,6 +201,8 @@ class CpuKernels:
             raise ValueError(f"kernel attention: qkv {tuple(qkv.shape)} does not fit the plan ({plan.rows} rows)")
         qkv = qkv.contiguous()
         out = torch.empty(rows, heads * head_dim, dtype=torch.float32)
+        if plan.blocked:
+            return self._attention_bf16(qkv, plan, layer, heads, kv_heads, head_dim, cos, sin, out)
         qrot = torch.empty(rows * heads * head_dim, dtype=torch.float32)
         scratch = torch.empty(self.threads * 4 * plan.max_slots, dtype=torch.float32)
         self.lib.tl_attention(
@@ -226,6 +228,47 @@ class CpuKernels:
         )
         return out
 
+    def _attention_bf16(
+        self, qkv: torch.Tensor, plan: RowPlan, layer: int, heads: int, kv_heads: int, head_dim: int,
+        cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor,
+    ) -> torch.Tensor:
+        """`attention` over blocked bf16 caches (`tl_attention_bf16`)."""
+        if not self.packed or plan.slot_end is None:
+            raise ValueError("kernel attention: blocked bf16 caches need AVX512-BF16 and slot_end")
+        rows = plan.rows
+        qb = torch.empty(rows * heads * head_dim // 2, dtype=torch.int32)
+        chunk = torch.empty(rows + 1, dtype=torch.int64)
+        scratch = torch.empty(self.threads * 32 * plan.max_slots, dtype=torch.float32)
+        mask = plan.mask.contiguous() if plan.mask is not None else None
+        tail_slots = -(-(15 + mask.shape[1]) // 16) * 16 if mask is not None else 0
+        tail = torch.zeros(rows * kv_heads * 2 * tail_slots * head_dim if mask is not None else 0, dtype=torch.bfloat16)
+        self.lib.tl_attention_bf16(
+            qkv.data_ptr(),
+            plan.positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            plan.kv_base.data_ptr(),
+            plan.capacity.data_ptr(),
+            plan.write_slot.data_ptr(),
+            layer,
+            out.data_ptr(),
+            qb.data_ptr(),
+            rows,
+            heads,
+            kv_heads,
+            head_dim,
+            plan.slot_end.data_ptr(),
+            plan.mask_start.data_ptr() if mask is not None else None,
+            mask.data_ptr() if mask is not None else None,
+            mask.shape[1] if mask is not None else 0,
+            tail.data_ptr(),
+            tail_slots,
+            chunk.data_ptr(),
+            scratch.data_ptr(),
+            plan.max_slots,
+        )
+        return out
+
 
 @dataclass(frozen=True)
 class RowPlan:
@@ -245,6 +288,12 @@ class RowPlan:
     slot_off: torch.Tensor | None
     slot_idx: torch.Tensor | None
     max_slots: int  # a multiple of 16
+    # bf16 blocked caches (`KVCache(blocked=True)`): rows attend to slots 0 .. slot_end[r]-1;
+    # a token-tree row (mask_start[r] >= 0) sees slots 0 .. mask_start[r]-1, then the tree
+    # slots mask_start[r] + j with mask[r, j] != 0 (its path), and slot_end[r] is their count
+    blocked: bool = False
+    mask_start: torch.Tensor | None = None
+    mask: torch.Tensor | None = None  # [rows, width] uint8
 
     @property
     def rows(self) -> int:
@@ -281,4 +330,9 @@ def load_kernels() -> CpuKernels | None:
     if packed:
         lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
         lib.tl_linear_packed.restype = None
+        lib.tl_attention_bf16.argtypes = [
+            _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
+            _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64,
+        ]
+        lib.tl_attention_bf16.restype = None
     return CpuKernels(lib=lib, threads=threads, packed=packed)

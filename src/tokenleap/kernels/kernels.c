@@ -628,3 +628,288 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
                     layer, heads, kv_heads, hd, max_slots, span, scale};
     tl_parallel(attn_task, &ctx);
 }
+
+#ifdef __AVX512BF16__
+/* ---------------------------------------------------------------------------------------
+ * Attention over a bf16 KV cache in a slot-blocked layout, several query rows at once.
+ *
+ * Per (layer, kv head) the cache holds cap * hd bf16 values:
+ *   K: [cap/16][hd/2][16][2]  a block of 16 slots; for each pair of dims, the 16 slots' pairs.
+ *      One 64-byte load and one vdpbf16ps per dim pair add that pair's contribution to 16
+ *      slots' scores of a query: no horizontal sums.
+ *   V: [cap/2][hd][2]         for each pair of slots, the pair's value of every dim: one
+ *      vdpbf16ps adds two slots' probability-weighted values to 16 output dims.
+ * Queries and probabilities are rounded to bf16 (as transformers does in bf16) and accumulate
+ * in fp32. Rows of one sequence (a verified draft) are processed together, so its K and V are
+ * read once for up to 32 (row, head) queries sharing a kv head instead of once per row; the
+ * work per query is the same instruction sequence whatever the other queries are (the scores
+ * of a slot: a fixed chain over dim pairs; softmax: 16-lane max and sum over the blocks in
+ * order; P.V: a fixed chain over slot pairs). Slots a row may not see get probability 0, which
+ * adds exact zeros, so a verified row equals the decoded one bit for bit. Storage must start
+ * zeroed (0 x garbage could be NaN). */
+#define AQ 32 /* queries per job at most */
+
+static inline uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+typedef struct {
+    tl_counter ctr;
+    const uint32_t *qb; /* [rows, heads, hd/2] bf16 pairs of the rotated queries */
+    float *out;
+    const int64_t *kv_base, *cap, *slot_end, *mask_start, *chunk;
+    const uint16_t *tail;
+    int64_t tail_slots;
+    float *scratch;
+    int64_t per_thread, layer, heads, kv_heads, hd, span, max_slots;
+    float scale;
+} attn16_ctx;
+
+/* Scores of QN queries over NB consecutive 16-slot blocks starting at block b0 (QN * NB
+ * independent accumulator chains hide the vdpbf16ps latency). */
+typedef struct { const uint16_t *k, *v, *tk, *tv; int64_t split; } kv_src; /* blocks >= split: tail */
+
+static inline __attribute__((always_inline)) void score_tile(
+        const uint32_t *const *qp, const kv_src *src, int64_t b0, int64_t hd, __m512 *acc, const int QN, const int NB) {
+    for (int i = 0; i < QN * NB; i++) acc[i] = _mm512_setzero_ps();
+    const uint16_t *kp[8];
+    for (int b = 0; b < NB; b++)
+        kp[b] = b0 + b < src->split ? src->k + (b0 + b) * 16 * hd : src->tk + (b0 + b - src->split) * 16 * hd;
+    for (int64_t dp = 0; dp < hd / 2; dp++) {
+        __m512bh kv[8];
+        for (int b = 0; b < NB; b++) kv[b] = (__m512bh)_mm512_loadu_si512((const void *)(kp[b] + dp * 32));
+        for (int g = 0; g < QN; g++) {
+            const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qp[g][dp]);
+            for (int b = 0; b < NB; b++) acc[g * NB + b] = _mm512_dpbf16_ps(acc[g * NB + b], qv, kv[b]);
+        }
+    }
+}
+
+/* P.V for QN queries: out[g][d] = sum over slot pairs p (in order) of probs[g][p] . V[p][d]. */
+static inline __attribute__((always_inline)) void pv_tile(
+        const uint32_t *const *pp, const kv_src *src, int64_t npairs, __m512 *o, const int QN, const int ND) {
+    for (int i = 0; i < QN * ND; i++) o[i] = _mm512_setzero_ps();
+    const int64_t psplit = src->split * 8;
+    for (int64_t p = 0; p < npairs; p++) {
+        const uint16_t *vp = p < psplit ? src->v + p * 32 * ND : src->tv + (p - psplit) * 32 * ND;
+        __m512bh vv[8];
+        for (int d = 0; d < ND; d++) vv[d] = (__m512bh)_mm512_loadu_si512((const void *)(vp + d * 32));
+        for (int g = 0; g < QN; g++) {
+            const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pp[g][p]);
+            for (int d = 0; d < ND; d++) o[g * ND + d] = _mm512_dpbf16_ps(o[g * ND + d], pv, vv[d]);
+        }
+    }
+}
+
+static void attn16_task(void *arg, int tid, int nthreads) {
+    const attn16_ctx *a = (const attn16_ctx *)arg;
+    (void)nthreads;
+    attn16_ctx *mut = (attn16_ctx *)arg;
+    const int64_t hd = a->hd, group = a->heads / a->kv_heads, span = a->span, jobs_per_chunk = a->heads / span;
+    const int ND = (int)(hd / 16);
+    float *sc = a->scratch + (int64_t)tid * a->per_thread;
+    int64_t end;
+    for (int64_t job = tl_next(&mut->ctr, &end); job < a->ctr.count; job = tl_next(&mut->ctr, &end))
+        for (; job < end; job++) {
+            const int64_t c = job / jobs_per_chunk, h_first = (job % jobs_per_chunk) * span, kh = h_first / group;
+            const int64_t r0 = a->chunk[c], nrows = a->chunk[c + 1] - r0, Q = nrows * span;
+            const int64_t plane = a->kv_heads * a->cap[r0] * hd;
+            const uint16_t *kbase = (const uint16_t *)a->kv_base[r0] + a->layer * 2 * plane + kh * a->cap[r0] * hd;
+            kv_src src = {kbase, kbase + plane, NULL, NULL, INT64_MAX / 16};
+            if (a->mask_start && a->mask_start[r0] >= 0) { /* a tree row (its own chunk): tail from its path */
+                src.split = a->mask_start[r0] / 16;
+                src.tk = a->tail + (r0 * a->kv_heads + kh) * 2 * a->tail_slots * hd;
+                src.tv = src.tk + a->tail_slots * hd;
+            }
+            int64_t nmax = 0;
+            for (int64_t r = r0; r < r0 + nrows; r++) nmax = a->slot_end[r] > nmax ? a->slot_end[r] : nmax;
+            const int64_t nb = (nmax + 15) / 16;
+            const uint32_t *qp[AQ];
+            int64_t qrow[AQ], qhead[AQ];
+            __m512 mxv[AQ];
+            for (int64_t i = 0; i < Q; i++) {
+                qrow[i] = r0 + i / span;
+                qhead[i] = h_first + i % span;
+                qp[i] = a->qb + (qrow[i] * a->heads + qhead[i]) * (hd / 2);
+                mxv[i] = _mm512_set1_ps(-FLT_MAX);
+            }
+            /* pass 1: scaled, masked scores into sc[query][slot] */
+            const int QT = Q >= 8 ? 8 : (int)Q;
+            for (int64_t q0 = 0; q0 < Q; q0 += QT) {
+                const int qn = (int)(Q - q0 < QT ? Q - q0 : QT);
+                const int BT = qn >= 5 ? 1 : qn >= 3 ? 2 : qn == 2 ? 4 : 8;
+                for (int64_t b0 = 0; b0 < nb; b0 += BT) {
+                    const int bn = (int)(nb - b0 < BT ? nb - b0 : BT);
+                    __m512 acc[8];
+#define SCORE(QN_, NB_) score_tile(qp + q0, &src, b0, hd, acc, QN_, NB_)
+                    if (bn == BT) {
+                        switch (qn) {
+                            case 1: SCORE(1, 8); break;
+                            case 2: SCORE(2, 4); break;
+                            case 3: SCORE(3, 2); break;
+                            case 4: SCORE(4, 2); break;
+                            case 5: SCORE(5, 1); break;
+                            case 6: SCORE(6, 1); break;
+                            case 7: SCORE(7, 1); break;
+                            default: SCORE(8, 1); break;
+                        }
+                    } else {
+                        for (int b = 0; b < bn; b++) {
+                            __m512 one[8];
+                            switch (qn) {
+                                case 1: score_tile(qp + q0, &src, b0 + b, hd, one, 1, 1); break;
+                                case 2: score_tile(qp + q0, &src, b0 + b, hd, one, 2, 1); break;
+                                case 3: score_tile(qp + q0, &src, b0 + b, hd, one, 3, 1); break;
+                                default: score_tile(qp + q0, &src, b0 + b, hd, one, 4, 1); break;
+                            }
+                            for (int g = 0; g < qn; g++) acc[g * BT + b] = one[g];
+                        }
+                    }
+#undef SCORE
+                    for (int g = 0; g < qn; g++) {
+                        const int64_t qi = q0 + g, r = qrow[qi], send = a->slot_end[r];
+                        for (int b = 0; b < bn; b++) {
+                            const int64_t j0 = (b0 + b) * 16;
+                            const uint32_t valid = send - j0 >= 16 ? 0xffffu : send > j0 ? (1u << (send - j0)) - 1u : 0u;
+                            __m512 sv = _mm512_mul_ps(acc[g * BT + b], _mm512_set1_ps(a->scale));
+                            sv = _mm512_mask_blend_ps((__mmask16)valid, _mm512_set1_ps(-FLT_MAX), sv);
+                            _mm512_storeu_ps(sc + qi * a->max_slots + j0, sv);
+                            mxv[qi] = _mm512_max_ps(mxv[qi], sv);
+                        }
+                    }
+                }
+            }
+            /* pass 2: probabilities exp(s - max), rounded to bf16 pairs in place; 1 / sum */
+            float inv[AQ];
+            for (int64_t qi = 0; qi < Q; qi++) {
+                float *s = sc + qi * a->max_slots;
+                const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv[qi]));
+                __m512 sum = _mm512_setzero_ps();
+                for (int64_t b = 0; b < nb; b++) {
+                    const __m512 v = _mm512_loadu_ps(s + b * 16);
+                    const __mmask16 ok = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
+                    const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_sub_ps(v, mx)));
+                    sum = _mm512_add_ps(sum, e);
+                    _mm256_storeu_si256((__m256i *)(s + b * 8), (__m256i)_mm512_cvtneps_pbh(e));
+                }
+                inv[qi] = 1.0f / _mm512_reduce_add_ps(sum);
+            }
+            /* pass 3: P.V, QV queries at a time */
+            const int QV = ND >= 8 ? 3 : ND == 4 ? 6 : 8;
+            for (int64_t q0 = 0; q0 < Q; q0 += QV) {
+                const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
+                const uint32_t *pp[8];
+                for (int g = 0; g < qn; g++) pp[g] = (const uint32_t *)(sc + (q0 + g) * a->max_slots);
+                __m512 o[24];
+#define PV_ND(ND_, QMAX_)                                                                          \
+                switch (qn < QMAX_ ? qn : QMAX_) {                                                \
+                    case 1: pv_tile(pp, &src, nb * 8, o, 1, ND_); break;                          \
+                    case 2: pv_tile(pp, &src, nb * 8, o, 2, ND_); break;                          \
+                    case 3: pv_tile(pp, &src, nb * 8, o, 3, ND_); break;                          \
+                    case 4: pv_tile(pp, &src, nb * 8, o, 4 < QMAX_ ? 4 : QMAX_, ND_); break;      \
+                    case 5: pv_tile(pp, &src, nb * 8, o, 5 < QMAX_ ? 5 : QMAX_, ND_); break;      \
+                    case 6: pv_tile(pp, &src, nb * 8, o, 6 < QMAX_ ? 6 : QMAX_, ND_); break;      \
+                    case 7: pv_tile(pp, &src, nb * 8, o, 7 < QMAX_ ? 7 : QMAX_, ND_); break;      \
+                    default: pv_tile(pp, &src, nb * 8, o, 8 < QMAX_ ? 8 : QMAX_, ND_); break;     \
+                }
+                switch (ND) {
+                    case 1: PV_ND(1, 8) break;
+                    case 2: PV_ND(2, 8) break;
+                    case 4: PV_ND(4, 6) break;
+                    default: PV_ND(8, 3) break;
+                }
+#undef PV_ND
+                for (int g = 0; g < qn; g++) {
+                    const int64_t qi = q0 + g;
+                    float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd;
+                    for (int d = 0; d < ND; d++) _mm512_storeu_ps(orow + d * 16, _mm512_mul_ps(o[g * ND + d], _mm512_set1_ps(inv[qi])));
+                }
+            }
+        }
+}
+
+/* One decoder layer's attention for `rows` new tokens (of one or several sequences) over bf16
+ * caches in the layout above. qkv: [rows, (heads + 2 kv_heads) * hd] fp32 (bias added); row r
+ * is position pos[r] of the sequence whose cache ([layers, 2, kv_heads, cap[r] * hd] bf16,
+ * zero-initialised, cap a multiple of 16) starts at kv_base[r]. Row r's rotated key and value
+ * go to slot wslot[r] of `layer`, and the row attends to slots 0 .. slot_end[r]-1. Rows of one
+ * sequence must be consecutive.
+ * Token trees: when `mask` is given, a row with mask_start[r] = m >= 0 is a tree row: it sees
+ * slots 0 .. m-1 and the tree slots m + j with mask[r * mask_w + j] != 0 (its ancestors and
+ * itself, in order), and slot_end[r] = m + their count. Its attention runs over a virtual cache
+ * whose slots from m on are exactly that path, copied to `tail` (rows * kv_heads * 2 *
+ * tail_slots * hd halves, tail_slots a multiple of 16 >= 15 + mask_w), so that it computes
+ * what decoding the path token by token computes, bit for bit.
+ * qb: rows * heads * hd/2 uint32; chunk: rows + 1 int64; scratch: (pool threads) * AQ *
+ * max_slots floats (max_slots a multiple of 16, >= every slot_end). out: [rows, heads * hd].
+ * hd 16, 32, 64 or 128. */
+void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
+                       const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
+                       float *out, uint32_t *qb, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
+                       const int64_t *slot_end, const int64_t *mask_start, const uint8_t *mask, int64_t mask_w,
+                       uint16_t *tail, int64_t tail_slots, int64_t *chunk, float *scratch, int64_t max_slots) {
+    const int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
+    float tmp[128];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = qkv + r * width, *c = cos + pos[r] * hd, *sn = sin + pos[r] * hd;
+        const int64_t plane = kv_heads * cap[r] * hd, s = wslot[r];
+        uint16_t *kl = (uint16_t *)kv_base[r] + layer * 2 * plane, *vl = kl + plane;
+        for (int64_t h = 0; h < heads; h++) {
+            rope_head(row + h * hd, tmp, c, sn, hd);
+            uint32_t *dst = qb + (r * heads + h) * (hd / 2);
+            for (int64_t i = 0; i < hd / 2; i++) dst[i] = (uint32_t)bf16_round(tmp[2 * i]) | ((uint32_t)bf16_round(tmp[2 * i + 1]) << 16);
+        }
+        for (int64_t h = 0; h < kv_heads; h++) {
+            rope_head(row + (heads + h) * hd, tmp, c, sn, hd);
+            uint16_t *kh = kl + h * cap[r] * hd + (s / 16) * 16 * hd + (s % 16) * 2;
+            for (int64_t d = 0; d < hd; d++) kh[(d / 2) * 32 + (d & 1)] = bf16_round(tmp[d]);
+            const float *v = row + (heads + kv_heads + h) * hd;
+            uint16_t *vh = vl + h * cap[r] * hd + (s / 2) * 2 * hd + (s & 1);
+            for (int64_t d = 0; d < hd; d++) vh[d * 2] = bf16_round(v[d]);
+        }
+    }
+    /* tree rows: the cached part of the block holding slot m, then the row's path, in order */
+    for (int64_t r = 0; mask && r < rows; r++) {
+        const int64_t m = mask_start[r];
+        if (m < 0) continue;
+        const int64_t base = m / 16 * 16, plane = kv_heads * cap[r] * hd;
+        const uint16_t *kl = (const uint16_t *)kv_base[r] + layer * 2 * plane, *vl = kl + plane;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            const uint16_t *kc = kl + h * cap[r] * hd, *vc = vl + h * cap[r] * hd;
+            uint16_t *tk = tail + (r * kv_heads + h) * 2 * tail_slots * hd, *tv = tk + tail_slots * hd;
+            memcpy(tk, kc + base * hd, (size_t)(16 * hd) * sizeof(uint16_t)); /* block of slots base..base+15 */
+            memcpy(tv, vc + base * hd, (size_t)(16 * hd) * sizeof(uint16_t)); /* their 8 value pairs */
+            int64_t t = m - base;
+            for (int64_t j = 0; j < mask_w; j++) {
+                if (!mask[r * mask_w + j]) continue;
+                const int64_t src = m + j;
+                for (int64_t d = 0; d < hd; d++) {
+                    tk[(t / 16) * 16 * hd + (d / 2) * 32 + (t % 16) * 2 + (d & 1)] = kc[(src / 16) * 16 * hd + (d / 2) * 32 + (src % 16) * 2 + (d & 1)];
+                    tv[(t / 2) * 2 * hd + d * 2 + (t & 1)] = vc[(src / 2) * 2 * hd + d * 2 + (src & 1)];
+                }
+                t++;
+            }
+        }
+    }
+    /* chunks: runs of consecutive rows of one sequence, at most AQ / group rows each; a tree
+     * row is a chunk of its own */
+    const int64_t max_rows = AQ / group > 0 ? AQ / group : 1;
+    int64_t nchunks = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const int tree = mask && mask_start[r] >= 0, prev_tree = r > 0 && mask && mask_start[r - 1] >= 0;
+        if (r == 0 || tree || prev_tree || kv_base[r] != kv_base[r - 1] || r - chunk[nchunks - 1] >= max_rows) chunk[nchunks++] = r;
+    }
+    chunk[nchunks] = rows;
+    /* Few jobs (decoding one sequence): one per query head, so both threads get work; else one
+     * per kv head, reading K and V once for the heads that share them. Same arithmetic. */
+    const int64_t span = nchunks * kv_heads < 2 * pool.n ? 1 : group;
+    attn16_ctx ctx = {{0, nchunks * heads / span, 1}, qb, out, kv_base, cap, slot_end, mask ? mask_start : NULL, chunk,
+                      tail, tail_slots, scratch, AQ * max_slots, layer, heads, kv_heads, hd, span, max_slots,
+                      1.0f / sqrtf((float)hd)};
+    tl_parallel(attn16_task, &ctx);
+}
+#endif

@@ -6,6 +6,12 @@ over all layers. Slots are filled left to right; `length` counts committed slots
 decoding writes a draft past `length`, then keeps a prefix (`truncate`, O(1): only the length
 moves) or a tree path (`compact`, which copies the kept slots only). Capacity grows by
 doubling, so appending is amortised O(1) per token.
+
+A *blocked* cache (bf16, for the kernels' bf16 attention) keeps the same tensor shape but lays
+each `[capacity, head_dim]` plane out for the kernel: keys in blocks of 16 slots, `[capacity/16,
+head_dim/2, 16, 2]`, values in pairs of slots, `[capacity/2, head_dim, 2]` (see `kernels.c`).
+`write`, `keys`, `values` and `compact` translate, so the torch path (prefill) reads and writes
+it like a plain cache. Its capacity is a multiple of 16 and it starts zeroed.
 """
 
 from __future__ import annotations
@@ -33,19 +39,37 @@ class KVCache:
         max_capacity: int,
         initial_capacity: int = 256,
         device: torch.device | str = "cpu",
+        blocked: bool = False,
     ) -> None:
+        if blocked and (dtype != torch.bfloat16 or head_dim % 2):
+            raise ValueError("a blocked KV cache is bfloat16 with an even head_dim")
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
         self.max_capacity = max_capacity
+        self.blocked = blocked
         self.length = 0
         self._data = self._alloc(min(initial_capacity, max_capacity))
 
     def _alloc(self, capacity: int) -> torch.Tensor:
+        if self.blocked:
+            capacity = -(-capacity // 16) * 16
         shape = (self.num_layers, 2, self.num_kv_heads, capacity, self.head_dim)
+        if self.blocked:  # the kernel multiplies unused slots by probability 0: no NaN garbage
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
         return torch.empty(shape, dtype=self.dtype, device=self.device)
+
+    def _k_slots(self) -> torch.Tensor:
+        """Blocked keys as a `[layers, kv_heads, capacity/16, 16, head_dim/2, 2]` view."""
+        L, H, C, D = self.num_layers, self.num_kv_heads, self.capacity, self.head_dim
+        return self._data[:, 0].view(L, H, C // 16, D // 2, 16, 2).permute(0, 1, 2, 4, 3, 5)
+
+    def _v_slots(self) -> torch.Tensor:
+        """Blocked values as a `[layers, kv_heads, capacity/2, 2, head_dim]` view."""
+        L, H, C, D = self.num_layers, self.num_kv_heads, self.capacity, self.head_dim
+        return self._data[:, 1].view(L, H, C // 2, D, 2).permute(0, 1, 2, 4, 3)
 
     @property
     def capacity(self) -> int:
@@ -65,31 +89,42 @@ class KVCache:
             return
         new_cap = min(self.max_capacity, max(need, 2 * self.capacity))
         data = self._alloc(new_cap)
-        data[:, :, :, : self.length] = self._data[:, :, :, : self.length]
+        # blocked or not, a plane's first `capacity * head_dim` values are slots 0..capacity-1
+        data[:, :, :, : self.capacity] = self._data
         self._data = data
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store `k`, `v` (`[kv_heads, n, head_dim]`) at slots `start .. start+n`."""
         n = k.shape[1]
+        if self.blocked:
+            slots = torch.arange(start, start + n)
+            H, D = self.num_kv_heads, self.head_dim
+            self._k_slots()[layer, :, slots // 16, slots % 16] = k.reshape(H, n, D // 2, 2).to(self.dtype)
+            self._v_slots()[layer, :, slots // 2, slots % 2] = v.to(self.dtype)
+            return
         self._data[layer, 0, :, start : start + n] = k
         self._data[layer, 1, :, start : start + n] = v
 
     def keys(self, layer: int, end: int) -> torch.Tensor:
-        return self._data[layer, 0, :, :end]  # [kv_heads, end, head_dim] (a view)
+        """`[kv_heads, end, head_dim]`: a view, or for a blocked cache a float32 copy."""
+        if self.blocked:
+            H, D = self.num_kv_heads, self.head_dim
+            blocks = -(-end // 16)
+            return self._k_slots()[layer, :, :blocks].reshape(H, blocks * 16, D)[:, :end].float()
+        return self._data[layer, 0, :, :end]
 
     def values(self, layer: int, end: int) -> torch.Tensor:
-        return self._data[layer, 1, :, :end]  # [kv_heads, end, head_dim] (a view)
+        """`[kv_heads, end, head_dim]`: a view, or for a blocked cache a float32 copy."""
+        if self.blocked:
+            H, D = self.num_kv_heads, self.head_dim
+            pairs = -(-end // 2)
+            return self._v_slots()[layer, :, :pairs].reshape(H, pairs * 2, D)[:, :end].float()
+        return self._data[layer, 1, :, :end]
 
     def storage(self) -> torch.Tensor:
         """The whole `[layers, 2, kv_heads, capacity, head_dim]` tensor (for the kernels; its
         address changes when the cache grows)."""
         return self._data
-
-    def layer_keys(self, layer: int) -> torch.Tensor:
-        return self._data[layer, 0]  # [kv_heads, capacity, head_dim] (slot stride head_dim)
-
-    def layer_values(self, layer: int) -> torch.Tensor:
-        return self._data[layer, 1]
 
     def commit(self, n: int) -> None:
         """Mark `n` slots after `length` (already written) as part of the sequence."""
@@ -115,7 +150,13 @@ class KVCache:
             raise ValueError(f"compact: slots {keep} outside [{start}, {self.length})")
         if keep != list(range(start, start + len(keep))):
             index = torch.tensor(keep, device=self.device)
-            self._data[:, :, :, start : start + len(keep)] = self._data.index_select(3, index)
+            if self.blocked:
+                dest = torch.arange(start, start + len(keep), device=self.device)
+                ks, vs = self._k_slots(), self._v_slots()
+                ks[:, :, dest // 16, dest % 16] = ks[:, :, index // 16, index % 16].clone()
+                vs[:, :, dest // 2, dest % 2] = vs[:, :, index // 2, index % 2].clone()
+            else:
+                self._data[:, :, :, start : start + len(keep)] = self._data.index_select(3, index)
         self.length = start + len(keep)
 
     def free(self) -> None:

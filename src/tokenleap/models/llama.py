@@ -10,7 +10,9 @@ matrix each, because on a 2-core CPU decoding is memory-bound and every Python-l
 hidden states; `forward_batch` does the same for new tokens of several sequences at once (a
 continuous-batching decode step: the linears run over all rows together, attention per row
 over its own cache); `compute_logits` runs the LM head on chosen rows only. Weights are kept in
-the model dtype (bfloat16 or float32); activations, the KV cache and attention run in float32.
+the model dtype (bfloat16 or float32); activations and attention arithmetic run in float32; the
+KV cache is float32, or bfloat16 in the kernels' blocked layout for bfloat16 models on the
+kernels (as transformers keeps K/V in the model dtype).
 
 Forwards of up to `ROW_PATH_MAX_ROWS` new tokens (decoding, verification) and every batched
 step run on the row-invariant kernels of `tokenleap.kernels` (norms, packed linears with fused
@@ -94,6 +96,11 @@ class LlamaModel:
             )
             kernels = None
         self.kernels = kernels
+        # bf16 models on the kernels keep K/V in bf16, laid out for the kernel's bf16 attention
+        # (half the bytes, dot products without horizontal sums); fp32 models keep fp32 K/V
+        self.kv_blocked = kernels is not None and kernels.packed and dtype == torch.bfloat16
+        if self.kv_blocked:
+            self.kv_dtype = torch.bfloat16
 
         def w(name: str) -> torch.Tensor:
             return weights[name].to(dtype).contiguous()
@@ -156,6 +163,7 @@ class LlamaModel:
             c.head_dim,
             dtype=self.kv_dtype,
             max_capacity=max_capacity or c.max_position,
+            blocked=self.kv_blocked,
         )
 
     def weight_bytes_per_token(self) -> int:
@@ -198,8 +206,8 @@ class LlamaModel:
         c = self.config
         groups = []
         for s in seqs:
-            if s.kv.dtype != torch.float32:
-                raise ValueError("the kernels need a float32 KV cache")
+            if s.kv.blocked != self.kv_blocked or s.kv.dtype != self.kv_dtype:
+                raise ValueError("KV cache layout does not match the model's (make it with new_kv_cache)")
             s.kv.reserve(int(s.input_ids.shape[0]))
             groups.append(RowGroup(s.kv, s.kv.length, s.positions, s.attn or causal_mask()))
         plan = plan_rows(groups)
