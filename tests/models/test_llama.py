@@ -419,3 +419,21 @@ def test_shapes_the_kernels_cannot_take_still_compute_the_model(
     config = dataclasses.asdict(dataclasses.replace(tiny_config, **changes))
     proc = subprocess.run([sys.executable, "-c", _SHAPE_SCRIPT, json.dumps(config)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout.strip()} {proc.stderr.strip()[-300:]}"
+
+
+@pytest.mark.slow
+def test_bf16_prefill_runs_on_the_kernels_and_is_chunking_invariant(
+    model_bf16: LlamaModel, tokenizer: Tokenizer, questions: list[str]
+) -> None:
+    """A bf16 prompt gives the same bits in one forward or in chunks of any size."""
+    assert model_bf16.kv_blocked
+    ids = tokenizer.encode(max(questions, key=len))
+    assert len(ids) > ROW_PATH_MAX_ROWS + 8
+    _, whole = _prefill(model_bf16, ids)
+    kv = model_bf16.new_kv_cache()
+    parts, i, size = [], 0, 5
+    while i < len(ids):
+        chunk = ids[i : i + size]
+        parts.append(model_bf16.forward(torch.tensor(chunk), torch.arange(i, i + len(chunk)), kv).hidden)
+        i, size = i + len(chunk), size * 3 % 37 + 1
+    assert torch.equal(torch.cat(parts), whole)

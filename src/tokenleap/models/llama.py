@@ -18,8 +18,9 @@ Forwards of up to `ROW_PATH_MAX_ROWS` new tokens (decoding, verification) and ev
 step run on the row-invariant kernels of `tokenleap.kernels` (norms, packed linears with fused
 residual adds, fused rotary + KV write + attention), so a row's result never depends on the
 other rows: verifying a draft is bit-identical to decoding it token by token, and batching
-requests does not change their output. Longer forwards (prompt prefill, shared by both paths)
-use torch's GEMM and SDPA.
+requests does not change their output. bfloat16 models run their prefill on the kernels too
+(1.5x faster than torch's GEMM here, and chunking a prompt cannot change it); longer forwards
+of fp32 models (prompt prefill, shared by both paths) use torch's GEMM and SDPA.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from tokenleap.models.config import ModelConfig
 logger = logging.getLogger(__name__)
 
 # New rows up to this count use the row-invariant path (decode / verify); longer forwards
-# (prompt prefill) use torch's batched kernels.
+# (prompt prefill) of fp32 models use torch's batched kernels (bf16 models: the kernels too).
 ROW_PATH_MAX_ROWS = 32
 
 
@@ -188,7 +189,7 @@ class LlamaModel:
         return_hidden: Sequence[int] = (),
     ) -> ModelOutput:
         """Run `n` new tokens; their K/V go to cache slots `kv.length ..`, which are committed."""
-        if self.kernels is not None and input_ids.shape[0] <= ROW_PATH_MAX_ROWS:
+        if self.kernels is not None and (input_ids.shape[0] <= ROW_PATH_MAX_ROWS or self.kv_blocked):
             return self.forward_batch([SeqInput(input_ids, positions, kv, attn)], return_hidden=return_hidden)
         return self._forward_torch(input_ids, positions, kv, attn or causal_mask(), return_hidden)
 
