@@ -4,7 +4,7 @@ format `tokenleap bench --input` reads. The files are this repository's own smal
 workload is reproducible from a checkout.
 
     python benchmarks/make_code_edit.py && \\
-    tokenleap bench --input benchmarks/data/code_edit.jsonl -q 8 -n 256 --methods ngram,suffix
+    tokenleap bench --input benchmarks/data/code_edit.jsonl -q 16 -n 4096 --methods ngram,suffix --draft-max 31
 """
 
 from __future__ import annotations
@@ -15,15 +15,23 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = [
+FILES = [  # modules of 0.5-5 kB (100-1500 tokens)
     "src/tokenleap/paths.py",
     "src/tokenleap/errors.py",
-    "src/tokenleap/drafters/ngram.py",
+    "src/tokenleap/drafters/chain.py",
     "src/tokenleap/verify/reference.py",
-    "src/tokenleap/kv/__init__.py",
-    "src/tokenleap/attention/__init__.py",
+    "src/tokenleap/drafters/ngram.py",
+    "src/tokenleap/server/errors.py",
+    "src/tokenleap/models/config.py",
     "src/tokenleap/drafters/ngram_mod.py",
-    "src/tokenleap/engine/speculation.py",
+    "src/tokenleap/models/loading.py",
+    "src/tokenleap/server/config.py",
+    "src/tokenleap/verify/chain.py",
+    "src/tokenleap/drafters/base.py",
+    "src/tokenleap/types.py",
+    "src/tokenleap/sampling.py",
+    "src/tokenleap/tokenizer.py",
+    "src/tokenleap/engine/request.py",
 ]
 
 
@@ -60,6 +68,11 @@ def main() -> None:
             # the answer opens the code block, as code-editing tools prefill it; without it the
             # 135M default model describes the change instead of returning the file
             "assistant_prefix": "```python\n",
+            # the answer is the whole file: it ends where the model closes the code block
+            "stop": ["\n```"],
+            # room for the file (~3.3 characters a token) and then some; the 135M model sometimes
+            # loops instead of closing the block, and the cap keeps a loop from dominating the run
+            "max_tokens": len(source) // 2 + 64,
         })
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -1,4 +1,4 @@
-"""tokenleap bench: question loading, method parsing, summaries and the chart (no model needed)."""
+"""tokenleap bench: question loading, method parsing, summaries, the chart, and a real run."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tokenleap.bench import Record, default_spec_bench, load_questions, parse_methods, plot, summarize
+from tokenleap.bench import Question, Record, default_spec_bench, load_questions, parse_methods, plot, run_bench, summarize
 from tokenleap.errors import TokenleapError
+from tokenleap.models.llama import LlamaModel
+from tokenleap.tokenizer import Tokenizer
 
 
 def test_default_questions_cover_all_groups_with_categories_in_turn() -> None:
@@ -22,9 +24,13 @@ def test_default_questions_cover_all_groups_with_categories_in_turn() -> None:
 
 def test_messages_format_and_bad_lines(tmp_path: Path) -> None:
     good = tmp_path / "m.jsonl"
-    good.write_text(json.dumps({"category": "edit", "messages": [{"role": "user", "content": "hi"}], "assistant_prefix": "```"}) + "\n")
+    good.write_text(json.dumps({"category": "edit", "messages": [{"role": "user", "content": "hi"}], "assistant_prefix": "```", "stop": "\n```"}) + "\n")
     (q,) = load_questions(good, 5)
-    assert q.group == "edit" and q.turns == ("hi",) and q.assistant_prefix == "```"
+    assert q.group == "edit" and q.turns == ("hi",) and q.assistant_prefix == "```" and q.stop == ("\n```",)
+    bad_stop = tmp_path / "s.jsonl"
+    bad_stop.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "stop": [3]}) + "\n")
+    with pytest.raises(TokenleapError, match="'stop' must be"):
+        load_questions(bad_stop, 1)
     bad = tmp_path / "b.jsonl"
     bad.write_text("{not json\n")
     with pytest.raises(TokenleapError, match="not JSON"):
@@ -65,3 +71,16 @@ def test_summarize_speedups_and_acceptance(tmp_path: Path) -> None:
     png = tmp_path / "chart.png"
     plot(png, s)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_run_bench_on_the_real_model_honours_prefix_and_stop(model_bf16: LlamaModel, tokenizer: Tokenizer) -> None:
+    source = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+    prompt = f"Here is a file:\n\n```python\n{source}```\n\nRename `add` to `plus`. Reply with the whole file in one code block."
+    q = Question("edit", "code_edit", (prompt,), "```python\n", ("\n```",))
+    records = run_bench(model_bf16, tokenizer, [q], parse_methods("ngram", 8), max_tokens=96)
+    assert [r.method for r in records] == ["plain", "ngram"]
+    assert all(r.matched_plain for r in records)
+    plain = records[0]
+    assert 0 < plain.new_tokens < 96  # ended at the closing fence, not at max_tokens
+    assert records[1].target_forwards < plain.target_forwards  # the copy was drafted

@@ -51,11 +51,14 @@ class Question:
     group: str
     turns: tuple[str, ...]
     assistant_prefix: str = ""  # text the answer starts with (e.g. "```python\n" for code edits)
+    stop: tuple[str, ...] = ()  # strings that end the answer (e.g. the closing code fence)
+    max_tokens: int | None = None  # this question's own cap (the run's cap still applies)
 
 
 def load_questions(path: Path, per_group: int) -> list[Question]:
     """The first `per_group` questions of each group, in Spec-Bench's or a `{"messages"}` JSONL
-    (optional `category`, `question_id` and `assistant_prefix`, text the answer starts with)."""
+    (optional `category`, `question_id`, `assistant_prefix`, text the answer starts with,
+    `stop`, strings that end it, and `max_tokens`, its own cap)."""
     if not path.is_file():
         raise TokenleapError(f"benchmark file not found: {path}")
     pools: dict[str, dict[str, list[Question]]] = defaultdict(lambda: defaultdict(list))
@@ -76,7 +79,15 @@ def load_questions(path: Path, per_group: int) -> list[Question]:
         if turns:
             prefix = str(row.get("assistant_prefix", ""))
             category = str(row.get("category", group))
-            pools[group][category].append(Question(str(row.get("question_id", n)), group, turns, prefix))
+            stop = row.get("stop", [])
+            if isinstance(stop, str):
+                stop = [stop]
+            if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop):
+                raise TokenleapError(f"{path}:{n + 1}: 'stop' must be a string or a list of non-empty strings")
+            cap = row.get("max_tokens")
+            if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+                raise TokenleapError(f"{path}:{n + 1}: 'max_tokens' must be a positive integer")
+            pools[group][category].append(Question(str(row.get("question_id", n)), group, turns, prefix, tuple(stop), cap))
     chosen: list[Question] = []
     for categories in pools.values():  # within a group, take its categories in turn
         queues = [list(qs) for qs in categories.values()]
@@ -178,9 +189,12 @@ def run_bench(
                 ids += tokenizer.encode(q.assistant_prefix)
             outputs: dict[str, list[int]] = {}
             turn_records: list[Record] = []
+            q_params = dataclasses.replace(
+                params, stop=q.stop or params.stop, max_tokens=min(max_tokens, q.max_tokens or max_tokens)
+            )
             for name in order:
                 engine = engines[name]
-                req = engine.add_request(ids, params)
+                req = engine.add_request(ids, q_params)
                 t0 = time.perf_counter()
                 engine.run(req)
                 wall = time.perf_counter() - t0
