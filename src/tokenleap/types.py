@@ -28,17 +28,20 @@ class SpecStats:
     def acceptance_rate_per_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
-    def record(self, draft_len: int, num_accepted: int) -> None:
+    def record(self, draft_len: int, num_accepted: int, depth: int | None = None) -> None:
+        """One verified draft of `draft_len` tokens (a tree: nodes, `depth` its deepest path,
+        the positions it could reach) of which `num_accepted` were kept."""
         if draft_len == 0:
             return
         self.num_drafts += 1
         self.num_draft_tokens += draft_len
         self.num_accepted_tokens += num_accepted
-        grow = draft_len - len(self.drafted_per_position)
+        reach = draft_len if depth is None else depth
+        grow = reach - len(self.drafted_per_position)
         if grow > 0:
             self.drafted_per_position.extend([0] * grow)
             self.accepted_per_position.extend([0] * grow)
-        for i in range(draft_len):
+        for i in range(reach):
             self.drafted_per_position[i] += 1
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1

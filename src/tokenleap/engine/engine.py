@@ -5,6 +5,10 @@ through the target model, turns the logits into tokens and commits them to the r
 
     schedule -> [drafter.propose] -> target forward -> sample / verify -> kv.truncate -> emit
 
+A draft is a chain, or (`Draft.parents`) a token tree: greedy requests verify a tree in the same
+one forward under a tree mask and keep the accepted path's cache slots (`kv.compact`); sampled
+requests verify its first root path as a chain.
+
 Plain decoding is the same step with an empty draft, so both paths share one code path and
 (thanks to the row-invariant kernels) compute every committed token's logits identically: greedy
 speculative output is token-for-token the plain output. Requests run one at a time here;
@@ -19,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from tokenleap.attention import tree_mask
 from tokenleap.config import SpecConfig
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.engine.request import Request
@@ -29,6 +34,7 @@ from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, 
 from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import RequestMetrics
 from tokenleap.verify.chain import verify_chain
+from tokenleap.verify.tree import check_parents, first_path, tree_depths, verify_tree_greedy
 
 _EMPTY = Draft()
 
@@ -184,12 +190,7 @@ class Engine:
         t0 = time.perf_counter()
         draft = req.drafter.propose(req.request_id, req.prompt_ids + req.output_ids, budget)
         req.metrics.spec.draft_seconds += time.perf_counter() - t0
-        if len(draft) < max(1, req.spec.draft_min):
-            return _EMPTY
-        if len(draft) > budget:
-            probs = draft.probs[:budget] if draft.probs is not None else None
-            draft = Draft(draft.tokens[:budget], None, probs)
-        return draft
+        return _shape_draft(draft, budget, req.spec.draft_min, req.params.greedy)
 
     def begin(self, req: Request) -> None:
         """Register a request with its drafter (before its prefill)."""
@@ -221,7 +222,12 @@ class Engine:
             pos = req.kv.length
             starts.append(pos)
             ids = torch.tensor([req.output_ids[-1], *draft.tokens])
-            seqs.append(SeqInput(ids, torch.arange(pos, pos + len(ids)), req.kv))
+            if draft.parents is None:
+                seqs.append(SeqInput(ids, torch.arange(pos, pos + len(ids)), req.kv))
+            else:  # a token tree: row 0 is the last committed token, node i is row i + 1
+                rows = [-1] + [p + 1 for p in draft.parents]
+                positions = torch.tensor([pos, *(pos + d for d in tree_depths(draft.parents))])
+                seqs.append(SeqInput(ids, positions, req.kv, tree_mask(rows, pos)))
         logits = self.model.compute_logits(self.model.forward_batch(seqs).hidden)  # [rows, V]
         row = 0
         for req, draft, pos in zip(reqs, drafts, starts):
@@ -234,15 +240,21 @@ class Engine:
             req.metrics.decode_seconds += t2 - t0
 
     def _commit(self, req: Request, draft: Draft, logits: torch.Tensor, pos: int) -> None:
-        result = verify_chain(draft.tokens, logits, req.params, req.generator, draft.probs)
-        req.kv.truncate(pos + 1 + result.num_accepted)
+        if draft.parents is None:
+            result = verify_chain(draft.tokens, logits, req.params, req.generator, draft.probs)
+            tokens, accepted, depth = result.tokens, result.num_accepted, len(draft)
+            req.kv.truncate(pos + 1 + accepted)
+        else:  # greedy only (`_shape_draft`): keep the accepted path's slots
+            tree = verify_tree_greedy(draft.tokens, draft.parents, logits)
+            tokens, accepted, depth = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents))
+            req.kv.compact(pos + 1, [pos + 1 + i for i in tree.path])
         if req.drafter is not None:
-            req.drafter.accept(req.request_id, result.tokens, result.num_accepted)
-        kept = req.append_tokens(result.tokens)  # fewer than committed when a stop came first
+            req.drafter.accept(req.request_id, tokens, accepted)
+        kept = req.append_tokens(tokens)  # fewer than committed when a stop came first
         req.metrics.num_decode_tokens += kept
-        req.metrics.spec.record(len(draft), min(result.num_accepted, kept - 1))
+        req.metrics.spec.record(len(draft), min(accepted, kept - 1), depth)
         if req.controller is not None:
-            req.controller.update(len(draft), result.num_accepted)
+            req.controller.update(depth, accepted)
         req.metrics.num_forward_passes += 1
 
     def finish(self, req: Request, reason: str | None = None) -> None:
@@ -277,3 +289,28 @@ class Engine:
         for _ in self.stream(req):
             pass
         return req
+
+
+def _shape_draft(draft: Draft, budget: int, draft_min: int, greedy: bool) -> Draft:
+    """A drafter's proposal as the step verifies it: at most `budget` tokens (a tree keeps its
+    first `budget` nodes, still a tree), none when shorter than `draft_min`; a tree is verified
+    as a tree for greedy requests and reduced to its first root path for sampled ones (lossless
+    speculative sampling here verifies chains); a tree that is a chain becomes one."""
+    tokens, parents, probs = list(draft.tokens), draft.parents, draft.probs
+    if parents is not None:
+        try:
+            check_parents(list(parents), len(tokens))
+        except ValueError as exc:
+            raise TokenleapError(f"drafter returned a malformed tree: {exc}") from exc
+        parents = list(parents[:budget])
+    tokens = tokens[:budget]
+    if probs is not None and len(probs) > budget:
+        probs = probs[:budget]
+    if parents is not None and (not greedy or parents == list(range(-1, len(parents) - 1))):
+        path = first_path(parents)
+        tokens = [tokens[i] for i in path]
+        probs = probs[path] if probs is not None else None
+        parents = None
+    if len(tokens) < max(1, draft_min):
+        return _EMPTY
+    return Draft(tokens, parents, probs)
