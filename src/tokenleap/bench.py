@@ -24,6 +24,7 @@ from typing import Any
 from tokenleap.config import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.engine.engine import Engine
+from tokenleap.engine.speculation import measure_cost_curve
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams
@@ -170,9 +171,13 @@ def run_bench(
 ) -> list[Record]:
     registry = default_registry()
     engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
+    # one cost curve for every method: they verify on the same model, and a curve measured in
+    # an unlucky moment would otherwise handicap one method for the whole run
+    cap = max((cfg.num_speculative_tokens for cfg in methods.values()), default=1)
+    curve = measure_cost_curve(model, cap) if methods else None
     for label, cfg in methods.items():
         drafter = registry.create(cfg.method, cfg, target=model, tokenizer=tokenizer)
-        engines[label] = Engine(model, tokenizer, spec=cfg, drafter=drafter)
+        engines[label] = Engine(model, tokenizer, spec=cfg, drafter=drafter, cost_curve=curve)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     records: list[Record] = []
     names = list(engines)

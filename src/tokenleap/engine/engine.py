@@ -49,6 +49,7 @@ class Engine:
         drafter: Drafter | None = None,
         drafter_factory: Callable[[SpecConfig], Drafter] | None = None,
         prefill_chunk: int = 256,
+        cost_curve: CostCurve | None = None,
     ) -> None:
         if prefill_chunk < 1:
             raise TokenleapError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
@@ -68,7 +69,7 @@ class Engine:
         if spec is not None and self.drafter is not None:
             self._drafters[spec] = self.drafter
         self._ids = itertools.count()
-        self._cost_curve: CostCurve | None = None
+        self._cost_curve = cost_curve  # measured on first need unless given (engines on one model can share one)
 
     def cost_curve(self, cap: int | None = None) -> CostCurve:
         """Relative cost of verifying k drafts, measured (lazily, once per larger cap) here."""

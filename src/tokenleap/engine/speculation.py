@@ -60,18 +60,19 @@ class CostCurve:
 
 
 def _time_rows(model: LlamaModel, context: int, max_rows: int, repeats: int) -> list[float]:
+    """Relative cost of forwards of 1..max_rows rows: the fastest of `repeats` rounds, each
+    round timing every row count in turn (a busy moment then hits one sample of several row
+    counts, not every sample of one, and the minimum discards it)."""
     kv = model.new_kv_cache(context + max_rows + 2)
     ids = torch.arange(context) % model.config.vocab_size
     model.forward(ids, torch.arange(context), kv)
-    times = []
-    for n in range(1, max_rows + 1):
-        samples = []
-        for _ in range(repeats):
+    times = [float("inf")] * max_rows
+    for _ in range(repeats):
+        for n in range(1, max_rows + 1):
             kv.truncate(context)
             t0 = time.perf_counter()
             model.compute_logits(model.forward(torch.full((n,), 17), torch.arange(context, context + n), kv).hidden)
-            samples.append(time.perf_counter() - t0)
-        times.append(statistics.median(samples))
+            times[n - 1] = min(times[n - 1], time.perf_counter() - t0)
     kv.free()
     relative = [1.0] + [max(1.0, t / times[0]) for t in times[1:]]
     for k in range(1, len(relative)):  # more rows never cost less (smooth out timing noise)
@@ -79,8 +80,8 @@ def _time_rows(model: LlamaModel, context: int, max_rows: int, repeats: int) -> 
     return relative
 
 
-def measure_cost_curve(model: LlamaModel, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 3) -> CostCurve:
-    """Time forwards of 1..max_draft+1 rows at a short and a long context; median of `repeats`.
+def measure_cost_curve(model: LlamaModel, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 5) -> CostCurve:
+    """Time forwards of 1..max_draft+1 rows at a short and a long context (fastest of `repeats`).
     The long context is skipped when the model's context cannot hold it."""
     short_ctx, long_ctx = contexts
     short = _time_rows(model, short_ctx, max_draft + 1, repeats)
