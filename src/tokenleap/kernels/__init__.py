@@ -241,7 +241,7 @@ class CpuKernels:
         scratch = torch.empty(self.threads * 32 * plan.max_slots, dtype=torch.float32)
         mask = plan.mask.contiguous() if plan.mask is not None else None
         tail_slots = -(-(15 + mask.shape[1]) // 16) * 16 if mask is not None else 0
-        tail = torch.zeros(rows * kv_heads * 2 * tail_slots * head_dim if mask is not None else 0, dtype=torch.bfloat16)
+        tail = torch.zeros(rows * kv_heads * 2 * tail_slots * head_dim, dtype=torch.bfloat16) if mask is not None else None
         self.lib.tl_attention_bf16(
             qkv.data_ptr(),
             plan.positions.data_ptr(),
@@ -261,7 +261,7 @@ class CpuKernels:
             plan.mask_start.data_ptr() if mask is not None else None,
             mask.data_ptr() if mask is not None else None,
             mask.shape[1] if mask is not None else 0,
-            tail.data_ptr(),
+            tail.data_ptr() if tail is not None else None,
             tail_slots,
             chunk.data_ptr(),
             scratch.data_ptr(),
