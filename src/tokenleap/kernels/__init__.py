@@ -201,25 +201,19 @@ class CpuKernels:
             raise ValueError(f"kernel attention: qkv {tuple(qkv.shape)} does not fit the plan ({plan.rows} rows)")
         qkv = qkv.contiguous()
         out = torch.empty(rows, heads * head_dim, dtype=torch.float32)
+        # arguments both kernels take first: rows, their caches, the layer, output and query buffers
+        qbuf = torch.empty(rows * heads * head_dim // (2 if plan.blocked else 1), dtype=torch.int32 if plan.blocked else torch.float32)
+        lead = (
+            qkv.data_ptr(), plan.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), plan.kv_base.data_ptr(),
+            plan.capacity.data_ptr(), plan.write_slot.data_ptr(), layer, out.data_ptr(), qbuf.data_ptr(),
+            rows, heads, kv_heads, head_dim,
+        )
         if plan.blocked:
-            return self._attention_bf16(qkv, plan, layer, heads, kv_heads, head_dim, cos, sin, out)
-        qrot = torch.empty(rows * heads * head_dim, dtype=torch.float32)
+            self._attention_bf16(lead, plan, kv_heads, head_dim)
+            return out
         scratch = torch.empty(self.threads * 4 * plan.max_slots, dtype=torch.float32)
         self.lib.tl_attention(
-            qkv.data_ptr(),
-            plan.positions.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            plan.kv_base.data_ptr(),
-            plan.capacity.data_ptr(),
-            plan.write_slot.data_ptr(),
-            layer,
-            out.data_ptr(),
-            qrot.data_ptr(),
-            rows,
-            heads,
-            kv_heads,
-            head_dim,
+            *lead,
             plan.slot_end.data_ptr() if plan.slot_end is not None else None,
             plan.slot_off.data_ptr() if plan.slot_off is not None else None,
             plan.slot_idx.data_ptr() if plan.slot_idx is not None else None,
@@ -228,35 +222,20 @@ class CpuKernels:
         )
         return out
 
-    def _attention_bf16(
-        self, qkv: torch.Tensor, plan: RowPlan, layer: int, heads: int, kv_heads: int, head_dim: int,
-        cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor,
-    ) -> torch.Tensor:
-        """`attention` over blocked bf16 caches (`tl_attention_bf16`)."""
+    def _attention_bf16(self, lead: tuple[int, ...], plan: RowPlan, kv_heads: int, head_dim: int) -> None:
+        """`attention` over blocked bf16 caches (`tl_attention_bf16`): the queries rounded to bf16
+        pairs into the query buffer, rows of one sequence attended together, tree rows over
+        their own path (`tail`)."""
         if not self.packed or plan.slot_end is None:
             raise ValueError("kernel attention: blocked bf16 caches need AVX512-BF16 and slot_end")
         rows = plan.rows
-        qb = torch.empty(rows * heads * head_dim // 2, dtype=torch.int32)
         chunk = torch.empty(rows + 1, dtype=torch.int64)
         scratch = torch.empty(self.threads * 32 * plan.max_slots, dtype=torch.float32)
         mask = plan.mask.contiguous() if plan.mask is not None else None
         tail_slots = -(-(15 + mask.shape[1]) // 16) * 16 if mask is not None else 0
         tail = torch.zeros(rows * kv_heads * 2 * tail_slots * head_dim, dtype=torch.bfloat16) if mask is not None else None
         self.lib.tl_attention_bf16(
-            qkv.data_ptr(),
-            plan.positions.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            plan.kv_base.data_ptr(),
-            plan.capacity.data_ptr(),
-            plan.write_slot.data_ptr(),
-            layer,
-            out.data_ptr(),
-            qb.data_ptr(),
-            rows,
-            heads,
-            kv_heads,
-            head_dim,
+            *lead,
             plan.slot_end.data_ptr(),
             plan.mask_start.data_ptr() if mask is not None else None,
             mask.data_ptr() if mask is not None else None,
@@ -267,7 +246,6 @@ class CpuKernels:
             scratch.data_ptr(),
             plan.max_slots,
         )
-        return out
 
 
 @dataclass(frozen=True)
