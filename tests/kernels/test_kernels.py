@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -230,3 +233,25 @@ def test_packed_linear_accumulates_and_is_row_invariant(kernels: CpuKernels) -> 
     assert torch.equal(acc, base + y)
     with pytest.raises(ValueError, match="cannot pack"):
         PackedWeight.pack(torch.randn(20, 64).bfloat16())
+
+
+# --------------------------------------------------------------------------- thread pool
+
+
+def test_pool_runs_a_job_posted_before_its_worker_started(kernels: CpuKernels) -> None:
+    """A fresh process whose pool worker starts 50 ms late, with a kernel call right after
+    loading: the call must complete (a worker that read the job generation on its own start
+    used to sleep through the first job, and the caller waited forever)."""
+    code = (
+        "import torch; from tokenleap.kernels import load_kernels\n"
+        "k = load_kernels(); x = torch.randn(3, 64)\n"
+        "assert k.threads > 1, k.threads\n"
+        "print(float(k.rmsnorm(x, torch.ones(64), 1e-5).sum()), float(k.linear(x, torch.randn(40, 64)).sum()))\n"
+    )
+    env = {**os.environ, "TOKENLEAP_POOL_START_DELAY_US": "50000"}
+    env.pop("TOKENLEAP_NO_KERNELS", None)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the first kernel call hung waiting for a pool worker that started late")
+    assert proc.returncode == 0, proc.stderr[-2000:]

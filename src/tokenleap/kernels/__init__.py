@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -201,17 +201,20 @@ class CpuKernels:
             raise ValueError(f"kernel attention: qkv {tuple(qkv.shape)} does not fit the plan ({plan.rows} rows)")
         qkv = qkv.contiguous()
         out = torch.empty(rows, heads * head_dim, dtype=torch.float32)
+        work = plan.work
+        if "q" not in work:  # the layers of one forward share the scratch buffers
+            work["q"] = torch.empty(rows * heads * head_dim // (2 if plan.blocked else 1), dtype=torch.int32 if plan.blocked else torch.float32)
+            work["scratch"] = torch.empty(self.threads * (32 if plan.blocked else 4) * plan.max_slots, dtype=torch.float32)
+        qbuf, scratch = work["q"], work["scratch"]
         # arguments both kernels take first: rows, their caches, the layer, output and query buffers
-        qbuf = torch.empty(rows * heads * head_dim // (2 if plan.blocked else 1), dtype=torch.int32 if plan.blocked else torch.float32)
         lead = (
             qkv.data_ptr(), plan.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), plan.kv_base.data_ptr(),
             plan.capacity.data_ptr(), plan.write_slot.data_ptr(), layer, out.data_ptr(), qbuf.data_ptr(),
             rows, heads, kv_heads, head_dim,
         )
         if plan.blocked:
-            self._attention_bf16(lead, plan, kv_heads, head_dim)
+            self._attention_bf16(lead, plan, kv_heads, head_dim, scratch)
             return out
-        scratch = torch.empty(self.threads * 4 * plan.max_slots, dtype=torch.float32)
         self.lib.tl_attention(
             *lead,
             plan.slot_end.data_ptr() if plan.slot_end is not None else None,
@@ -222,18 +225,23 @@ class CpuKernels:
         )
         return out
 
-    def _attention_bf16(self, lead: tuple[int, ...], plan: RowPlan, kv_heads: int, head_dim: int) -> None:
+    def _attention_bf16(self, lead: tuple[int, ...], plan: RowPlan, kv_heads: int, head_dim: int, scratch: torch.Tensor) -> None:
         """`attention` over blocked bf16 caches (`tl_attention_bf16`): the queries rounded to bf16
         pairs into the query buffer, rows of one sequence attended together, tree rows over
         their own path (`tail`)."""
         if not self.packed or plan.slot_end is None:
             raise ValueError("kernel attention: blocked bf16 caches need AVX512-BF16 and slot_end")
-        rows = plan.rows
-        chunk = torch.empty(rows + 1, dtype=torch.int64)
-        scratch = torch.empty(self.threads * 32 * plan.max_slots, dtype=torch.float32)
+        rows, work = plan.rows, plan.work
+        if "chunk" not in work:
+            work["chunk"] = torch.empty(rows + 1, dtype=torch.int64)
+        chunk = work["chunk"]
         mask = plan.mask.contiguous() if plan.mask is not None else None
         tail_slots = -(-(15 + mask.shape[1]) // 16) * 16 if mask is not None else 0
-        tail = torch.zeros(rows * kv_heads * 2 * tail_slots * head_dim, dtype=torch.bfloat16) if mask is not None else None
+        tail = None
+        if mask is not None:
+            if "tail" not in work:  # zeroed once: slots past a path are read with probability 0
+                work["tail"] = torch.zeros(rows * kv_heads * 2 * tail_slots * head_dim, dtype=torch.bfloat16)
+            tail = work["tail"]
         self.lib.tl_attention_bf16(
             *lead,
             plan.slot_end.data_ptr(),
@@ -252,10 +260,11 @@ class CpuKernels:
 class RowPlan:
     """Where each new row of a forward lives, for the attention kernel (built once per forward).
 
-    Row r is position `positions[r]` of a sequence whose fp32 KV cache tensor `[layers, 2,
-    kv_heads, capacity[r], hd]` starts at address `kv_base[r]`; its key and value go to slot
-    `write_slot[r]`; it attends to slots `0 .. slot_end[r]-1`, or, when `slot_idx` is set, to
-    `slot_idx[slot_off[r] : slot_off[r+1]]` (token trees). All int64.
+    Row r is position `positions[r]` of a sequence whose KV cache tensor `[layers, 2, kv_heads,
+    capacity[r], hd]` starts at address `kv_base[r]`; its key and value go to slot `write_slot[r]`;
+    it attends to slots `0 .. slot_end[r]-1`, or, for an fp32 cache when `slot_idx` is set, to
+    `slot_idx[slot_off[r] : slot_off[r+1]]` (token trees). All int64. `work` holds the kernel's
+    scratch buffers, made by the first layer's call and reused by the others.
     """
 
     positions: torch.Tensor
@@ -272,6 +281,7 @@ class RowPlan:
     blocked: bool = False
     mask_start: torch.Tensor | None = None
     mask: torch.Tensor | None = None  # [rows, width] uint8
+    work: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def rows(self) -> int:

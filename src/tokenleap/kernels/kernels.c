@@ -6,6 +6,7 @@
  * call for all rows, so verifying several tokens costs little more than one.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 #include <float.h>
@@ -56,9 +57,16 @@ static void pool_wait_change(_Atomic uint32_t *word, uint32_t old) {
     atomic_fetch_sub(&pool.sleepers, 1);
 }
 
+static uint32_t pool_start_gen; /* the job generation when the workers were created */
+
 static void *pool_worker(void *arg) {
     const int tid = (int)(intptr_t)arg;
-    uint32_t seen = atomic_load(&pool.gen);
+    /* Not a fresh load of pool.gen: the caller may have posted its first job before this
+     * thread ran, and a worker that took that job's generation as "seen" would sleep through
+     * it while the caller waits for it forever. */
+    const char *delay = getenv("TOKENLEAP_POOL_START_DELAY_US"); /* tests: a worker that starts late */
+    if (delay) usleep((useconds_t)atoi(delay));
+    uint32_t seen = pool_start_gen;
     for (;;) {
         pool_wait_change(&pool.gen, seen);
         seen = atomic_load(&pool.gen);
@@ -78,6 +86,7 @@ int tl_init(int threads) {
         if (!atfork) { pthread_atfork(NULL, NULL, pool_after_fork_child); atfork = 1; }
         if (threads > TL_MAX_THREADS) threads = TL_MAX_THREADS;
         int started = 1;
+        pool_start_gen = atomic_load(&pool.gen); /* no job runs while we hold the lock */
         for (int t = 1; t < threads; t++) {
             pthread_t th;
             if (pthread_create(&th, NULL, pool_worker, (void *)(intptr_t)t) != 0) break;
