@@ -914,8 +914,9 @@ void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, c
     }
     chunk[nchunks] = rows;
     /* Few jobs (decoding one sequence): one per query head, so both threads get work; else one
-     * per kv head, reading K and V once for the heads that share them. Same arithmetic. */
-    const int64_t span = nchunks * kv_heads < 2 * pool.n ? 1 : group;
+     * per kv head, reading K and V once for the heads that share them (unless more than AQ
+     * heads share one). Same arithmetic. */
+    const int64_t span = nchunks * kv_heads < 2 * pool.n || group > AQ ? 1 : group;
     attn16_ctx ctx = {{0, nchunks * heads / span, 1}, qb, out, kv_base, cap, slot_end, mask ? mask_start : NULL, chunk,
                       tail, tail_slots, scratch, AQ * max_slots, layer, heads, kv_heads, hd, span, max_slots,
                       1.0f / sqrtf((float)hd)};
