@@ -61,11 +61,11 @@ static uint32_t pool_start_gen; /* the job generation when the workers were crea
 
 static void *pool_worker(void *arg) {
     const int tid = (int)(intptr_t)arg;
+    const char *delay = getenv("TOKENLEAP_POOL_START_DELAY_US"); /* tests: a worker that starts late */
+    if (delay) usleep((useconds_t)atoi(delay));
     /* Not a fresh load of pool.gen: the caller may have posted its first job before this
      * thread ran, and a worker that took that job's generation as "seen" would sleep through
      * it while the caller waits for it forever. */
-    const char *delay = getenv("TOKENLEAP_POOL_START_DELAY_US"); /* tests: a worker that starts late */
-    if (delay) usleep((useconds_t)atoi(delay));
     uint32_t seen = pool_start_gen;
     for (;;) {
         pool_wait_change(&pool.gen, seen);
