@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from tokenleap.config import SpecConfig
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "draft_sim.py"
-
 
 @pytest.fixture(scope="module")
-def draft_sim():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("draft_sim", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def draft_sim(load_benchmark):  # type: ignore[no-untyped-def]
+    return load_benchmark("draft_sim")
 
 
 def test_copying_output_is_accepted_in_long_steps(draft_sim) -> None:  # type: ignore[no-untyped-def]

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "tree_sim.py"
-
 
 @pytest.fixture(scope="module")
-def tree_sim():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("tree_sim", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tree_sim(load_benchmark):  # type: ignore[no-untyped-def]
+    return load_benchmark("tree_sim")
 
 
 def test_tree_holds_every_continuation_the_chain_misses(tree_sim) -> None:  # type: ignore[no-untyped-def]
