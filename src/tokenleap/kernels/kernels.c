@@ -673,8 +673,8 @@ typedef struct {
     const int64_t *kv_base, *cap, *slot_end, *mask_start, *chunk;
     const uint16_t *tail;
     int64_t tail_slots;
-    float *scratch;
-    int64_t per_thread, layer, heads, kv_heads, hd, span, max_slots;
+    float *scratch; /* AQ * max_slots floats per pool thread */
+    int64_t layer, heads, kv_heads, hd, span, max_slots;
     float scale;
 } attn16_ctx;
 
@@ -715,14 +715,13 @@ static inline __attribute__((always_inline)) void pv_tile(
 }
 
 static void attn16_task(void *arg, int tid, int nthreads) {
-    const attn16_ctx *a = (const attn16_ctx *)arg;
+    attn16_ctx *a = (attn16_ctx *)arg;
     (void)nthreads;
-    attn16_ctx *mut = (attn16_ctx *)arg;
     const int64_t hd = a->hd, group = a->heads / a->kv_heads, span = a->span, jobs_per_chunk = a->heads / span;
     const int ND = (int)(hd / 16);
-    float *sc = a->scratch + (int64_t)tid * a->per_thread;
+    float *sc = a->scratch + (int64_t)tid * AQ * a->max_slots;
     int64_t end;
-    for (int64_t job = tl_next(&mut->ctr, &end); job < a->ctr.count; job = tl_next(&mut->ctr, &end))
+    for (int64_t job = tl_next(&a->ctr, &end); job < a->ctr.count; job = tl_next(&a->ctr, &end))
         for (; job < end; job++) {
             const int64_t c = job / jobs_per_chunk, h_first = (job % jobs_per_chunk) * span, kh = h_first / group;
             const int64_t r0 = a->chunk[c], nrows = a->chunk[c + 1] - r0, Q = nrows * span;
@@ -918,7 +917,7 @@ void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, c
      * heads share one). Same arithmetic. */
     const int64_t span = nchunks * kv_heads < 2 * pool.n || group > AQ ? 1 : group;
     attn16_ctx ctx = {{0, nchunks * heads / span, 1}, qb, out, kv_base, cap, slot_end, mask ? mask_start : NULL, chunk,
-                      tail, tail_slots, scratch, AQ * max_slots, layer, heads, kv_heads, hd, span, max_slots,
+                      tail, tail_slots, scratch, layer, heads, kv_heads, hd, span, max_slots,
                       1.0f / sqrtf((float)hd)};
     tl_parallel(attn16_task, &ctx);
 }

@@ -54,7 +54,8 @@ def verify_tree_reference(tokens: Sequence[int], parents: Sequence[int], target_
     the target rows along it) and keep the longest acceptance (on ties, the accepted path whose
     node indices come first lexicographically). Returns (committed tokens, accepted path)."""
     n = len(tokens)
-    leaves = [i for i in range(n) if i not in set(parents)]
+    inner = set(parents)
+    leaves = [i for i in range(n) if i not in inner]
     best_tokens: list[int] = [int(torch.argmax(target_logits[0]))]
     best_path: list[int] = []
     for leaf in leaves:
