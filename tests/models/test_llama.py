@@ -268,6 +268,20 @@ def test_tiny_model_batched_forward_bit_identical(
     _check_batch(model, prompts, news, tree=None)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_batch_of_16_requests_with_16_token_drafts_bit_identical(
+    dtype: torch.dtype, tiny_model: LlamaModel, tiny_model_bf16: LlamaModel, kernels: CpuKernels
+) -> None:
+    """272 rows in one step (16 requests x 17): the LM head must stay on the exact path at
+    every row count (it once fell back to torch above 128 rows)."""
+    model = tiny_model if dtype == torch.float32 else tiny_model_bf16
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, model.config.vocab_size, (16 * 40,), generator=g).tolist()
+    prompts = [ids[40 * i : 40 * i + 3 + i] for i in range(16)]
+    news = [ids[40 * i + 20 : 40 * i + 37] for i in range(16)]
+    _check_batch(model, prompts, news, tree=None)
+
+
 @pytest.mark.slow
 def test_batched_forward_bit_identical_real_model(model_bf16: LlamaModel, kernels: CpuKernels, tokenizer: Tokenizer, questions: list[str]) -> None:
     prompts = [tokenizer.encode(q) for q in questions[:5]]
