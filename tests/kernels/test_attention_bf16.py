@@ -16,7 +16,7 @@ from tokenleap.kv.cache import KVCache
 
 @pytest.fixture(scope="module")
 def bf16_kernels(kernels: CpuKernels) -> CpuKernels:
-    if not kernels.packed:
+    if not kernels.bf16_attention:
         pytest.skip("no AVX512-BF16 kernels on this machine")
     return kernels
 

@@ -440,7 +440,7 @@ def test_bf16_prefill_runs_on_the_kernels_and_is_chunking_invariant(
     model_bf16: LlamaModel, tokenizer: Tokenizer, questions: list[str]
 ) -> None:
     """A bf16 prompt gives the same bits in one forward or in chunks of any size."""
-    assert model_bf16.kv_blocked
+    assert model_bf16.kernel_prefill
     ids = tokenizer.encode(max(questions, key=len))
     assert len(ids) > ROW_PATH_MAX_ROWS + 8
     _, whole = _prefill(model_bf16, ids)

@@ -6,9 +6,13 @@ rows share the call. `kernels.c` computes each output element with one fixed ins
 sequence (AVX-512, fp32 accumulation), streams the weights once for all rows, and so is both
 faster and exact for speculative verification. They run on their own small thread pool (spin,
 then yield, then sleep: an OpenMP runtime either pays a wake-up per call or hogs the cores from
-other processes). It is compiled with the system C compiler into the user cache and loaded
-with ctypes; when no compiler or no AVX-512 is present the model falls
-back to torch ops (correct, slower, and not guaranteed row-invariant).
+other processes). Two instruction-set variants keep the same contract: `kernels.c` (AVX-512, with
+AVX512-BF16 dot products, packed weights and a blocked bf16 KV cache where the CPU has them) and
+`kernels_avx2.c` (AVX2 + FMA: packed weights widened to fp32, an fp32 KV cache); the CPU's
+flags pick one at run time. It is compiled with the system C compiler (`-march=native`) into the
+user cache, keyed by the sources, flags and the CPU's feature flags, and loaded with ctypes;
+when no compiler or neither instruction set is present the model falls back to torch ops
+(correct, slower, and not row-invariant: greedy speculation may then drift from plain decoding).
 """
 
 from __future__ import annotations
@@ -30,31 +34,50 @@ from tokenleap.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("kernels.c")
+_DIR = Path(__file__).parent
+_SOURCES = {"avx512": _DIR / "kernels.c", "avx2": _DIR / "kernels_avx2.c"}
+_HEADERS = [_DIR / "pool.h"]
 _FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
 
 
-def _cpu_has_avx512() -> bool:
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (from /proc/cpuinfo; empty when unreadable)."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return " avx512f " in flags.replace("\n", " ") + " "
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
 
 
-def _compile(compiler: str) -> Path:
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode() + compiler.encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"tokenleap_kernels_{digest}.so"
+def kernel_variant(flags: frozenset[str]) -> str | None:
+    """Which kernel source fits a CPU with these flags: "avx512", "avx2" or None (torch)."""
+    if os.environ.get("TOKENLEAP_KERNELS") in _SOURCES:  # tests and benchmarks: force a variant
+        return os.environ["TOKENLEAP_KERNELS"]
+    if "avx512f" in flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return None
+
+
+def _compile(compiler: str, variant: str, flags: frozenset[str]) -> Path:
+    source = _SOURCES[variant]
+    parts = [source.read_bytes(), *(h.read_bytes() for h in _HEADERS), " ".join(_FLAGS).encode(), compiler.encode()]
+    parts.append(" ".join(sorted(flags)).encode())  # -march=native: a build for one CPU is no build for another
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"tokenleap_kernels_{variant}_{digest}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         tmp_out = Path(tmp) / target.name
         subprocess.run(
-            [compiler, *_FLAGS, str(_SOURCE), "-o", str(tmp_out), "-lm"],
+            [compiler, *_FLAGS, str(source), "-o", str(tmp_out), "-lm"],
             check=True,
             capture_output=True,
             text=True,
@@ -93,7 +116,9 @@ class PackedWeight:
 class CpuKernels:
     lib: ctypes.CDLL
     threads: int
-    packed: bool = True  # whether tl_linear_packed (AVX512-BF16) is available
+    packed: bool = True  # whether tl_linear_packed (packed bf16 weights) is available
+    bf16_attention: bool = True  # whether tl_attention_bf16 (blocked bf16 KV cache) is available
+    variant: str = "avx512"  # which source: "avx512" (kernels.c) or "avx2" (kernels_avx2.c)
 
     @staticmethod
     def supports(*widths_then_head_dim: int) -> bool:
@@ -229,7 +254,7 @@ class CpuKernels:
         """`attention` over blocked bf16 caches (`tl_attention_bf16`): the queries rounded to bf16
         pairs into the query buffer, rows of one sequence attended together, tree rows over
         their own path (`tail`)."""
-        if not self.packed or plan.slot_end is None:
+        if not self.bf16_attention or plan.slot_end is None:
             raise ValueError("kernel attention: blocked bf16 caches need AVX512-BF16 and slot_end")
         rows, work = plan.rows, plan.work
         if "chunk" not in work:
@@ -294,11 +319,13 @@ def load_kernels() -> CpuKernels | None:
     if os.environ.get("TOKENLEAP_NO_KERNELS"):
         return None
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not compiler or not _cpu_has_avx512():
-        logger.warning("no C compiler or no AVX-512: using torch kernels (slower, not row-invariant)")
+    flags = cpu_flags()
+    variant = kernel_variant(flags)
+    if not compiler or variant is None:
+        logger.warning("no C compiler, or a CPU without AVX-512 or AVX2+FMA: using torch kernels (slower, not row-invariant)")
         return None
     try:
-        lib = ctypes.CDLL(str(_compile(compiler)))
+        lib = ctypes.CDLL(str(_compile(compiler, variant, flags)))
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or str(exc)
         logger.warning("could not build tokenleap kernels, using torch: %s", detail.strip()[:500])
@@ -313,14 +340,17 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_silu_mul.restype = None
     lib.tl_init.argtypes = [ctypes.c_int]
     lib.tl_init.restype = ctypes.c_int
-    threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see kernels.c)
-    packed = bool(lib.tl_has_bf16_dot())
+    threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
+    features = int(lib.tl_features())
+    packed, bf16_attention = bool(features & 1), bool(features & 2)
     if packed:
         lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
         lib.tl_linear_packed.restype = None
+    if bf16_attention:
         lib.tl_attention_bf16.argtypes = [
             _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
             _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64,
         ]
         lib.tl_attention_bf16.restype = None
-    return CpuKernels(lib=lib, threads=threads, packed=packed)
+    logger.info("tokenleap kernels: %s variant, %d threads", variant, threads)
+    return CpuKernels(lib=lib, threads=threads, packed=packed, bf16_attention=bf16_attention, variant=variant)

@@ -12,14 +12,15 @@ continuous-batching decode step: the linears run over all rows together, attenti
 over its own cache); `compute_logits` runs the LM head on chosen rows only. Weights are kept in
 the model dtype (bfloat16 or float32); activations and attention arithmetic run in float32; the
 KV cache is float32, or bfloat16 in the kernels' blocked layout for bfloat16 models on the
-kernels (as transformers keeps K/V in the model dtype).
+AVX512-BF16 kernels (as transformers keeps K/V in the model dtype).
 
 Forwards of up to `ROW_PATH_MAX_ROWS` new tokens (decoding, verification) and every batched
 step run on the row-invariant kernels of `tokenleap.kernels` (norms, packed linears with fused
 residual adds, fused rotary + KV write + attention), so a row's result never depends on the
 other rows: verifying a draft is bit-identical to decoding it token by token, and batching
 requests does not change their output. bfloat16 models run their prefill on the kernels too
-(1.5x faster than torch's GEMM here, and chunking a prompt cannot change it); longer forwards
+(1.5x faster than torch's GEMM with AVX512-BF16, ~9x on an AVX2-only CPU, and chunking a prompt
+cannot change it); longer forwards
 of fp32 models (prompt prefill, shared by both paths) use torch's GEMM and SDPA.
 """
 
@@ -99,9 +100,12 @@ class LlamaModel:
         self.kernels = kernels
         # bf16 models on the kernels keep K/V in bf16, laid out for the kernel's bf16 attention
         # (half the bytes, dot products without horizontal sums); fp32 models keep fp32 K/V
-        self.kv_blocked = kernels is not None and kernels.packed and dtype == torch.bfloat16
+        self.kv_blocked = kernels is not None and kernels.bf16_attention and dtype == torch.bfloat16
         if self.kv_blocked:
             self.kv_dtype = torch.bfloat16
+        # bf16 prompts prefill on the kernels (torch's bf16 GEMM is 1.5x slower with AVX512-BF16
+        # and ~9x slower on an AVX2-only CPU; chunking a prompt cannot change the kernels' bits)
+        self.kernel_prefill = kernels is not None and kernels.packed and dtype == torch.bfloat16
 
         def w(name: str) -> torch.Tensor:
             return weights[name].to(dtype).contiguous()
@@ -189,7 +193,7 @@ class LlamaModel:
         return_hidden: Sequence[int] = (),
     ) -> ModelOutput:
         """Run `n` new tokens; their K/V go to cache slots `kv.length ..`, which are committed."""
-        if self.kernels is not None and (input_ids.shape[0] <= ROW_PATH_MAX_ROWS or self.kv_blocked):
+        if self.kernels is not None and (input_ids.shape[0] <= ROW_PATH_MAX_ROWS or self.kernel_prefill):
             return self.forward_batch([SeqInput(input_ids, positions, kv, attn)], return_hidden=return_hidden)
         return self._forward_torch(input_ids, positions, kv, attn or causal_mask(), return_hidden)
 

@@ -1,0 +1,65 @@
+"""Kernel variants: the CPU's flags pick kernels.c (AVX-512) or kernels_avx2.c (AVX2 + FMA); the
+AVX2 variant keeps the row-invariance contract (checked in a subprocess that forces it, so an
+AVX-512 machine tests both variants)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tokenleap.kernels import cpu_flags, kernel_variant
+
+
+def test_variant_follows_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TOKENLEAP_KERNELS", raising=False)
+    assert kernel_variant(frozenset({"avx2", "fma", "avx512f", "avx512_bf16"})) == "avx512"
+    assert kernel_variant(frozenset({"avx2", "fma", "avx"})) == "avx2"
+    assert kernel_variant(frozenset({"avx2"})) is None  # no FMA
+    assert kernel_variant(frozenset({"sse4_2"})) is None
+    monkeypatch.setenv("TOKENLEAP_KERNELS", "avx2")
+    assert kernel_variant(frozenset({"avx2", "fma", "avx512f"})) == "avx2"
+
+
+_SCRIPT = r"""
+import torch
+from tokenleap.kernels import PackedWeight, load_kernels
+from tokenleap.models.config import ModelConfig
+from tokenleap.models.llama import LlamaModel, SeqInput
+import sys
+sys.path.insert(0, "tests")
+from conftest import TINY_CONFIG, make_tiny_weights
+
+k = load_kernels()
+assert k is not None and k.variant == "avx2" and k.packed and not k.bf16_attention, k
+g = torch.Generator().manual_seed(3)
+for rows in (1, 2, 3, 7, 13):
+    x = torch.randn(rows, 96, generator=g)
+    w = torch.randn(48, 96, generator=g).bfloat16()
+    b = torch.randn(48, generator=g)
+    y = k.linear(x, PackedWeight.pack(w), b)
+    ref = (x.double() @ w.double().T + b.double()).float()
+    torch.testing.assert_close(y, ref, atol=1e-4, rtol=1e-5)
+    assert torch.equal(y, torch.cat([k.linear(x[i : i + 1], PackedWeight.pack(w), b) for i in range(rows)]))
+    assert torch.equal(k.linear(x, w, b), torch.cat([k.linear(x[i : i + 1], w, b) for i in range(rows)]))
+for dtype in (torch.float32, torch.bfloat16):
+    model = LlamaModel(TINY_CONFIG, make_tiny_weights(), dtype, k)
+    ids = torch.randint(0, 256, (60,), generator=g)
+    kv = model.new_kv_cache()
+    model.forward(ids[:40], torch.arange(40), kv)
+    whole = model.compute_logits(model.forward(ids[40:52], torch.arange(40, 52), kv).hidden)
+    kv.truncate(40)
+    steps = torch.cat([model.compute_logits(model.forward(ids[i : i + 1], torch.arange(i, i + 1), kv).hidden) for i in range(40, 52)])
+    assert torch.equal(whole, steps), (dtype, (whole - steps).abs().max())
+print("ok")
+"""
+
+
+def test_avx2_variant_is_row_invariant() -> None:
+    if not {"avx2", "fma"} <= cpu_flags():
+        pytest.skip("no AVX2 + FMA on this machine")
+    env = {**os.environ, "TOKENLEAP_KERNELS": "avx2"}
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
