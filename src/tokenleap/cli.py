@@ -25,6 +25,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registered name ({', '.join(REGISTRY)}), a .gguf file or a Hugging Face folder (default: %(default)s)")
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weight dtype (default: %(default)s)")
+    g.add_argument("--quantization", default=None, choices=["gguf", "none"],
+                   help="gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights quantized (the kernels read its blocks); default: dequantize to --dtype")
     g.add_argument("--max-model-len", type=int, default=None, help="context length cap (default: the model's)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     g.add_argument("--no-kernels", action="store_true", help="use torch ops instead of tokenleap's CPU kernels")
@@ -254,6 +256,7 @@ def _load(args: argparse.Namespace) -> Any:
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             use_kernels=not args.no_kernels,
+            quantization=args.quantization,
             speculative_config=spec,
         )
 

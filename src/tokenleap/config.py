@@ -22,8 +22,14 @@ class EngineConfig:
     dtype: str = "bfloat16"
     max_model_len: int | None = None  # default: the model's own context length
     use_kernels: bool = True  # tokenleap's row-invariant CPU kernels (else torch ops)
+    # "gguf": keep a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks quantized (vLLM's spelling); None: dequantize to `dtype`
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
+        if self.quantization in ("none", ""):
+            object.__setattr__(self, "quantization", None)
+        if self.quantization not in (None, "gguf"):
+            raise TokenleapError(f"quantization must be 'gguf' or None, got {self.quantization!r}")
         dtype = _DTYPE_ALIASES.get(str(self.dtype), str(self.dtype))
         if dtype not in DTYPE_NAMES:
             raise TokenleapError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")

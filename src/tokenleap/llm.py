@@ -47,11 +47,16 @@ class LLM:
         max_model_len: int | None = None,
         speculative_config: dict[str, Any] | None = None,
         use_kernels: bool = True,
+        quantization: str | None = None,
     ) -> None:
-        self.config = EngineConfig(model=model, dtype=dtype, max_model_len=max_model_len, use_kernels=use_kernels)
+        self.config = EngineConfig(
+            model=model, dtype=dtype, max_model_len=max_model_len, use_kernels=use_kernels, quantization=quantization
+        )
         self.spec_config = SpecConfig.from_dict(speculative_config)
         self.source = resolve(self.config.model)
-        self.model, self.tokenizer = load_model(self.source, DTYPES[self.config.dtype], use_kernels=use_kernels)
+        self.model, self.tokenizer = load_model(
+            self.source, DTYPES[self.config.dtype], use_kernels=use_kernels, quantization=self.config.quantization
+        )
         registry = default_registry()
 
         def make_drafter(spec: SpecConfig) -> Drafter:

@@ -16,7 +16,7 @@ from tokenleap.kernels import cpu_flags, kernel_variant
 def test_variant_follows_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TOKENLEAP_KERNELS", raising=False)
     assert kernel_variant(frozenset({"avx2", "fma", "avx512f", "avx512_bf16"})) == "avx512"
-    assert kernel_variant(frozenset({"avx2", "fma", "avx"})) == "avx2"
+    assert kernel_variant(frozenset({"avx2", "fma", "f16c", "avx"})) == "avx2"
     assert kernel_variant(frozenset({"avx2"})) is None  # no FMA
     assert kernel_variant(frozenset({"sse4_2"})) is None
     monkeypatch.setenv("TOKENLEAP_KERNELS", "avx2")
@@ -58,7 +58,7 @@ print("ok")
 
 
 def test_avx2_variant_is_row_invariant() -> None:
-    if not {"avx2", "fma"} <= cpu_flags():
+    if not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("no AVX2 + FMA on this machine")
     env = {**os.environ, "TOKENLEAP_KERNELS": "avx2"}
     proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=300, env=env)

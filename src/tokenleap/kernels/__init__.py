@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tokenleap.paths import cache_dir
@@ -36,8 +37,10 @@ logger = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
 _SOURCES = {"avx512": _DIR / "kernels.c", "avx2": _DIR / "kernels_avx2.c"}
-_HEADERS = [_DIR / "pool.h"]
-_FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
+_HEADERS = sorted(_DIR.glob("*.h"))  # every header is part of every build
+# -ffp-contract=off: a scalar a*b+c must not become an FMA in one inlined tile and stay a
+# multiply-add in another (the row-invariance contract); FMAs are written as intrinsics.
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
 
@@ -60,7 +63,7 @@ def kernel_variant(flags: frozenset[str]) -> str | None:
         return os.environ["TOKENLEAP_KERNELS"]
     if "avx512f" in flags:
         return "avx512"
-    if {"avx2", "fma"} <= flags:
+    if {"avx2", "fma", "f16c"} <= flags:
         return "avx2"
     return None
 
@@ -112,6 +115,106 @@ class PackedWeight:
         return cls(data=data, out_dim=out_dim, in_dim=in_dim)
 
 
+# GGML quantization types the kernels read: type id -> (name, bytes per block of 32 in the file)
+QUANT_TYPES: dict[int, tuple[str, int]] = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
+_Q4X8, _Q8X8 = 1, 2  # the kernels' interleaved formats (quant.h)
+_FORMAT = {2: _Q4X8, 3: _Q4X8, 8: _Q8X8}
+_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272}  # per 8 outputs x 32 inputs
+
+
+def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
+    """GGUF blocks `[out, in/32 * block bytes]` -> quant.h's interleaved groups
+    `[out/8, in/32 * group bytes]` (eight outputs' blocks of 32 inputs, four inputs at a time)."""
+    nb, groups = in_dim // 32, out_dim // 8
+    blocks = raw.reshape(out_dim, nb, QUANT_TYPES[qtype][1])
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [out, nb]
+    out = np.empty((groups, nb, _GROUP_BYTES[_FORMAT[qtype]]), dtype=np.uint8)
+    by_group = lambda a: np.ascontiguousarray(a.reshape(groups, 8, nb).transpose(0, 2, 1)).view(np.uint8)  # noqa: E731
+    out[..., 0:16] = by_group(d).reshape(groups, nb, 16)
+    if qtype == 8:  # Q8_0: byte (g, o, i) = q[o][4g + i]
+        q = blocks[..., 2:34].reshape(groups, 8, nb, 8, 4)
+        out[..., 16:] = q.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
+        return out.reshape(groups, -1)
+    if qtype == 3:
+        m, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], blocks[..., 4:20]
+    else:  # Q4_0: d (q - 8) = d q + m with m = -8 d (exact in fp16 unless it overflows)
+        m, qs = (d * np.float16(-8)).astype(np.float16), blocks[..., 2:18]
+        if not np.isfinite(m).all():
+            raise ValueError("Q4_0 scale too large to repack")
+    out[..., 16:32] = by_group(m).reshape(groups, nb, 16)
+    lo, hi = (qs & 15).reshape(groups, 8, nb, 4, 4), (qs >> 4).reshape(groups, 8, nb, 4, 4)  # [G, o, nb, t, i]
+    out[..., 32:] = (lo | (hi << 4)).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 128)
+    return out.reshape(groups, -1)
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """A GGUF-quantized `[out, in]` weight (GGML type `qtype`, `QUANT_TYPES`) in the kernels'
+    interleaved groups (`data` uint8 `[out/8, in/32 * group bytes]`, see quant.h): the file's
+    exact values and bytes per weight, laid out so a vector lane is an output."""
+
+    data: torch.Tensor
+    qtype: int
+    out_dim: int
+    in_dim: int
+
+    def __post_init__(self) -> None:
+        if self.qtype not in QUANT_TYPES:
+            raise ValueError(f"unsupported GGML quantization type {self.qtype}")
+        expect = (self.out_dim // 8, self.in_dim // 32 * _GROUP_BYTES[_FORMAT[self.qtype]])
+        if self.in_dim % 32 or self.out_dim % 8 or self.data.dtype != torch.uint8 or tuple(self.data.shape) != expect:
+            raise ValueError(f"quantized weight data {tuple(self.data.shape)} {self.data.dtype} does not fit [{self.out_dim}, {self.in_dim}] {self.name}")
+
+    @classmethod
+    def fits(cls, qtype: int, out_dim: int, in_dim: int) -> bool:
+        return qtype in QUANT_TYPES and out_dim % 8 == 0 and in_dim % 32 == 0
+
+    @classmethod
+    def from_blocks(cls, raw: np.ndarray | torch.Tensor, qtype: int, out_dim: int, in_dim: int) -> QuantWeight:
+        """From a GGUF tensor's bytes, `[out, in/32 * block bytes]` uint8 (rows = outputs)."""
+        if not cls.fits(qtype, out_dim, in_dim):
+            raise ValueError(f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized (Q4_0/Q4_1/Q8_0, out % 8, in % 32)")
+        raw = np.ascontiguousarray(raw.numpy() if isinstance(raw, torch.Tensor) else raw, dtype=np.uint8)
+        if raw.size != out_dim * in_dim // 32 * QUANT_TYPES[qtype][1]:
+            raise ValueError(f"{raw.size} bytes are not a [{out_dim}, {in_dim}] {QUANT_TYPES[qtype][0]} tensor")
+        return cls(torch.from_numpy(_repack(raw, qtype, out_dim, in_dim)), qtype, out_dim, in_dim)
+
+    @property
+    def name(self) -> str:
+        return QUANT_TYPES[self.qtype][0]
+
+    @property
+    def format(self) -> int:
+        return _FORMAT[self.qtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    @staticmethod
+    def cat(parts: list[QuantWeight]) -> QuantWeight:
+        """Stack weights of one type and input width along the outputs (a fused QKV, gate+up)."""
+        if len({(w.qtype, w.in_dim) for w in parts}) != 1:
+            raise ValueError("only weights of one quantization type and input width can be fused")
+        data = torch.cat([w.data for w in parts]).contiguous()
+        return QuantWeight(data, parts[0].qtype, sum(w.out_dim for w in parts), parts[0].in_dim)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 `[out, in]`: the values the kernels multiply by (the file's, exactly)."""
+        groups, nb = self.out_dim // 8, self.in_dim // 32
+        g = self.data.numpy().reshape(groups, nb, -1)
+        d = np.ascontiguousarray(g[..., 0:16]).view(np.float16).astype(np.float32)  # [G, nb, 8]
+        if self.format == _Q8X8:
+            q = g[..., 16:].view(np.int8).reshape(groups, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 32)
+            w = q.astype(np.float32) * d.transpose(0, 2, 1)[..., None]
+        else:
+            m = np.ascontiguousarray(g[..., 16:32]).view(np.float16).astype(np.float32)
+            p = g[..., 32:].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
+            q = np.concatenate([p & 15, p >> 4], axis=-1).astype(np.float32)  # [G, o, nb, 32]
+            w = q * d.transpose(0, 2, 1)[..., None] + m.transpose(0, 2, 1)[..., None]
+        return torch.from_numpy(np.ascontiguousarray(w.reshape(self.out_dim, self.in_dim)))
+
+
 @dataclass(frozen=True)
 class CpuKernels:
     lib: ctypes.CDLL
@@ -141,6 +244,8 @@ class CpuKernels:
         With `out` (contiguous fp32 `[rows, out]`), the result is added to it in place."""
         if isinstance(weight, PackedWeight):
             return self._linear_packed(x, weight, bias, out)
+        if isinstance(weight, QuantWeight):
+            return self._linear_quant(x, weight, bias, out)
         if out is not None:
             return out.add_(self.linear(x, weight, bias))
         rows, in_dim = x.shape
@@ -190,6 +295,30 @@ class CpuKernels:
             in_dim,
             weight.out_dim,
             int(out is not None),
+        )
+        return y
+
+    def _linear_quant(
+        self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`tl_linear_q`: each row of x quantized to int8 blocks of 32 (its own scales), then exact
+        integer block dot products with the weight's blocks (see quant.h)."""
+        rows, in_dim = x.shape
+        if in_dim != weight.in_dim or x.dtype != torch.float32:
+            raise ValueError(f"kernel linear: x {tuple(x.shape)} {x.dtype} does not fit {weight.name} weight [{weight.out_dim}, {weight.in_dim}]")
+        if out is not None and (out.shape != (rows, weight.out_dim) or out.dtype != torch.float32 or not out.is_contiguous()):
+            raise ValueError(f"kernel linear: out {tuple(out.shape)} must be contiguous float32 [{rows}, {weight.out_dim}]")
+        if bias is not None:
+            bias = bias.float().contiguous()
+        x = x.contiguous()
+        xq = torch.empty(rows, in_dim, dtype=torch.int8)
+        xd = torch.empty(rows, in_dim // 32, dtype=torch.float32)
+        xs = torch.empty(rows, in_dim // 32, dtype=torch.float32)
+        self.lib.tl_quantize_q8(x.data_ptr(), xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), rows, in_dim)
+        y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
+        self.lib.tl_linear_q(
+            xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), weight.data.data_ptr(), weight.format,
+            bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, in_dim, weight.out_dim, int(out is not None),
         )
         return y
 
@@ -341,6 +470,10 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_init.argtypes = [ctypes.c_int]
     lib.tl_init.restype = ctypes.c_int
     threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
+    lib.tl_quantize_q8.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64]
+    lib.tl_quantize_q8.restype = None
+    lib.tl_linear_q.argtypes = [_ptr, _ptr, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
+    lib.tl_linear_q.restype = None
     features = int(lib.tl_features())
     packed, bf16_attention = bool(features & 1), bool(features & 2)
     if packed:

@@ -810,3 +810,5 @@ void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, c
     tl_parallel(attn16_task, &ctx);
 }
 #endif
+
+#include "quant.h"

@@ -376,3 +376,5 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
                     layer, heads, kv_heads, hd, max_slots, span, scale};
     tl_parallel(attn_task, &ctx);
 }
+
+#include "quant.h"

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask, plan_rows
-from tokenleap.kernels import CpuKernels, PackedWeight
+from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.config import ModelConfig
@@ -52,14 +52,15 @@ ROW_PATH_MAX_ROWS = 32
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor  # [D]
-    wqkv: torch.Tensor  # [Q + 2KV, D]
+    # dense weights in the model dtype (None when only the quantized form is kept)
+    wqkv: torch.Tensor | None  # [Q + 2KV, D]
     bqkv: torch.Tensor | None  # [Q + 2KV]
-    wo: torch.Tensor  # [D, Q]
+    wo: torch.Tensor | None  # [D, Q]
     mlp_norm: torch.Tensor  # [D]
-    w_gate_up: torch.Tensor  # [2F, D]
-    w_down: torch.Tensor  # [D, F]
-    # The same four matrices in the kernels' packed layout (row path), when they fit it.
-    packed: dict[str, PackedWeight] = field(default_factory=dict)
+    w_gate_up: torch.Tensor | None  # [2F, D]
+    w_down: torch.Tensor | None  # [D, F]
+    # The same four matrices as the kernels read them: packed bf16, or GGUF blocks.
+    packed: dict[str, PackedWeight | QuantWeight] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,16 +106,35 @@ class LlamaModel:
             self.kv_dtype = torch.bfloat16
         # bf16 prompts prefill on the kernels (torch's bf16 GEMM is 1.5x slower with AVX512-BF16
         # and ~9x slower on an AVX2-only CPU; chunking a prompt cannot change the kernels' bits)
-        self.kernel_prefill = kernels is not None and kernels.packed and dtype == torch.bfloat16
+        # GGUF blocks the kernels read (`QuantWeight`) stay quantized; without kernels they are
+        # dequantized here (the torch path reads dense weights)
+        quantized = kernels is not None and any(isinstance(v, QuantWeight) for v in weights.values())
+        self.quantization: str | None = "gguf" if quantized else None
+        self.kernel_prefill = kernels is not None and (quantized or (kernels.packed and dtype == torch.bfloat16))
+
+        def dense(value: torch.Tensor | QuantWeight) -> torch.Tensor:
+            return value.dequantize() if isinstance(value, QuantWeight) else value
 
         def w(name: str) -> torch.Tensor:
-            return weights[name].to(dtype).contiguous()
+            return dense(weights[name]).to(dtype).contiguous()
 
         def f32(name: str) -> torch.Tensor:
-            return weights[name].float().contiguous()
+            return dense(weights[name]).float().contiguous()
+
+        def linear(names: Sequence[str]) -> tuple[torch.Tensor | None, PackedWeight | QuantWeight | None]:
+            """A (fused) linear: its blocks when every part is quantized alike, else dense + packed."""
+            parts = [weights[n] for n in names]
+            if quantized and all(isinstance(x, QuantWeight) for x in parts) and len({(x.qtype, x.in_dim) for x in parts}) == 1:
+                return None, QuantWeight.cat(parts) if len(parts) > 1 else parts[0]
+            t = torch.cat([dense(x) for x in parts]).to(dtype).contiguous()
+            return t, kernels.pack(t) if kernels is not None else None
 
         self.embed = w("embed")  # [V, D]
+        head = weights.get("lm_head")
         self.lm_head = self.embed if config.tie_word_embeddings else w("lm_head")
+        self.lm_head_packed: PackedWeight | QuantWeight | None = None
+        if kernels is not None:
+            self.lm_head_packed = head if quantized and isinstance(head, QuantWeight) else kernels.pack(self.lm_head)
         self.norm = f32("norm")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
@@ -122,25 +142,23 @@ class LlamaModel:
             bias = None
             if f"{p}q_bias" in weights:
                 bias = torch.cat([weights[f"{p}{n}_bias"] for n in ("q", "k", "v")]).float()
-            self.layers.append(
-                _Layer(
-                    attn_norm=f32(p + "attn_norm"),
-                    wqkv=torch.cat([weights[p + n] for n in ("q", "k", "v")]).to(dtype).contiguous(),
-                    bqkv=bias,
-                    wo=w(p + "o"),
-                    mlp_norm=f32(p + "mlp_norm"),
-                    w_gate_up=torch.cat([weights[p + "gate"], weights[p + "up"]]).to(dtype).contiguous(),
-                    w_down=w(p + "down"),
-                )
+            fused = {
+                "wqkv": linear([p + "q", p + "k", p + "v"]),
+                "wo": linear([p + "o"]),
+                "w_gate_up": linear([p + "gate", p + "up"]),
+                "w_down": linear([p + "down"]),
+            }
+            layer = _Layer(
+                attn_norm=f32(p + "attn_norm"),
+                wqkv=fused["wqkv"][0],
+                bqkv=bias,
+                wo=fused["wo"][0],
+                mlp_norm=f32(p + "mlp_norm"),
+                w_gate_up=fused["w_gate_up"][0],
+                w_down=fused["w_down"][0],
             )
-        self.lm_head_packed: PackedWeight | None = None
-        if kernels is not None:
-            for layer in self.layers:
-                for name in ("wqkv", "wo", "w_gate_up", "w_down"):
-                    packed = kernels.pack(getattr(layer, name))
-                    if packed is not None:
-                        layer.packed[name] = packed
-            self.lm_head_packed = kernels.pack(self.lm_head)
+            layer.packed.update({name: prepared for name, (_, prepared) in fused.items() if prepared is not None})
+            self.layers.append(layer)
         half = config.head_dim // 2
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
         angles = torch.outer(torch.arange(config.max_position, dtype=torch.float64), inv_freq)
@@ -172,7 +190,17 @@ class LlamaModel:
         )
 
     def weight_bytes_per_token(self) -> int:
-        return self.config.bytes_per_token(self.embed.element_size())
+        """Bytes of weights one decode step streams (the linears and the LM head, as stored)."""
+        if self.quantization is None:
+            return self.config.bytes_per_token(self.embed.element_size())
+
+        def size(prepared: PackedWeight | QuantWeight | None, t: torch.Tensor | None) -> int:
+            if isinstance(prepared, QuantWeight):
+                return prepared.nbytes
+            return t.numel() * t.element_size() if t is not None else 0
+
+        total = sum(size(layer.packed.get(n), getattr(layer, n)) for layer in self.layers for n in ("wqkv", "wo", "w_gate_up", "w_down"))
+        return total + size(self.lm_head_packed, self.lm_head)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)

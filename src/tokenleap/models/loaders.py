@@ -4,7 +4,9 @@ GGUF files written by llama.cpp's converter store the Q and K projections of Lla
 models permuted for llama.cpp's interleaved ("GPT-J style") rotary embedding; we undo that
 permutation so every source ends in Hugging Face's layout (half-split, "GPT-NeoX style" RoPE)
 and one model implementation serves both. Quantized tensors (Q4_1, Q8_0, ...) are
-dequantized to float32 at load time with `gguf.quants.dequantize`.
+dequantized to float32 at load time with `gguf.quants.dequantize`, or, with `keep_quantized`,
+the linears' (and the LM head's) blocks in the formats the kernels read (`QUANT_TYPES`) are kept
+as they are in the file (`QuantWeight`); the others are dequantized with a log line.
 
 Both loaders return a `ModelConfig` and a dict of float32 tensors under canonical names:
 `embed`, `norm`, `lm_head` (absent when tied) and `layers.{i}.{attn_norm, q, k, v, o,
@@ -97,9 +99,16 @@ def read_gguf_config(reader: Any) -> ModelConfig:
     )
 
 
-def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Read a GGUF file: config from its metadata, float32 weights under canonical names."""
+_LINEARS = {"q", "k", "v", "o", "gate", "up", "down"}
+
+
+def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelConfig, dict[str, Any]]:
+    """Read a GGUF file: config from its metadata, float32 weights under canonical names (with
+    `keep_quantized`, `QuantWeight`s for linear weights in a kernel-readable format, and for a
+    tied LM head a quantized `lm_head` beside the float `embed` used for lookups)."""
     import gguf
+
+    from tokenleap.kernels import QUANT_TYPES, QuantWeight
 
     path = Path(path)
     if not path.is_file():
@@ -109,34 +118,54 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     except Exception as exc:  # the gguf package raises bare ValueErrors on bad files
         raise TokenleapError(f"{path} is not a readable GGUF file: {exc}") from exc
     config = read_gguf_config(reader)
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, Any] = {}
+    dequantized: dict[str, int] = {}
     for tensor in reader.tensors:
+        out_dim, in_dim = (int(tensor.shape[1]), int(tensor.shape[0])) if len(tensor.shape) == 2 else (0, 0)
+        key = _gguf_key(tensor.name)
+        short = key.rsplit(".", 1)[-1].removesuffix("_bias") if key else None  # q_bias unpermutes like q
+        quant_ok = keep_quantized and len(tensor.shape) == 2 and QuantWeight.fits(int(tensor.tensor_type), out_dim, in_dim)
+        if quant_ok and (short in _LINEARS or key in ("lm_head", "embed")):
+            raw = np.ascontiguousarray(tensor.data).reshape(out_dim, -1)
+            if config.architecture == "llama" and short in ("q", "k"):
+                raw = _unpermute_rope(raw, config.num_heads if short == "q" else config.num_kv_heads)
+            qw = QuantWeight.from_blocks(raw, int(tensor.tensor_type), out_dim, in_dim)
+            if key != "embed":
+                weights[key] = qw
+                continue
+            if config.tie_word_embeddings:
+                weights["lm_head"] = qw  # the LM head reads the blocks; lookups read `embed`
+        elif keep_quantized and key and len(tensor.shape) == 2 and tensor.tensor_type.name not in ("F32", "F16", "BF16"):
+            dequantized[tensor.tensor_type.name] = dequantized.get(tensor.tensor_type.name, 0) + 1
+        if key is None:
+            logger.debug("ignoring GGUF tensor %s", tensor.name)
+            continue
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         array = np.array(array, dtype=np.float32, copy=True).reshape(
             [int(d) for d in reversed(tensor.shape.tolist())]
         )
-        name = tensor.name
-        if name == "token_embd.weight":
-            key = "embed"
-        elif name == "output_norm.weight":
-            key = "norm"
-        elif name == "output.weight":
-            key = "lm_head"
-        elif name.startswith("blk."):
-            _, idx, part, kind = name.split(".", 3)
-            if part not in _GGUF_LAYER_NAMES:
-                logger.debug("ignoring GGUF tensor %s", name)
-                continue
-            short = _GGUF_LAYER_NAMES[part]
-            if config.architecture == "llama" and short in ("q", "k"):
-                heads = config.num_heads if short == "q" else config.num_kv_heads
-                array = _unpermute_rope(array, heads)
-            key = f"layers.{idx}.{short}" + ("_bias" if kind == "bias" else "")
-        else:
-            logger.debug("ignoring GGUF tensor %s", name)
-            continue
+        if config.architecture == "llama" and short in ("q", "k"):
+            array = _unpermute_rope(array, config.num_heads if short == "q" else config.num_kv_heads)
         weights[key] = torch.from_numpy(np.ascontiguousarray(array))  # owns its memory
+    for name, count in dequantized.items():
+        logger.info("%s: %d %s tensors dequantized at load (the kernels read %s blocks)", path.name, count, name,
+                    ", ".join(n for n, _ in QUANT_TYPES.values()))
     return config, weights
+
+
+def _gguf_key(name: str) -> str | None:
+    """The canonical name of a GGUF tensor (None: not one the runtime uses)."""
+    if name == "token_embd.weight":
+        return "embed"
+    if name == "output_norm.weight":
+        return "norm"
+    if name == "output.weight":
+        return "lm_head"
+    if name.startswith("blk."):
+        _, idx, part, kind = name.split(".", 3)
+        if part in _GGUF_LAYER_NAMES:
+            return f"layers.{idx}.{_GGUF_LAYER_NAMES[part]}" + ("_bias" if kind == "bias" else "")
+    return None
 
 
 def read_hf_config(folder: Path) -> ModelConfig:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from tokenleap.errors import TokenleapError
 from tokenleap.kernels import load_kernels
 from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel
@@ -54,14 +55,27 @@ def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
     return config, weights
 
 
-def load_model(source: ModelSource, dtype: torch.dtype, *, use_kernels: bool = True) -> tuple[LlamaModel, Tokenizer]:
-    if source.kind == "gguf":
+def load_model(
+    source: ModelSource, dtype: torch.dtype, *, use_kernels: bool = True, quantization: str | None = None
+) -> tuple[LlamaModel, Tokenizer]:
+    """The model and its tokenizer. `quantization="gguf"` keeps a GGUF's quantized linears in
+    their blocks (the kernels' quantized path); without kernels they are dequantized, with a warning."""
+    kernels = load_kernels() if use_kernels else None
+    if quantization == "gguf" and source.kind != "gguf":
+        raise TokenleapError(f"quantization='gguf' needs a .gguf model; {source.name} is a {source.kind} source")
+    if quantization == "gguf" and kernels is None:
+        logger.warning("quantization='gguf' needs tokenleap's kernels; dequantizing %s to %s instead", source.name, dtype)
+        quantization = None
+    if source.kind == "gguf" and quantization == "gguf":
+        config, weights = load_gguf(source.path, keep_quantized=True)
+        tokenizer = Tokenizer.from_gguf(source.path)
+    elif source.kind == "gguf":
         config, weights = _load_gguf_cached(source.path)
         tokenizer = Tokenizer.from_gguf(source.path)
     else:
         config, weights = load_hf_folder(source.path)
         tokenizer = Tokenizer.from_folder(source.path)
-    kernels = load_kernels() if use_kernels else None
     model = LlamaModel(config, weights, dtype, kernels)
-    logger.info("loaded %s: %d layers, %.0fM parameters, %s", source.name, config.num_layers, config.num_parameters() / 1e6, dtype)
+    logger.info("loaded %s: %d layers, %.0fM parameters, %s%s", source.name, config.num_layers, config.num_parameters() / 1e6, dtype,
+                ", linears kept in their GGUF blocks" if model.quantization else "")
     return model, tokenizer

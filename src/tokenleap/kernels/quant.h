@@ -1,0 +1,198 @@
+/* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks (Q4_0, Q4_1,
+ * Q8_0), row-invariant, on AVX2 integer dot products (included by both kernel variants).
+ *
+ * As llama.cpp does (ggml's vec_dot_q4_0_q8_0 / q4_1_q8_1 / q8_0_q8_0), the activations are
+ * quantized per row to blocks of 32 int8 with one fp32 scale (d = max|x| / 127, q = round(x/d)),
+ * and a weight block's dot product with an activation block is an exact integer sum
+ * (vpmaddubsw on |w| and sign(x, w) or on unsigned nibbles, then vpmaddwd: every partial sum
+ * fits int16 / int32). Integer sums are associative, so only the float steps need a fixed
+ * order, and they have one: for output o of row m, an 8-lane fp32 accumulator takes
+ * (d_w d_x) * isum_lanes block after block in order, a scalar takes Q4_1's m_w * d_x * sum(q_x)
+ * block after block, and y = hsum8(acc) + that scalar (+ bias). Nothing depends on the other rows
+ * or on the tile shape: a forward over k rows equals k one-row forwards bit for bit.
+ *
+ * The weights come from the file's blocks (ggml: Q4_0 {f16 d; u8 qs[16]} w = d (q - 8); Q4_1
+ * {f16 d, m; u8 qs[16]} w = d q + m; Q8_0 {f16 d; i8 qs[32]}), repacked at load (QuantWeight) so
+ * that a vector lane is an output, as llama.cpp's "repack" buffers do: eight outputs' blocks of
+ * 32 inputs interleaved four inputs at a time, so one broadcast of four activations and one
+ * vpmaddubsw advance eight outputs by four inputs, with no horizontal sums and the eight scales
+ * loaded as one vector. Both exact formats, per group of 8 outputs and block of 32 inputs:
+ *   Q4X8 (from Q4_0 with m = -8 d, and Q4_1): f16 d[8], f16 m[8], then 4 x 32 bytes: byte
+ *        (t, o, i) holds q[o][4t + i] in its low nibble and q[o][16 + 4t + i] in its high one
+ *        (160 bytes: the file's 5 bits per weight);
+ *   Q8X8 (from Q8_0): f16 d[8], then 8 x 32 bytes: byte (g, o, i) = q[o][4g + i] (272 bytes).
+ * A row's output o: per block, the exact integer sum (Q4: int16 sums of vpmaddubsw over the 8
+ * groups, at most 8 * 2 * 15 * 127 = 30480; Q8: |w| x sign(x, w) pairs through vpmaddwd),
+ * then acc = fma(float(isum), d_w d_x, acc) and, for Q4, acc = fma(m_w, d_x sum(q_x), acc),
+ * block after block: the same sequence in every tile. */
+#pragma once
+#include "pool.h"
+
+#define TLQ_Q4X8 1
+#define TLQ_Q8X8 2
+
+static inline int64_t q_group_bytes(int format) { return format == TLQ_Q4X8 ? 160 : 272; }
+
+/* Activations: per row, per block of 32: d = max|x| / 127 (0 for an all-zero block), q =
+ * round-to-nearest-even(x / d) in [-127, 127], s = d * sum(q) (ggml's Q8_1 `s`). */
+void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows, int64_t in_dim) {
+    const int64_t nb = in_dim / 32;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + r * in_dim + b * 32;
+            __m256 v[4], amax = _mm256_setzero_ps();
+            for (int k = 0; k < 4; k++) {
+                v[k] = _mm256_loadu_ps(xb + 8 * k);
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+            }
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            const float mx = _mm_cvtss_f32(m4);
+            const float db = mx / 127.0f;
+            const __m256 id = _mm256_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+            __m256i qi[4];
+            for (int k = 0; k < 4; k++)
+                qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            /* pack 32 int32 -> 32 int8 in order (packs work per 128-bit lane: fix with a permute) */
+            __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]), p23 = _mm256_packs_epi32(qi[2], qi[3]);
+            __m256i p = _mm256_packs_epi16(p01, p23);
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(q + r * in_dim + b * 32), p);
+            const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+            d[r * nb + b] = db;
+            s[r * nb + b] = db * (float)_mm_cvtsi128_si32(t);
+        }
+}
+
+#define QR 4 /* rows per tile at most */
+#define QO 4 /* groups of 8 outputs per tile at most */
+
+/* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
+static inline __attribute__((always_inline)) void q_tile(
+        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
+        int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NO) {
+    const int64_t nb = in_dim / 32, gb = q_group_bytes(format), group_stride = nb * gb;
+    const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc[QR][QO];
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NO; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t bi = 0; bi < nb; bi++) {
+        for (int j = 0; j < NO; j++) {
+            const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb;
+            _mm_prefetch((const char *)(blk + 4 * gb), _MM_HINT_T0);
+            _mm_prefetch((const char *)(blk + 4 * gb + 64), _MM_HINT_T0);
+            _mm_prefetch((const char *)(blk + 4 * gb + 128), _MM_HINT_T0);
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            __m256i isum[QR];
+            if (format == TLQ_Q4X8) {
+                __m256i s16[QR];
+                for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
+                for (int t = 0; t < 4; t++) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * t));
+                    const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    for (int r = 0; r < NR; r++) {
+                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(xr[t])));
+                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(xr[t + 4])));
+                    }
+                }
+                for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(s16[r], ones);
+            } else {
+                for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+                for (int g = 0; g < 8; g++) {
+                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
+                    const __m256i wa = _mm256_sign_epi8(wv, wv);
+                    for (int r = 0; r < NR; r++) {
+                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                        const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
+                    }
+                }
+            }
+            const __m256 mw = format == TLQ_Q4X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))) : _mm256_setzero_ps();
+            for (int r = 0; r < NR; r++) {
+                const int64_t xi = (m0 + r) * nb + bi;
+                acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[xi])), acc[r][j]);
+                if (format == TLQ_Q4X8) acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[xi]), acc[r][j]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NO; j++) {
+            __m256 v = acc[r][j];
+            if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + (g0 + j) * 8));
+            float *dst = y + (m0 + r) * out_dim + (g0 + j) * 8;
+            if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
+            _mm256_storeu_ps(dst, v);
+        }
+}
+
+#define Q_NO(NR_, MAXO)                                                                                   \
+    switch (no < (MAXO) ? no : (MAXO)) {                                                                  \
+        case 4: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 4); break;    \
+        case 3: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 3); break;    \
+        case 2: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 2); break;    \
+        default: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 1); break;   \
+    }
+
+/* Groups [g_lo, g_hi) for all rows, one group (one weight stream) per tile and up to 4 rows:
+ * measured here, tiles over 2-4 groups ran a one-row call 2.4x slower. */
+static inline __attribute__((always_inline)) void q_groups(
+        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
+        int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
+    const int64_t tile_g = 1, tile_r = QR;
+    for (int64_t g = g_lo; g < g_hi; g += tile_g) {
+        const int no = (int)(g_hi - g < tile_g ? g_hi - g : tile_g);
+        for (int64_t m0 = 0; m0 < rows; m0 += tile_r) {
+            switch (rows - m0 < tile_r ? rows - m0 : tile_r) {
+                case 4: Q_NO(4, 1) break;
+                case 3: Q_NO(3, 1) break;
+                case 2: Q_NO(2, 1) break;
+                default: Q_NO(1, 1) break;
+            }
+        }
+    }
+}
+
+typedef struct {
+    tl_counter ctr;
+    const int8_t *xq;
+    const float *xd, *xs;
+    const uint8_t *w;
+    const float *b;
+    float *y;
+    int64_t rows, in_dim, out_dim;
+    int format, accumulate;
+} q_job;
+
+#define Q_CHUNK 4 /* groups of 8 outputs per scheduling chunk */
+
+static void q_task(void *ctx, int tid, int nthreads) {
+    q_job *j = (q_job *)ctx;
+    (void)tid; (void)nthreads;
+    int64_t end;
+    for (int64_t c = tl_next(&j->ctr, &end); c < j->ctr.count; c = tl_next(&j->ctr, &end)) {
+        const int64_t ngroups = j->out_dim / 8;
+        const int64_t lo = c * Q_CHUNK, hi = end * Q_CHUNK < ngroups ? end * Q_CHUNK : ngroups;
+        if (j->format == TLQ_Q4X8) /* one instantiation per format: the branches on it fold away */
+            q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, TLQ_Q4X8, j->accumulate);
+        else
+            q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, TLQ_Q8X8, j->accumulate);
+    }
+}
+
+int tl_quant_group_bytes(int format) { return format == TLQ_Q4X8 || format == TLQ_Q8X8 ? (int)q_group_bytes(format) : 0; }
+
+/* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); xq/xd/xs from tl_quantize_q8; in_dim a multiple
+ * of 32, out_dim of 8; w: out_dim / 8 groups of in_dim / 32 blocks in `format`. */
+void tl_linear_q(const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, int format, const float *b,
+                 float *y, int64_t rows, int64_t in_dim, int64_t out_dim, int accumulate) {
+    const int64_t chunks = (out_dim / 8 + Q_CHUNK - 1) / Q_CHUNK;
+    q_job job = {{0, chunks, 1}, xq, xd, xs, w, b, y, rows, in_dim, out_dim, format, accumulate};
+    tl_parallel(q_task, &job);
+}
