@@ -80,3 +80,17 @@ def test_close_to_the_dequantized_model(q_llm: LLM, model_fp32: LlamaModel, toke
     cos = torch.nn.functional.cosine_similarity(got, ref, dim=-1)
     assert cos.min() > 0.98, cos
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.8
+
+
+def test_kept_blocks_hold_the_dequantized_values(model_path, weights) -> None:  # noqa: ANN001
+    """Raw rows keep the loader's Q/K un-permutation: each kept weight dequantizes to exactly
+    what the float loader produces."""
+    from tokenleap.models.loaders import load_gguf
+
+    _, dense = weights
+    _, kept = load_gguf(model_path, keep_quantized=True)
+    for name in ("layers.0.q", "layers.0.k", "layers.0.v", "layers.7.down", "layers.29.gate"):
+        assert isinstance(kept[name], QuantWeight)
+        assert torch.equal(kept[name].dequantize(), dense[name]), name
+    assert isinstance(kept["lm_head"], QuantWeight) and torch.equal(kept["embed"], dense["embed"])
+    assert torch.equal(kept["lm_head"].dequantize(), dense["embed"])

@@ -311,13 +311,10 @@ class CpuKernels:
         if bias is not None:
             bias = bias.float().contiguous()
         x = x.contiguous()
-        xq = torch.empty(rows, in_dim, dtype=torch.int8)
-        xd = torch.empty(rows, in_dim // 32, dtype=torch.float32)
-        xs = torch.empty(rows, in_dim // 32, dtype=torch.float32)
-        self.lib.tl_quantize_q8(x.data_ptr(), xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), rows, in_dim)
+        scratch = torch.empty(rows * in_dim + 8 * rows * (in_dim // 32), dtype=torch.uint8)  # int8 rows, scales, sums
         y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
         self.lib.tl_linear_q(
-            xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), weight.data.data_ptr(), weight.format,
+            x.data_ptr(), scratch.data_ptr(), weight.data.data_ptr(), weight.format,
             bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, in_dim, weight.out_dim, int(out is not None),
         )
         return y
@@ -470,9 +467,7 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_init.argtypes = [ctypes.c_int]
     lib.tl_init.restype = ctypes.c_int
     threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
-    lib.tl_quantize_q8.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64]
-    lib.tl_quantize_q8.restype = None
-    lib.tl_linear_q.argtypes = [_ptr, _ptr, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
+    lib.tl_linear_q.argtypes = [_ptr, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
     lib.tl_linear_q.restype = None
     features = int(lib.tl_features())
     packed, bf16_attention = bool(features & 1), bool(features & 2)

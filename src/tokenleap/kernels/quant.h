@@ -188,10 +188,14 @@ static void q_task(void *ctx, int tid, int nthreads) {
 
 int tl_quant_group_bytes(int format) { return format == TLQ_Q4X8 || format == TLQ_Q8X8 ? (int)q_group_bytes(format) : 0; }
 
-/* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); xq/xd/xs from tl_quantize_q8; in_dim a multiple
- * of 32, out_dim of 8; w: out_dim / 8 groups of in_dim / 32 blocks in `format`. */
-void tl_linear_q(const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, int format, const float *b,
+/* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); x fp32 [rows, in_dim], quantized first into
+ * `scratch` (rows * in_dim + 8 * rows * in_dim / 32 bytes); in_dim a multiple of 32, out_dim of
+ * 8; w: out_dim / 8 groups of in_dim / 32 blocks in `format`. */
+void tl_linear_q(const float *x, uint8_t *scratch, const uint8_t *w, int format, const float *b,
                  float *y, int64_t rows, int64_t in_dim, int64_t out_dim, int accumulate) {
+    int8_t *xq = (int8_t *)scratch;
+    float *xd = (float *)(scratch + rows * in_dim), *xs = xd + rows * (in_dim / 32);
+    tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
     const int64_t chunks = (out_dim / 8 + Q_CHUNK - 1) / Q_CHUNK;
     q_job job = {{0, chunks, 1}, xq, xd, xs, w, b, y, rows, in_dim, out_dim, format, accumulate};
     tl_parallel(q_task, &job);

@@ -1,0 +1,125 @@
+"""Weights kept quantized against dequantized bf16, and against llama.cpp, back to back.
+
+One process loads the default model twice: `LLM()` (the GGUF dequantized to bf16) and
+`LLM(quantization="gguf")` (its Q4_1 linears and Q8_0 LM head read in their blocks by the
+kernels' int8 path). On Spec-Bench first turns (`--per-group` per group, chat template, greedy,
+`--max-tokens` forced new tokens with `ignore_eos`), the two run alternately per prompt (the
+order rotates), and the script reports decode tokens/s (`RequestOutput.metrics`, prefill
+excluded), end-to-end tokens/s, their ratio, and how many greedy outputs match token for token
+(they need not: the quantized path rounds activations to int8 blocks). Then, per engine, the
+verify cost curve: one forward of k = 1..16 rows at ~`--context` cached tokens relative to one
+row (fastest of interleaved rounds, as the engine's own cost curve). With `--llama-bench PATH`
+(built by `benchmarks/build_llamacpp.sh`), llama.cpp's `llama-bench -p 0 -n 128 -t THREADS -r 3`
+on the same GGUF file runs before and after tokenleap, and the tokenleap figure comparable to
+llama-bench's tg128 is decode tokens/s (llama-bench tg times decode steps only). JSON to
+`benchmarks/results/quant_decode.json`.
+
+    .venv/bin/python benchmarks/quant_decode.py --llama-bench benchmarks/.peer/llama.cpp/build/bin/llama-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from tokenleap import LLM, SamplingParams  # noqa: E402
+from tokenleap.engine.speculation import _time_rows  # noqa: E402
+
+BENCH = ROOT.parent / "shared" / "bench" / "spec_bench.jsonl"
+
+
+def spec_bench_prompts(path: Path, per_group: int) -> list[str]:
+    groups: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        q = json.loads(line)
+        cat = q.get("category", "")
+        group = "mt_bench" if cat in ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities") else cat
+        if len(groups.setdefault(group, [])) < per_group:
+            groups[group].append(q["turns"][0])
+    return [p for g in sorted(groups) for p in groups[g]]
+
+
+def llama_bench(binary: str, model: Path, threads: int) -> float | None:
+    cmd = [binary, "-m", str(model), "-p", "0", "-n", "128", "-t", str(threads), "-r", "3", "-o", "json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        print(f"llama-bench failed ({proc.returncode}): {proc.stderr[-500:]}", file=sys.stderr)
+        return None
+    rows = json.loads(proc.stdout)
+    return float(rows[0]["avg_ts"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--per-group", type=int, default=2, help="Spec-Bench questions per group (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--context", type=int, default=300, help="cached tokens for the verify cost curve")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-bench", default=None, help="path of a llama-bench binary to run on the same file")
+    ap.add_argument("--bench-file", type=Path, default=BENCH)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quant_decode.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    result: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
+                    "cpu_flags_avx512": "avx512f" in Path("/proc/cpuinfo").read_text(), "load_before": os.getloadavg()}
+    engines = {"bf16": LLM(), "gguf": LLM(quantization="gguf")}
+    model_file = engines["bf16"].source.path
+    result["kernels"] = engines["gguf"].model.kernels.variant if engines["gguf"].model.kernels else None
+    result["bytes_per_token"] = {n: e.model.weight_bytes_per_token() for n, e in engines.items()}
+    if args.llama_bench:
+        result["llama_bench_before"] = llama_bench(args.llama_bench, model_file, args.threads)
+        print(f"llama-bench tg128 (before): {result['llama_bench_before']}")
+    prompts = spec_bench_prompts(args.bench_file, args.per_group)
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    totals = {n: {"decode_s": 0.0, "decode_tokens": 0, "e2e_s": 0.0, "tokens": 0} for n in engines}
+    outputs: dict[str, list[list[int]]] = {n: [] for n in engines}
+    names = list(engines)
+    for i, prompt in enumerate(prompts):
+        order = names[i % 2 :] + names[: i % 2]
+        for name in order:
+            t0 = time.perf_counter()
+            out = engines[name].chat([{"role": "user", "content": prompt}], params)[0]
+            tot = totals[name]
+            tot["e2e_s"] += time.perf_counter() - t0
+            tot["tokens"] += len(out.outputs[0].token_ids)
+            tot["decode_s"] += out.metrics.decode_seconds
+            tot["decode_tokens"] += out.metrics.num_decode_tokens
+            outputs[name].append(list(out.outputs[0].token_ids))
+        print(f"[{i + 1}/{len(prompts)}] " + ", ".join(f"{n} {totals[n]['decode_tokens'] / totals[n]['decode_s']:.1f}" for n in names) + " decode tok/s")
+    for name, tot in totals.items():
+        tot["decode_tps"] = tot["decode_tokens"] / tot["decode_s"]
+        tot["e2e_tps"] = tot["tokens"] / tot["e2e_s"]
+    result["decode"] = totals
+    result["gguf_over_bf16_decode"] = totals["gguf"]["decode_tps"] / totals["bf16"]["decode_tps"]
+    result["gguf_over_bf16_e2e"] = totals["gguf"]["e2e_tps"] / totals["bf16"]["e2e_tps"]
+    result["identical_outputs"] = sum(a == b for a, b in zip(outputs["bf16"], outputs["gguf"]))
+    result["prompts"] = len(prompts)
+    result["verify_cost"] = {n: _time_rows(e.model, args.context, 16, 5) for n, e in engines.items()}
+    if args.llama_bench:
+        result["llama_bench_after"] = llama_bench(args.llama_bench, model_file, args.threads)
+        peer = [v for v in (result["llama_bench_before"], result["llama_bench_after"]) if v]
+        if peer:
+            result["llama_bench_tg128"] = sum(peer) / len(peer)
+            result["gguf_over_llamacpp_decode"] = totals["gguf"]["decode_tps"] / result["llama_bench_tg128"]
+    result["load_after"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "verify_cost"}, indent=1))
+    for n, curve in result["verify_cost"].items():
+        print(f"verify cost {n}: " + " ".join(f"{k + 1}:{c:.2f}" for k, c in enumerate(curve)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
