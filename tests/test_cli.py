@@ -81,3 +81,17 @@ def test_chat_multi_turn_from_stdin() -> None:
     assert "(history cleared)" in proc.stderr
     assert proc.stderr.count(" generated; ") == 2  # one stats line per answered turn
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_generate_with_quantized_weights(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "Name a prime number.", "--quantization", "gguf", "--temperature", "0", "-n", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] and len(out["token_ids"]) <= 12
+
+
+def test_quantization_of_a_folder_model_is_a_clear_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["generate", "hi", "--model", str(tmp_path), "--quantization", "gguf"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a .gguf model" in err and "Traceback" not in err
