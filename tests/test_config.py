@@ -161,3 +161,11 @@ def test_engine_config_is_frozen() -> None:
     cfg = EngineConfig(max_model_len=2)
     with pytest.raises(AttributeError):
         cfg.dtype = "float32"  # type: ignore[misc]
+
+
+def test_engine_config_quantization() -> None:
+    assert EngineConfig().quantization is None
+    assert EngineConfig(quantization="gguf").quantization == "gguf"
+    assert EngineConfig(quantization="none").quantization is None
+    with pytest.raises(TokenleapError, match="quantization must be 'gguf' or None"):
+        EngineConfig(quantization="awq")
