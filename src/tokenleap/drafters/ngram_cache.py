@@ -16,6 +16,10 @@ The context and dynamic statistics hold at most `max_entries` (n-gram, next toke
 (`DEFAULT_MAX_ENTRIES`, about 300 bytes a pair in CPython: some 75 MiB when full): past the cap
 the least recently updated n-grams are dropped, a sixteenth of the cap at a time, so a
 long-running engine keeps the statistics of recent text (llama.cpp's cache is unbounded).
+
+A seeded sampled request (`DraftRequest.request_local`) drafts from its context and the static
+file only, never from the dynamic statistics that other requests shape; its tokens still join
+them when it ends (see `tokenleap.drafters.base`).
 """
 
 from __future__ import annotations
@@ -103,9 +107,12 @@ class NgramCacheDrafter:
         self.static = load_stats(Path(static_path)) if static_path else Stats()
         self._context: dict[str, tuple[Stats, int]] = {}  # request -> (stats, tokens counted)
         self._tokens: dict[str, list[int]] = {}
+        self._local: set[str] = set()  # seeded sampled requests: no dynamic statistics
 
     def begin(self, request: DraftRequest) -> None:
         self._context[request.request_id] = (Stats(self.max_entries), 0)
+        if request.request_local:
+            self._local.add(request.request_id)
 
     def _update(self, request_id: str, tokens: Sequence[int]) -> Stats:
         stats, counted = self._context[request_id]
@@ -127,7 +134,8 @@ class NgramCacheDrafter:
         return None
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
-        levels = (self._update(request_id, tokens), self.dynamic, self.static)
+        context = self._update(request_id, tokens)
+        levels = (context, self.static) if request_id in self._local else (context, self.dynamic, self.static)
         window = list(tokens[-self.n_max :])
         draft: list[int] = []
         while len(draft) < max_tokens:
@@ -143,6 +151,7 @@ class NgramCacheDrafter:
 
     def end(self, request_id: str) -> None:
         self._context.pop(request_id, None)
+        self._local.discard(request_id)
         tokens = self._tokens.pop(request_id, None)
         if tokens:
             _count(self.dynamic, tokens, 1, self.n_max)

@@ -12,6 +12,11 @@ The pool (`HashPool`, int32 slots, `DEFAULT_POOL_SIZE` = 1M slots = 4 MiB; llama
 is allocated on first write. Drafters made by one registry share one pool per (n, size)
 through a `PoolStore`, as llama.cpp's server shares one instance between all slots, so several
 speculative configs differing only in other knobs do not each hold a copy.
+
+A seeded sampled request (`DraftRequest.request_local`) drafts from a pool of its own: a dict
+holding only the slots its history wrote, with the same hash and collisions, so its text does
+not depend on other requests. Its n-grams still go into the shared pool (see
+`tokenleap.drafters.base`).
 """
 
 from __future__ import annotations
@@ -90,26 +95,35 @@ class NgramModDrafter:
         self.size_n = size_n
         self.pool = pool if pool is not None else HashPool(pool_size)
         self._indexed: dict[str, int] = {}
+        self._local: dict[str, dict[int, int]] = {}  # request-local pools (seeded sampled requests)
 
     def _index(self, request_id: str, tokens: Sequence[int]) -> None:
         n, size = self.size_n, self.pool.size
         done = self._indexed.get(request_id, 0)
+        local = self._local.get(request_id)
         for end in range(max(done, n), len(tokens)):
-            self.pool.put(ngram_slot(tokens[end - n : end], size), int(tokens[end]))
+            slot, token = ngram_slot(tokens[end - n : end], size), int(tokens[end])
+            self.pool.put(slot, token)
+            if local is not None:
+                local[slot] = token
         self._indexed[request_id] = max(done, len(tokens))
 
     def begin(self, request: DraftRequest) -> None:
         self._indexed[request.request_id] = 0
+        if request.request_local:
+            self._local[request.request_id] = {}
         self._index(request.request_id, request.prompt_ids)
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         self._index(request_id, tokens)
         if len(tokens) < self.size_n:
             return Draft()
+        local = self._local.get(request_id)
+        lookup = self.pool.get if local is None else (lambda slot: local.get(slot, _EMPTY))
         window = list(tokens[-self.size_n :])
         draft: list[int] = []
         while len(draft) < max_tokens:
-            nxt = self.pool.get(ngram_slot(window, self.pool.size))
+            nxt = lookup(ngram_slot(window, self.pool.size))
             if nxt == _EMPTY:
                 break
             draft.append(nxt)
@@ -121,3 +135,4 @@ class NgramModDrafter:
 
     def end(self, request_id: str) -> None:
         self._indexed.pop(request_id, None)  # its n-grams stay in the shared pool
+        self._local.pop(request_id, None)
