@@ -185,3 +185,18 @@ def test_registry_passes_the_configured_bound() -> None:
     drafter = default_registry().create("ngram-cache", SpecConfig("ngram-cache", ngram_cache_max_entries=123))
     assert isinstance(drafter, NgramCacheDrafter)
     assert drafter.dynamic.max_entries == 123
+
+
+def test_registry_shares_the_dynamic_statistics_between_configs() -> None:
+    registry = default_registry()
+    a = registry.create("ngram-cache", SpecConfig("ngram-cache", num_speculative_tokens=4))
+    b = registry.create("ngram-cache", SpecConfig("ngram-cache", num_speculative_tokens=8))
+    chain = registry.create("chain", SpecConfig("suffix+ngram-cache"))
+    other = registry.create("ngram-cache", SpecConfig("ngram-cache", ngram_size_n=2))
+    assert isinstance(a, NgramCacheDrafter) and isinstance(b, NgramCacheDrafter)
+    assert a.dynamic is b.dynamic is chain.drafters[1].dynamic  # type: ignore[attr-defined]
+    assert other.dynamic is not a.dynamic  # type: ignore[attr-defined]
+    assert default_registry().create("ngram-cache", SpecConfig("ngram-cache")).dynamic is not a.dynamic  # type: ignore[attr-defined]
+    run(a, "r", [10, 11, 12, 13, 14])
+    begin(b, "s", [7, 11, 12])
+    assert b.propose("s", [7, 11, 12], 2).tokens == [13, 14]

@@ -15,7 +15,9 @@ next, count], ...]}`.
 The context and dynamic statistics hold at most `max_entries` (n-gram, next token) pairs each
 (`DEFAULT_MAX_ENTRIES`, about 300 bytes a pair in CPython: some 75 MiB when full): past the cap
 the least recently updated n-grams are dropped, a sixteenth of the cap at a time, so a
-long-running engine keeps the statistics of recent text (llama.cpp's cache is unbounded).
+long-running engine keeps the statistics of recent text (llama.cpp's cache is unbounded). The
+drafters one registry makes share one dynamic table per (n_max, bound), so several speculative
+configs of an engine do not each hold one.
 
 A seeded sampled request (`DraftRequest.request_local`) drafts from its context and the static
 file only, never from the dynamic statistics that other requests shape; its tokens still join
@@ -100,10 +102,11 @@ class NgramCacheDrafter:
         min_share: float = 0.5,
         static_path: str | None = None,
         max_entries: int | None = DEFAULT_MAX_ENTRIES,
+        dynamic: Stats | None = None,
     ) -> None:
         self.n_max, self.min_count, self.min_share = n_max, min_count, min_share
         self.max_entries = max_entries
-        self.dynamic = Stats(max_entries)
+        self.dynamic = dynamic if dynamic is not None else Stats(max_entries)  # may be shared
         self.static = load_stats(Path(static_path)) if static_path else Stats()
         self._context: dict[str, tuple[Stats, int]] = {}  # request -> (stats, tokens counted)
         self._tokens: dict[str, list[int]] = {}
