@@ -169,14 +169,15 @@ def run_bench(
     progress: Any = None,
     hf: HFBaseline | None = None,
 ) -> list[Record]:
-    registry = default_registry()
     engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
     # one cost curve for every method: they verify on the same model, and a curve measured in
     # an unlucky moment would otherwise handicap one method for the whole run
     cap = max((cfg.num_speculative_tokens for cfg in methods.values()), default=1)
     curve = measure_cost_curve(model, cap) if methods else None
     for label, cfg in methods.items():
-        drafter = registry.create(cfg.method, cfg, target=model, tokenizer=tokenizer)
+        # a registry per method: drafters of one registry share state (ngram-mod pools), and
+        # each method is measured on its own
+        drafter = default_registry().create(cfg.method, cfg, target=model, tokenizer=tokenizer)
         engines[label] = Engine(model, tokenizer, spec=cfg, drafter=drafter, cost_curve=curve)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     records: list[Record] = []

@@ -56,6 +56,8 @@ class SpecConfig:
     ngram_size_m: int = 16  # llama.cpp n-gram family: drafted m-gram length (--spec-ngram-size-m)
     ngram_min_hits: int = 1  # ngram-map-k / -k4v: occurrences needed (--spec-ngram-min-hits)
     ngram_cache_path: str | None = None  # ngram-cache: static statistics file to load
+    ngram_cache_max_entries: int = 1 << 18  # ngram-cache: (n-gram, token) pairs kept per level (LRU)
+    ngram_mod_pool_size: int = 1 << 20  # ngram-mod: hash pool slots (4 bytes each, allocated on first use)
     suffix_decoding_max_tree_depth: int = 64  # suffix: longest suffix indexed and matched
     suffix_decoding_max_spec_factor: float = 1.0  # suffix: draft <= factor * match length
     suffix_decoding_min_token_prob: float = 0.1  # suffix: stop below this path probability
@@ -87,6 +89,11 @@ class SpecConfig:
             raise TokenleapError(
                 f"ngram_size_n, ngram_size_m and ngram_min_hits must be >= 1, got "
                 f"{self.ngram_size_n}, {self.ngram_size_m}, {self.ngram_min_hits}"
+            )
+        if self.ngram_cache_max_entries < 1 or self.ngram_mod_pool_size < 1:
+            raise TokenleapError(
+                f"ngram_cache_max_entries and ngram_mod_pool_size must be >= 1, got "
+                f"{self.ngram_cache_max_entries} and {self.ngram_mod_pool_size}"
             )
         if self.suffix_decoding_max_tree_depth < 1 or self.suffix_decoding_max_spec_factor < 0:
             raise TokenleapError(

@@ -7,7 +7,7 @@ Two paths compute the same function:
   to exactly the cache slots it may see, in slot order. A row's result then depends only on
   its own query and keys, never on how many other rows share the forward or how long the cache
   is past it. That is what makes verifying k+1 draft rows numerically identical to k+1
-  single-token decode steps (losslessness in floating point, DESIGN.md §6). With the compiled
+  single-token decode steps (losslessness in floating point, ARCHITECTURE.md). With the compiled
   kernels the row path is `CpuKernels.attention`, driven by a `RowPlan` (`plan_rows`) that may
   mix rows of several sequences (a batched decode step); without them, `attend` below.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from tokenleap.config import SpecConfig
@@ -10,9 +11,9 @@ from tokenleap.drafters.chain import ChainDrafter
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, check_drafter
 from tokenleap.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
 from tokenleap.drafters.ngram import NgramDrafter
-from tokenleap.drafters.ngram_cache import NgramCacheDrafter
+from tokenleap.drafters.ngram_cache import NgramCacheDrafter, Stats
 from tokenleap.drafters.ngram_map import NgramMapK4VDrafter, NgramMapKDrafter, NgramSimpleDrafter
-from tokenleap.drafters.ngram_mod import NgramModDrafter
+from tokenleap.drafters.ngram_mod import NgramModDrafter, PoolStore
 from tokenleap.drafters.suffix import SuffixConfig, SuffixDrafter
 
 
@@ -20,7 +21,9 @@ def _ngram(config: SpecConfig, **_: Any) -> Drafter:
     return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
 
 
-def _llamacpp_family(config: SpecConfig, **_: Any) -> Drafter:
+def _llamacpp_family(
+    config: SpecConfig, *, pools: PoolStore, dynamic: dict[tuple[int, int], Stats], **_: Any
+) -> Drafter:
     n, m, hits = config.ngram_size_n, config.ngram_size_m, config.ngram_min_hits
     if config.method == "ngram-simple":
         return NgramSimpleDrafter(n, m)
@@ -28,9 +31,13 @@ def _llamacpp_family(config: SpecConfig, **_: Any) -> Drafter:
         return NgramMapKDrafter(n, m, hits)
     if config.method == "ngram-map-k4v":
         return NgramMapK4VDrafter(n, m, max(hits, 2))
-    if config.method == "ngram-mod":
-        return NgramModDrafter(n)
-    return NgramCacheDrafter(n_max=min(n, 4), static_path=config.ngram_cache_path)
+    if config.method == "ngram-mod":  # one pool per (n, size) for every drafter of this registry
+        size = config.ngram_mod_pool_size
+        return NgramModDrafter(n, size, pool=pools.get(n, size))
+    # ngram-cache: one engine-wide statistics table per (n_max, bound) for this registry's drafters
+    n_max, bound = min(n, 4), config.ngram_cache_max_entries
+    shared = dynamic.setdefault((n_max, bound), Stats(bound))
+    return NgramCacheDrafter(n_max=n_max, static_path=config.ngram_cache_path, max_entries=bound, dynamic=shared)
 
 
 def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, dtype: Any = None, **_: Any) -> Drafter:
@@ -60,8 +67,7 @@ def _suffix(config: SpecConfig, **_: Any) -> Drafter:
     )
 
 
-def _chain(config: SpecConfig, **context: Any) -> Drafter:
-    registry = default_registry()
+def _chain(config: SpecConfig, *, registry: DrafterRegistry, **context: Any) -> Drafter:
     return ChainDrafter([registry.create(m, dataclasses.replace(config, method=m), **context) for m in config.chain])
 
 
@@ -70,15 +76,18 @@ def _custom(config: SpecConfig, **_: Any) -> Drafter:
 
 
 def default_registry() -> DrafterRegistry:
-    """A fresh registry holding the built-in methods (no module-level mutable state)."""
+    """A fresh registry holding the built-in methods (no module-level mutable state). Drafters
+    it creates share what may be shared (ngram-mod pools, ngram-cache's engine-wide statistics),
+    chains included."""
     registry = DrafterRegistry()
     registry.register("ngram", _ngram)
+    family = functools.partial(_llamacpp_family, pools=PoolStore(), dynamic={})
     for name in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"):
-        registry.register(name, _llamacpp_family)
+        registry.register(name, family)
     registry.register("suffix", _suffix)
     registry.register("draft-model", _draft_model)
     registry.register("custom", _custom)
-    registry.register("chain", _chain)
+    registry.register("chain", functools.partial(_chain, registry=registry))
     return registry
 
 

@@ -6,6 +6,16 @@ full context (`propose`), learns which of them were accepted (`accept`) and forg
 (`end`). A `Draft` is a chain unless `parents` says otherwise, and carries `probs`, the exact
 distribution q each token was drawn from, when the drafter samples (None = deterministic, q is
 one-hot). The engine dispatches on capability flags (`needs_hidden_states`), never on types.
+
+Shared state and seeds: a drafter object serves many requests, and some keep state across them
+(the suffix tree over earlier outputs, the ngram-mod pool, ngram-cache's engine-wide counts).
+Drafts never change what a greedy request outputs, nor the distribution of a sampled one, but
+they do change how the verifier consumes a sampled request's random numbers. So a seeded sampled
+request (`DraftRequest.request_local`) is drafted from its own prompt and output only, which
+makes its text a function of the seed, the prompt and the configuration, whatever else the
+engine has run or runs beside it. Its history may still feed the shared state: only requests
+whose output a draft cannot change (greedy ones) or that promise no reproducibility (unseeded
+ones) read it.
 """
 
 from __future__ import annotations
@@ -38,6 +48,12 @@ class DraftRequest:
     prompt_ids: Sequence[int]
     params: SamplingParams
     generator: torch.Generator
+
+    @property
+    def request_local(self) -> bool:
+        """Whether this request must be drafted from its own history only: a seeded sampled
+        request, whose text would otherwise depend on the other requests (see the module doc)."""
+        return self.params.seed is not None and not self.params.greedy
 
 
 @runtime_checkable

@@ -2,10 +2,21 @@
 requests of an engine.
 
 Every n-gram of every request (prompt and output) is hashed with a multiplicative (LCG-style)
-hash and its slot in a fixed array remembers the token that followed it, last writer wins.
-Drafting hashes the context's last n tokens, reads the next token, appends it and repeats, so
-draft length varies with how far the stored continuation goes. Memory and time per token are
-constant (collisions only cost rejected drafts; verification keeps the output exact).
+hash, reduced modulo the pool size, and its slot in a fixed array remembers the token that
+followed it, last writer wins. Drafting hashes the context's last n tokens, reads the next token,
+appends it and repeats, so draft length varies with how far the stored continuation goes. Memory
+and time per token are constant (collisions only cost rejected drafts; verification keeps the
+output exact).
+
+The pool (`HashPool`, int32 slots, `DEFAULT_POOL_SIZE` = 1M slots = 4 MiB; llama.cpp uses 4M)
+is allocated on first write. Drafters made by one registry share one pool per (n, size)
+through a `PoolStore`, as llama.cpp's server shares one instance between all slots, so several
+speculative configs differing only in other knobs do not each hold a copy.
+
+A seeded sampled request (`DraftRequest.request_local`) drafts from a pool of its own: a dict
+holding only the slots its history wrote, with the same hash and collisions, so its text does
+not depend on other requests. Its n-grams still go into the shared pool (see
+`tokenleap.drafters.base`).
 """
 
 from __future__ import annotations
@@ -16,47 +27,103 @@ from typing import ClassVar
 import numpy as np
 
 from tokenleap.drafters.base import Draft, DraftRequest
+from tokenleap.errors import TokenleapError
 
 _MULT = 6364136223846793005  # Knuth's MMIX LCG multiplier
 _MASK = (1 << 64) - 1
 _EMPTY = -1
+DEFAULT_POOL_SIZE = 1 << 20  # slots (4 bytes each)
+
+
+class HashPool:
+    """`size` int32 slots, each -1 (empty) or the token last seen after an n-gram hashing there;
+    the array is allocated on the first write."""
+
+    def __init__(self, size: int = DEFAULT_POOL_SIZE) -> None:
+        if size < 1:
+            raise TokenleapError(f"ngram-mod pool size must be >= 1, got {size}")
+        self.size = size
+        self._slots: np.ndarray | None = None  # [size] int32
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated so far (0 until the first write)."""
+        return 0 if self._slots is None else int(self._slots.nbytes)
+
+    def get(self, slot: int) -> int:
+        return _EMPTY if self._slots is None else int(self._slots[slot])
+
+    def put(self, slot: int, token: int) -> None:
+        if self._slots is None:
+            self._slots = np.full(self.size, _EMPTY, dtype=np.int32)
+        self._slots[slot] = token
+
+
+class PoolStore:
+    """The pools of one owner (a drafter registry), one per (n-gram length, size)."""
+
+    def __init__(self) -> None:
+        self._pools: dict[tuple[int, int], HashPool] = {}
+
+    def get(self, size_n: int, size: int = DEFAULT_POOL_SIZE) -> HashPool:
+        key = (size_n, size)
+        if key not in self._pools:
+            self._pools[key] = HashPool(size)
+        return self._pools[key]
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self._pools.values())
+
+
+def ngram_slot(ngram: Sequence[int], size: int) -> int:
+    """The pool slot of an n-gram: an LCG-style multiplicative hash, high bits modulo `size`."""
+    h = 0
+    for tok in ngram:
+        h = ((h + int(tok) + 1) * _MULT) & _MASK
+    return (h >> 20) % size
 
 
 class NgramModDrafter:
     name: ClassVar[str] = "ngram-mod"
     needs_hidden_states: ClassVar[bool] = False
 
-    def __init__(self, size_n: int = 4, pool_bits: int = 22) -> None:
+    def __init__(self, size_n: int = 4, pool_size: int = DEFAULT_POOL_SIZE, pool: HashPool | None = None) -> None:
+        if size_n < 1:
+            raise TokenleapError(f"ngram-mod n-gram length must be >= 1, got {size_n}")
+        if pool is not None and pool.size != pool_size:
+            raise TokenleapError(f"ngram-mod pool has {pool.size} slots, expected {pool_size}")
         self.size_n = size_n
-        self.pool = np.full(1 << pool_bits, _EMPTY, dtype=np.int32)  # 4M slots, 16 MiB
-        self._mask = (1 << pool_bits) - 1
+        self.pool = pool if pool is not None else HashPool(pool_size)
         self._indexed: dict[str, int] = {}
-
-    def _slot(self, ngram: Sequence[int]) -> int:
-        h = 0
-        for tok in ngram:
-            h = ((h + int(tok) + 1) * _MULT) & _MASK
-        return (h >> 20) & self._mask
+        self._local: dict[str, dict[int, int]] = {}  # request-local pools (seeded sampled requests)
 
     def _index(self, request_id: str, tokens: Sequence[int]) -> None:
-        n = self.size_n
+        n, size = self.size_n, self.pool.size
         done = self._indexed.get(request_id, 0)
+        local = self._local.get(request_id)
         for end in range(max(done, n), len(tokens)):
-            self.pool[self._slot(tokens[end - n : end])] = tokens[end]
+            slot, token = ngram_slot(tokens[end - n : end], size), int(tokens[end])
+            self.pool.put(slot, token)
+            if local is not None:
+                local[slot] = token
         self._indexed[request_id] = max(done, len(tokens))
 
     def begin(self, request: DraftRequest) -> None:
         self._indexed[request.request_id] = 0
+        if request.request_local:
+            self._local[request.request_id] = {}
         self._index(request.request_id, request.prompt_ids)
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         self._index(request_id, tokens)
         if len(tokens) < self.size_n:
             return Draft()
+        local = self._local.get(request_id)
+        lookup = self.pool.get if local is None else (lambda slot: local.get(slot, _EMPTY))
         window = list(tokens[-self.size_n :])
         draft: list[int] = []
         while len(draft) < max_tokens:
-            nxt = int(self.pool[self._slot(window)])
+            nxt = lookup(ngram_slot(window, self.pool.size))
             if nxt == _EMPTY:
                 break
             draft.append(nxt)
@@ -68,3 +135,4 @@ class NgramModDrafter:
 
     def end(self, request_id: str) -> None:
         self._indexed.pop(request_id, None)  # its n-grams stay in the shared pool
+        self._local.pop(request_id, None)

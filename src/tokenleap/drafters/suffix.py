@@ -13,6 +13,10 @@ products (the expected number of accepted tokens); the best walk over both tries
 In a request's own trie the context's own occurrence, which has no continuation yet, is left
 out of the first probability, so both tries estimate on the same footing.
 
+A seeded sampled request (`DraftRequest.request_local`) drafts from its own trie only, so its
+text does not depend on which outputs the global trie holds; its output still joins the global
+trie when it ends (see `tokenleap.drafters.base`).
+
 A path that occurred once is stored as one lazy node pointing into its sequence and is expanded
 into child nodes only when a second occurrence arrives, so a trie grows with the repeated text,
 not with length x max_depth.
@@ -311,6 +315,7 @@ class SuffixConfig:
 class _RequestState:
     local: SuffixTree  # sequence 0: the request's prompt + output so far
     prompt_len: int
+    local_only: bool = False  # a seeded sampled request: never reads the global trie
     pending: list[int] = field(default_factory=list)  # accepted since the last propose
     global_locs: list[Location] = field(default_factory=list)
     global_version: int = -1  # the global trie's version global_locs were computed for
@@ -334,12 +339,12 @@ class SuffixDrafter:
         self._requests: dict[str, _RequestState] = {}
 
     def begin(self, request: DraftRequest) -> None:
-        self._requests[request.request_id] = self._new_state(request.prompt_ids)
+        self._requests[request.request_id] = self._new_state(request.prompt_ids, request.request_local)
 
-    def _new_state(self, prompt: Sequence[int]) -> _RequestState:
+    def _new_state(self, prompt: Sequence[int], local_only: bool = False) -> _RequestState:
         local = SuffixTree(self.config.max_depth)
         local.extend(0, [int(t) for t in prompt])
-        return _RequestState(local, len(prompt))
+        return _RequestState(local, len(prompt), local_only)
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         state = self._sync(request_id, tokens)
@@ -361,11 +366,13 @@ class SuffixDrafter:
             if state is not None:
                 logger.debug("request %s: context does not extend the indexed tokens; reindexing", request_id)
             prompt_len = len(tokens) if state is None else min(state.prompt_len, len(tokens))
-            state = self._requests[request_id] = self._new_state(tokens[:prompt_len])
+            local_only = state is not None and state.local_only
+            state = self._requests[request_id] = self._new_state(tokens[:prompt_len], local_only)
         new = [int(t) for t in tokens[len(state.tokens) :]]
         if new:
             state.local.extend(0, new)
-        self._match_global(state, new)
+        if not state.local_only:
+            self._match_global(state, new)
         state.pending.clear()
         return state
 
