@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-bench (and llama-server) as a benchmark peer, from the llama.cpp tree
+# Build llama.cpp's llama-bench (TARGETS="llama-bench llama-server" for the server too) as a benchmark peer, from the llama.cpp tree
 # vendored in the `llama-cpp-python` sdist on PyPI (the only registry this project reaches), as a
 # user would build it: cmake Release, defaults (GGML_NATIVE=ON), no curl. Never a dependency of
 # tokenleap: the binaries land in benchmarks/.peer/ (git-ignored).
@@ -19,5 +19,5 @@ if [ ! -d "$PEER/llama.cpp" ]; then
 fi
 cmake -S "$PEER/llama.cpp" -B "$PEER/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF ${CMAKE_EXTRA:-} > "$PEER/cmake.log"
-cmake --build "$PEER/llama.cpp/build" --config Release -j "${JOBS:-2}" --target llama-bench llama-server > "$PEER/build.log"
+cmake --build "$PEER/llama.cpp/build" --config Release -j "${JOBS:-2}" --target ${TARGETS:-llama-bench} > "$PEER/build.log"
 echo "$PWD/$PEER/llama.cpp/build/bin/llama-bench"
