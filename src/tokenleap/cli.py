@@ -199,11 +199,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                             progress=lambda: bar.advance(task), hf=hf)
     summary = summarize(records)
     out = Path(args.out)
-    meta = {"model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens, "temperature": args.temperature,
+    weights = f"{args.dtype}, GGUF blocks kept quantized" if llm.model.quantization else args.dtype
+    meta = {"model": args.model, "dtype": args.dtype, "quantization": llm.model.quantization, "max_tokens": args.max_tokens, "temperature": args.temperature,
             "questions_per_group": args.questions_per_group, "methods": list(methods), "draft_max": args.draft_max, "input": args.input,
             "hf_baseline": bool(hf), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_json(out, meta, records, summary)
-    table = Table(title=f"Spec-Bench, {args.model} {args.dtype}, {args.max_tokens} new tokens, temperature {args.temperature}")
+    table = Table(title=f"Spec-Bench, {args.model} {weights}, {args.max_tokens} new tokens, temperature {args.temperature}")
     for col in ("group", "method", "prompts", "tok/s", "speedup", "decode speedup", "accept len", "matched plain"):
         table.add_column(col, justify="left" if col in ("group", "method") else "right")
     order = [g for g in (*GROUPS, "overall") if g in summary] + sorted(set(summary) - set(GROUPS) - {"overall"})
