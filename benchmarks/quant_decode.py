@@ -8,7 +8,8 @@ order rotates), and the script reports decode tokens/s (`RequestOutput.metrics`,
 excluded), end-to-end tokens/s, their ratio, and how many greedy outputs match token for token
 (they need not: the quantized path rounds activations to int8 blocks). Then, per engine, the
 verify cost curve: one forward of k = 1..16 rows at ~`--context` cached tokens relative to one
-row (fastest of interleaved rounds, as the engine's own cost curve). With `--llama-bench PATH`
+row (fastest of interleaved rounds, as the engine's own cost curve), and one [3072, 576] linear
+per weight format at 1, 4 and 8 rows (30 distinct weights, cold). With `--llama-bench PATH`
 (built by `benchmarks/build_llamacpp.sh`), llama.cpp's `llama-bench -p 0 -n 128 -t THREADS -r 3`
 on the same GGUF file runs before and after tokenleap, and the tokenleap figure comparable to
 llama-bench's tg128 is decode tokens/s (llama-bench tg times decode steps only). JSON to
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tokenleap import LLM, SamplingParams  # noqa: E402
 from tokenleap.engine.speculation import _time_rows  # noqa: E402
+from tokenleap.kernels import PackedWeight, QuantWeight  # noqa: E402
 
 BENCH = ROOT.parent / "shared" / "bench" / "spec_bench.jsonl"
 
@@ -61,6 +63,37 @@ def llama_bench(binary: str, model: Path, threads: int) -> float | None:
         return None
     rows = json.loads(proc.stdout)
     return float(rows[0]["avg_ts"])
+
+
+def linear_micro(llm: LLM, rows_list: tuple[int, ...] = (1, 4, 8), copies: int = 30) -> dict[str, dict[int, float]]:
+    """Microseconds per call of one gate+up-shaped linear ([3072, 576]) over `copies` distinct
+    weights (cold in cache, as in a forward), per weight format, fastest of 5 rounds."""
+    import gguf
+    import numpy as np
+
+    kernels = llm.model.kernels
+    rng = np.random.default_rng(0)
+    dense = [(rng.standard_normal((3072, 576)) * 0.05).astype(np.float32) for _ in range(copies)]
+    formats = {
+        "bf16 packed": [PackedWeight.pack(torch.from_numpy(d).bfloat16()) for d in dense] if kernels.packed else [],
+        "Q4_1": [QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q4_1), 3, 3072, 576) for d in dense],
+        "Q8_0": [QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q8_0), 8, 3072, 576) for d in dense],
+    }
+    out: dict[str, dict[int, float]] = {}
+    for name, weights in formats.items():
+        if not weights:
+            continue
+        out[name] = {}
+        for rows in rows_list:
+            x = torch.randn(rows, 576)
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for w in weights:
+                    kernels.linear(x, w)
+                best = min(best, (time.perf_counter() - t0) / len(weights))
+            out[name][rows] = best * 1e6
+    return out
 
 
 def main() -> int:
@@ -109,6 +142,7 @@ def main() -> int:
     result["identical_outputs"] = sum(a == b for a, b in zip(outputs["bf16"], outputs["gguf"]))
     result["prompts"] = len(prompts)
     result["verify_cost"] = {n: _time_rows(e.model, args.context, 16, 5) for n, e in engines.items()}
+    result["linear_us_3072x576"] = linear_micro(engines["gguf"])
     if args.llama_bench:
         result["llama_bench_after"] = llama_bench(args.llama_bench, model_file, args.threads)
         peer = [v for v in (result["llama_bench_before"], result["llama_bench_after"]) if v]
@@ -118,7 +152,9 @@ def main() -> int:
     result["load_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k != "verify_cost"}, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("verify_cost", "linear_us_3072x576")}, indent=1))
+    for n, per_rows in result["linear_us_3072x576"].items():
+        print(f"linear [3072, 576] {n}: " + " ".join(f"{r} rows {us:.0f} us" for r, us in per_rows.items()))
     for n, curve in result["verify_cost"].items():
         print(f"verify cost {n}: " + " ".join(f"{k + 1}:{c:.2f}" for k, c in enumerate(curve)))
     return 0
