@@ -75,3 +75,16 @@ def test_quant_weight_validates_and_fuses() -> None:
         QuantWeight(a.data, 12, 16, 64)
     with pytest.raises(ValueError, match="cannot keep"):
         QuantWeight.from_blocks(np.zeros(20 * 12, np.uint8), 3, 12, 32)  # 12 outputs: not a multiple of 8
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[QUANT_TYPES[t][0] for t in TYPES])
+def test_fused_norm_and_gate_give_the_same_bits(kernels: CpuKernels, qtype: int) -> None:
+    w = _quant_weight(qtype, 48, 64, seed=qtype + 7)
+    g = torch.Generator().manual_seed(9)
+    x, nw, gu = torch.randn(5, 64, generator=g), torch.rand(64, generator=g) + 0.5, torch.randn(5, 128, generator=g) * 3
+    assert torch.equal(kernels.linear(x, w, norm=(nw, 1e-5)), kernels.linear(kernels.rmsnorm(x, nw, 1e-5), w))
+    assert torch.equal(kernels.linear(gu, w, glu=True), kernels.linear(kernels.silu_mul(gu), w))
+    base = torch.randn(5, 48, generator=g)
+    acc = base.clone()
+    kernels.linear(gu, w, out=acc, glu=True)
+    assert torch.equal(acc, base + kernels.linear(kernels.silu_mul(gu), w))

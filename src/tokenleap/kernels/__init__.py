@@ -239,13 +239,23 @@ class CpuKernels:
         weight: torch.Tensor | PackedWeight,
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
+        *,
+        norm: tuple[torch.Tensor, float] | None = None,
+        glu: bool = False,
     ) -> torch.Tensor:
-        """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight bf16/fp32 `[out, in]` or packed.
-        With `out` (contiguous fp32 `[rows, out]`), the result is added to it in place."""
+        """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight bf16/fp32 `[out, in]`, packed or
+        quantized. With `out` (contiguous fp32 `[rows, out]`), the result is added to it in place.
+        The input may be formed first, the same bits either way (quantized weights fuse it into
+        their call): `norm=(w, eps)` RMSNorms x; `glu` takes x = (gate | up) `[rows, 2 in]` and
+        uses `silu(gate) * up`."""
+        if isinstance(weight, QuantWeight):
+            return self._linear_quant(x, weight, bias, out, norm, glu)
+        if glu:
+            x = self.silu_mul(x)
+        elif norm is not None:
+            x = self.rmsnorm(x, norm[0], norm[1])
         if isinstance(weight, PackedWeight):
             return self._linear_packed(x, weight, bias, out)
-        if isinstance(weight, QuantWeight):
-            return self._linear_quant(x, weight, bias, out)
         if out is not None:
             return out.add_(self.linear(x, weight, bias))
         rows, in_dim = x.shape
@@ -299,11 +309,20 @@ class CpuKernels:
         return y
 
     def _linear_quant(
-        self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None, out: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        weight: QuantWeight,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None,
+        norm: tuple[torch.Tensor, float] | None = None,
+        glu: bool = False,
     ) -> torch.Tensor:
-        """`tl_linear_q`: each row of x quantized to int8 blocks of 32 (its own scales), then exact
-        integer block dot products with the weight's blocks (see quant.h)."""
+        """`tl_linear_q`: each row of x (RMSNormed or gated first when asked) quantized to int8
+        blocks of 32 with its own scale, then exact integer block dot products with the weight's
+        blocks (see quant.h)."""
         rows, in_dim = x.shape
+        if glu:
+            in_dim //= 2
         if in_dim != weight.in_dim or x.dtype != torch.float32:
             raise ValueError(f"kernel linear: x {tuple(x.shape)} {x.dtype} does not fit {weight.name} weight [{weight.out_dim}, {weight.in_dim}]")
         if out is not None and (out.shape != (rows, weight.out_dim) or out.dtype != torch.float32 or not out.is_contiguous()):
@@ -311,10 +330,14 @@ class CpuKernels:
         if bias is not None:
             bias = bias.float().contiguous()
         x = x.contiguous()
-        scratch = torch.empty(rows * in_dim + 8 * rows * (in_dim // 32), dtype=torch.uint8)  # int8 rows, scales, sums
+        fused = glu or norm is not None
+        # int8 rows, block scales and sums, and the formed fp32 input when fusing
+        scratch = torch.empty(rows * in_dim * (5 if fused else 1) + 8 * rows * (in_dim // 32), dtype=torch.uint8)
         y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
+        norm_w = norm[0].contiguous() if norm is not None and not glu else None
         self.lib.tl_linear_q(
-            x.data_ptr(), scratch.data_ptr(), weight.data.data_ptr(), weight.format,
+            x.data_ptr(), norm_w.data_ptr() if norm_w is not None else None, float(norm[1]) if norm_w is not None else 0.0,
+            int(glu), scratch.data_ptr(), weight.data.data_ptr(), weight.format,
             bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, in_dim, weight.out_dim, int(out is not None),
         )
         return y
@@ -467,7 +490,7 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_init.argtypes = [ctypes.c_int]
     lib.tl_init.restype = ctypes.c_int
     threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
-    lib.tl_linear_q.argtypes = [_ptr, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
+    lib.tl_linear_q.argtypes = [_ptr, _ptr, ctypes.c_float, ctypes.c_int, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
     lib.tl_linear_q.restype = None
     features = int(lib.tl_features())
     packed, bf16_attention = bool(features & 1), bool(features & 2)

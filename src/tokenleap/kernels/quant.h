@@ -189,12 +189,21 @@ static void q_task(void *ctx, int tid, int nthreads) {
 int tl_quant_group_bytes(int format) { return format == TLQ_Q4X8 || format == TLQ_Q8X8 ? (int)q_group_bytes(format) : 0; }
 
 /* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); x fp32 [rows, in_dim], quantized first into
- * `scratch` (rows * in_dim + 8 * rows * in_dim / 32 bytes); in_dim a multiple of 32, out_dim of
- * 8; w: out_dim / 8 groups of in_dim / 32 blocks in `format`. */
-void tl_linear_q(const float *x, uint8_t *scratch, const uint8_t *w, int format, const float *b,
-                 float *y, int64_t rows, int64_t in_dim, int64_t out_dim, int accumulate) {
+ * `scratch` (rows * in_dim + 8 * rows * in_dim / 32 bytes, then 4 * rows * in_dim more when
+ * fusing); in_dim a multiple of 32, out_dim of 8; w: out_dim / 8 groups of in_dim / 32 blocks in
+ * `format`. Fused inputs (one call instead of two, the same bits): with `norm_w`, x is RMSNormed
+ * first (tl_rmsnorm, `eps`); with `glu`, x is [rows, 2 in_dim] = (gate | up) and the input is
+ * tl_silu_mul(x). */
+void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_t *scratch, const uint8_t *w,
+                 int format, const float *b, float *y, int64_t rows, int64_t in_dim, int64_t out_dim, int accumulate) {
     int8_t *xq = (int8_t *)scratch;
     float *xd = (float *)(scratch + rows * in_dim), *xs = xd + rows * (in_dim / 32);
+    if (norm_w || glu) {
+        float *tmp = xs + rows * (in_dim / 32);
+        if (glu) tl_silu_mul(x, tmp, rows, in_dim);
+        else tl_rmsnorm(x, norm_w, tmp, rows, in_dim, eps);
+        x = tmp;
+    }
     tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
     const int64_t chunks = (out_dim / 8 + Q_CHUNK - 1) / Q_CHUNK;
     q_job job = {{0, chunks, 1}, xq, xd, xs, w, b, y, rows, in_dim, out_dim, format, accumulate};

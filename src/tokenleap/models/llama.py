@@ -251,11 +251,11 @@ class LlamaModel:
         hidden_states: dict[int, torch.Tensor] = {}
         for idx, layer in enumerate(self.layers):
             pk = layer.packed
-            qkv = kernels.linear(kernels.rmsnorm(x, layer.attn_norm, eps), pk.get("wqkv", layer.wqkv), layer.bqkv)
+            qkv = kernels.linear(x, pk.get("wqkv", layer.wqkv), layer.bqkv, norm=(layer.attn_norm, eps))
             a = kernels.attention(qkv, plan, idx, c.num_heads, c.num_kv_heads, c.head_dim, self._cos, self._sin)
             kernels.linear(a, pk.get("wo", layer.wo), None, out=x)  # x += a @ wo.T
-            gate_up = kernels.linear(kernels.rmsnorm(x, layer.mlp_norm, eps), pk.get("w_gate_up", layer.w_gate_up))
-            kernels.linear(kernels.silu_mul(gate_up), pk.get("w_down", layer.w_down), None, out=x)
+            gate_up = kernels.linear(x, pk.get("w_gate_up", layer.w_gate_up), norm=(layer.mlp_norm, eps))
+            kernels.linear(gate_up, pk.get("w_down", layer.w_down), None, out=x, glu=True)  # x += silu_mul(gate_up) @ w_down.T
             if idx in return_hidden:
                 hidden_states[idx] = x.clone()
         for s in seqs:
