@@ -6,6 +6,7 @@
  * call for all rows, so verifying several tokens costs little more than one.
  */
 #include "pool.h"
+#include "rope.h"
 
 #define RB 4 /* input rows per register block */
 #define OB 4 /* output rows per register block */
@@ -436,14 +437,6 @@ void tl_silu_mul(const float *gu, float *y, int64_t rows, int64_t f) {
         }
 }
 
-/* Rotary embedding (Su et al., 2021), half-split layout: x*cos + rotate_half(x)*sin. */
-static inline void rope_head(const float *x, float *y, const float *cos, const float *sin, int64_t hd) {
-    const int64_t half = hd / 2;
-    for (int64_t i = 0; i < half; i++) {
-        y[i] = x[i] * cos[i] - x[i + half] * sin[i];
-        y[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
-    }
-}
 
 typedef struct {
     tl_counter ctr;
@@ -504,19 +497,9 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
                   float *out, float *qrot, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
                   const int64_t *slot_end, const int64_t *slot_off, const int64_t *slot_idx,
                   float *scratch, int64_t max_slots) {
-    const int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
+    const int64_t group = heads / kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = qkv + r * width, *c = cos + pos[r] * hd, *sn = sin + pos[r] * hd;
-        float *kvr = (float *)kv_base[r];
-        const int64_t plane = kv_heads * cap[r] * hd;
-        float *kl = kvr + layer * 2 * plane, *vl = kl + plane;
-        for (int64_t h = 0; h < heads; h++) rope_head(row + h * hd, qrot + (r * heads + h) * hd, c, sn, hd);
-        for (int64_t h = 0; h < kv_heads; h++) {
-            rope_head(row + (heads + h) * hd, kl + (h * cap[r] + wslot[r]) * hd, c, sn, hd);
-            memcpy(vl + (h * cap[r] + wslot[r]) * hd, row + (heads + kv_heads + h) * hd, (size_t)hd * sizeof(float));
-        }
-    }
+    rope_and_write_f32(qkv, pos, cos, sin, kv_base, cap, wslot, layer, qrot, rows, heads, kv_heads, hd);
     /* Few rows (decoding): one job per query head, so 2 threads share 9 heads evenly; more
      * rows: one job per (row, kv head), streaming K and V once for the heads that share them.
      * A head's arithmetic is the same either way. */

@@ -13,6 +13,7 @@
  *   tl_rmsnorm, tl_silu_mul, tl_attention (fp32 KV cache), tl_init
  * There is no bf16 dot-product instruction here, so no blocked bf16 KV cache (tl_features). */
 #include "pool.h"
+#include "rope.h"
 
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "kernels_avx2.c needs AVX2 and FMA"
@@ -268,13 +269,6 @@ void tl_silu_mul(const float *gu, float *y, int64_t rows, int64_t f) {
  * the last slot are -inf: exact zeros); P.V as an FMA chain over the slots in order. The same
  * sequence whatever the other rows or the job split. */
 
-static inline void rope_head(const float *x, float *y, const float *cos, const float *sin, int64_t hd) {
-    const int64_t half = hd / 2;
-    for (int64_t i = 0; i < half; i++) {
-        y[i] = x[i] * cos[i] - x[i + half] * sin[i];
-        y[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
-    }
-}
 
 static inline __attribute__((always_inline)) void attn_head(
         const float *qr, const float *kbase, const float *vbase, float *orow, int64_t n, const int64_t *idx,
@@ -358,19 +352,9 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
                   float *out, float *qrot, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
                   const int64_t *slot_end, const int64_t *slot_off, const int64_t *slot_idx,
                   float *scratch, int64_t max_slots) {
-    const int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
+    const int64_t group = heads / kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = qkv + r * width, *c = cos + pos[r] * hd, *sn = sin + pos[r] * hd;
-        float *kvr = (float *)kv_base[r];
-        const int64_t plane = kv_heads * cap[r] * hd;
-        float *kl = kvr + layer * 2 * plane, *vl = kl + plane;
-        for (int64_t h = 0; h < heads; h++) rope_head(row + h * hd, qrot + (r * heads + h) * hd, c, sn, hd);
-        for (int64_t h = 0; h < kv_heads; h++) {
-            rope_head(row + (heads + h) * hd, kl + (h * cap[r] + wslot[r]) * hd, c, sn, hd);
-            memcpy(vl + (h * cap[r] + wslot[r]) * hd, row + (heads + kv_heads + h) * hd, (size_t)hd * sizeof(float));
-        }
-    }
+    rope_and_write_f32(qkv, pos, cos, sin, kv_base, cap, wslot, layer, qrot, rows, heads, kv_heads, hd);
     const int64_t span = rows * kv_heads < 4 * pool.n ? 1 : group;
     attn_ctx ctx = {{0, rows * heads / span, 1}, qrot, out, kv_base, cap, slot_end, slot_off, slot_idx, scratch,
                     layer, heads, kv_heads, hd, max_slots, span, scale};
