@@ -46,6 +46,13 @@ CASES = [
     (CHAT, _chat(max_tokens=1.5), 400, "max_tokens", "max_tokens"),
     (CHAT, _chat(temperature=-0.5), 400, "temperature must be >= 0", "temperature"),
     (CHAT, _chat(temperature="hot"), 400, "temperature", "temperature"),
+    # Python's json reads NaN / Infinity: a non-finite number is a 400, never a failed prefill
+    (CHAT, b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": NaN}', 400, "finite", "temperature"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": Infinity}', 400, "finite", "temperature"),
+    (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "temperature": 0.7, "top_p": NaN}', 400, "finite", "top_p"),
+    (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "temperature": 0.7, "min_p": -Infinity}', 400, "finite", "min_p"),
+    (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "speculative": {"method": "suffix", "suffix_decoding_min_token_prob": NaN}}',
+     400, "finite", "speculative"),
     (CHAT, _chat(top_p=1.5), 400, "top_p must be in (0, 1]", "top_p"),
     (CHAT, _chat(top_p=0), 400, "top_p must be in (0, 1]", "top_p"),
     (CHAT, _chat(top_k=-3), 400, "top_k", "top_k"),
@@ -94,6 +101,17 @@ def test_bad_request(server: BackgroundServer, path: str, body: Any, status: int
     assert "Traceback" not in r.text
     if status == 404:
         assert err["code"] == "model_not_found"
+
+
+def test_tiny_temperature_is_greedy(server: BackgroundServer, llm: LLM) -> None:
+    """A temperature below 1e-5 decodes greedily (vLLM's epsilon) instead of failing the prefill."""
+    from .conftest import reference_completion
+
+    text, ids, finish = reference_completion(llm, "The capital of France is", 8)
+    for temperature in (1e-38, 5e-324, 1e-6):
+        r = httpx.post(server.url + COMPLETIONS, json=_completion(prompt="The capital of France is", max_tokens=8, temperature=temperature))
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == text
 
 
 def test_prompt_longer_than_context(server: BackgroundServer) -> None:
