@@ -116,7 +116,8 @@ def _add_serve_parser(sub: Any) -> None:
     g = serve.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
     g.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health (default: $TOKENLEAP_API_KEY, else no key)")
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (default: $TOKENLEAP_API_KEY, else no key)")
+    g.add_argument("--metrics-api-key-required", action="store_true", help="put /metrics behind the API key too (default: open, for Prometheus scrapers)")
     g.add_argument("--served-model-name", default=None, help="model name clients send (default: the --model argument)")
     g.add_argument("--max-batch", type=int, default=16, help="requests decoded together at most (default: %(default)s)")
     g.add_argument("--max-queue", type=int, default=64, help="requests waiting for a batch slot at most; more get 429 (default: %(default)s)")
@@ -140,6 +141,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        metrics_api_key_required=args.metrics_api_key_required,
         served_model_name=args.served_model_name,
         max_batch=args.max_batch,
         max_queue=args.max_queue,

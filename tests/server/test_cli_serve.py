@@ -61,7 +61,7 @@ def test_serve_process(sig: signal.Signals) -> None:
     env = {**os.environ, "TOKENLEAP_API_KEY": "k3y", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenleap.cli", "serve", "--port", str(port), "--spec-type", "ngram", "--draft-max", "4",
-         "--log-level", "warning"],
+         "--log-level", "warning", "--metrics-api-key-required"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -77,6 +77,7 @@ def test_serve_process(sig: signal.Signals) -> None:
                 pass
             time.sleep(0.2)
         assert httpx.get(url + "/v1/models").status_code == 401  # the key came from the environment
+        assert httpx.get(url + "/metrics").status_code == 401  # --metrics-api-key-required
         r = httpx.post(url + "/v1/completions", headers={"Authorization": "Bearer k3y"}, timeout=60,
                        json={"prompt": "a b c d a b c d a b c d", "max_tokens": 8, "temperature": 0})
         assert r.status_code == 200

@@ -153,7 +153,8 @@ def test_auth(server_llm: LLM, server: BackgroundServer) -> None:
     """A second app on the same engine (the shared server is idle meanwhile)."""
     with BackgroundServer(server_llm, ServerConfig(port=0, log_level="warning", api_key="sekret")) as srv:
         assert httpx.get(srv.url + "/health").status_code == 200  # open
-        for path in ("/v1/models", "/metrics"):
+        assert httpx.get(srv.url + "/metrics").status_code == 200  # open by default: scrapers rarely have a key
+        for path in ("/v1/models",):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}, {"Authorization": "Basic sekret"}):
                 r = httpx.get(srv.url + path, headers=headers)
                 assert r.status_code == 401, (path, headers)
@@ -168,6 +169,10 @@ def test_auth(server_llm: LLM, server: BackgroundServer) -> None:
         assert r2.choices[0].message.content
         assert srv.state.loop.num_live == 0
     assert srv.state.loop.num_live == 0
+    with BackgroundServer(server_llm, ServerConfig(port=0, log_level="warning", api_key="sekret", metrics_api_key_required=True)) as srv:
+        assert httpx.get(srv.url + "/metrics").status_code == 401
+        assert httpx.get(srv.url + "/metrics", headers={"Authorization": "Bearer sekret"}).status_code == 200
+        assert httpx.get(srv.url + "/health").status_code == 200
     # without a key, everything is open
     assert httpx.get(server.url + "/v1/models").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 200

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app: `create_app(llm, config)` builds a FastAPI application.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (SSE streaming or whole answers),
-GET /v1/models, GET /health (never behind the API key), GET /metrics (Prometheus text). The
+GET /v1/models, GET /health (never behind the API key), GET /metrics (Prometheus text; behind the
+key only with `metrics_api_key_required`, as vLLM leaves it open for scrapers). The
 app owns its engine loop thread (started and stopped by the ASGI lifespan) and its metrics
 registry; nothing is global, so several apps can live in one process (one engine each: an
 engine is single-threaded and must not be served by two live apps at once). Every error a
@@ -100,7 +101,7 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         handlers.check_model(state, model)
         return _model_card(state)
 
-    @app.get("/metrics", dependencies=auth)
+    @app.get("/metrics", dependencies=auth if config.metrics_api_key_required else [])
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 

@@ -18,7 +18,8 @@ API_KEY_ENV = "TOKENLEAP_API_KEY"
 class ServerConfig:
     host: str = "127.0.0.1"  # loopback unless asked otherwise
     port: int = 8000
-    api_key: str | None = None  # Bearer token required on every route but /health
+    api_key: str | None = None  # Bearer token required on every route but /health (and /metrics, unless below)
+    metrics_api_key_required: bool = False  # /metrics behind the API key too (Prometheus scrapers often have none)
     served_model_name: str | None = None  # default: the model argument given to LLM
     max_batch: int = 16  # running requests stepped together
     max_queue: int = 64  # requests waiting for a batch slot; one more gets 429
