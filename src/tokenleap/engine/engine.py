@@ -18,13 +18,16 @@ continuous batching comes with the server.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
 
 from tokenleap.attention import tree_mask
 from tokenleap.config import SpecConfig
+from tokenleap.drafters import drafter_key
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
@@ -35,6 +38,8 @@ from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import RequestMetrics
 from tokenleap.verify.chain import verify_chain
 from tokenleap.verify.tree import check_parents, first_path, tree_depths, verify_tree_greedy
+
+logger = logging.getLogger(__name__)
 
 _EMPTY = Draft()
 
@@ -50,9 +55,12 @@ class Engine:
         drafter_factory: Callable[[SpecConfig], Drafter] | None = None,
         prefill_chunk: int = 256,
         cost_curve: CostCurve | None = None,
+        max_drafters: int = 32,
     ) -> None:
         if prefill_chunk < 1:
             raise TokenleapError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if max_drafters < 1:
+            raise TokenleapError(f"max_drafters must be >= 1, got {max_drafters}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = min(max_model_len or model.max_context, model.max_context)
@@ -63,11 +71,14 @@ class Engine:
         # so a server can interleave them with decode steps and every path computes the same
         # prompt cache: batched or not, a request's output is the library's output.
         self.prefill_chunk = prefill_chunk
-        # one drafter per speculative config, shared by the requests that use it (global state
-        # such as the suffix tree over earlier outputs or the ngram-mod pool lives there)
-        self._drafters: dict[SpecConfig, Drafter] = {}
+        # one drafter per `drafter_key` (the config fields its method reads), shared by the
+        # requests that use it (global state such as the suffix tree over earlier outputs or the
+        # ngram-mod pool lives there); beside the engine's own, the `max_drafters` most recently
+        # used are kept and older ones let go (their running requests keep them to the end)
+        self.max_drafters = max_drafters
+        self._drafters: OrderedDict[Hashable, Drafter] = OrderedDict()
         if spec is not None and self.drafter is not None:
-            self._drafters[spec] = self.drafter
+            self._drafters[drafter_key(spec)] = self.drafter
         self._ids = itertools.count()
         self._cost_curve = cost_curve  # measured on first need unless given (engines on one model can share one)
 
@@ -79,12 +90,19 @@ class Engine:
         return self._cost_curve
 
     def drafter_for(self, spec: SpecConfig) -> Drafter:
-        """The drafter serving `spec`, created on first use."""
-        drafter = self._drafters.get(spec)
-        if drafter is None:
-            if self._drafter_factory is None:
-                raise TokenleapError("this engine cannot create drafters for per-request speculative configs")
-            drafter = self._drafters[spec] = self._drafter_factory(spec)
+        """The drafter serving `spec` (and every config with its `drafter_key`), created on first use."""
+        key = drafter_key(spec)
+        drafter = self._drafters.get(key)
+        if drafter is not None:
+            self._drafters.move_to_end(key)
+            return drafter
+        if self._drafter_factory is None:
+            raise TokenleapError("this engine cannot create drafters for per-request speculative configs")
+        drafter = self._drafters[key] = self._drafter_factory(spec)
+        others = [k for k, d in self._drafters.items() if d is not self.drafter]  # oldest first, `key` last
+        for old in others[: max(0, len(others) - self.max_drafters)]:
+            logger.info("letting go of the least recently used drafter %r (more than %d)", old[0], self.max_drafters)
+            del self._drafters[old]
         return drafter
 
     def add_request(

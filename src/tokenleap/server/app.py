@@ -50,6 +50,7 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     loop = holder["loop"] = EngineLoop(llm.engine, metrics, max_batch=config.max_batch, max_queue=config.max_queue,
                                        timeout=config.timeout, log_requests=config.log_requests)
     state = ServerState(llm, config, loop, metrics, served, _aliases(llm, served), int(time.time()))
+    llm.engine.max_drafters = config.max_spec_configs  # per-request configs keep at most this many drafters
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -26,7 +26,7 @@ class ServerConfig:
     timeout: float | None = None  # seconds from arrival to the last token; None: no limit
     max_request_bytes: int = 1 << 20  # request body limit (413 above)
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on shutdown
-    max_spec_configs: int = 32  # distinct per-request speculative configs (each keeps a drafter)
+    max_spec_configs: int = 32  # drafters kept for per-request speculative configs (least recently used let go)
     log_requests: bool = False  # one INFO line per finished request, with speculation stats
     log_level: str = "info"  # uvicorn's log level
 

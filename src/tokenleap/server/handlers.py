@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -57,7 +57,6 @@ class ServerState:
     model_name: str
     aliases: frozenset[str]
     created: int
-    spec_configs: set[SpecConfig] = field(default_factory=set)  # per-request configs seen (event loop only)
 
     @property
     def max_context(self) -> int:
@@ -177,14 +176,7 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
         except TokenleapError as exc:
             raise bad_request(exc, "speculative") from None
     assert spec is not None
-    if spec == default:
-        return True
-    if spec not in state.spec_configs:
-        if len(state.spec_configs) >= state.config.max_spec_configs:
-            raise APIError(400, f"this server already keeps {len(state.spec_configs)} distinct speculative configs, its limit; "
-                           "reuse one of the configs sent before", param="speculative")
-        state.spec_configs.add(spec)
-    return spec
+    return True if spec == default else spec
 
 
 def _method_name(state: ServerState, spec: SpecConfig | bool) -> str | None:
