@@ -124,6 +124,7 @@ def _add_serve_parser(sub: Any) -> None:
     g.add_argument("--timeout", type=float, default=None, help="seconds a request may take, queueing included (default: no limit)")
     g.add_argument("--max-request-bytes", type=int, default=1 << 20, help="request body size limit; larger bodies get 413 (default: %(default)s)")
     g.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM (default: %(default)s)")
+    g.add_argument("--max-num-speculative-tokens", type=int, default=None, help="largest num_speculative_tokens a request may ask for; the cost curve is measured for it at start (default: --draft-max with --spec-type, else 16)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log level (default: %(default)s)")
     _add_model_args(serve)
     _add_spec_args(serve)  # --stats: log each finished request's speculation statistics
@@ -148,6 +149,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         max_request_bytes=args.max_request_bytes,
         shutdown_timeout=args.shutdown_timeout,
+        max_num_speculative_tokens=args.max_num_speculative_tokens,
         log_requests=args.stats,
         log_level=args.log_level,
     )

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 import torch
 
 from tokenleap.attention import tree_mask
-from tokenleap.config import SpecConfig
+from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
 from tokenleap.drafters import drafter_key
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.engine.request import Request
@@ -83,8 +83,17 @@ class Engine:
         self._cost_curve = cost_curve  # measured on first need unless given (engines on one model can share one)
 
     def cost_curve(self, cap: int | None = None) -> CostCurve:
-        """Relative cost of verifying k drafts, measured (lazily, once per larger cap) here."""
-        cap = cap or (self.spec.num_speculative_tokens if self.spec else 1)
+        """Relative cost of verifying k drafts. Measured once, on first need, for drafts up to
+        the larger of `cap` and the engine's cap (default 16), and never again: a later, larger
+        cap extrapolates it, because a measurement stalls every running request for seconds. A
+        server measures it before serving (`ensure_cost_curve`) for the largest cap it allows."""
+        if self._cost_curve is None:
+            own = self.spec.num_speculative_tokens if self.spec is not None else DEFAULT_DRAFT_TOKENS
+            self._cost_curve = measure_cost_curve(self.model, max(cap or 0, own))
+        return self._cost_curve
+
+    def ensure_cost_curve(self, cap: int) -> CostCurve:
+        """Measure the cost curve now unless it already covers drafts of `cap` tokens."""
         if self._cost_curve is None or len(self._cost_curve.relative) <= cap:
             self._cost_curve = measure_cost_curve(self.model, cap)
         return self._cost_curve

@@ -104,8 +104,9 @@ class EngineLoop:
     """Owns `engine` on a background thread; see the module docstring."""
 
     def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, *, max_batch: int = 16, max_queue: int = 64,
-                 timeout: float | None = None, log_requests: bool = False) -> None:
+                 timeout: float | None = None, log_requests: bool = False, cost_curve_cap: int | None = None) -> None:
         self.engine = engine
+        self.cost_curve_cap = cost_curve_cap  # measure the cost curve at start for drafts up to this
         self.metrics = metrics
         self.max_batch = max_batch
         self.max_queue = max_queue
@@ -149,8 +150,11 @@ class EngineLoop:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("the engine loop was already started")
-        if self.engine.spec is not None and self.engine.spec.adaptive:
-            self.engine.cost_curve()  # measured now, not in the first request's time to first token
+        # measured now, not on the engine thread while requests run (it takes seconds)
+        if self.cost_curve_cap is not None:
+            self.engine.ensure_cost_curve(self.cost_curve_cap)
+        elif self.engine.spec is not None and self.engine.spec.adaptive:
+            self.engine.cost_curve()
         self._thread = threading.Thread(target=self._run, name="tokenleap-engine", daemon=True)
         self._thread.start()
 
