@@ -153,6 +153,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         log_requests=args.stats,
         log_level=args.log_level,
     )
+    cap = config.max_num_speculative_tokens
+    if cap is not None and args.spec_type not in ("none", "off") and cap < args.draft_max:  # before the model load
+        raise TokenleapError(f"--max-num-speculative-tokens ({cap}) is below --draft-max ({args.draft_max})")
     sock = bind_socket(config.host, config.port)  # a port in use fails now, not after the model load
     try:
         logging.getLogger("tokenleap.server").setLevel(logging.INFO if args.stats or args.verbose else logging.WARNING)
