@@ -19,6 +19,8 @@ from tokenleap.cli import main
         (["generate", "   "], "the prompt is empty"),
         (["generate", "hi", "--max-tokens", "0"], "max_tokens must be a positive integer"),
         (["generate", "hi", "--temperature", "-0.5"], "temperature must be >= 0"),
+        (["generate", "hi", "--temperature", "nan"], "temperature must be >= 0 and finite"),
+        (["generate", "hi", "--temperature", "inf"], "temperature must be >= 0 and finite"),
         (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
         (["generate", "hi", "--model", "gemma3-270m"], "not yet implemented"),
     ],

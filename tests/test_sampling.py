@@ -18,6 +18,10 @@ from tokenleap.sampling import SamplingParams, check_token_ids, logits_to_probs,
     [
         ({"temperature": -0.1}, "temperature must be >= 0"),
         ({"temperature": "hot"}, "temperature must be >= 0"),
+        ({"temperature": float("nan")}, "temperature must be >= 0 and finite, got nan"),
+        ({"temperature": float("inf")}, "temperature must be >= 0 and finite, got inf"),
+        ({"top_p": float("nan")}, "top_p must be in \\(0, 1\\]"),
+        ({"min_p": float("nan")}, "min_p must be in \\[0, 1\\]"),
         ({"top_p": 0.0}, "top_p must be in \\(0, 1\\]"),
         ({"top_p": 1.01}, "top_p must be in \\(0, 1\\]"),
         ({"top_p": -0.5}, "top_p"),
@@ -46,6 +50,24 @@ def test_sampling_params_valid_edges_and_normalisation() -> None:
     assert SamplingParams(stop=None).stop == ()  # type: ignore[arg-type]
     assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=0.5).greedy
     assert SamplingParams().max_tokens == 16
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 5e-324, 1e-6, 9.9e-6])
+def test_temperature_below_epsilon_is_greedy(temperature: float) -> None:
+    """As in vLLM, a temperature below 1e-5 means greedy: dividing logits by it would overflow
+    to inf and give NaN probabilities."""
+    p = SamplingParams(temperature=temperature)
+    assert p.greedy
+    logits = _logits(3, rows=1)[0]
+    assert sample_next(logits, p, make_generator(0)) == int(torch.argmax(logits))
+
+
+def test_temperature_at_epsilon_samples() -> None:
+    p = SamplingParams(temperature=1e-5)
+    assert not p.greedy
+    probs = logits_to_probs(_logits(4), p)
+    assert torch.isfinite(probs).all()
+    assert torch.allclose(probs.sum(-1), torch.ones(3))
 
 
 # --------------------------------------------------------------------------- logits_to_probs

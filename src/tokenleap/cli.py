@@ -118,13 +118,15 @@ def _add_serve_parser(sub: Any) -> None:
     g = serve.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
     g.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health (default: $TOKENLEAP_API_KEY, else no key)")
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (default: $TOKENLEAP_API_KEY, else no key)")
+    g.add_argument("--metrics-api-key-required", action="store_true", help="put /metrics behind the API key too (default: open, for Prometheus scrapers)")
     g.add_argument("--served-model-name", default=None, help="model name clients send (default: the --model argument)")
     g.add_argument("--max-batch", type=int, default=16, help="requests decoded together at most (default: %(default)s)")
     g.add_argument("--max-queue", type=int, default=64, help="requests waiting for a batch slot at most; more get 429 (default: %(default)s)")
     g.add_argument("--timeout", type=float, default=None, help="seconds a request may take, queueing included (default: no limit)")
     g.add_argument("--max-request-bytes", type=int, default=1 << 20, help="request body size limit; larger bodies get 413 (default: %(default)s)")
     g.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM (default: %(default)s)")
+    g.add_argument("--max-num-speculative-tokens", type=int, default=None, help="largest num_speculative_tokens a request may ask for; the cost curve is measured for it at start (default: --draft-max with --spec-type, else 16)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log level (default: %(default)s)")
     _add_model_args(serve)
     _add_spec_args(serve)  # --stats: log each finished request's speculation statistics
@@ -142,15 +144,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        metrics_api_key_required=args.metrics_api_key_required,
         served_model_name=args.served_model_name,
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         timeout=args.timeout,
         max_request_bytes=args.max_request_bytes,
         shutdown_timeout=args.shutdown_timeout,
+        max_num_speculative_tokens=args.max_num_speculative_tokens,
         log_requests=args.stats,
         log_level=args.log_level,
     )
+    cap = config.max_num_speculative_tokens
+    if cap is not None and args.spec_type not in ("none", "off") and cap < args.draft_max:  # before the model load
+        raise TokenleapError(f"--max-num-speculative-tokens ({cap}) is below --draft-max ({args.draft_max})")
     sock = bind_socket(config.host, config.port)  # a port in use fails now, not after the model load
     try:
         logging.getLogger("tokenleap.server").setLevel(logging.INFO if args.stats or args.verbose else logging.WARNING)

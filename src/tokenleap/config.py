@@ -41,6 +41,7 @@ class EngineConfig:
 SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom", "chain")
 _SPEC_ALIASES = {"draft_model": "draft-model", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
+DEFAULT_DRAFT_TOKENS = 16  # the default draft length cap
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class SpecConfig:
     """Speculative decoding settings, named as in vLLM's `speculative_config` dict."""
 
     method: str
-    num_speculative_tokens: int = 16  # draft length cap (llama.cpp: --draft-max; adaptive drafting picks within it)
+    num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS  # draft length cap (llama.cpp: --draft-max; adaptive drafting picks within it)
     draft_min: int = 0  # drafts shorter than this are not verified (llama.cpp: --draft-min)
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4

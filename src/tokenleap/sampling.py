@@ -4,17 +4,22 @@ Mirrors vLLM's `SamplingParams` (temperature, top-k, top-p / nucleus sampling of
 al., 2020, min-p of Nguyen et al., 2024, seed, max_tokens, stop). The processors apply in a
 fixed order, temperature -> top-k -> top-p -> min-p, and the same function serves plain
 decoding and speculative verification, so both sample from exactly the same distribution.
-Temperature 0 means greedy (argmax, first index on ties).
+Temperature 0 means greedy (argmax, first index on ties), and so does any temperature below
+`SAMPLING_EPS` (vLLM's `_SAMPLING_EPS`): dividing logits by such a number overflows to inf and
+the probabilities become NaN. Non-finite parameters are rejected.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from tokenleap.errors import TokenleapError
+
+SAMPLING_EPS = 1e-5  # temperatures below this decode greedily (as in vLLM)
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,8 @@ class SamplingParams:
             stop = (stop,)
         object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in (self.stop_token_ids or ())))
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise TokenleapError(f"temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise TokenleapError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise TokenleapError(f"top_p must be in (0, 1], got {self.top_p}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
@@ -52,13 +57,14 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Argmax decoding: temperature 0, or below `SAMPLING_EPS`."""
+        return self.temperature < SAMPLING_EPS
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """`[n, V]` float logits -> `[n, V]` probabilities after temperature, top-k, top-p, min-p.
 
-    Only for `temperature > 0`; greedy decoding takes the argmax of the raw logits.
+    Only for `temperature >= SAMPLING_EPS`; greedy decoding takes the argmax of the raw logits.
     """
     logits = logits.float() / params.temperature
     vocab = logits.shape[-1]

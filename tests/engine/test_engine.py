@@ -143,3 +143,44 @@ def test_kv_released_when_stream_abandoned(engine: Engine) -> None:
     assert req.kv.length > 0
     stream.close()
     assert req.kv.length == 0 and req.metrics.finished_time is not None
+
+
+# --------------------------------------------------------------------------- cost curve
+
+
+@pytest.fixture
+def measured(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The caps the engine measures cost curves for (the real measurement runs: tiny model)."""
+    import tokenleap.engine.engine as engine_module
+
+    caps: list[int] = []
+    real = engine_module.measure_cost_curve
+
+    def spy(model: LlamaModel, cap: int, *args: object, **kwargs: object) -> object:
+        caps.append(cap)
+        return real(model, cap, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "measure_cost_curve", spy)
+    return caps
+
+
+def test_cost_curve_is_measured_once_and_never_again_for_a_larger_cap(tiny_model: LlamaModel, tokenizer: Tokenizer,
+                                                                     measured: list[int]) -> None:
+    """The curve is measured on first need; a request with a larger cap later extrapolates it
+    rather than stalling every running request for a new measurement."""
+    from tokenleap.config import SpecConfig
+    from tokenleap.drafters import default_registry
+
+    registry = default_registry()
+    engine = Engine(tiny_model, tokenizer, drafter_factory=lambda spec: registry.create(spec.method, spec))
+    engine.add_request(PROMPT, SamplingParams(), speculative=SpecConfig(method="ngram", num_speculative_tokens=4))
+    assert measured == [16]  # at least the default cap, so later requests rarely go past it
+    curve = engine.cost_curve()
+    for cap in (8, 24, 31):
+        req = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=6),
+                                 speculative=SpecConfig(method="ngram", num_speculative_tokens=cap))
+        engine.run(req)
+    assert measured == [16] and engine.cost_curve() is curve
+    assert curve.cost(31) >= curve.cost(16)  # past the measured rows: extrapolated
+    engine.ensure_cost_curve(20)  # an explicit measurement for a larger cap (a server, at start)
+    assert measured == [16, 20] and engine.cost_curve(31) is engine.ensure_cost_curve(12)

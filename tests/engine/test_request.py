@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import random
+import sys
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
 import pytest
 
 from tokenleap.engine.engine import Engine
-from tokenleap.engine.request import Request, _stop_prefix_holdback
+from tokenleap.engine.request import Request, StopHoldback, _stop_prefix_holdback
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import Tokenizer
@@ -179,3 +185,102 @@ def test_multibyte_text_streams_cleanly(engine: Engine, tokenizer: Tokenizer) ->
 )
 def test_stop_prefix_holdback(text: str, stops: list[str], expected: int) -> None:
     assert _stop_prefix_holdback(text, stops) == expected
+
+
+# --------------------------------------------------------------------------- incremental hold-back
+
+
+def _reference_holdback(text: str, stops: Sequence[str]) -> int:
+    """The slow obvious definition: the longest suffix of `text` that is a proper prefix of a stop."""
+    return max((n for s in stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+
+
+def test_incremental_holdback_matches_reference_on_random_texts() -> None:
+    rng = random.Random(11)
+    for _ in range(400):
+        alphabet = "ab" if rng.random() < 0.5 else "abc "
+        stops = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))) for _ in range(rng.randint(1, 5))]
+        tracker = StopHoldback(stops)
+        text = ""
+        for _ in range(rng.randint(1, 30)):
+            chunk = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+            text += chunk
+            tracker.feed(chunk)
+            assert tracker.held == _reference_holdback(text, stops), (text, stops)
+            assert _stop_prefix_holdback(text, stops) == tracker.held
+
+
+def _reference_deltas(req: Request, tokens: list[int]) -> tuple[list[str], str]:
+    """Stream `tokens` token by token, computing each delta the way take_delta did before it
+    was incremental (rescanning every stop string at every step)."""
+    deltas, emitted = [], 0
+    for tok in tokens:
+        if req.finished:
+            break
+        req.append_tokens([tok])
+        end = len(req.text)
+        if not req.finished and req.params.stop:
+            end -= _reference_holdback(req.text, req.params.stop)
+        deltas.append(req.text[emitted:end] if end > emitted else "")
+        emitted = max(emitted, end)
+    return deltas, req.text
+
+
+def test_streamed_deltas_equal_the_rescanning_ones_on_random_stops(engine: Engine, tokenizer: Tokenizer) -> None:
+    rng = random.Random(5)
+    text = TEXT + " Paris, Paris: the city of light. It is, it is, it is known. " * 3
+    ids = tokenizer.encode(text)
+    for _ in range(60):
+        stops = []
+        for _ in range(rng.randint(1, 4)):
+            a = rng.randrange(len(text) - 2)
+            stop = text[a : a + rng.randint(1, 14)]
+            if rng.random() < 0.3:
+                stop += "#"  # never completes: only held back
+            stops.append(stop)
+        new = _request(engine, max_tokens=200, stop=stops)
+        old = _request(engine, max_tokens=200, stop=stops)
+        got = _feed_one_by_one(new, ids)
+        expected, final = _reference_deltas(old, ids)
+        assert got == expected, stops
+        assert new.text == final and new.stop_reason == old.stop_reason and new.output_ids == old.output_ids
+
+
+def _lines_executed(fn: Callable[[], Any]) -> int:
+    """Python lines run by `fn` (with C calls counted too): a deterministic measure of work."""
+    count = 0
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal count
+        count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_holdback_work_per_step_does_not_grow_with_the_stop_strings(engine: Engine, tokenizer: Tokenizer) -> None:
+    """16 stop strings of 1000 characters cost a streamed step about what 16 short ones do:
+    the hold-back reads each new character once, it does not rescan every stop string."""
+    ids = tokenizer.encode(TEXT * 4)
+
+    def run(stop_len: int) -> int:
+        rng = random.Random(0)
+        stops = ["".join(rng.choice("xyz") for _ in range(stop_len)) for _ in range(16)]
+        req = _request(engine, max_tokens=500, stop=stops)
+        req.append_tokens(ids[:1])
+        req.take_delta()  # set-up cost (once per request) left out
+
+        def steps() -> None:
+            for tok in ids[1:]:
+                req.append_tokens([tok])
+                req.take_delta()
+
+        return _lines_executed(steps)
+
+    short, long = run(4), run(1000)
+    assert long < 2 * short, (short, long)

@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 import openai
@@ -51,6 +52,79 @@ def test_16_concurrent_streams_match_library(server: BackgroundServer, llm: LLM,
     got = asyncio.run(main())
     assert got == expected
     assert peak > 1  # requests were batched, not run one after another
+
+
+FAULTY = "Count from one to twenty, one number per line."
+
+
+@pytest.mark.parametrize("fault", ["propose", "forward", "nan-temperature"])
+def test_one_failing_request_among_8_streams(server: BackgroundServer, server_llm: LLM, llm: LLM, questions: list[str],
+                                             monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """A request whose drafter raises, or whose rows make the batched forward fail (the batch is
+    rolled back and retried request by request), ends with an error; the streams batched with it
+    finish with exactly their solo text. A NaN temperature is refused before it reaches the batch."""
+    good = _prompts(questions, 8 if fault == "nan-temperature" else 7)
+    expected = [reference_chat(llm, p, 16)[0] for p in good]
+    loop = server.state.loop
+    engine = loop.engine
+    bad_ids = server_llm.chat_token_ids([{"role": "user", "content": FAULTY}])
+    batched_failures = 0
+
+    def bad_request_running() -> Any:
+        return next((r for r in loop._live.values() if r.prompt_ids == bad_ids and len(r.output_ids) >= 3), None)
+
+    if fault == "propose":
+        real_propose = engine._propose
+
+        def propose(req: Any, k: int) -> Any:
+            if req.prompt_ids == bad_ids and len(req.output_ids) >= 3:
+                raise RuntimeError("simulated drafter failure")
+            return real_propose(req, k)
+
+        monkeypatch.setattr(engine, "_propose", propose)
+    elif fault == "forward":
+        real_forward = engine.model.forward_batch
+
+        def forward_batch(seqs: Any, **kwargs: Any) -> Any:
+            nonlocal batched_failures
+            bad = bad_request_running()
+            if bad is not None and any(s.kv is bad.kv for s in seqs):
+                batched_failures += len(seqs) > 1
+                raise RuntimeError("simulated kernel failure")
+            return real_forward(seqs, **kwargs)
+
+        monkeypatch.setattr(engine.model, "forward_batch", forward_batch)
+
+    async def one(client: openai.AsyncOpenAI, prompt: str) -> str | Exception:
+        try:
+            stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                          temperature=0, max_tokens=16, stream=True)
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        except openai.APIError as exc:
+            return exc
+
+    async def nan_request() -> httpx.Response:
+        await asyncio.sleep(0.5)  # the streams are running
+        body = b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": NaN}'
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+            return await http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+
+    async def main() -> tuple[list[str | Exception], Any]:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        if fault == "nan-temperature":
+            return tuple(await asyncio.gather(asyncio.gather(*(one(client, p) for p in good)), nan_request()))  # type: ignore[return-value]
+        return tuple(await asyncio.gather(asyncio.gather(*(one(client, p) for p in good)), one(client, FAULTY)))  # type: ignore[return-value]
+
+    got, odd = asyncio.run(main())
+    assert got == expected
+    if fault == "nan-temperature":
+        assert odd.status_code == 400 and "finite" in odd.json()["error"]["message"]
+    else:
+        assert isinstance(odd, openai.APIError) and "internal error: decoding failed" in str(odd), odd
+        assert "simulated" not in str(odd)
+    if fault == "forward":
+        assert batched_failures >= 1  # the batch failed as a whole and was retried one by one
+    wait_idle(server)
 
 
 def test_long_prompt_prefill_is_interleaved_with_running_streams(server: BackgroundServer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,6 +43,8 @@ def test_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> Non
         (["serve", "--max-queue", "-1"], "max_queue must be >= 0"),
         (["serve", "--timeout", "0"], "timeout must be > 0"),
         (["serve", "--port", "70000"], "port must be in [0, 65535]"),
+        (["serve", "--max-num-speculative-tokens", "40"], "max_num_speculative_tokens must be in [1, 31]"),
+        (["serve", "--spec-type", "ngram", "--draft-max", "8", "--max-num-speculative-tokens", "4"], "is below --draft-max (8)"),
         (["serve", "--host", "no-such-host.invalid"], "cannot resolve host"),
         (["serve", "--port", "0", "--spec-type", "bogus"], "unknown speculative method 'bogus'"),
         (["serve", "--port", "0", "--model", "no-such-model"], "unknown model 'no-such-model'"),
@@ -61,7 +63,7 @@ def test_serve_process(sig: signal.Signals) -> None:
     env = {**os.environ, "TOKENLEAP_API_KEY": "k3y", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenleap.cli", "serve", "--port", str(port), "--spec-type", "ngram", "--draft-max", "4",
-         "--log-level", "warning"],
+         "--log-level", "warning", "--metrics-api-key-required"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -77,6 +79,7 @@ def test_serve_process(sig: signal.Signals) -> None:
                 pass
             time.sleep(0.2)
         assert httpx.get(url + "/v1/models").status_code == 401  # the key came from the environment
+        assert httpx.get(url + "/metrics").status_code == 401  # --metrics-api-key-required
         r = httpx.post(url + "/v1/completions", headers={"Authorization": "Bearer k3y"}, timeout=60,
                        json={"prompt": "a b c d a b c d a b c d", "max_tokens": 8, "temperature": 0})
         assert r.status_code == 200

@@ -46,6 +46,13 @@ CASES = [
     (CHAT, _chat(max_tokens=1.5), 400, "max_tokens", "max_tokens"),
     (CHAT, _chat(temperature=-0.5), 400, "temperature must be >= 0", "temperature"),
     (CHAT, _chat(temperature="hot"), 400, "temperature", "temperature"),
+    # Python's json reads NaN / Infinity: a non-finite number is a 400, never a failed prefill
+    (CHAT, b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": NaN}', 400, "finite", "temperature"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": Infinity}', 400, "finite", "temperature"),
+    (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "temperature": 0.7, "top_p": NaN}', 400, "finite", "top_p"),
+    (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "temperature": 0.7, "min_p": -Infinity}', 400, "finite", "min_p"),
+    (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "speculative": {"method": "suffix", "suffix_decoding_min_token_prob": NaN}}',
+     400, "finite", "speculative"),
     (CHAT, _chat(top_p=1.5), 400, "top_p must be in (0, 1]", "top_p"),
     (CHAT, _chat(top_p=0), 400, "top_p must be in (0, 1]", "top_p"),
     (CHAT, _chat(top_k=-3), 400, "top_k", "top_k"),
@@ -96,6 +103,17 @@ def test_bad_request(server: BackgroundServer, path: str, body: Any, status: int
         assert err["code"] == "model_not_found"
 
 
+def test_tiny_temperature_is_greedy(server: BackgroundServer, llm: LLM) -> None:
+    """A temperature below 1e-5 decodes greedily (vLLM's epsilon) instead of failing the prefill."""
+    from .conftest import reference_completion
+
+    text, ids, finish = reference_completion(llm, "The capital of France is", 8)
+    for temperature in (1e-38, 5e-324, 1e-6):
+        r = httpx.post(server.url + COMPLETIONS, json=_completion(prompt="The capital of France is", max_tokens=8, temperature=temperature))
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == text
+
+
 def test_prompt_longer_than_context(server: BackgroundServer) -> None:
     long = "hello " * 9000  # ~9000 tokens, under the body limit
     assert len(long) < BODY_LIMIT
@@ -135,7 +153,8 @@ def test_auth(server_llm: LLM, server: BackgroundServer) -> None:
     """A second app on the same engine (the shared server is idle meanwhile)."""
     with BackgroundServer(server_llm, ServerConfig(port=0, log_level="warning", api_key="sekret")) as srv:
         assert httpx.get(srv.url + "/health").status_code == 200  # open
-        for path in ("/v1/models", "/metrics"):
+        assert httpx.get(srv.url + "/metrics").status_code == 200  # open by default: scrapers rarely have a key
+        for path in ("/v1/models",):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}, {"Authorization": "Basic sekret"}):
                 r = httpx.get(srv.url + path, headers=headers)
                 assert r.status_code == 401, (path, headers)
@@ -150,6 +169,10 @@ def test_auth(server_llm: LLM, server: BackgroundServer) -> None:
         assert r2.choices[0].message.content
         assert srv.state.loop.num_live == 0
     assert srv.state.loop.num_live == 0
+    with BackgroundServer(server_llm, ServerConfig(port=0, log_level="warning", api_key="sekret", metrics_api_key_required=True)) as srv:
+        assert httpx.get(srv.url + "/metrics").status_code == 401
+        assert httpx.get(srv.url + "/metrics", headers={"Authorization": "Bearer sekret"}).status_code == 200
+        assert httpx.get(srv.url + "/health").status_code == 200
     # without a key, everything is open
     assert httpx.get(server.url + "/v1/models").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 200

@@ -1,9 +1,19 @@
-"""Drafters: the protocol, the registry of built-in methods, one module per family."""
+"""Drafters: the protocol, the registry of built-in methods, one module per family.
+
+An engine keeps one drafter per `drafter_key`: the config fields its method reads
+(`METHOD_FIELDS`), so configs that differ only in per-request controls (`CONTROL_FIELDS`: the
+draft length cap and floor, adaptive drafting) or in other methods' knobs share a drafter and its
+state across requests. A user's drafter object is keyed by identity. Draft models are loaded once
+per registry (`LoadedModels`), whatever the number of drafters that use them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Hashable
+from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from tokenleap.config import SpecConfig
@@ -40,17 +50,35 @@ def _llamacpp_family(
     return NgramCacheDrafter(n_max=n_max, static_path=config.ngram_cache_path, max_entries=bound, dynamic=shared)
 
 
-def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, dtype: Any = None, **_: Any) -> Drafter:
-    from tokenleap.models.loading import load_model
-    from tokenleap.models.registry import resolve
+class LoadedModels:
+    """Draft models loaded by one registry's drafters, by resolved path, dtype and kernel use:
+    drafters for the same model under other settings (another cap, another layer count) share
+    one copy of its weights instead of loading another on the engine thread."""
 
-    source = resolve(str(config.model))
-    if target_path is not None and source.path.resolve() == target_path.resolve():
-        model = target  # the target's own weights (shared, not copied)
-    else:
-        draft, draft_tok = load_model(source, target.dtype, use_kernels=target.kernels is not None)
-        check_same_vocabulary(tokenizer, draft_tok, target, draft)
-        model = draft
+    def __init__(self) -> None:
+        self._models: dict[tuple[Path, Any, bool, str | None], Any] = {}
+
+    def get(self, config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None) -> Any:
+        from tokenleap.models import loading
+        from tokenleap.models.registry import resolve
+
+        source = resolve(str(config.model))
+        path = source.path.resolve()
+        if target_path is not None and path == Path(target_path).resolve():
+            return target  # the target's own weights (shared, not copied)
+        # a GGUF draft keeps its blocks quantized when the target does
+        quantization = getattr(target, "quantization", None) if source.kind == "gguf" else None
+        key = (path, target.dtype, target.kernels is not None, quantization)
+        if key not in self._models:
+            draft, draft_tok = loading.load_model(source, target.dtype, use_kernels=target.kernels is not None, quantization=quantization)
+            check_same_vocabulary(tokenizer, draft_tok, target, draft)
+            self._models[key] = draft
+        return self._models[key]
+
+
+def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, models: LoadedModels | None = None,
+                 **_: Any) -> Drafter:
+    model = (models or LoadedModels()).get(config, target=target, tokenizer=tokenizer, target_path=target_path)
     if config.draft_layers is not None:
         model = model.with_layers(config.draft_layers)
     return DraftModelDrafter(model)
@@ -75,20 +103,51 @@ def _custom(config: SpecConfig, **_: Any) -> Drafter:
     return check_drafter(config.drafter)
 
 
+# The SpecConfig fields each method's factory (above) reads: an engine keeps one drafter per
+# distinct (method, these values). Per-request controls the engine itself reads never make a new
+# drafter. tests/drafters/test_keys.py checks that every SpecConfig field is claimed here and that
+# the factories read nothing else: a new field must be listed under the methods that read it.
+CONTROL_FIELDS = ("num_speculative_tokens", "draft_min", "adaptive")
+_LLAMACPP = ("ngram_size_n", "ngram_size_m", "ngram_min_hits")  # `_llamacpp_family` reads all three
+METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
+    "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "ngram-simple": _LLAMACPP,
+    "ngram-map-k": _LLAMACPP,
+    "ngram-map-k4v": _LLAMACPP,
+    "ngram-mod": (*_LLAMACPP, "ngram_mod_pool_size"),
+    "ngram-cache": (*_LLAMACPP, "ngram_cache_path", "ngram_cache_max_entries"),
+    "suffix": ("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
+               "suffix_decoding_max_cached_requests"),
+    "draft-model": ("model", "draft_layers"),
+    "custom": ("drafter",),  # keyed by the object's identity (it may be unhashable)
+    "chain": ("chain",),  # and each member's own fields
+})
+
+
+def drafter_key(config: SpecConfig) -> Hashable:
+    """What identifies the drafter serving `config`: its method and the fields the method reads."""
+    if config.method == "custom":
+        return ("custom", id(config.drafter))  # the engine keeps the object alive with its drafter
+    if config.method == "chain":
+        return ("chain", *(drafter_key(dataclasses.replace(config, method=m)) for m in config.chain))
+    return (config.method, *(getattr(config, f) for f in METHOD_FIELDS[config.method]))
+
+
 def default_registry() -> DrafterRegistry:
     """A fresh registry holding the built-in methods (no module-level mutable state). Drafters
-    it creates share what may be shared (ngram-mod pools, ngram-cache's engine-wide statistics),
-    chains included."""
+    it creates share what may be shared (ngram-mod pools, ngram-cache's engine-wide statistics,
+    loaded draft models: `LoadedModels`), chains included."""
     registry = DrafterRegistry()
     registry.register("ngram", _ngram)
     family = functools.partial(_llamacpp_family, pools=PoolStore(), dynamic={})
     for name in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"):
         registry.register(name, family)
     registry.register("suffix", _suffix)
-    registry.register("draft-model", _draft_model)
+    registry.register("draft-model", functools.partial(_draft_model, models=LoadedModels()))
     registry.register("custom", _custom)
     registry.register("chain", functools.partial(_chain, registry=registry))
     return registry
 
 
-__all__ = ["DraftModelDrafter", "Draft", "Drafter", "DraftRequest", "DrafterRegistry", "NgramDrafter", "default_registry", "check_drafter"]
+__all__ = ["CONTROL_FIELDS", "METHOD_FIELDS", "DraftModelDrafter", "Draft", "Drafter", "DraftRequest", "DrafterRegistry", "LoadedModels",
+           "NgramDrafter", "default_registry", "drafter_key", "check_drafter"]

@@ -9,6 +9,9 @@ A draft is a chain, or (`Draft.parents`) a token tree: greedy requests verify a 
 one forward under a tree mask and keep the accepted path's cache slots (`kv.compact`); sampled
 requests verify its first root path as a chain.
 
+A step is transactional per request (`engine/undo.py`): one whose drafter or verification
+raises is rolled back and reported (`StepFailures`) while the others of the batch go on.
+
 Plain decoding is the same step with an empty draft, so both paths share one code path and
 (thanks to the row-invariant kernels) compute every committed token's logits identically: greedy
 speculative output is token-for-token the plain output. Requests run one at a time here;
@@ -18,16 +21,20 @@ continuous batching comes with the server.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
 
 from tokenleap.attention import tree_mask
-from tokenleap.config import SpecConfig
+from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
+from tokenleap.drafters import drafter_key
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
+from tokenleap.engine.undo import StepFailures, Undo, roll_back
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel, SeqInput
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
@@ -35,6 +42,8 @@ from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import RequestMetrics
 from tokenleap.verify.chain import verify_chain
 from tokenleap.verify.tree import check_parents, first_path, tree_depths, verify_tree_greedy
+
+logger = logging.getLogger(__name__)
 
 _EMPTY = Draft()
 
@@ -50,9 +59,12 @@ class Engine:
         drafter_factory: Callable[[SpecConfig], Drafter] | None = None,
         prefill_chunk: int = 256,
         cost_curve: CostCurve | None = None,
+        max_drafters: int = 32,
     ) -> None:
         if prefill_chunk < 1:
             raise TokenleapError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if max_drafters < 1:
+            raise TokenleapError(f"max_drafters must be >= 1, got {max_drafters}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = min(max_model_len or model.max_context, model.max_context)
@@ -63,28 +75,47 @@ class Engine:
         # so a server can interleave them with decode steps and every path computes the same
         # prompt cache: batched or not, a request's output is the library's output.
         self.prefill_chunk = prefill_chunk
-        # one drafter per speculative config, shared by the requests that use it (global state
-        # such as the suffix tree over earlier outputs or the ngram-mod pool lives there)
-        self._drafters: dict[SpecConfig, Drafter] = {}
+        # one drafter per `drafter_key` (the config fields its method reads), shared by the
+        # requests that use it (global state such as the suffix tree over earlier outputs or the
+        # ngram-mod pool lives there); beside the engine's own, the `max_drafters` most recently
+        # used are kept and older ones let go (their running requests keep them to the end)
+        self.max_drafters = max_drafters
+        self._drafters: OrderedDict[Hashable, Drafter] = OrderedDict()
         if spec is not None and self.drafter is not None:
-            self._drafters[spec] = self.drafter
+            self._drafters[drafter_key(spec)] = self.drafter
         self._ids = itertools.count()
         self._cost_curve = cost_curve  # measured on first need unless given (engines on one model can share one)
 
     def cost_curve(self, cap: int | None = None) -> CostCurve:
-        """Relative cost of verifying k drafts, measured (lazily, once per larger cap) here."""
-        cap = cap or (self.spec.num_speculative_tokens if self.spec else 1)
+        """Relative cost of verifying k drafts. Measured once, on first need, for drafts up to
+        the larger of `cap` and the engine's cap (default 16), and never again: a later, larger
+        cap extrapolates it, because a measurement stalls every running request for seconds. A
+        server measures it before serving (`ensure_cost_curve`) for the largest cap it allows."""
+        if self._cost_curve is None:
+            own = self.spec.num_speculative_tokens if self.spec is not None else DEFAULT_DRAFT_TOKENS
+            self._cost_curve = measure_cost_curve(self.model, max(cap or 0, own))
+        return self._cost_curve
+
+    def ensure_cost_curve(self, cap: int) -> CostCurve:
+        """Measure the cost curve now unless it already covers drafts of `cap` tokens."""
         if self._cost_curve is None or len(self._cost_curve.relative) <= cap:
             self._cost_curve = measure_cost_curve(self.model, cap)
         return self._cost_curve
 
     def drafter_for(self, spec: SpecConfig) -> Drafter:
-        """The drafter serving `spec`, created on first use."""
-        drafter = self._drafters.get(spec)
-        if drafter is None:
-            if self._drafter_factory is None:
-                raise TokenleapError("this engine cannot create drafters for per-request speculative configs")
-            drafter = self._drafters[spec] = self._drafter_factory(spec)
+        """The drafter serving `spec` (and every config with its `drafter_key`), created on first use."""
+        key = drafter_key(spec)
+        drafter = self._drafters.get(key)
+        if drafter is not None:
+            self._drafters.move_to_end(key)
+            return drafter
+        if self._drafter_factory is None:
+            raise TokenleapError("this engine cannot create drafters for per-request speculative configs")
+        drafter = self._drafters[key] = self._drafter_factory(spec)
+        others = [k for k, d in self._drafters.items() if d is not self.drafter]  # oldest first, `key` last
+        for old in others[: max(0, len(others) - self.max_drafters)]:
+            logger.info("letting go of the least recently used drafter %r (more than %d)", old[0], self.max_drafters)
+            del self._drafters[old]
         return drafter
 
     def add_request(
@@ -212,16 +243,64 @@ class Engine:
         forward over each request's last committed token plus its draft (all requests batched),
         verify, commit the verified tokens and roll each KV cache back past the rejected ones.
         The kernels compute each row independently of the others, so a request's output does not
-        depend on what it is batched with."""
+        depend on what it is batched with.
+
+        Transactional: a request whose drafting, verification or commit raises is rolled back to
+        its state before the step (`Undo`: its cache, generator and draft controller; nothing
+        appended; its drafter not told of the step) and the others are stepped, then
+        `StepFailures` names the failed ones (a lone request: its own exception). When the
+        batched forward itself raises, every request is rolled back and the exception goes up:
+        stepping them one by one tells which one fails."""
         if not reqs:
             return
         t0 = time.perf_counter()
-        drafts = [self._propose(req, k) for req, k in zip(reqs, self._draft_lengths(reqs))]
+        undo = [Undo.of(req) for req in reqs]
+        failures: dict[int, Exception] = {}
+        drafts: list[Draft | None] = []
+        try:
+            lengths = self._draft_lengths(reqs)
+        except Exception:
+            roll_back(reqs, undo)
+            raise
+        for i, (req, k) in enumerate(zip(reqs, lengths)):
+            try:
+                drafts.append(self._propose(req, k))
+            except Exception as exc:
+                failures[i] = exc
+                drafts.append(None)
         t1 = time.perf_counter()
-        seqs, starts = [], []
+        live = [i for i, d in enumerate(drafts) if d is not None]
+        try:
+            logits = self._forward([reqs[i] for i in live], [drafts[i] for i in live]) if live else None  # type: ignore[misc]
+        except Exception:
+            roll_back(reqs, undo)
+            raise
+        row = 0
+        for i in live:
+            req, draft = reqs[i], drafts[i]
+            assert draft is not None and logits is not None
+            n = len(draft) + 1
+            try:
+                self._commit(req, draft, logits[row : row + n], undo[i].kv_length)
+            except Exception as exc:
+                failures[i] = exc
+            row += n
+        roll_back([reqs[i] for i in failures], [undo[i] for i in failures])
+        t2 = time.perf_counter()
+        for i in live:
+            if i not in failures:
+                reqs[i].metrics.spec.verify_seconds += t2 - t1
+                reqs[i].metrics.decode_seconds += t2 - t0
+        if failures:
+            if len(reqs) == 1:
+                raise failures[0]
+            raise StepFailures([(reqs[i], exc) for i, exc in sorted(failures.items())])
+
+    def _forward(self, reqs: Sequence[Request], drafts: Sequence[Draft]) -> torch.Tensor:
+        """Logits of every request's last committed token and draft, in one batched forward."""
+        seqs = []
         for req, draft in zip(reqs, drafts):
             pos = req.kv.length
-            starts.append(pos)
             ids = torch.tensor([req.output_ids[-1], *draft.tokens])
             if draft.parents is None:
                 seqs.append(SeqInput(ids, torch.arange(pos, pos + len(ids)), req.kv))
@@ -229,28 +308,22 @@ class Engine:
                 rows = [-1] + [p + 1 for p in draft.parents]
                 positions = torch.tensor([pos, *(pos + d for d in tree_depths(draft.parents))])
                 seqs.append(SeqInput(ids, positions, req.kv, tree_mask(rows, pos)))
-        logits = self.model.compute_logits(self.model.forward_batch(seqs).hidden)  # [rows, V]
-        row = 0
-        for req, draft, pos in zip(reqs, drafts, starts):
-            n = len(draft) + 1
-            self._commit(req, draft, logits[row : row + n], pos)
-            row += n
-        t2 = time.perf_counter()
-        for req in reqs:
-            req.metrics.spec.verify_seconds += t2 - t1
-            req.metrics.decode_seconds += t2 - t0
+        return self.model.compute_logits(self.model.forward_batch(seqs).hidden)  # [rows, V]
 
     def _commit(self, req: Request, draft: Draft, logits: torch.Tensor, pos: int) -> None:
+        """Verify, tell the drafter, then change the request (what may raise comes first)."""
         if draft.parents is None:
             result = verify_chain(draft.tokens, logits, req.params, req.generator, draft.probs)
-            tokens, accepted, depth = result.tokens, result.num_accepted, len(draft)
-            req.kv.truncate(pos + 1 + accepted)
+            tokens, accepted, depth, path = result.tokens, result.num_accepted, len(draft), None
         else:  # greedy only (`_shape_draft`): keep the accepted path's slots
             tree = verify_tree_greedy(draft.tokens, draft.parents, logits)
-            tokens, accepted, depth = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents))
-            req.kv.compact(pos + 1, [pos + 1 + i for i in tree.path])
+            tokens, accepted, depth, path = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents)), tree.path
         if req.drafter is not None:
             req.drafter.accept(req.request_id, tokens, accepted)
+        if path is None:
+            req.kv.truncate(pos + 1 + accepted)
+        else:
+            req.kv.compact(pos + 1, [pos + 1 + i for i in path])
         kept = req.append_tokens(tokens)  # fewer than committed when a stop came first
         req.metrics.num_decode_tokens += kept
         req.metrics.spec.record(len(draft), min(accepted, kept - 1), depth)

@@ -3,7 +3,9 @@
 Stop handling follows vLLM's semantics: generation ends at an EOS token (unless
 `ignore_eos`), a `stop_token_ids` token, `max_tokens`, a full context, or a stop string, which
 is cut from the returned text. While streaming, text that could still become the beginning of
-a stop string is held back, so the concatenated deltas always equal the final text.
+a stop string is held back, so the concatenated deltas always equal the final text. The held-back
+length is kept incrementally (`StopHoldback`: Knuth-Morris-Pratt matching, one automaton per stop
+string), so a step reads its new characters once, however many and however long the stop strings.
 """
 
 from __future__ import annotations
@@ -22,15 +24,52 @@ from tokenleap.tokenizer import IncrementalDetokenizer
 from tokenleap.types import CompletionOutput, RequestMetrics, RequestOutput
 
 
+def _prefix_function(s: str) -> list[int]:
+    """KMP failure function: pi[i] = length of the longest proper prefix of s[:i+1] that is also its suffix."""
+    pi = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = pi[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        pi[i] = k
+    return pi
+
+
+class StopHoldback:
+    """The longest suffix of a growing text that is a proper prefix of one of `stops` (the text
+    a stream must hold back), updated from the new characters only. Per stop string, the state is
+    the longest prefix of it that ends the text; each character moves it as in Knuth-Morris-Pratt,
+    amortised O(1) per stop string."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = [s for s in stops if s]
+        self._pi = [_prefix_function(s) for s in self._stops]
+        self._state = [0] * len(self._stops)
+
+    def feed(self, text: str) -> StopHoldback:
+        for i, (stop, pi) in enumerate(zip(self._stops, self._pi)):
+            q, n = self._state[i], len(stop)
+            for c in text:
+                if q == n:  # the whole stop string ended the text: continue from its border
+                    q = pi[q - 1]
+                while q and stop[q] != c:
+                    q = pi[q - 1]
+                if stop[q] == c:
+                    q += 1
+            self._state[i] = q
+        return self
+
+    @property
+    def held(self) -> int:
+        """Characters at the end of the text fed so far that could begin a stop string."""
+        return max((q if q < len(s) else pi[-1] for q, s, pi in zip(self._state, self._stops, self._pi)), default=0)
+
+
 def _stop_prefix_holdback(text: str, stops: Sequence[str]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
-                best = n
-                break
-    return best
+    return StopHoldback(stops).feed(text).held
 
 
 @dataclass
@@ -54,6 +93,8 @@ class Request:
     spec: SpecConfig | None = None  # this request's speculative config (None: plain decoding)
     drafter: Drafter | None = None
     released: bool = False  # cache freed and drafter released (Engine.finish)
+    _holdback: StopHoldback | None = field(default=None, repr=False, compare=False)  # over text[:_scanned]
+    _scanned: int = field(default=0, repr=False, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -110,7 +151,11 @@ class Request:
         """New text safe to show now (everything, once finished)."""
         end = len(self.text)
         if not self.finished and self.params.stop:
-            end -= _stop_prefix_holdback(self.text, self.params.stop)
+            if self._holdback is None or self._scanned > end:  # (text only grows until a stop cuts it)
+                self._holdback, self._scanned = StopHoldback(self.params.stop), 0
+            self._holdback.feed(self.text[self._scanned :])
+            self._scanned = end
+            end -= self._holdback.held
         if end <= self.emitted_chars:
             return ""
         delta = self.text[self.emitted_chars : end]

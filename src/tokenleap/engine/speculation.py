@@ -82,8 +82,10 @@ def _time_rows(model: LlamaModel, context: int, max_rows: int, repeats: int) -> 
 
 def measure_cost_curve(model: LlamaModel, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 5) -> CostCurve:
     """Time forwards of 1..max_draft+1 rows at a short and a long context (fastest of `repeats`).
-    The long context is skipped when the model's context cannot hold it."""
+    The long context is skipped when the model's context cannot hold it; the short one shrinks
+    to fit a small model."""
     short_ctx, long_ctx = contexts
+    short_ctx = max(1, min(short_ctx, model.max_context - max_draft - 2))
     short = _time_rows(model, short_ctx, max_draft + 1, repeats)
     long = None
     if long_ctx + max_draft + 2 <= model.max_context:

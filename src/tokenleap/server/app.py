@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app: `create_app(llm, config)` builds a FastAPI application.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (SSE streaming or whole answers),
-GET /v1/models, GET /health (never behind the API key), GET /metrics (Prometheus text). The
+GET /v1/models, GET /health (never behind the API key), GET /metrics (Prometheus text; behind the
+key only with `metrics_api_key_required`, as vLLM leaves it open for scrapers). The
 app owns its engine loop thread (started and stopped by the ASGI lifespan) and its metrics
 registry; nothing is global, so several apps can live in one process (one engine each: an
 engine is single-threaded and must not be served by two live apps at once). Every error a
@@ -24,6 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tokenleap.config import DEFAULT_DRAFT_TOKENS
+from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM
 from tokenleap.server import handlers
 from tokenleap.server.config import ServerConfig
@@ -40,15 +43,26 @@ def _aliases(llm: LLM, served: str) -> frozenset[str]:
     return frozenset(n for n in names if n) | frozenset(n.lower() for n in names if n)
 
 
+def _draft_cap(llm: LLM, config: ServerConfig) -> int:
+    """The largest draft length cap a request may ask for."""
+    own = llm.engine.spec.num_speculative_tokens if llm.engine.spec is not None else None
+    cap = config.max_num_speculative_tokens or own or DEFAULT_DRAFT_TOKENS
+    if own is not None and cap < own:
+        raise TokenleapError(f"max_num_speculative_tokens ({cap}) is below the server's own draft cap ({own}, --draft-max)")
+    return cap
+
+
 def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     """An app serving `llm` (its engine, tokenizer and default speculative config)."""
     config = config or ServerConfig()
     served = config.served_model_name or llm.config.model
+    draft_cap = _draft_cap(llm, config)
     holder: dict[str, EngineLoop] = {}
     metrics = ServerMetrics(served, running=lambda: holder["loop"].num_running, waiting=lambda: holder["loop"].num_waiting)
     loop = holder["loop"] = EngineLoop(llm.engine, metrics, max_batch=config.max_batch, max_queue=config.max_queue,
-                                       timeout=config.timeout, log_requests=config.log_requests)
-    state = ServerState(llm, config, loop, metrics, served, _aliases(llm, served), int(time.time()))
+                                       timeout=config.timeout, log_requests=config.log_requests, cost_curve_cap=draft_cap)
+    state = ServerState(llm, config, loop, metrics, served, _aliases(llm, served), int(time.time()), draft_cap)
+    llm.engine.max_drafters = config.max_spec_configs  # per-request configs keep at most this many drafters
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,7 +114,7 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         handlers.check_model(state, model)
         return _model_card(state)
 
-    @app.get("/metrics", dependencies=auth)
+    @app.get("/metrics", dependencies=auth if config.metrics_api_key_required else [])
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 

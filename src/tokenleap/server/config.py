@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokenleap.config import MAX_DRAFT_TOKENS
 from tokenleap.errors import TokenleapError
 
 API_KEY_ENV = "TOKENLEAP_API_KEY"
@@ -18,14 +19,18 @@ API_KEY_ENV = "TOKENLEAP_API_KEY"
 class ServerConfig:
     host: str = "127.0.0.1"  # loopback unless asked otherwise
     port: int = 8000
-    api_key: str | None = None  # Bearer token required on every route but /health
+    api_key: str | None = None  # Bearer token required on every route but /health (and /metrics, unless below)
+    metrics_api_key_required: bool = False  # /metrics behind the API key too (Prometheus scrapers often have none)
     served_model_name: str | None = None  # default: the model argument given to LLM
     max_batch: int = 16  # running requests stepped together
     max_queue: int = 64  # requests waiting for a batch slot; one more gets 429
     timeout: float | None = None  # seconds from arrival to the last token; None: no limit
     max_request_bytes: int = 1 << 20  # request body limit (413 above)
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on shutdown
-    max_spec_configs: int = 32  # distinct per-request speculative configs (each keeps a drafter)
+    # the largest num_speculative_tokens a request may ask for (default: the server's own cap, else
+    # 16); the cost curve is measured for it at start, so serving never stops to measure one
+    max_num_speculative_tokens: int | None = None
+    max_spec_configs: int = 32  # drafters kept for per-request speculative configs (least recently used let go)
     log_requests: bool = False  # one INFO line per finished request, with speculation stats
     log_level: str = "info"  # uvicorn's log level
 
@@ -46,6 +51,8 @@ class ServerConfig:
             raise TokenleapError(f"max_request_bytes must be >= 1024, got {self.max_request_bytes}")
         if self.shutdown_timeout < 0:
             raise TokenleapError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        if self.max_num_speculative_tokens is not None and not 1 <= self.max_num_speculative_tokens <= MAX_DRAFT_TOKENS:
+            raise TokenleapError(f"max_num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.max_num_speculative_tokens}")
         if self.max_spec_configs < 1:
             raise TokenleapError(f"max_spec_configs must be >= 1, got {self.max_spec_configs}")
         levels = ("critical", "error", "warning", "info", "debug", "trace")

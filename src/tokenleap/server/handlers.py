@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tokenleap.config import SpecConfig
+from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM
 from tokenleap.sampling import SamplingParams, check_token_ids
@@ -57,7 +57,7 @@ class ServerState:
     model_name: str
     aliases: frozenset[str]
     created: int
-    spec_configs: set[SpecConfig] = field(default_factory=set)  # per-request configs seen (event loop only)
+    max_draft_tokens: int  # the largest num_speculative_tokens a request may ask for
 
     @property
     def max_context(self) -> int:
@@ -159,6 +159,11 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
         return False
     knobs = override.knobs()
     default = state.llm.engine.spec
+    cap = state.max_draft_tokens
+    if knobs.get("num_speculative_tokens", 0) > cap:  # its cost curve was not measured: refuse
+        raise APIError(400, f"num_speculative_tokens must be <= {cap} on this server (its --max-num-speculative-tokens), "
+                       f"got {knobs['num_speculative_tokens']}", param="speculative")
+    knobs.setdefault("num_speculative_tokens", default.num_speculative_tokens if default is not None else min(cap, DEFAULT_DRAFT_TOKENS))
     spec = None
     if default is not None:  # the same method as the server's: start from the server's settings
         try:
@@ -177,14 +182,7 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
         except TokenleapError as exc:
             raise bad_request(exc, "speculative") from None
     assert spec is not None
-    if spec == default:
-        return True
-    if spec not in state.spec_configs:
-        if len(state.spec_configs) >= state.config.max_spec_configs:
-            raise APIError(400, f"this server already keeps {len(state.spec_configs)} distinct speculative configs, its limit; "
-                           "reuse one of the configs sent before", param="speculative")
-        state.spec_configs.add(spec)
-    return spec
+    return True if spec == default else spec
 
 
 def _method_name(state: ServerState, spec: SpecConfig | bool) -> str | None:

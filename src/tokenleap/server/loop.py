@@ -10,7 +10,9 @@ iteration-level scheduling (Yu et al., OSDI 2022) and vLLM's continuous batching
     admit   -> at most one waiting request: add_request + drafter begin
     prefill -> one chunk (`Engine.prefill_chunk` tokens) of the oldest prefilling request; after
                its last chunk, its first token, and it joins the batch
-    step    -> engine.step_batch(running): one step (>= 1 token) for every running request
+    step    -> engine.step_batch(running): one step (>= 1 token) for every running request; a
+               request that fails is rolled back and ends with an error, the others go on (a
+               failed batched forward: each is retried alone)
     emit    -> text deltas to their consumers; finished requests are freed and leave
 
 so requests join and leave the batch between steps, and a long prompt delays running streams
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tokenleap.config import SpecConfig
-from tokenleap.engine.engine import Engine
+from tokenleap.engine.engine import Engine, StepFailures
 from tokenleap.engine.request import Request
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import trim_free_memory
@@ -104,8 +106,9 @@ class EngineLoop:
     """Owns `engine` on a background thread; see the module docstring."""
 
     def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, *, max_batch: int = 16, max_queue: int = 64,
-                 timeout: float | None = None, log_requests: bool = False) -> None:
+                 timeout: float | None = None, log_requests: bool = False, cost_curve_cap: int | None = None) -> None:
         self.engine = engine
+        self.cost_curve_cap = cost_curve_cap  # measure the cost curve at start for drafts up to this
         self.metrics = metrics
         self.max_batch = max_batch
         self.max_queue = max_queue
@@ -149,8 +152,11 @@ class EngineLoop:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("the engine loop was already started")
-        if self.engine.spec is not None and self.engine.spec.adaptive:
-            self.engine.cost_curve()  # measured now, not in the first request's time to first token
+        # measured now, not on the engine thread while requests run (it takes seconds)
+        if self.cost_curve_cap is not None:
+            self.engine.ensure_cost_curve(self.cost_curve_cap)
+        elif self.engine.spec is not None and self.engine.spec.adaptive:
+            self.engine.cost_curve()
         self._thread = threading.Thread(target=self._run, name="tokenleap-engine", daemon=True)
         self._thread.start()
 
@@ -309,24 +315,41 @@ class EngineLoop:
 
     def _step(self) -> None:
         batch = self._running
-        try:
-            self.engine.step_batch([h.req for h in batch])  # type: ignore[misc]
-        except Exception as exc:
-            logger.exception("a decoding step failed; cancelling its %d requests", len(batch))
-            for h in batch:
-                self._release(h, "abort")
-                h.emit(self._error_event(exc, "decoding failed"))
-            self._running = []
-            return
+        failed = self._step_isolated(batch)
         now = time.monotonic()
         still = []
         for h in batch:
+            if h in failed:
+                self._release(h, "abort")
+                h.emit(self._error_event(failed[h], "decoding failed"))
+                continue
             self._progress(h, now)
             if h.req is not None and h.req.finished:
                 self._complete(h)
             else:
                 still.append(h)
         self._running = still
+
+    def _step_isolated(self, batch: list[RequestHandle]) -> dict[RequestHandle, Exception]:
+        """One step of `batch`; returns the requests that failed (rolled back by the engine) with
+        their errors, the others were stepped. A failure the engine cannot pin on one request (the
+        batched forward) rolls the whole batch back: each request is then retried alone, and only
+        those that fail on their own are lost. Their outputs do not change: a request's rows are
+        computed the same whatever they are batched with."""
+        try:
+            self.engine.step_batch([h.req for h in batch])  # type: ignore[misc]
+            return {}
+        except StepFailures as exc:
+            by_req = {id(h.req): h for h in batch}
+            return {by_req[id(req)]: e for req, e in exc.failures}
+        except Exception as exc:
+            if len(batch) == 1:
+                return {batch[0]: exc}
+            logger.warning("a batched step of %d requests failed (%s: %s); retrying each alone", len(batch), type(exc).__name__, exc)
+            failed: dict[RequestHandle, Exception] = {}
+            for h in batch:
+                failed.update(self._step_isolated([h]))
+            return failed
 
     def _progress(self, h: RequestHandle, now: float, first: bool = False) -> None:
         req = h.req

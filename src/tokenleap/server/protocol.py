@@ -5,7 +5,8 @@ sampling extensions (`top_k`, `min_p`, `stop_token_ids`, `ignore_eos`) and token
 per-request `speculative` override. Bodies are validated strictly from JSON (a string where a
 number belongs is an error, not a coercion); fields OpenAI defines but tokenleap does not
 implement are accepted only at their neutral value, so a client is never silently given
-something other than what it asked for. Unknown extra fields are ignored, as vLLM does.
+something other than what it asked for. Unknown extra fields are ignored, as vLLM does. Python's
+JSON reader accepts `NaN` and `Infinity`; a number field holding one is a validation error.
 
 Responses are plain dicts in the shapes the official `openai` client parses: ids `chatcmpl-...`
 / `cmpl-...`, `object`, `created`, `model`, `choices`, `usage`, and a `speculative` field with
@@ -27,14 +28,14 @@ _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed t
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class SpeculativeOverride(BaseModel):
     """Per-request speculation: `{"method": "none"}` turns it off; any other method (with the
     knobs below) replaces the server's default config for this request."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     method: str
     num_speculative_tokens: Optional[int] = None
