@@ -36,6 +36,8 @@ from tokenleap.types import RequestOutput
 
 Prompt = Union[str, Sequence[int]]
 Message = dict[str, str]
+Conversations = Union[Sequence[Message], Sequence[Sequence[Message]]]  # one conversation or several
+ParamsArg = Union[SamplingParams, Sequence[SamplingParams], None]  # one for all prompts, or one per prompt
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class LLM:
             jobs.append(job)
         return jobs
 
-    def _prompt_jobs(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None) -> list[BatchJob]:
+    def _prompt_jobs(self, prompts: Prompt | Sequence[Prompt], sampling_params: ParamsArg) -> list[BatchJob]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
@@ -120,8 +122,7 @@ class LLM:
 
         return self._check_all(prompts, "prompt", make, params)
 
-    def _chat_jobs(self, messages: Sequence[Message] | Sequence[Sequence[Message]], sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-                   add_generation_prompt: bool) -> list[BatchJob]:
+    def _chat_jobs(self, messages: Conversations, sampling_params: ParamsArg, add_generation_prompt: bool) -> list[BatchJob]:
         if not messages:
             raise TokenleapError("no messages given")
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
