@@ -1,7 +1,12 @@
-"""The LLM facade: vLLM-shaped outputs from generate / chat / stream, determinism, seeds, and user errors."""
+"""The LLM facade: vLLM-shaped outputs from generate / chat / stream, batched generation (equal to
+one-at-a-time, bounded running set, lazy requests, streaming results), determinism, seeds, and
+user errors."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -9,6 +14,8 @@ import torch
 
 import tokenleap
 from tokenleap import LLM, SamplingParams, TokenleapError
+from tokenleap.engine.request import Request
+from tokenleap.engine.speculation import CostCurve
 from tokenleap.errors import ModelNotFoundError
 from tokenleap.kernels import CpuKernels
 from tokenleap.models.llama import ROW_PATH_MAX_ROWS
@@ -121,6 +128,152 @@ def test_stop_string_through_llm(llm: LLM) -> None:
         assert "," not in llm.get_tokenizer().decode(out.token_ids)
 
 
+# --------------------------------------------------------------------------- batching
+
+
+class LiveCounter:
+    """Counts the engine's requests holding a KV cache (added, not yet finished)."""
+
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+        self.added = 0
+        self.peak = 0
+
+
+@contextmanager
+def count_live(llm: LLM, monkeypatch: pytest.MonkeyPatch, max_num_seqs: int | None = None) -> Iterator[LiveCounter]:
+    """Instrument `llm.engine` (add_request / finish) for the duration; optionally run with
+    another `max_num_seqs`."""
+    counter = LiveCounter()
+    engine = llm.engine
+    add, finish = engine.add_request, engine.finish
+
+    def counting_add(*args: object, **kwargs: object) -> Request:
+        req = add(*args, **kwargs)  # type: ignore[arg-type]
+        counter.live.add(req.request_id)
+        counter.added += 1
+        counter.peak = max(counter.peak, len(counter.live))
+        return req
+
+    def counting_finish(req: Request, reason: str | None = None) -> None:
+        finish(req, reason)
+        counter.live.discard(req.request_id)
+
+    with monkeypatch.context() as m:
+        m.setattr(engine, "add_request", counting_add)
+        m.setattr(engine, "finish", counting_finish)
+        if max_num_seqs is not None:
+            m.setattr(llm, "config", dataclasses.replace(llm.config, max_num_seqs=max_num_seqs))
+        yield counter
+
+
+def _tiny_prompts(n: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    prompts = [[(5 * i + 11 * j) % 240 + 10 for j in range(3 + (i * 7) % 20)] for i in range(n)]
+    params = [
+        SamplingParams(temperature=0.8, seed=i, max_tokens=2 + i % 5, ignore_eos=True) if i % 4 == 3
+        else SamplingParams(temperature=0.0, max_tokens=1 + (i * 5) % 9, ignore_eos=i % 2 == 0)
+        for i in range(n)
+    ]
+    return prompts, params
+
+
+def test_batched_generate_is_bounded_lazy_and_equals_one_at_a_time(tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts, params = _tiny_prompts(11)
+    solo = [tiny_llm.generate([p], sp, use_tqdm=False)[0] for p, sp in zip(prompts, params)]
+    with count_live(tiny_llm, monkeypatch, max_num_seqs=3) as counter:
+        batch = tiny_llm.generate(prompts, params, use_tqdm=False)
+    assert counter.added == 11 and counter.peak == 3 and not counter.live
+    assert [o.prompt_token_ids for o in batch] == prompts  # input order
+    assert [o.outputs[0].token_ids for o in batch] == [o.outputs[0].token_ids for o in solo]
+    assert [o.outputs[0].finish_reason for o in batch] == [o.outputs[0].finish_reason for o in solo]
+    assert all(o.finished for o in batch) and len({o.request_id for o in batch}) == 11
+
+
+def test_generate_iter_streams_results_as_they_finish(tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    long = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [[20, 21, 22], [30, 31], [40, 41, 42, 43], [50]]
+    params = [long, long, SamplingParams(temperature=0.0, max_tokens=1), long]
+    with count_live(tiny_llm, monkeypatch, max_num_seqs=3) as counter:
+        it = tiny_llm.generate_iter(prompts, params)
+        assert counter.added == 0  # nothing runs before the first result is asked for
+        index, out = next(it)
+        assert index == 2 and out.prompt_token_ids == prompts[2] and len(out.outputs[0].token_ids) == 1
+        assert counter.added < 4  # the last prompt's request does not exist yet
+        rest = dict(it)
+    assert sorted(rest) == [0, 1, 3] and all(rest[i].prompt_token_ids == prompts[i] for i in rest)
+    assert not counter.live
+    with count_live(tiny_llm, monkeypatch) as counter:  # stopping early frees the running requests
+        it = tiny_llm.generate_iter(prompts, long)
+        next(it)
+        it.close()
+    assert counter.added > 0 and not counter.live
+
+
+def test_a_bad_prompt_among_many_fails_before_any_work(tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = [5, 6, 7]
+    with count_live(tiny_llm, monkeypatch) as counter:
+        with pytest.raises(TokenleapError, match="prompt 1: the prompt is empty"):
+            tiny_llm.generate([good, "", good], GREEDY, use_tqdm=False)
+        with pytest.raises(TokenleapError, match="prompt 2: the prompt has 40 tokens but the context length is 32"):
+            tiny_llm.generate([good, good, list(range(40))], GREEDY, use_tqdm=False)
+        with pytest.raises(TokenleapError, match=r"prompt 1: token ids out of range"):
+            list(tiny_llm.generate_iter([good, [1, 300]], GREEDY))
+    assert counter.added == 0
+    assert tiny_llm.generate([], GREEDY, use_tqdm=False) == []
+
+
+def test_progress_bar_reports_tokens_per_second(tiny_llm: LLM, capsys: pytest.CaptureFixture[str]) -> None:
+    outs = tiny_llm.generate([[5, 6], [7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=3))
+    assert len(outs) == 2
+    err = capsys.readouterr().err
+    assert "Processed prompts" in err and "2/2" in err and "tok/s" in err
+    tiny_llm.generate([[5, 6], [7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)
+    assert "Processed prompts" not in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def suffix_llm() -> LLM:
+    llm = LLM(speculative_config={"method": "suffix"}, max_num_seqs=4)
+    # a fixed cost curve (rows nearly free, as measured here up to ~8) instead of half a minute of
+    # timing on a loaded machine; drafting then does not depend on the machine's mood
+    llm.engine._cost_curve = CostCurve(tuple(1.0 + 0.03 * (n - 1) for n in range(1, 129)))
+    return llm
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("speculation", ["plain", "suffix"])
+def test_batched_generate_equals_one_at_a_time_on_the_real_model(
+    llm: LLM, questions: list[str], monkeypatch: pytest.MonkeyPatch, speculation: str, request: pytest.FixtureRequest
+) -> None:
+    """12 prompts of mixed lengths (chat-templated token ids and raw text), one sampling params
+    each (greedy of several lengths, a stop string; seeded sampling without speculation): the
+    batched outputs, in input order, are the one-at-a-time plain outputs, with at most
+    `max_num_seqs` requests holding a cache."""
+    tok = llm.get_tokenizer()
+    chats = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in questions[:6]]
+    raw = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Dear Sir or Madam,", "Once upon a time",
+           "The three primary colours are"]
+    prompts: list[str | list[int]] = [p for pair in zip(chats, raw) for p in pair]
+    params = [SamplingParams(temperature=0.0, max_tokens=4 + (i * 5) % 13) for i in range(12)]
+    params[3] = SamplingParams(temperature=0.0, max_tokens=16, stop=[","])
+    if speculation == "plain":  # seeded sampling is reproducible batched (drafters with cross-request state aside)
+        params[5] = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=12)
+        params[8] = SamplingParams(temperature=1.0, seed=8, max_tokens=9, ignore_eos=True)
+    solo = [llm.generate([p], sp, use_tqdm=False)[0] for p, sp in zip(prompts, params)]
+    target = llm if speculation == "plain" else request.getfixturevalue("suffix_llm")
+    with count_live(target, monkeypatch, max_num_seqs=4) as counter:
+        batch = target.generate(prompts, params, use_tqdm=False)
+    assert counter.added == 12 and counter.peak == 4 and not counter.live
+    for i, (b, s) in enumerate(zip(batch, solo)):
+        assert b.prompt_token_ids == s.prompt_token_ids and b.prompt == s.prompt, f"prompt {i} out of order"
+        assert b.outputs[0].token_ids == s.outputs[0].token_ids, f"prompt {i} differs from its one-at-a-time output"
+        assert b.outputs[0].text == s.outputs[0].text and b.outputs[0].finish_reason == s.outputs[0].finish_reason
+    if speculation == "suffix":
+        assert sum(o.metrics.spec.num_drafts for o in batch) > 0
+    chat_batch = target.chat([[{"role": "user", "content": q}] for q in questions[:6]], params[0::2], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in chat_batch] == [o.outputs[0].token_ids for o in solo[0::2]]
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -140,6 +293,8 @@ def test_bad_inputs_on_the_real_model(llm: LLM) -> None:
         llm.chat([], GREEDY, use_tqdm=False)
     with pytest.raises(TokenleapError, match="role.*content"):
         llm.chat([{"text": "hi"}], GREEDY, use_tqdm=False)
+    with pytest.raises(TokenleapError, match="conversation 1: each chat message needs 'role' and 'content'"):
+        llm.chat([[{"role": "user", "content": "hi"}], [{"text": "hi"}]], GREEDY, use_tqdm=False)
 
 
 def test_prompt_longer_than_max_model_len(tiny_llm: LLM) -> None:
@@ -167,6 +322,7 @@ def test_bad_sampling_params(kwargs: dict[str, float], message: str) -> None:
         ({"model": "gemma3-270m"}, TokenleapError, "not yet implemented"),
         ({"dtype": "float16"}, TokenleapError, "dtype must be one of"),
         ({"max_model_len": 1}, TokenleapError, "max_model_len must be >= 2"),
+        ({"max_num_seqs": 0}, TokenleapError, "max_num_seqs must be an integer >= 1"),
         ({"speculative_config": {"method": "bogus"}}, TokenleapError, "unknown speculative method 'bogus'"),
     ],
 )

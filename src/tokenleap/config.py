@@ -21,6 +21,7 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
     max_model_len: int | None = None  # default: the model's own context length
+    max_num_seqs: int = 16  # offline generation: requests running (holding a KV cache) at once
     use_kernels: bool = True  # tokenleap's row-invariant CPU kernels (else torch ops)
     # "gguf": keep a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks quantized (vLLM's spelling); None: dequantize to `dtype`
     quantization: str | None = None
@@ -36,6 +37,8 @@ class EngineConfig:
         object.__setattr__(self, "dtype", dtype)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise TokenleapError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if isinstance(self.max_num_seqs, bool) or not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise TokenleapError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
 
 SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom", "chain")

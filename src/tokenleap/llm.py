@@ -3,11 +3,19 @@
 `generate` takes raw prompts (strings or token-id lists); `chat` applies the model's chat
 template to one conversation or a list of them; `stream` yields text deltas of one request as
 they are produced. Each returns vLLM-shaped `RequestOutput`s with timing metrics.
+
+Many prompts run with continuous batching (`engine.scheduler.BatchScheduler`): at most
+`max_num_seqs` requests at once, each created (and its KV cache allocated) only when it joins,
+prompts prefilled in chunks between batched decode steps, finished requests freed at once.
+All prompts are checked before any work starts. `generate_iter` / `chat_iter` yield
+`(index, output)` pairs as requests finish; `generate` / `chat` return outputs in input order.
+A request's tokens are those it gets alone (see `BatchScheduler`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -18,7 +26,7 @@ from tokenleap.config import EngineConfig, SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Drafter
 from tokenleap.engine.engine import Engine
-from tokenleap.engine.request import Request
+from tokenleap.engine.scheduler import BatchJob, BatchScheduler
 from tokenleap.errors import TokenleapError
 from tokenleap.models.loading import DTYPES, load_model
 from tokenleap.models.registry import DEFAULT_MODEL, resolve
@@ -28,6 +36,8 @@ from tokenleap.types import RequestOutput
 
 Prompt = Union[str, Sequence[int]]
 Message = dict[str, str]
+Conversations = Union[Sequence[Message], Sequence[Sequence[Message]]]  # one conversation or several
+ParamsArg = Union[SamplingParams, Sequence[SamplingParams], None]  # one for all prompts, or one per prompt
 
 
 @dataclass(frozen=True)
@@ -48,9 +58,15 @@ class LLM:
         speculative_config: dict[str, Any] | None = None,
         use_kernels: bool = True,
         quantization: str | None = None,
+        max_num_seqs: int = 16,
     ) -> None:
         self.config = EngineConfig(
-            model=model, dtype=dtype, max_model_len=max_model_len, use_kernels=use_kernels, quantization=quantization
+            model=model,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            use_kernels=use_kernels,
+            quantization=quantization,
+            max_num_seqs=max_num_seqs,
         )
         self.spec_config = SpecConfig.from_dict(speculative_config)
         self.source = resolve(self.config.model)
@@ -87,11 +103,70 @@ class LLM:
             raise TokenleapError(f"got {len(params)} sampling params for {n} prompts")
         return params
 
-    def _run_all(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
-        outputs = []
-        for req in tqdm(requests, desc="generating", disable=not use_tqdm or len(requests) < 2):
-            outputs.append(self.engine.run(req).to_output())
-        return outputs
+    def _check_all(self, items: Sequence[Any], what: str, make: Callable[[Any, SamplingParams], BatchJob],
+                   params: list[SamplingParams]) -> list[BatchJob]:
+        """Build and check every job before any runs; a bad one names its index."""
+        jobs = []
+        for i, (item, p) in enumerate(zip(items, params)):
+            try:
+                job = make(item, p)
+                self.engine.check_prompt(job.prompt_ids)
+            except TokenleapError as exc:
+                if len(items) == 1:
+                    raise
+                raise type(exc)(f"{what} {i}: {exc}") from exc
+            jobs.append(job)
+        return jobs
+
+    def _prompt_jobs(self, prompts: Prompt | Sequence[Prompt], sampling_params: ParamsArg) -> list[BatchJob]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        params = self._params_for(sampling_params, len(prompts))
+
+        def make(prompt: Prompt, p: SamplingParams) -> BatchJob:
+            text, ids = self._encode(prompt)
+            return BatchJob(ids, p, text)
+
+        return self._check_all(prompts, "prompt", make, params)
+
+    def _chat_jobs(self, messages: Conversations, sampling_params: ParamsArg, add_generation_prompt: bool) -> list[BatchJob]:
+        if not messages:
+            raise TokenleapError("no messages given")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        params = self._params_for(sampling_params, len(conversations))
+
+        def make(conv: Sequence[Message], p: SamplingParams) -> BatchJob:
+            ids = self.tokenizer.apply_chat_template(list(conv), add_generation_prompt)
+            return BatchJob(ids, p, self.tokenizer.decode(ids))
+
+        return self._check_all(conversations, "conversation", make, params)
+
+    def _run(self, jobs: list[BatchJob], use_tqdm: bool) -> Iterator[tuple[int, RequestOutput]]:
+        """Run `jobs` with continuous batching, yielding `(index, output)` as each finishes; a
+        progress bar with output tokens/s when `use_tqdm` and there is more than one job."""
+        scheduler = BatchScheduler(self.engine, jobs, self.config.max_num_seqs)
+        bar = tqdm(total=len(jobs), desc="Processed prompts", unit="req", disable=not use_tqdm or len(jobs) < 2)
+        start = last = time.perf_counter()
+        try:
+            while not scheduler.done:
+                finished = scheduler.step()
+                now = time.perf_counter()
+                if finished or now - last > 0.5:
+                    last = now
+                    bar.set_postfix_str(f"output {scheduler.num_output_tokens / (now - start):.1f} tok/s", refresh=False)
+                    bar.update(len(finished))
+                for index, req in finished:
+                    yield index, req.to_output()
+        finally:
+            scheduler.close()
+            bar.close()
+
+    def _run_all(self, jobs: list[BatchJob], use_tqdm: bool) -> list[RequestOutput]:
+        outputs: list[RequestOutput | None] = [None] * len(jobs)
+        for index, out in self._run(jobs, use_tqdm):
+            outputs[index] = out
+        return outputs  # type: ignore[return-value]
 
     def generate(
         self,
@@ -99,16 +174,20 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Complete raw prompts (no chat template)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)
-        params = self._params_for(sampling_params, len(prompts))
-        requests = []
-        for prompt, p in zip(prompts, params):
-            text, ids = self._encode(prompt)
-            requests.append(self.engine.add_request(ids, p, prompt=text))
-        return self._run_all(requests, use_tqdm)
+        """Complete raw prompts (no chat template), batched; outputs in input order.
+        `sampling_params`: one for all prompts or one per prompt."""
+        return self._run_all(self._prompt_jobs(prompts, sampling_params), use_tqdm)
+
+    def generate_iter(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> Iterator[tuple[int, RequestOutput]]:
+        """As `generate`, but yield `(index into prompts, output)` as each request finishes
+        (completion order). Every prompt is checked now, before anything runs; stopping the
+        iteration early frees the running requests."""
+        return self._run(self._prompt_jobs(prompts, sampling_params), use_tqdm)
 
     def chat(
         self,
@@ -117,16 +196,19 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
-        """Answer one conversation (a list of messages) or a list of conversations."""
-        if not messages:
-            raise TokenleapError("no messages given")
-        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
-        params = self._params_for(sampling_params, len(conversations))
-        requests = []
-        for conv, p in zip(conversations, params):
-            ids = self.tokenizer.apply_chat_template(list(conv), add_generation_prompt)  # type: ignore[arg-type]
-            requests.append(self.engine.add_request(ids, p, prompt=self.tokenizer.decode(ids)))
-        return self._run_all(requests, use_tqdm)
+        """Answer one conversation (a list of messages) or a list of conversations, batched;
+        outputs in input order."""
+        return self._run_all(self._chat_jobs(messages, sampling_params, add_generation_prompt), use_tqdm)
+
+    def chat_iter(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        add_generation_prompt: bool = True,
+    ) -> Iterator[tuple[int, RequestOutput]]:
+        """As `chat`, yielding `(index, output)` as each conversation's answer finishes."""
+        return self._run(self._chat_jobs(messages, sampling_params, add_generation_prompt), use_tqdm)
 
     def chat_token_ids(self, messages: Sequence[Message]) -> list[int]:
         return self.tokenizer.apply_chat_template(list(messages), True)

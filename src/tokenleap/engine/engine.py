@@ -118,6 +118,21 @@ class Engine:
             del self._drafters[old]
         return drafter
 
+    def check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        """The prompt as a list of ints, or a `TokenleapError` if this engine cannot run it
+        (empty, token ids outside the vocabulary, no room left in the context). No allocation:
+        callers with many prompts check them all before starting any."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise TokenleapError("the prompt is empty")
+        check_token_ids(prompt_ids, self.model.config.vocab_size)
+        if len(prompt_ids) >= self.max_context:
+            raise TokenleapError(
+                f"the prompt has {len(prompt_ids)} tokens but the context length is {self.max_context}: "
+                "no room left to generate"
+            )
+        return prompt_ids
+
     def add_request(
         self,
         prompt_ids: Sequence[int],
@@ -129,15 +144,7 @@ class Engine:
     ) -> Request:
         """A new request. `speculative`: True uses the engine's speculative config (if any),
         False decodes plainly, a `SpecConfig` overrides the engine's for this request."""
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise TokenleapError("the prompt is empty")
-        check_token_ids(prompt_ids, self.model.config.vocab_size)
-        if len(prompt_ids) >= self.max_context:
-            raise TokenleapError(
-                f"the prompt has {len(prompt_ids)} tokens but the context length is {self.max_context}: "
-                "no room left to generate"
-            )
+        prompt_ids = self.check_prompt(prompt_ids)
         metrics = RequestMetrics(arrival_time=time.time(), num_prompt_tokens=len(prompt_ids))
         spec = self.spec if speculative is True else (speculative or None)
         drafter = self.drafter_for(spec) if spec is not None else None
