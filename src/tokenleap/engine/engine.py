@@ -14,8 +14,9 @@ raises is rolled back and reported (`StepFailures`) while the others of the batc
 
 Plain decoding is the same step with an empty draft, so both paths share one code path and
 (thanks to the row-invariant kernels) compute every committed token's logits identically: greedy
-speculative output is token-for-token the plain output. Requests run one at a time here;
-continuous batching comes with the server.
+speculative output is token-for-token the plain output. `Engine.run` / `stream` drive one request;
+`step_batch` steps many together, driven by the offline scheduler (`engine/scheduler.py`) and the
+server's continuous-batching loop.
 """
 
 from __future__ import annotations
