@@ -41,8 +41,9 @@ class EngineConfig:
             raise TokenleapError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
 
-SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom", "chain")
+SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom", "chain", "ngram-tree")
 _SPEC_ALIASES = {"draft_model": "draft-model", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
+SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
 DEFAULT_DRAFT_TOKENS = 16  # the default draft length cap
 
@@ -71,6 +72,7 @@ class SpecConfig:
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
     chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins
+    sampled_tree: str = "full"  # sampled requests verify a tree draft: "full" (every branch, lossless) or "first-path"
 
     def __post_init__(self) -> None:
         method = str(self.method).strip().lower()
@@ -121,6 +123,8 @@ class SpecConfig:
                     f"method 'chain' needs 'chain': a list of methods from {', '.join(m for m in SPEC_METHODS if m not in ('chain', 'custom'))}"
                     + (f"; not allowed: {', '.join(bad)}" if bad else "")
                 )
+        if self.sampled_tree not in SAMPLED_TREE_MODES:
+            raise TokenleapError(f"sampled_tree must be one of {', '.join(SAMPLED_TREE_MODES)}, got {self.sampled_tree!r}")
         if method == "custom" and self.drafter is None:
             raise TokenleapError("method 'custom' needs a drafter object: speculative_config['drafter']")
 
