@@ -141,3 +141,16 @@ def test_sampled_tree_config_is_validated() -> None:
     with pytest.raises(TokenleapError, match="sampled_tree must be one of"):
         SpecConfig(method="ngram", sampled_tree="all")
     assert SpecConfig(method="ngram").sampled_tree == "full"
+
+
+def test_typical_lossy_opt_in_runs_and_leaves_greedy_exact(tiny_model: LlamaModel, tokenizer: Tokenizer) -> None:
+    support, _ = _exact(tiny_model)
+    drafter = SupportTree(support)
+    typical = SpecConfig(method="custom", drafter=drafter, adaptive=False, num_speculative_tokens=9, acceptance="typical-lossy")
+    engine = Engine(tiny_model, tokenizer, spec=typical, drafter=drafter)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    spec_out = engine.run(engine.add_request(PROMPT, greedy)).output_ids
+    assert spec_out == engine.run(engine.add_request(PROMPT, greedy, speculative=False)).output_ids
+    # top-3 supports: every drafted support token passes the typical bound, so the first step
+    # always accepts two tokens (the lossy rule's point: longer acceptance)
+    assert all(_first_three(engine, seed)[1] == 2 for seed in range(20))

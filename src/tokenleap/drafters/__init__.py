@@ -112,7 +112,7 @@ def _custom(config: SpecConfig, **_: Any) -> Drafter:
 # distinct (method, these values). Per-request controls the engine itself reads never make a new
 # drafter. tests/drafters/test_keys.py checks that every SpecConfig field is claimed here and that
 # the factories read nothing else: a new field must be listed under the methods that read it.
-CONTROL_FIELDS = ("num_speculative_tokens", "draft_min", "adaptive", "sampled_tree")
+CONTROL_FIELDS = ("num_speculative_tokens", "draft_min", "adaptive", "sampled_tree", "acceptance", "typical_threshold", "typical_alpha")
 _LLAMACPP = ("ngram_size_n", "ngram_size_m", "ngram_min_hits")  # `_llamacpp_family` reads all three
 METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
     "ngram": ("prompt_lookup_min", "prompt_lookup_max"),

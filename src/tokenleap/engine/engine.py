@@ -46,6 +46,7 @@ from tokenleap.types import RequestMetrics
 from tokenleap.verify.chain import verify_chain
 from tokenleap.verify.tree import check_parents, first_path, tree_depths, verify_tree_greedy
 from tokenleap.verify.tree_sampling import verify_tree_sampled
+from tokenleap.verify.typical import verify_tree_typical
 
 logger = logging.getLogger(__name__)
 
@@ -324,7 +325,14 @@ class Engine:
 
     def _commit(self, req: Request, draft: Draft, logits: torch.Tensor, pos: int) -> None:
         """Verify, tell the drafter, then change the request (what may raise comes first)."""
-        if draft.parents is None:
+        spec = req.spec
+        if spec is not None and spec.acceptance == "typical-lossy" and not req.params.greedy and len(draft):
+            # opted in: lossy (the output is no longer distributed as the target's)
+            tree = verify_tree_typical(draft.tokens, draft.parents, logits, req.params, req.generator, spec.typical_threshold,
+                                       spec.typical_alpha)
+            depth = len(draft) if draft.parents is None else max(tree_depths(draft.parents))
+            tokens, accepted, path = tree.tokens, tree.num_accepted, (None if draft.parents is None else tree.path)
+        elif draft.parents is None:
             result = verify_chain(draft.tokens, logits, req.params, req.generator, draft.probs)
             tokens, accepted, depth, path = result.tokens, result.num_accepted, len(draft), None
         else:  # a token tree: keep the accepted path's slots
