@@ -4,7 +4,7 @@ occurrences of the context's last n tokens merged into one tree, as in `benchmar
 SpecInfer's token trees (Miao et al., 2024).
 
 Occurrences are taken for n from `prompt_lookup_max` down to `prompt_lookup_min`, most recent
-first, at most 8 per n. The first continuation gets about half the node budget as the main
+first, at most 8 per n. The first continuation gets 5/8 of the node budget as the main
 branch; each later one adds a short branch (`alt` tokens) where it departs from the tree built
 so far, sharing the prefix it has in common (so siblings are always distinct tokens). The tree
 holds at most `max_tokens` nodes. Greedy requests verify it with `verify_tree_greedy`, sampled
@@ -75,7 +75,7 @@ class LookupTreeDrafter(StatelessDrafter):
         starts = occurrences(arr, self.n_min, self.n_max)
         if not starts:
             return Draft()
-        main = max(1, (max_tokens + 1) // 2)
+        main = max(1, (5 * max_tokens) // 8)  # tree_sim.py's shapes: 8 nodes -> 5 on the main branch
         alt = 2 if max_tokens < 16 else 3
         draft, parents = build_tree(arr, starts, max_tokens, main, alt, branches=max(1, max_tokens // 2))
         return Draft(draft, parents)
