@@ -2,7 +2,8 @@
 `verify/tree_sampling.py`) against its first path only, a prompt-lookup chain and plain decoding.
 
 Spec-Bench first turns (`--num-prompts`, default 8, the six groups in turn), the model's chat
-template, temperature 0.7 (`--temperature`), seed 0, `--max-tokens` (default 128) new tokens.
+template, temperature 0.7 (`--temperature`), seeds 0..`--seeds`-1 (default 3: each seed is a
+full pass, so acceptance is averaged over more sampled text), `--max-tokens` (default 128).
 Methods, run back to back on one loaded model by `tokenleap.bench.run_bench` (which rotates the
 order per prompt so drift hits all alike, and shares one measured cost curve):
 
@@ -19,7 +20,7 @@ their ratios to plain. Sampled outputs differ between methods (each consumes the
 its own way); each is a sample from the target's distribution.
 
     .venv/bin/python benchmarks/tree_sampling.py                      # -> results/tree_sampling.json
-    .venv/bin/python benchmarks/tree_sampling.py -n 2 --max-tokens 16 --out /tmp/smoke.json
+    .venv/bin/python benchmarks/tree_sampling.py -n 2 --max-tokens 16 --seeds 1 --out /tmp/smoke.json
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--draft-max", type=int, default=8)
+    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--questions", default=str(default_spec_bench()))
     parser.add_argument("--out", default=str(RESULTS / "tree_sampling.json"))
     args = parser.parse_args()
@@ -77,9 +79,11 @@ def main() -> None:
     llm = LLM()
     questions = pick_questions(Path(args.questions), args.num_prompts)
     t0 = time.perf_counter()
-    records = run_bench(llm.model, llm.tokenizer, questions, methods(args.draft_max), args.max_tokens, args.temperature)
+    records = []
+    for seed in range(args.seeds):
+        records += run_bench(llm.model, llm.tokenizer, questions, methods(args.draft_max), args.max_tokens, args.temperature, seed=seed)
     summary = summarize(records)["overall"]
-    table = Table(title=f"{len(questions)} Spec-Bench prompts, {args.max_tokens} new tokens, temperature {args.temperature}, "
+    table = Table(title=f"{len(questions)} Spec-Bench prompts x {args.seeds} seeds, {args.max_tokens} new tokens, temperature {args.temperature}, "
                         f"draft {args.draft_max} ({time.perf_counter() - t0:.0f} s)")
     for col in ("method", "acceptance length", "decode tok/s", "decode vs plain", "end-to-end tok/s", "e2e vs plain"):
         table.add_column(col, justify="left" if col == "method" else "right")
@@ -90,7 +94,7 @@ def main() -> None:
     console.print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {k: getattr(args, k) for k in ("num_prompts", "max_tokens", "temperature", "draft_max")}
+    meta = {k: getattr(args, k) for k in ("num_prompts", "max_tokens", "temperature", "draft_max", "seeds")}
     out.write_text(json.dumps({"meta": meta, "overall": summary, "records": [r.__dict__ for r in records]}, indent=1))
     console.print(f"wrote {out}")
 
