@@ -73,7 +73,7 @@ def sample_inverse_cdf(dist: torch.Tensor, u: float) -> int:
     u * total: a draw from dist / dist.sum() for u ~ U[0, 1)."""
     cdf = torch.cumsum(dist.double(), dim=0)
     total = float(cdf[-1])
-    idx = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=torch.float64), right=True))
+    idx = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=torch.float64, device=cdf.device), right=True))
     last = int(torch.nonzero(dist > 0).max())  # rounding at the top end must not pick a zero-mass token
     return min(idx, last)
 
@@ -85,7 +85,7 @@ def _residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
         r = p.clone()
         r[x] = 0.0
     else:
-        r = (p - q.double()).clamp_min(0.0)
+        r = (p - q.to(p.device, torch.float64)).clamp_min(0.0)
     s = float(r.sum())
     return p if s <= 0.0 else r / s
 
