@@ -97,3 +97,17 @@ def test_quantization_of_a_folder_model_is_a_clear_error(tmp_path, capsys: pytes
     assert main(["generate", "hi", "--model", str(tmp_path), "--quantization", "gguf"]) == 2
     err = capsys.readouterr().err
     assert "needs a .gguf model" in err and "Traceback" not in err
+
+
+def test_tree_and_acceptance_flags_reach_the_speculative_config() -> None:
+    from tokenleap.cli import _spec_dict, build_parser
+    from tokenleap.config import SpecConfig
+
+    args = build_parser().parse_args(["generate", "hi", "--spec-type", "ngram-tree", "--spec-ngram-size-n", "3",
+                                      "--spec-sampled-tree", "first-path", "--spec-acceptance", "typical-lossy",
+                                      "--spec-typical-threshold", "0.2"])
+    spec = SpecConfig.from_dict(_spec_dict(args))
+    assert spec is not None and spec.method == "ngram-tree" and spec.prompt_lookup_max == 3
+    assert (spec.sampled_tree, spec.acceptance, spec.typical_threshold, spec.typical_alpha) == ("first-path", "typical-lossy", 0.2, 0.3)
+    plain = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "ngram"])))
+    assert plain is not None and (plain.sampled_tree, plain.acceptance) == ("full", "exact")

@@ -168,6 +168,7 @@ def run_bench(
     temperature: float = 0.0,
     progress: Any = None,
     hf: HFBaseline | None = None,
+    seed: int = 0,
 ) -> list[Record]:
     engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
     # one cost curve for every method: they verify on the same model, and a curve measured in
@@ -179,7 +180,7 @@ def run_bench(
         # each method is measured on its own
         drafter = default_registry().create(cfg.method, cfg, target=model, tokenizer=tokenizer)
         engines[label] = Engine(model, tokenizer, spec=cfg, drafter=drafter, cost_curve=curve)
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     records: list[Record] = []
     names = list(engines)
     for n, q in enumerate(questions):

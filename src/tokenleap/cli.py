@@ -47,7 +47,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
-    g.add_argument("--spec-type", default="none", help="none | ngram | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model (default: %(default)s)")
+    g.add_argument("--spec-type", default="none", help="none | ngram | ngram-tree | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model (default: %(default)s)")
     g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder)")
     g.add_argument("--draft-layers", type=int, default=None, help="use only the draft model's first N layers")
     g.add_argument("--draft-max", type=int, default=16, help="draft tokens per step at most (default: %(default)s)")
@@ -57,6 +57,12 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-ngram-min-hits", type=int, default=None, help="occurrences a key needs (ngram-map-k/-k4v; default 1)")
     g.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram looked up (default 1)")
     g.add_argument("--spec-ngram-cache", default=None, help="ngram-cache: statistics file to load")
+    g.add_argument("--spec-sampled-tree", default=None, choices=["full", "first-path"],
+                   help="how sampled requests verify a token-tree draft: every branch (lossless) or the first path (default: full)")
+    g.add_argument("--spec-acceptance", default=None, choices=["exact", "typical-lossy"],
+                   help="sampled requests: exact (lossless) or Medusa's typical acceptance, which changes the output distribution (default: exact)")
+    g.add_argument("--spec-typical-threshold", type=float, default=None, help="typical-lossy: posterior threshold (default 0.09)")
+    g.add_argument("--spec-typical-alpha", type=float, default=None, help="typical-lossy: entropy factor (default 0.3)")
     g.add_argument("--stats", action="store_true", help="print speculation statistics after each answer")
 
 
@@ -64,14 +70,16 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.spec_type in ("none", "off"):
         return None
     spec: dict[str, Any] = {"method": args.spec_type, "num_speculative_tokens": args.draft_max, "draft_min": args.draft_min}
-    if args.spec_type == "ngram":
+    if args.spec_type in ("ngram", "ngram-tree"):
         if args.spec_ngram_size_n is not None:
             spec["prompt_lookup_max"] = args.spec_ngram_size_n
         if args.prompt_lookup_min is not None:
             spec["prompt_lookup_min"] = args.prompt_lookup_min
     elif args.spec_ngram_size_n is not None:
         spec["ngram_size_n"] = args.spec_ngram_size_n
-    for flag, key in (("spec_ngram_size_m", "ngram_size_m"), ("spec_ngram_min_hits", "ngram_min_hits"), ("spec_ngram_cache", "ngram_cache_path")):
+    for flag, key in (("spec_ngram_size_m", "ngram_size_m"), ("spec_ngram_min_hits", "ngram_min_hits"), ("spec_ngram_cache", "ngram_cache_path"),
+                      ("spec_sampled_tree", "sampled_tree"), ("spec_acceptance", "acceptance"),
+                      ("spec_typical_threshold", "typical_threshold"), ("spec_typical_alpha", "typical_alpha")):
         if getattr(args, flag) is not None:
             spec[key] = getattr(args, flag)
     if args.model_draft is not None:

@@ -41,8 +41,10 @@ class EngineConfig:
             raise TokenleapError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
 
-SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom", "chain")
+SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom", "chain", "ngram-tree")
 _SPEC_ALIASES = {"draft_model": "draft-model", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
+SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
+ACCEPTANCE_RULES = ("exact", "typical-lossy")  # sampled requests; "typical-lossy" changes the output distribution
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
 DEFAULT_DRAFT_TOKENS = 16  # the default draft length cap
 
@@ -71,6 +73,10 @@ class SpecConfig:
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
     chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins
+    sampled_tree: str = "full"  # sampled requests verify a tree draft: "full" (every branch, lossless) or "first-path"
+    acceptance: str = "exact"  # sampled requests: "exact" (lossless) or "typical-lossy" (Medusa's typical acceptance, NOT lossless)
+    typical_threshold: float = 0.09  # typical-lossy: accept x when p(x) > min(threshold, alpha * exp(-H(p)))
+    typical_alpha: float = 0.3
 
     def __post_init__(self) -> None:
         method = str(self.method).strip().lower()
@@ -121,6 +127,14 @@ class SpecConfig:
                     f"method 'chain' needs 'chain': a list of methods from {', '.join(m for m in SPEC_METHODS if m not in ('chain', 'custom'))}"
                     + (f"; not allowed: {', '.join(bad)}" if bad else "")
                 )
+        if self.sampled_tree not in SAMPLED_TREE_MODES:
+            raise TokenleapError(f"sampled_tree must be one of {', '.join(SAMPLED_TREE_MODES)}, got {self.sampled_tree!r}")
+        if self.acceptance not in ACCEPTANCE_RULES:
+            raise TokenleapError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {self.acceptance!r}")
+        if not (0.0 <= self.typical_threshold <= 1.0 and 0.0 <= self.typical_alpha <= 1.0):
+            raise TokenleapError(
+                f"typical_threshold and typical_alpha must be in [0, 1], got {self.typical_threshold} and {self.typical_alpha}"
+            )
         if method == "custom" and self.drafter is None:
             raise TokenleapError("method 'custom' needs a drafter object: speculative_config['drafter']")
 

@@ -23,6 +23,7 @@ PROMPTS = [
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48)
 METHODS = [
     {"method": "ngram"},
+    {"method": "ngram-tree"},
     {"method": "ngram-simple"},
     {"method": "ngram-map-k"},
     {"method": "ngram-map-k4v"},

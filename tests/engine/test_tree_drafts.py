@@ -1,5 +1,6 @@
 """Token-tree drafts through the engine on the real model: greedy output equals plain decoding,
-the KV cache keeps only the accepted path, sampled requests verify a tree's first path."""
+the KV cache keeps only the accepted path, sampled requests verify the whole tree (or, with
+`sampled_tree="first-path"`, its first path)."""
 
 from __future__ import annotations
 
@@ -57,17 +58,24 @@ def test_tree_drafts_give_plain_output_in_fewer_forwards() -> None:
     assert stats.drafted_per_position[0] == stats.num_drafts and len(stats.drafted_per_position) == 3
 
 
-def test_sampled_requests_verify_the_first_path_of_a_tree() -> None:
-    """The first path is the decoy: nothing is accepted from it but the run is well formed and
-    seeded runs repeat (tree drafts are verified as chains for sampled requests)."""
+def test_sampled_requests_verify_the_whole_tree_or_its_first_path() -> None:
+    """The first path is the decoy: with `sampled_tree="first-path"` nothing is accepted from it
+    (2 positions reached); the full tree accepts from the second branch (3 positions). Both
+    runs are well formed and seeded runs repeat."""
     plain = tokenleap.LLM().chat(PROMPT, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), use_tqdm=False)[0]
     drafter = DecoyTreeDrafter(len(plain.prompt_token_ids), list(plain.outputs[0].token_ids))
-    llm = tokenleap.LLM(speculative_config={"method": "custom", "drafter": drafter, "adaptive": False, "num_speculative_tokens": 8})
     params = SamplingParams(temperature=0.7, max_tokens=32, seed=5, ignore_eos=True)
-    a = llm.chat(PROMPT, params, use_tqdm=False)[0]
-    b = llm.chat(PROMPT, params, use_tqdm=False)[0]
-    assert a.outputs[0].token_ids == b.outputs[0].token_ids and len(a.outputs[0].token_ids) == 32
-    assert 0 < len(a.metrics.spec.drafted_per_position) <= 2  # the first path: 2 tokens
+    accepted = {}
+    for mode in ("first-path", "full"):
+        llm = tokenleap.LLM(speculative_config={"method": "custom", "drafter": drafter, "adaptive": False, "num_speculative_tokens": 8,
+                                                "sampled_tree": mode})
+        a = llm.chat(PROMPT, params, use_tqdm=False)[0]
+        b = llm.chat(PROMPT, params, use_tqdm=False)[0]
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids and len(a.outputs[0].token_ids) == 32
+        depth = len(a.metrics.spec.drafted_per_position)
+        assert 0 < depth <= 2 if mode == "first-path" else depth == 3
+        accepted[mode] = a.metrics.spec.num_accepted_tokens
+    assert accepted["full"] > accepted["first-path"]
 
 
 def test_malformed_tree_is_a_clear_error() -> None:

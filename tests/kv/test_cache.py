@@ -321,3 +321,16 @@ def test_blocked_cache_reads_back_what_was_written_through_growth_and_compaction
     assert torch.equal(kv.values(1, 33), v[1][:, keep].bfloat16().float())
     with pytest.raises(ValueError, match="bfloat16"):
         KVCache(1, 1, 8, dtype=torch.float32, max_capacity=16, blocked=True)
+
+
+def test_blocked_cache_grown_in_inference_mode_compacts_outside_it() -> None:
+    """The engine grows caches inside the model's inference mode and compacts them outside:
+    that must not raise ("inplace update to inference tensor outside InferenceMode")."""
+    kv = KVCache(1, 1, 8, dtype=torch.bfloat16, max_capacity=64, initial_capacity=4, blocked=True)
+    k = torch.randn(1, 1, 20, 8)
+    with torch.inference_mode():
+        kv.reserve(20)
+        kv.write(0, 0, k[0, :, :20], k[0, :, :20])
+        kv.commit(20)
+    kv.compact(10, [12, 15])
+    assert kv.length == 12 and torch.equal(kv.keys(0, 12), k[0][:, [*range(10), 12, 15]].bfloat16().float())

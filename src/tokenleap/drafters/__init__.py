@@ -20,6 +20,7 @@ from tokenleap.config import SpecConfig
 from tokenleap.drafters.chain import ChainDrafter
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, check_drafter
 from tokenleap.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
+from tokenleap.drafters.lookup_tree import LookupTreeDrafter
 from tokenleap.drafters.ngram import NgramDrafter
 from tokenleap.drafters.ngram_cache import NgramCacheDrafter, Stats
 from tokenleap.drafters.ngram_map import NgramMapK4VDrafter, NgramMapKDrafter, NgramSimpleDrafter
@@ -29,6 +30,10 @@ from tokenleap.drafters.suffix import SuffixConfig, SuffixDrafter
 
 def _ngram(config: SpecConfig, **_: Any) -> Drafter:
     return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+
+
+def _ngram_tree(config: SpecConfig, **_: Any) -> Drafter:
+    return LookupTreeDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
 
 
 def _llamacpp_family(
@@ -107,10 +112,11 @@ def _custom(config: SpecConfig, **_: Any) -> Drafter:
 # distinct (method, these values). Per-request controls the engine itself reads never make a new
 # drafter. tests/drafters/test_keys.py checks that every SpecConfig field is claimed here and that
 # the factories read nothing else: a new field must be listed under the methods that read it.
-CONTROL_FIELDS = ("num_speculative_tokens", "draft_min", "adaptive")
+CONTROL_FIELDS = ("num_speculative_tokens", "draft_min", "adaptive", "sampled_tree", "acceptance", "typical_threshold", "typical_alpha")
 _LLAMACPP = ("ngram_size_n", "ngram_size_m", "ngram_min_hits")  # `_llamacpp_family` reads all three
 METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
     "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "ngram-tree": ("prompt_lookup_min", "prompt_lookup_max"),
     "ngram-simple": _LLAMACPP,
     "ngram-map-k": _LLAMACPP,
     "ngram-map-k4v": _LLAMACPP,
@@ -139,6 +145,7 @@ def default_registry() -> DrafterRegistry:
     loaded draft models: `LoadedModels`), chains included."""
     registry = DrafterRegistry()
     registry.register("ngram", _ngram)
+    registry.register("ngram-tree", _ngram_tree)
     family = functools.partial(_llamacpp_family, pools=PoolStore(), dynamic={})
     for name in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"):
         registry.register(name, family)

@@ -5,9 +5,11 @@ through the target model, turns the logits into tokens and commits them to the r
 
     schedule -> [drafter.propose] -> target forward -> sample / verify -> kv.truncate -> emit
 
-A draft is a chain, or (`Draft.parents`) a token tree: greedy requests verify a tree in the same
-one forward under a tree mask and keep the accepted path's cache slots (`kv.compact`); sampled
-requests verify its first root path as a chain.
+A draft is a chain, or (`Draft.parents`) a token tree, verified in the same one forward under a
+tree mask, keeping the accepted path's cache slots (`kv.compact`): greedy requests follow the
+target's argmax, sampled ones every branch by multi-candidate rejection sampling
+(`verify/tree_sampling.py`; `SpecConfig.sampled_tree="first-path"` reduces the tree to its first
+root path and verifies that chain instead).
 
 A step is transactional per request (`engine/undo.py`): one whose drafter or verification
 raises is rolled back and reported (`StepFailures`) while the others of the batch go on.
@@ -43,6 +45,8 @@ from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import RequestMetrics
 from tokenleap.verify.chain import verify_chain
 from tokenleap.verify.tree import check_parents, first_path, tree_depths, verify_tree_greedy
+from tokenleap.verify.tree_sampling import verify_tree_sampled
+from tokenleap.verify.typical import verify_tree_typical
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +234,8 @@ class Engine:
         t0 = time.perf_counter()
         draft = req.drafter.propose(req.request_id, req.prompt_ids + req.output_ids, budget)
         req.metrics.spec.draft_seconds += time.perf_counter() - t0
-        return _shape_draft(draft, budget, req.spec.draft_min, req.params.greedy)
+        as_tree = req.params.greedy or req.spec.sampled_tree == "full"
+        return _shape_draft(draft, budget, req.spec.draft_min, as_tree)
 
     def begin(self, req: Request) -> None:
         """Register a request with its drafter (before its prefill)."""
@@ -320,11 +325,21 @@ class Engine:
 
     def _commit(self, req: Request, draft: Draft, logits: torch.Tensor, pos: int) -> None:
         """Verify, tell the drafter, then change the request (what may raise comes first)."""
-        if draft.parents is None:
+        spec = req.spec
+        if spec is not None and spec.acceptance == "typical-lossy" and not req.params.greedy and len(draft):
+            # opted in: lossy (the output is no longer distributed as the target's)
+            tree = verify_tree_typical(draft.tokens, draft.parents, logits, req.params, req.generator, spec.typical_threshold,
+                                       spec.typical_alpha)
+            depth = len(draft) if draft.parents is None else max(tree_depths(draft.parents))
+            tokens, accepted, path = tree.tokens, tree.num_accepted, (None if draft.parents is None else tree.path)
+        elif draft.parents is None:
             result = verify_chain(draft.tokens, logits, req.params, req.generator, draft.probs)
             tokens, accepted, depth, path = result.tokens, result.num_accepted, len(draft), None
-        else:  # greedy only (`_shape_draft`): keep the accepted path's slots
-            tree = verify_tree_greedy(draft.tokens, draft.parents, logits)
+        else:  # a token tree: keep the accepted path's slots
+            if req.params.greedy:
+                tree = verify_tree_greedy(draft.tokens, draft.parents, logits)
+            else:
+                tree = verify_tree_sampled(draft.tokens, draft.parents, logits, req.params, req.generator, draft.probs)
             tokens, accepted, depth, path = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents)), tree.path
         if req.drafter is not None:
             req.drafter.accept(req.request_id, tokens, accepted)
@@ -373,11 +388,11 @@ class Engine:
         return req
 
 
-def _shape_draft(draft: Draft, budget: int, draft_min: int, greedy: bool) -> Draft:
+def _shape_draft(draft: Draft, budget: int, draft_min: int, as_tree: bool) -> Draft:
     """A drafter's proposal as the step verifies it: at most `budget` tokens (a tree keeps its
     first `budget` nodes, still a tree), none when shorter than `draft_min`; a tree is verified
-    as a tree for greedy requests and reduced to its first root path for sampled ones (lossless
-    speculative sampling here verifies chains); a tree that is a chain becomes one."""
+    as a tree when `as_tree` (greedy requests, and sampled ones unless `sampled_tree` is
+    "first-path") and otherwise reduced to its first root path; a tree that is a chain becomes one."""
     tokens, parents, probs = list(draft.tokens), draft.parents, draft.probs
     if parents is not None:
         try:
@@ -388,7 +403,7 @@ def _shape_draft(draft: Draft, budget: int, draft_min: int, greedy: bool) -> Dra
     tokens = tokens[:budget]
     if probs is not None and len(probs) > budget:
         probs = probs[:budget]
-    if parents is not None and (not greedy or parents == list(range(-1, len(parents) - 1))):
+    if parents is not None and (not as_tree or parents == list(range(-1, len(parents) - 1))):
         path = first_path(parents)
         tokens = [tokens[i] for i in path]
         probs = probs[path] if probs is not None else None

@@ -138,9 +138,12 @@ class KVCache:
             raise ValueError(f"cannot truncate a cache of {self.length} slots to {length}")
         self.length = length
 
+    @torch.inference_mode()
     def compact(self, start: int, keep: Sequence[int]) -> None:
         """Keep slots `keep` (ascending absolute indices >= `start`), moved to `start..`; drop
-        everything else after `start`. Copies only the kept slots (a tree path)."""
+        everything else after `start`. Copies only the kept slots (a tree path). In inference
+        mode: the storage may have been (re)allocated inside a forward's inference mode, and
+        inference tensors can only be updated in place there."""
         keep = list(keep)
         if not 0 <= start <= self.length:
             raise ValueError(f"compact: start {start} outside [0, {self.length}]")

@@ -49,6 +49,10 @@ class SpeculativeOverride(BaseModel):
     suffix_decoding_max_tree_depth: Optional[int] = Field(None, ge=1, le=256)
     suffix_decoding_max_spec_factor: Optional[float] = Field(None, ge=0, le=64)
     suffix_decoding_min_token_prob: Optional[float] = None
+    sampled_tree: Optional[str] = None  # "full" | "first-path": how a sampled request verifies a tree draft
+    acceptance: Optional[str] = None  # "exact" | "typical-lossy" (Medusa's typical acceptance: not lossless)
+    typical_threshold: Optional[float] = Field(None, ge=0, le=1)
+    typical_alpha: Optional[float] = Field(None, ge=0, le=1)
 
     def knobs(self) -> dict[str, Any]:
         """The fields the client set, without `method`."""

@@ -69,3 +69,55 @@ def verify_tree_reference(tokens: Sequence[int], parents: Sequence[int], target_
         if len(accepted) > len(best_path) or (len(accepted) == len(best_path) and accepted < best_path):
             best_tokens, best_path = result.tokens, accepted
     return best_tokens, best_path
+
+
+def verify_tree_sampled_reference(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    draft_probs: torch.Tensor | None = None,
+) -> tuple[list[int], list[int]]:
+    """Sampled tree verification written out with Python floats, one token at a time: at each
+    node try the children in order, accepting child c with probability min(1, p(x) / q(x));
+    after a rejection replace p by max(0, p - q) renormalised (q one-hot on x for a
+    deterministic draft); descend into an accepted child with the target's distribution there;
+    when no child is accepted draw the last token from p by walking its cumulative sum. Draws
+    `n + 1` uniforms up front like `verify_tree_sampled`. Returns (committed tokens, path)."""
+    n = len(tokens)
+    uniforms = torch.rand(n + 1, generator=generator, dtype=torch.float64).tolist()
+    path: list[int] = []
+    node = -1
+    while True:
+        p = [float(v) for v in logits_to_probs(target_logits[node + 1 : node + 2], params)[0].tolist()]
+        accepted = None
+        for c in range(n):
+            if parents[c] != node:
+                continue
+            x = tokens[c]
+            if draft_probs is None:
+                q = [0.0] * len(p)
+                q[x] = 1.0
+            else:
+                q = [float(v) for v in draft_probs[c].tolist()]
+            if (uniforms[c] < min(1.0, p[x] / q[x])) if q[x] > 0 else (p[x] > 0):
+                accepted = c
+                break
+            residual = [max(0.0, a - b) for a, b in zip(p, q)]
+            total = sum(residual)
+            if total > 0.0:
+                p = [r / total for r in residual]
+        if accepted is None:
+            total = sum(p)
+            target, running, last = uniforms[n] * total, 0.0, None
+            for token, mass in enumerate(p):
+                if mass > 0.0:
+                    last = token
+                    running += mass
+                    if running > target:
+                        break
+            assert last is not None
+            return [tokens[i] for i in path] + [last], path
+        path.append(accepted)
+        node = accepted
