@@ -46,6 +46,8 @@ from tokenleap.server.metrics import CONTENT_TYPE
 logger = logging.getLogger(__name__)
 
 _RETRIES = 2  # tries on other replicas when a replica dies before it answered
+REPLICA_HEADER = "x-tokenleap-replica"  # on every response: the replica that answered
+STATS_PATH = "/v1/tokenleap/replica"
 
 
 class EngineReplica:
@@ -74,7 +76,12 @@ class EngineReplica:
     async def forward(self, key: str | None, method: str, path: str, query: str, headers: list[tuple[str, str]],
                       body: bytes) -> Any:
         """Run one HTTP request through the app: yields {"status", "headers"}, then body chunks.
-        `key` is only read by the router."""
+        `key` is only read by the router. `GET /v1/tokenleap/replica` answers this replica's
+        `stats()` (behind the API key), so operators and tests can see where a key lands."""
+        if path == STATS_PATH:
+            async for item in self._stats_response(headers):
+                yield item
+            return
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
                  "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
                  "query_string": query.encode(), "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
@@ -107,7 +114,8 @@ class EngineReplica:
                 if msg is None:
                     break
                 if msg["type"] == "http.response.start":
-                    yield {"status": msg["status"], "headers": [(k.decode("latin-1"), v.decode("latin-1")) for k, v in msg.get("headers", [])]}
+                    out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in msg.get("headers", [])]
+                    yield {"status": msg["status"], "headers": out + [(REPLICA_HEADER, self.replica_id)]}
                 elif msg["type"] == "http.response.body":
                     if msg.get("body"):
                         yield bytes(msg["body"])
@@ -120,6 +128,17 @@ class EngineReplica:
             except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 task.cancel()
 
+    async def _stats_response(self, headers: list[tuple[str, str]]) -> Any:
+        key = self.state.config.api_key
+        auth = dict((k.lower(), v) for k, v in headers).get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if key is not None and not (scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode())):
+            status, body = 401, APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key").body()
+        else:
+            status, body = 200, self.stats()
+        yield {"status": status, "headers": [("content-type", "application/json"), (REPLICA_HEADER, self.replica_id)]}
+        yield json.dumps(body).encode()
+
     def stats(self) -> dict[str, Any]:
         """This replica's identity and sharing counters, and its drafters' global statistics."""
         sizes = {}
@@ -128,7 +147,7 @@ class EngineReplica:
             if tree is not None:
                 sizes[d.name] = len(tree)
         loop = self.state.loop
-        return {"replica": self.replica_id, "published": self.sharer.num_published, "ingested": self.sharer.num_ingested,
+        return {"replica": self.replica_id, "actor": ray.get_runtime_context().get_actor_name(), "published": self.sharer.num_published, "ingested": self.sharer.num_ingested,
                 "skipped": self.sharer.num_skipped, "cached_outputs": sizes, "live": loop.num_live,
                 "added": loop.num_added, "freed": loop.num_freed}
 
@@ -271,3 +290,31 @@ def wait_ready(url: str, timeout: float = 300.0) -> None:
             pass
         time.sleep(0.5)
     raise TimeoutError(f"{url} did not become healthy within {timeout:.0f} s")
+
+
+def run_until_signal(app: Any, server: ServerConfig, cfg: RayServeConfig, on_ready: Any = None) -> None:
+    """`start` the app, wait until it is healthy (`on_ready(url)`), serve until SIGINT / SIGTERM,
+    then delete the app (and shut down the Ray instance this started, if it started one)."""
+    import signal
+    import threading
+
+    started_ray = not ray.is_initialized() and cfg.ray_address is None
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        url = start(app, server, cfg)
+        wait_ready(url)
+        if on_ready is not None:
+            on_ready(url)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        try:
+            serve.delete(cfg.app_name)
+            if started_ray:
+                serve.shutdown()
+                ray.shutdown()
+        except Exception as exc:
+            logger.warning("shutting down Ray Serve: %s", exc)
