@@ -22,7 +22,9 @@ Replicas share drafter statistics through `tokenleap.ray.sharing` unless turned 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
 import logging
 import secrets
 import time
@@ -250,13 +252,15 @@ def deployment(model: str | None = None, *, speculative_config: dict[str, Any] |
         kwargs["model"] = model
     if speculative_config is not None:
         kwargs["speculative_config"] = speculative_config
+    # threads fixed here (the driver's machine) so that every replica reserves what it uses
+    cfg = dataclasses.replace(cfg, threads_per_replica=cfg.threads())
     autoscaling = cfg.autoscaling_config()
     engine = serve.deployment(
         EngineReplica, name="TokenleapEngine",
         num_replicas="auto" if autoscaling else cfg.replicas,
         **({"autoscaling_config": autoscaling} if autoscaling else {}),
         max_ongoing_requests=cfg.max_ongoing_requests or server.max_batch + server.max_queue,
-        ray_actor_options={"num_cpus": cfg.threads_per_replica or 1},
+        ray_actor_options={"num_cpus": cfg.threads_per_replica},
         request_router_config=RequestRouterConfig(request_router_class=AffinityRouter),
         health_check_period_s=2.0, health_check_timeout_s=30.0, graceful_shutdown_timeout_s=server.shutdown_timeout,
     )
@@ -269,8 +273,12 @@ def start(app: Any, server: ServerConfig, cfg: RayServeConfig, *, blocking: bool
     """Connect to (or start) Ray, start Serve's HTTP proxy on server.host:port and run `app`;
     returns the base URL."""
     if not ray.is_initialized():
+        local: dict[str, Any] = {}
+        if cfg.ray_address is None:  # a local instance: room for every replica even on a small machine
+            most = cfg.max_replicas if cfg.max_replicas is not None else cfg.replicas
+            local["num_cpus"] = max(os.cpu_count() or 1, most * cfg.threads())
         ray.init(address=cfg.ray_address, include_dashboard=False, logging_level=logging.WARNING,
-                 log_to_driver=server.log_level in ("debug", "trace"))
+                 log_to_driver=server.log_level in ("debug", "trace"), **local)
     serve.start(http_options={"host": server.host, "port": server.port})
     serve.run(app, name=cfg.app_name, route_prefix=cfg.route_prefix, blocking=blocking)
     host = server.host if ":" not in server.host else f"[{server.host}]"
@@ -313,6 +321,7 @@ def run_until_signal(app: Any, server: ServerConfig, cfg: RayServeConfig, on_rea
             signal.signal(sig, handler)
         try:
             serve.delete(cfg.app_name)
+            ray.kill(hub_actor(cfg.app_name, cfg.share_queue))  # the app's shared answers go with it
             if started_ray:
                 serve.shutdown()
                 ray.shutdown()
