@@ -211,6 +211,8 @@ class Ingress:
             except ray.exceptions.RayActorError as exc:
                 logger.warning("replica died before answering (%s); %s", type(exc).__name__,
                                "retrying on another" if attempt < _RETRIES else "giving up")
+                if attempt < _RETRIES:
+                    await asyncio.sleep(0.5 * (attempt + 1))  # time for the router to drop the dead replica
             except StopAsyncIteration:
                 return _error(500, "internal server error: the replica sent no response")
             except Exception as exc:
