@@ -87,6 +87,16 @@ def hub_actor(app_name: str = "tokenleap", capacity: int = 1024) -> Any:
     return cls.options(name=f"{HUB_NAME}-{app_name}", namespace="tokenleap", get_if_exists=True, lifetime="detached").remote(capacity)
 
 
+def _store_of(drafter: Any) -> Any:
+    """What a drafter's `learn` writes to: the n-gram pool or dynamic statistics that drafters
+    of one engine may share (ngram-mod, ngram-cache), else the drafter itself."""
+    for attr in ("pool", "dynamic"):
+        store = getattr(drafter, attr, None)
+        if store is not None:
+            return store
+    return drafter
+
+
 class Sharer:
     """One replica's side: publish finished answers, pull and ingest others'."""
 
@@ -133,10 +143,15 @@ class Sharer:
         return len(answers)
 
     def _ingest(self, answers: list[tuple[list[int], list[int]]]) -> None:  # engine thread
+        stores: set[int] = set()
         for d in self.loop.engine.drafters():
             learn = getattr(d, "learn", None)
             if learn is None:
                 continue
+            store = _store_of(d)
+            if id(store) in stores:  # drafters sharing one pool / statistics table learn once
+                continue
+            stores.add(id(store))
             for prompt, output in answers:
                 learn(prompt, output)
         self.num_ingested += len(answers)
