@@ -136,6 +136,14 @@ def _add_serve_parser(sub: Any) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM (default: %(default)s)")
     g.add_argument("--max-num-speculative-tokens", type=int, default=None, help="largest num_speculative_tokens a request may ask for; the cost curve is measured for it at start (default: --draft-max with --spec-type, else 16)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log level (default: %(default)s)")
+    r = serve.add_argument_group("scale out on Ray (the 'ray' extra; without --replicas: one process, no Ray)")
+    r.add_argument("--replicas", type=int, default=None, help="run N engine replicas on Ray Serve behind one ingress (the initial count when autoscaling)")
+    r.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. auto, or the head's host:6379 after 'ray start --head'; default: start a local one)")
+    r.add_argument("--min-replicas", type=int, default=None, help="autoscale: fewest replicas")
+    r.add_argument("--max-replicas", type=int, default=None, help="autoscale: most replicas")
+    r.add_argument("--target-ongoing-requests", type=float, default=4.0, help="autoscale: ongoing requests per replica Ray Serve aims for (default: %(default)s)")
+    r.add_argument("--threads-per-replica", type=int, default=None, help="model threads of each replica (default: the machine's cores / replicas)")
+    r.add_argument("--no-share-stats", action="store_true", help="replicas' drafters learn only from their own answers")
     _add_model_args(serve)
     _add_spec_args(serve)  # --stats: log each finished request's speculation statistics
 
@@ -166,6 +174,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     cap = config.max_num_speculative_tokens
     if cap is not None and args.spec_type not in ("none", "off") and cap < args.draft_max:  # before the model load
         raise TokenleapError(f"--max-num-speculative-tokens ({cap}) is below --draft-max ({args.draft_max})")
+    if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
+        return _cmd_serve_ray(args, config)
     sock = bind_socket(config.host, config.port)  # a port in use fails now, not after the model load
     try:
         logging.getLogger("tokenleap.server").setLevel(logging.INFO if args.stats or args.verbose else logging.WARNING)
@@ -179,6 +189,39 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             pass
     finally:
         sock.close()
+    print("tokenleap: server stopped", file=sys.stderr)
+    return 0
+
+
+def _cmd_serve_ray(args: argparse.Namespace, config: Any) -> int:
+    from tokenleap.config import SpecConfig
+    from tokenleap.server import bind_socket
+
+    if args.threads is not None:
+        raise TokenleapError("--threads sizes one process; with --replicas use --threads-per-replica")
+    try:
+        from tokenleap.ray import RayServeConfig
+    except ImportError as exc:
+        raise TokenleapError(f"--replicas needs the 'ray' extra (pip install 'tokenleap[ray]'): {exc}") from None
+    cfg = RayServeConfig(replicas=args.replicas if args.replicas is not None else 1, min_replicas=args.min_replicas,
+                         max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,
+                         threads_per_replica=args.threads_per_replica, share_stats=not args.no_share_stats,
+                         ray_address=args.ray_address)
+    spec = _spec_dict(args)
+    SpecConfig.from_dict(spec)  # bad flags fail before Ray starts
+    bind_socket(config.host, config.port).close()  # a port in use fails now
+    llm_kwargs = {"model": args.model, "dtype": args.dtype, "max_model_len": args.max_model_len, "use_kernels": not args.no_kernels,
+                  "quantization": args.quantization, "speculative_config": spec}
+    from tokenleap.ray.serve import deployment, run_until_signal
+
+    replicas = f"{cfg.min_replicas}..{cfg.max_replicas} replicas" if cfg.autoscaling else f"{cfg.replicas} replicas"
+    print(f"tokenleap: starting {replicas} of {args.model} on Ray ({args.ray_address or 'local cluster'}); loading...", file=sys.stderr)
+
+    def ready(url: str) -> None:
+        auth = "API key required" if config.api_key else "no API key"
+        print(f"tokenleap: serving {config.served_model_name or args.model} at {url}/v1 ({auth}, {replicas}); Ctrl-C stops", file=sys.stderr)
+
+    run_until_signal(deployment(llm_kwargs=llm_kwargs, server=config, config=cfg), config, cfg, on_ready=ready)
     print("tokenleap: server stopped", file=sys.stderr)
     return 0
 

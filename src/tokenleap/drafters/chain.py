@@ -43,3 +43,10 @@ class ChainDrafter:
     def end(self, request_id: str) -> None:
         for d in self.drafters:
             d.end(request_id)
+
+    def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """Pass an answer produced elsewhere to every drafter of the chain that learns from answers."""
+        for d in self.drafters:
+            learn = getattr(d, "learn", None)
+            if learn is not None:
+                learn(prompt_ids, output_ids)

@@ -159,6 +159,10 @@ class NgramCacheDrafter:
         if tokens:
             _count(self.dynamic, tokens, 1, self.n_max)
 
+    def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """Merge an answer produced elsewhere (another replica) into the dynamic statistics."""
+        _count(self.dynamic, [int(t) for t in (*prompt_ids, *output_ids)], 1, self.n_max)
+
     def save(self, path: str | Path) -> None:
         """Write the dynamic statistics (merged with the static ones) to `path`."""
         merged = Stats()

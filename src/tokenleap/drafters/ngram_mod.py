@@ -133,6 +133,13 @@ class NgramModDrafter:
     def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
         return None
 
+    def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """Write the n-grams of an answer produced elsewhere (another replica) into the pool."""
+        tokens = [int(t) for t in (*prompt_ids, *output_ids)]
+        n, size = self.size_n, self.pool.size
+        for end in range(n, len(tokens)):
+            self.pool.put(ngram_slot(tokens[end - n : end], size), tokens[end])
+
     def end(self, request_id: str) -> None:
         self._indexed.pop(request_id, None)  # its n-grams stay in the shared pool
         self._local.pop(request_id, None)

@@ -395,6 +395,11 @@ class SuffixDrafter:
         if state is not None:
             self.cache_output(state.tokens[state.prompt_len :] + state.pending)
 
+    def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """Learn from an answer produced elsewhere (another replica): as if a request of this
+        drafter had ended with it."""
+        self.cache_output([int(t) for t in output_ids])
+
     def cache_output(self, output: Sequence[int]) -> None:
         """Add a finished output to the global trie, evicting the oldest beyond the limit."""
         if self.config.max_cached_requests == 0 or not output:

@@ -107,6 +107,10 @@ class Engine:
             self._cost_curve = measure_cost_curve(self.model, cap)
         return self._cost_curve
 
+    def drafters(self) -> list[Drafter]:
+        """Every drafter this engine holds now (its own and those of per-request configs)."""
+        return list(self._drafters.values())
+
     def drafter_for(self, spec: SpecConfig) -> Drafter:
         """The drafter serving `spec` (and every config with its `drafter_key`), created on first use."""
         key = drafter_key(spec)

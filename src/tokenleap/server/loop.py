@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -125,6 +126,9 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self.num_added = 0
         self.num_freed = 0
+        self._calls: deque[Callable[[], None]] = deque()  # run on the engine thread between steps (guarded by _cond)
+        # called on the engine thread with each request's output as it finishes (None: it never ran)
+        self.finish_listeners: list[Callable[[Job, RequestOutput | None, str], None]] = []
 
     # ------------------------------------------------------------------ consumer side (any thread)
 
@@ -184,6 +188,13 @@ class EngineLoop:
                 self._record_finish(handle, None, "abort")
             self._cond.notify()
 
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the engine thread before its next step (it may touch the engine and its
+        drafters); an exception it raises is logged and dropped."""
+        with self._cond:
+            self._calls.append(fn)
+            self._cond.notify()
+
     def drain(self) -> None:
         """Refuse new requests; the ones queued or running go on."""
         with self._cond:
@@ -205,15 +216,21 @@ class EngineLoop:
         try:
             while True:
                 with self._cond:
-                    while not (self._waiting or self._running or self._prefilling or self._stopping):
+                    while not (self._waiting or self._running or self._prefilling or self._stopping or self._calls):
                         self._cond.wait()
                     if self._stopping:
                         break
+                    calls, self._calls = self._calls, deque()
                     self._expire_waiting()
                     room = len(self._running) + len(self._prefilling) < self.max_batch
                     new = self._waiting.popleft() if self._waiting and room else None
                     if new is not None:
                         self._admitting = 1
+                for fn in calls:
+                    try:
+                        fn()
+                    except Exception:
+                        logger.exception("a call on the engine thread failed")
                 self._sweep()
                 if new is not None:
                     self._admit(new)
@@ -390,6 +407,11 @@ class EngineLoop:
         e2e = time.monotonic() - h.arrival
         if self.metrics is not None:
             self.metrics.on_finished(out, reason, e2e)
+        for listen in self.finish_listeners:
+            try:
+                listen(h.job, out, reason)
+            except Exception:
+                logger.exception("a finish listener failed")
         if self.log_requests and out is not None:
             m = out.metrics
             s = m.spec
