@@ -154,3 +154,25 @@ def test_avx2_variant_quant_linears(kernels: CpuKernels) -> None:
     env = {**os.environ, "TOKENLEAP_KERNELS": "avx2"}
     run = subprocess.run([sys.executable, "-c", _AVX2_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+
+
+def test_vnni_and_avx2_integer_sums_give_the_same_bits(kernels: CpuKernels) -> None:
+    """The AVX-512 variant's vpdpbusd path (when the CPU has VNNI) against its AVX2 integer path:
+    the same exact block sums, so every type's output is bit-identical, at 1 to 9 rows."""
+    default = kernels.quant_vnni()
+    try:
+        if not kernels.quant_vnni(True):
+            pytest.skip("no AVX-512 VNNI path on this CPU / kernel variant")
+        g = torch.Generator().manual_seed(11)
+        for qtype in TYPES:
+            w = _quant_weight(qtype, 40, 512, seed=qtype + 3)
+            x = torch.randn(9, 512, generator=g) * 2
+            y_vnni = kernels.linear(x, w)
+            singles = torch.cat([kernels.linear(x[i : i + 1], w) for i in range(9)])
+            kernels.quant_vnni(False)
+            y_avx2 = kernels.linear(x, w)
+            kernels.quant_vnni(True)
+            assert torch.equal(y_vnni, y_avx2), QUANT_TYPES[qtype][0]
+            assert torch.equal(singles, y_vnni), QUANT_TYPES[qtype][0]
+    finally:
+        kernels.quant_vnni(default)

@@ -378,6 +378,12 @@ class CpuKernels:
         )
         return y
 
+    def quant_vnni(self, enable: bool | None = None) -> bool:
+        """Whether the quantized linears' integer sums run on AVX-512 VNNI (`vpdpbusd`) rather
+        than AVX2 `vpmaddubsw` + `vpmaddwd` (the same exact sums, so the same bits): with `enable`,
+        switch (None: as cpuid says); True only on the AVX-512 variant of a CPU with VNNI."""
+        return bool(self.lib.tl_quant_vnni(-1 if enable is None else int(enable)))
+
     def _linear_quant(
         self,
         x: torch.Tensor,
@@ -562,6 +568,8 @@ def load_kernels() -> CpuKernels | None:
     threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
     lib.tl_linear_q.argtypes = [_ptr, _ptr, ctypes.c_float, ctypes.c_int, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
     lib.tl_linear_q.restype = None
+    lib.tl_quant_vnni.argtypes = [ctypes.c_int]
+    lib.tl_quant_vnni.restype = ctypes.c_int
     features = int(lib.tl_features())
     packed, bf16_attention = bool(features & 1), bool(features & 2)
     if packed:

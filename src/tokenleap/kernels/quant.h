@@ -40,6 +40,28 @@
 #define TLQ_Q4X8F 3 /* Q4X8 with fp32 d[8], m[8] (from Q4_K: d_j = d sc_j, m_j = -dmin m_j, exact in fp32) */
 #define TLQ_Q8X8S 4 /* Q8X8 with fp32 d_lo[8] (inputs 0-15), d_hi[8] (16-31) (from Q6_K: d sc_j, q - 32) */
 
+#define TLQ_VNNI 16 /* or'ed into a format: the integer sums on vpdpbusd (bit-identical to vpmaddubsw + vpmaddwd) */
+
+/* AVX-512 VNNI (vpdpbusd on 256-bit vectors, AVX512VL): only in the AVX-512 variant (which
+ * defines TLQ_ALLOW_VNNI), when the build's -march=native has it; used when cpuid says so at
+ * load (tl_quant_vnni(-1)), switchable to compare (tl_quant_vnni(0 / 1)). */
+#if defined(TLQ_ALLOW_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TLQ_HAS_VNNI 1
+static inline __m256i tlq_dpbusd(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_epi32(acc, u8, s8); }
+#else
+#define TLQ_HAS_VNNI 0
+static inline __m256i tlq_dpbusd(__m256i acc, __m256i u8, __m256i s8) { (void)u8; (void)s8; return acc; }
+#endif
+static int tlq_use_vnni = -1; /* -1: not decided yet (cpuid on first use) */
+
+/* Set whether the quantized linears use VNNI (1 / 0; -1: as cpuid says); returns the setting in
+ * force (0 when this build has no VNNI path). */
+int tl_quant_vnni(int enable) {
+    if (enable < 0) enable = tlq_use_vnni >= 0 ? tlq_use_vnni : (TLQ_HAS_VNNI && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"));
+    tlq_use_vnni = TLQ_HAS_VNNI && enable;
+    return tlq_use_vnni;
+}
+
 static inline int64_t q_group_bytes(int format) {
     return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q4X8F ? 192 : 320;
 }
@@ -87,6 +109,8 @@ void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows,
 static inline __attribute__((always_inline)) void q_tile(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
         int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NO) {
+    const int vnni = TLQ_HAS_VNNI && (format & TLQ_VNNI); /* a constant in each instantiation */
+    format &= ~TLQ_VNNI;
     const int64_t nb = in_dim / 32, gb = q_group_bytes(format), group_stride = nb * gb;
     const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     __m256 acc[QR][QO];
@@ -103,7 +127,18 @@ static inline __attribute__((always_inline)) void q_tile(
             const __m256 dw = format == TLQ_Q4X8 || format == TLQ_Q8X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk))
                                                                        : _mm256_loadu_ps((const float *)blk);
             __m256i isum[QR], isum_hi[QR];
-            if (q4) {
+            if (q4 && vnni) { /* vpdpbusd: the same exact integer sums, one instruction per 4 inputs */
+                for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+                for (int t = 0; t < 4; t++) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
+                    const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    for (int r = 0; r < NR; r++) {
+                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                        isum[r] = tlq_dpbusd(isum[r], wl, _mm256_set1_epi32(xr[t]));
+                        isum[r] = tlq_dpbusd(isum[r], wh, _mm256_set1_epi32(xr[t + 4]));
+                    }
+                }
+            } else if (q4) {
                 __m256i s16[QR];
                 for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
                 for (int t = 0; t < 4; t++) {
@@ -124,9 +159,9 @@ static inline __attribute__((always_inline)) void q_tile(
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
-                        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones);
-                        if (format == TLQ_Q8X8S && g >= 4) isum_hi[r] = _mm256_add_epi32(isum_hi[r], p);
-                        else isum[r] = _mm256_add_epi32(isum[r], p);
+                        __m256i *dst = format == TLQ_Q8X8S && g >= 4 ? &isum_hi[r] : &isum[r];
+                        if (vnni) *dst = tlq_dpbusd(*dst, wa, xs8);
+                        else *dst = _mm256_add_epi32(*dst, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
                     }
                 }
             }
@@ -200,12 +235,19 @@ static void q_task(void *ctx, int tid, int nthreads) {
     for (int64_t c = tl_next(&j->ctr, &end); c < j->ctr.count; c = tl_next(&j->ctr, &end)) {
         const int64_t ngroups = j->out_dim / 8;
         const int64_t lo = c * Q_CHUNK, hi = end * Q_CHUNK < ngroups ? end * Q_CHUNK : ngroups;
-        switch (j->format) { /* one instantiation per format: the branches on it fold away */
-            case TLQ_Q4X8: q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, TLQ_Q4X8, j->accumulate); break;
-            case TLQ_Q4X8F: q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, TLQ_Q4X8F, j->accumulate); break;
-            case TLQ_Q8X8S: q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, TLQ_Q8X8S, j->accumulate); break;
-            default: q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, TLQ_Q8X8, j->accumulate); break;
+#define Q_GROUPS(F) q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
+        switch (j->format) { /* one instantiation per format (and VNNI or not): the branches on it fold away */
+            case TLQ_Q4X8: Q_GROUPS(TLQ_Q4X8); break;
+            case TLQ_Q4X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8 | TLQ_VNNI); break;
+            case TLQ_Q4X8F: Q_GROUPS(TLQ_Q4X8F); break;
+            case TLQ_Q4X8F | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8F | TLQ_VNNI); break;
+            case TLQ_Q8X8S: Q_GROUPS(TLQ_Q8X8S); break;
+            case TLQ_Q8X8S | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8S | TLQ_VNNI); break;
+            case TLQ_Q8X8: Q_GROUPS(TLQ_Q8X8); break;
+            case TLQ_Q8X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8 | TLQ_VNNI); break;
+            default: break;
         }
+#undef Q_GROUPS
     }
 }
 
@@ -229,6 +271,7 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
     }
     tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
     const int64_t chunks = (out_dim / 8 + Q_CHUNK - 1) / Q_CHUNK;
-    q_job job = {{0, chunks, 1}, xq, xd, xs, w, b, y, rows, in_dim, out_dim, format, accumulate};
+    if (tlq_use_vnni < 0) tl_quant_vnni(-1);
+    q_job job = {{0, chunks, 1}, xq, xd, xs, w, b, y, rows, in_dim, out_dim, format | (tlq_use_vnni ? TLQ_VNNI : 0), accumulate};
     tl_parallel(q_task, &job);
 }
