@@ -102,7 +102,11 @@ void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows,
         }
 }
 
+#if TLQ_HAS_VNNI
+#define QR 8 /* rows per tile at most: 32 vector registers hold 8 rows' sums and accumulators */
+#else
 #define QR 4 /* rows per tile at most */
+#endif
 #define QO 4 /* groups of 8 outputs per tile at most */
 
 /* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
@@ -206,6 +210,12 @@ static inline __attribute__((always_inline)) void q_groups(
         const int no = (int)(g_hi - g < tile_g ? g_hi - g : tile_g);
         for (int64_t m0 = 0; m0 < rows; m0 += tile_r) {
             switch (rows - m0 < tile_r ? rows - m0 : tile_r) {
+#if QR == 8
+                case 8: Q_NO(8, 1) break;
+                case 7: Q_NO(7, 1) break;
+                case 6: Q_NO(6, 1) break;
+                case 5: Q_NO(5, 1) break;
+#endif
                 case 4: Q_NO(4, 1) break;
                 case 3: Q_NO(3, 1) break;
                 case 2: Q_NO(2, 1) break;
