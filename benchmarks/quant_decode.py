@@ -78,6 +78,7 @@ def linear_micro(llm: LLM, rows_list: tuple[int, ...] = (1, 4, 8), copies: int =
         "bf16 packed": [PackedWeight.pack(torch.from_numpy(d).bfloat16()) for d in dense] if kernels.packed else [],
         "Q4_1": [QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q4_1), 3, 3072, 576) for d in dense],
         "Q8_0": [QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q8_0), 8, 3072, 576) for d in dense],
+        "Q5_0": [QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q5_0), 6, 3072, 576) for d in dense],
     }
     out: dict[str, dict[int, float]] = {}
     for name, weights in formats.items():
@@ -112,6 +113,7 @@ def main() -> int:
     engines = {"bf16": LLM(), "gguf": LLM(quantization="gguf")}
     model_file = engines["bf16"].source.path
     result["kernels"] = engines["gguf"].model.kernels.variant if engines["gguf"].model.kernels else None
+    result["quant_vnni"] = engines["gguf"].model.kernels.quant_vnni() if engines["gguf"].model.kernels else None
     result["bytes_per_token"] = {n: e.model.weight_bytes_per_token() for n, e in engines.items()}
     if args.llama_bench:
         result["llama_bench_before"] = llama_bench(args.llama_bench, model_file, args.threads)

@@ -23,7 +23,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's own context length
     max_num_seqs: int = 16  # offline generation: requests running (holding a KV cache) at once
     use_kernels: bool = True  # tokenleap's row-invariant CPU kernels (else torch ops)
-    # "gguf": keep a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks quantized (vLLM's spelling); None: dequantize to `dtype`
+    # "gguf": keep a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks quantized (vLLM's spelling); None: dequantize to `dtype`
     quantization: str | None = None
 
     def __post_init__(self) -> None:

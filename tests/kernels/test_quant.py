@@ -11,12 +11,29 @@ import torch
 from tokenleap.kernels import QUANT_TYPES, CpuKernels, QuantWeight
 
 TYPES = sorted(QUANT_TYPES)
+K_TYPES = (12, 14)  # Q4_K, Q6_K: superblocks of 256 inputs, random blocks (gguf-py cannot quantize them)
+
+
+def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generator) -> np.ndarray:
+    """Random K-quant superblocks with small f16 scales (every sub-scale / min / quant bit random)."""
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+    raw = rng.integers(0, 256, size=(out_dim, in_dim // block, nbytes), dtype=np.uint8)
+    scale = lambda hi: (rng.random((out_dim, in_dim // block, 1)) * hi).astype(np.float16).view(np.uint8)  # noqa: E731
+    if qtype == 12:  # Q4_K: d, dmin first
+        raw[..., 0:2], raw[..., 2:4] = scale(0.002), scale(0.004)
+    else:  # Q6_K: d last
+        raw[..., 208:210] = scale(0.0005)
+    return raw.reshape(out_dim, -1)
 
 
 def _quant_weight(qtype: int, out_dim: int, in_dim: int, seed: int) -> QuantWeight:
     rng = np.random.default_rng(seed)
-    dense = (rng.standard_normal((out_dim, in_dim)) * 0.05).astype(np.float32)
-    blocks = gguf.quants.quantize(dense, gguf.GGMLQuantizationType(qtype))
+    if qtype in K_TYPES:
+        in_dim = in_dim if in_dim % 256 == 0 else 256 * (in_dim // 256 + 1)
+        blocks = _random_blocks(qtype, out_dim, in_dim, rng)
+    else:
+        dense = (rng.standard_normal((out_dim, in_dim)) * 0.05).astype(np.float32)
+        blocks = gguf.quants.quantize(dense, gguf.GGMLQuantizationType(qtype))
     w = QuantWeight.from_blocks(blocks, qtype, out_dim, in_dim)
     # the repacked weight holds exactly the file's values (gguf's reference dequantizer)
     ref = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType(qtype)).reshape(out_dim, in_dim)
@@ -39,6 +56,7 @@ def _reference(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> to
 @pytest.mark.parametrize(("rows", "in_dim", "out_dim"), [(1, 32, 8), (2, 64, 40), (3, 576, 48), (9, 1536, 72)])
 def test_quant_linear_matches_reference(kernels: CpuKernels, qtype: int, rows: int, in_dim: int, out_dim: int) -> None:
     w = _quant_weight(qtype, out_dim, in_dim, seed=rows + qtype)
+    in_dim = w.in_dim  # K-quants: a multiple of 256
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, in_dim, generator=g)
     x[0, :32] = 0.0  # an all-zero activation block
@@ -51,7 +69,7 @@ def test_quant_linear_matches_reference(kernels: CpuKernels, qtype: int, rows: i
 def test_quant_linear_row_invariant_and_accumulates(kernels: CpuKernels, qtype: int) -> None:
     w = _quant_weight(qtype, 72, 128, seed=qtype)
     g = torch.Generator().manual_seed(qtype)
-    x = torch.randn(23, 128, generator=g) * 3
+    x = torch.randn(23, w.in_dim, generator=g) * 3
     y = kernels.linear(x, w)
     for rows in (1, 2, 3, 4, 5, 8):
         parts = torch.cat([kernels.linear(x[i : i + rows], w) for i in range(0, 23, rows)])
@@ -67,12 +85,12 @@ def test_quant_weight_validates_and_fuses() -> None:
     fused = QuantWeight.cat([a, b])
     assert (fused.out_dim, fused.in_dim, fused.name) == (24, 64, "Q4_1")
     torch.testing.assert_close(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
-    with pytest.raises(ValueError, match="one quantization type"):
+    with pytest.raises(ValueError, match="one quantization format"):
         QuantWeight.cat([a, _quant_weight(8, 8, 64, 2)])
     with pytest.raises(ValueError, match="does not fit"):
         QuantWeight(a.data[:, :-1].contiguous(), 3, 16, 64)
     with pytest.raises(ValueError, match="unsupported"):
-        QuantWeight(a.data, 12, 16, 64)
+        QuantWeight(a.data, 13, 16, 64)  # Q5_K: not read
     with pytest.raises(ValueError, match="cannot keep"):
         QuantWeight.from_blocks(np.zeros(20 * 12, np.uint8), 3, 12, 32)  # 12 outputs: not a multiple of 8
 
@@ -80,11 +98,81 @@ def test_quant_weight_validates_and_fuses() -> None:
 @pytest.mark.parametrize("qtype", TYPES, ids=[QUANT_TYPES[t][0] for t in TYPES])
 def test_fused_norm_and_gate_give_the_same_bits(kernels: CpuKernels, qtype: int) -> None:
     w = _quant_weight(qtype, 48, 64, seed=qtype + 7)
+    n = w.in_dim
     g = torch.Generator().manual_seed(9)
-    x, nw, gu = torch.randn(5, 64, generator=g), torch.rand(64, generator=g) + 0.5, torch.randn(5, 128, generator=g) * 3
+    x, nw, gu = torch.randn(5, n, generator=g), torch.rand(n, generator=g) + 0.5, torch.randn(5, 2 * n, generator=g) * 3
     assert torch.equal(kernels.linear(x, w, norm=(nw, 1e-5)), kernels.linear(kernels.rmsnorm(x, nw, 1e-5), w))
     assert torch.equal(kernels.linear(gu, w, glu=True), kernels.linear(kernels.silu_mul(gu), w))
     base = torch.randn(5, 48, generator=g)
     acc = base.clone()
     kernels.linear(gu, w, out=acc, glu=True)
     assert torch.equal(acc, base + kernels.linear(kernels.silu_mul(gu), w))
+
+
+def test_mixed_type_stacks_fuse_by_kernel_format(kernels: CpuKernels) -> None:
+    """Gemma 3's Q4_K_M files stack Q5_0 Q/K with a Q8_0 V (one Q8X8 format: fused); Q4_K with
+    Q6_K have different formats and are refused (the model keeps them as separate linears)."""
+    q, k, v = _quant_weight(6, 32, 256, 1), _quant_weight(6, 16, 256, 2), _quant_weight(8, 16, 256, 3)
+    qkv = QuantWeight.cat([q, k, v])
+    assert qkv.name == "Q5_0+Q8_0" and qkv.out_dim == 64
+    assert torch.equal(qkv.dequantize(), torch.cat([q.dequantize(), k.dequantize(), v.dequantize()]))
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(kernels.linear(x, qkv), torch.cat([kernels.linear(x, p) for p in (q, k, v)], dim=1))
+    assert QuantWeight.cat([_quant_weight(2, 8, 64, 4), _quant_weight(3, 8, 64, 5)]).name == "Q4_0+Q4_1"
+    with pytest.raises(ValueError, match="one quantization format"):
+        QuantWeight.cat([_quant_weight(12, 8, 256, 6), _quant_weight(14, 8, 256, 7)])
+    with pytest.raises(ValueError, match="cannot keep"):
+        QuantWeight.from_blocks(np.zeros(8 * 144, np.uint8), 12, 8, 128)  # Q4_K needs in % 256
+
+
+_AVX2_SCRIPT = r"""
+import sys
+import torch
+sys.path.insert(0, "tests/kernels")
+from test_quant import TYPES, _quant_weight, _reference
+from tokenleap.kernels import load_kernels
+
+k = load_kernels()
+assert k is not None and k.variant == "avx2", k
+for qtype in TYPES:
+    w = _quant_weight(qtype, 40, 512, seed=qtype)
+    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(qtype)) * 2
+    y = k.linear(x, w)
+    torch.testing.assert_close(y, _reference(x, w, None), atol=2e-5 * 512**0.5, rtol=1e-5)
+    for rows in (1, 3, 4):
+        assert torch.equal(torch.cat([k.linear(x[i : i + rows], w) for i in range(0, 11, rows)]), y), (qtype, rows)
+print("ok")
+"""
+
+
+def test_avx2_variant_quant_linears(kernels: CpuKernels) -> None:
+    """Every type on the AVX2 variant too (a subprocess forcing it): reference and row invariance."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TOKENLEAP_KERNELS": "avx2"}
+    run = subprocess.run([sys.executable, "-c", _AVX2_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+
+
+def test_vnni_and_avx2_integer_sums_give_the_same_bits(kernels: CpuKernels) -> None:
+    """The AVX-512 variant's vpdpbusd path (when the CPU has VNNI) against its AVX2 integer path:
+    the same exact block sums, so every type's output is bit-identical, at 1 to 9 rows."""
+    default = kernels.quant_vnni()
+    try:
+        if not kernels.quant_vnni(True):
+            pytest.skip("no AVX-512 VNNI path on this CPU / kernel variant")
+        g = torch.Generator().manual_seed(11)
+        for qtype in TYPES:
+            w = _quant_weight(qtype, 40, 512, seed=qtype + 3)
+            x = torch.randn(9, 512, generator=g) * 2
+            y_vnni = kernels.linear(x, w)
+            singles = torch.cat([kernels.linear(x[i : i + 1], w) for i in range(9)])
+            kernels.quant_vnni(False)
+            y_avx2 = kernels.linear(x, w)
+            kernels.quant_vnni(True)
+            assert torch.equal(y_vnni, y_avx2), QUANT_TYPES[qtype][0]
+            assert torch.equal(singles, y_vnni), QUANT_TYPES[qtype][0]
+    finally:
+        kernels.quant_vnni(default)

@@ -115,35 +115,90 @@ class PackedWeight:
         return cls(data=data, out_dim=out_dim, in_dim=in_dim)
 
 
-# GGML quantization types the kernels read: type id -> (name, bytes per block of 32 in the file)
-QUANT_TYPES: dict[int, tuple[str, int]] = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
-_Q4X8, _Q8X8 = 1, 2  # the kernels' interleaved formats (quant.h)
-_FORMAT = {2: _Q4X8, 3: _Q4X8, 8: _Q8X8}
-_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272}  # per 8 outputs x 32 inputs
+# GGML quantization types the kernels read: type id -> (name, bytes per block of 32 in the file);
+# the K-quants' superblocks hold 256 inputs (144 / 210 bytes), listed here per 32
+QUANT_TYPES: dict[int, tuple[str, int]] = {
+    2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 14: ("Q6_K", 26)
+}
+_SUPERBLOCK = {12: (256, 144), 14: (256, 210)}  # inputs and bytes per superblock
+_Q4X8, _Q8X8, _Q4X8F, _Q8X8S = 1, 2, 3, 4  # the kernels' interleaved formats (quant.h)
+_FORMAT = {2: _Q4X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4X8F, 14: _Q8X8S}
+_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q4X8F: 192, _Q8X8S: 320}  # per 8 outputs x 32 inputs
 
 
-def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
-    """GGUF blocks `[out, in/32 * block bytes]` -> quant.h's interleaved groups
-    `[out/8, in/32 * group bytes]` (eight outputs' blocks of 32 inputs, four inputs at a time)."""
-    nb, groups = in_dim // 32, out_dim // 8
+def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A GGUF tensor's blocks as integer weights and per-block scales: (q `[out, nb, 32]` (uint8
+    0..15 for the Q4 formats, int8 otherwise), d `[out, nb]` or `[out, nb, 2]` (per 16 inputs, Q6_K),
+    m `[out, nb]` or None) with w = d q + m, d and m f16 (fp32 for the K-quants, where they are
+    exact products d * sub-scale)."""
+    nb = in_dim // 32
+    if qtype in _SUPERBLOCK:
+        blk = raw.reshape(out_dim, in_dim // 256, _SUPERBLOCK[qtype][1])
+        if qtype == 12:  # Q4_K: f16 d, dmin; 12 bytes of 6-bit scales / mins; 128 bytes of nibbles
+            d = np.ascontiguousarray(blk[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+            dmin = np.ascontiguousarray(blk[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+            sc8 = blk[..., 4:16].astype(np.uint8)
+            sc = np.concatenate([sc8[..., 0:4] & 63, (sc8[..., 8:12] & 15) | ((sc8[..., 0:4] >> 6) << 4)], axis=-1)
+            mn = np.concatenate([sc8[..., 4:8] & 63, (sc8[..., 8:12] >> 4) | ((sc8[..., 4:8] >> 6) << 4)], axis=-1)
+            qs = blk[..., 16:144].reshape(out_dim, -1, 4, 32)  # 4 chunks of 64 inputs: low nibbles, then high
+            q = np.stack([qs & 15, qs >> 4], axis=3).reshape(out_dim, nb, 32)
+            dj = (d[..., None] * sc.astype(np.float32)).reshape(out_dim, nb)
+            mj = -(dmin[..., None] * mn.astype(np.float32)).reshape(out_dim, nb)
+            return q, dj, mj
+        # Q6_K: ql[128], qh[64], int8 scales[16], f16 d; two halves of 128 inputs
+        ql, qh = blk[..., 0:128].reshape(out_dim, -1, 2, 64), blk[..., 128:192].reshape(out_dim, -1, 2, 32)
+        scales = blk[..., 192:208].view(np.int8).astype(np.float32)
+        d = np.ascontiguousarray(blk[..., 208:210]).view(np.float16)[..., 0].astype(np.float32)
+        q1 = (ql[..., 0:32] & 15) | ((qh & 3) << 4)
+        q2 = (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4)
+        q3 = (ql[..., 0:32] >> 4) | (((qh >> 4) & 3) << 4)
+        q4 = (ql[..., 32:64] >> 4) | (((qh >> 6) & 3) << 4)
+        q = (np.stack([q1, q2, q3, q4], axis=3).astype(np.int16) - 32).astype(np.int8).reshape(out_dim, nb, 32)
+        return q, (d[..., None] * scales).reshape(out_dim, nb, 2), None
     blocks = raw.reshape(out_dim, nb, QUANT_TYPES[qtype][1])
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [out, nb]
-    out = np.empty((groups, nb, _GROUP_BYTES[_FORMAT[qtype]]), dtype=np.uint8)
-    by_group = lambda a: np.ascontiguousarray(a.reshape(groups, 8, nb).transpose(0, 2, 1)).view(np.uint8)  # noqa: E731
-    out[..., 0:16] = by_group(d).reshape(groups, nb, 16)
-    if qtype == 8:  # Q8_0: byte (g, o, i) = q[o][4g + i]
-        q = blocks[..., 2:34].reshape(groups, 8, nb, 8, 4)
-        out[..., 16:] = q.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
-        return out.reshape(groups, -1)
+    if qtype == 8:
+        return blocks[..., 2:34].view(np.int8), d, None
+    if qtype == 6:  # Q5_0: u32 high bits, 16 bytes of nibbles; w = d (q - 16)
+        qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)  # [out, nb, 1]
+        qs = blocks[..., 6:22]
+        low = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int16)
+        high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16)
+        return (low | (high << 4)) - 16, d, None
     if qtype == 3:
         m, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], blocks[..., 4:20]
     else:  # Q4_0: d (q - 8) = d q + m with m = -8 d (exact in fp16 unless it overflows)
         m, qs = (d * np.float16(-8)).astype(np.float16), blocks[..., 2:18]
         if not np.isfinite(m).all():
             raise ValueError("Q4_0 scale too large to repack")
-    out[..., 16:32] = by_group(m).reshape(groups, nb, 16)
-    lo, hi = (qs & 15).reshape(groups, 8, nb, 4, 4), (qs >> 4).reshape(groups, 8, nb, 4, 4)  # [G, o, nb, t, i]
-    out[..., 32:] = (lo | (hi << 4)).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 128)
+    return np.concatenate([qs & 15, qs >> 4], axis=-1), d, m
+
+
+def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
+    """GGUF blocks `[out, in/32 * block bytes]` -> quant.h's interleaved groups
+    `[out/8, in/32 * group bytes]` (eight outputs' blocks of 32 inputs, four inputs at a time)."""
+    nb, groups, fmt = in_dim // 32, out_dim // 8, _FORMAT[qtype]
+    q, d, m = _decode(raw, qtype, out_dim, in_dim)
+    out = np.empty((groups, nb, _GROUP_BYTES[fmt]), dtype=np.uint8)
+
+    def by_group(a: np.ndarray) -> np.ndarray:  # [out, nb] -> [G, nb, 8 * itemsize] bytes
+        return np.ascontiguousarray(a.reshape(groups, 8, nb).transpose(0, 2, 1)).view(np.uint8)
+
+    if fmt in (_Q8X8, _Q8X8S):  # byte (g, o, i) = q[o][4g + i]
+        if fmt == _Q8X8:
+            out[..., 0:16], start = by_group(d.astype(np.float16)), 16
+        else:
+            out[..., 0:32], out[..., 32:64], start = by_group(d[..., 0]), by_group(d[..., 1]), 64
+        qq = np.ascontiguousarray(q.astype(np.int8)).view(np.uint8).reshape(groups, 8, nb, 8, 4)
+        out[..., start:] = qq.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
+        return out.reshape(groups, -1)
+    assert m is not None
+    ftype = np.float16 if fmt == _Q4X8 else np.float32
+    half = 16 if fmt == _Q4X8 else 32
+    out[..., 0:half], out[..., half : 2 * half] = by_group(d.astype(ftype)), by_group(m.astype(ftype))
+    q = q.astype(np.uint8)
+    lo, hi = q[..., :16].reshape(groups, 8, nb, 4, 4), q[..., 16:].reshape(groups, 8, nb, 4, 4)  # [G, o, nb, t, i]
+    out[..., 2 * half :] = (lo | (hi << 4)).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 128)
     return out.reshape(groups, -1)
 
 
@@ -157,31 +212,34 @@ class QuantWeight:
     qtype: int
     out_dim: int
     in_dim: int
+    types: tuple[int, ...] = ()  # a fused stack's parts' types when they differ (one kernel format)
 
     def __post_init__(self) -> None:
         if self.qtype not in QUANT_TYPES:
             raise ValueError(f"unsupported GGML quantization type {self.qtype}")
-        expect = (self.out_dim // 8, self.in_dim // 32 * _GROUP_BYTES[_FORMAT[self.qtype]])
+        expect = (self.out_dim // 8, self.in_dim // 32 * _GROUP_BYTES[self.format])
         if self.in_dim % 32 or self.out_dim % 8 or self.data.dtype != torch.uint8 or tuple(self.data.shape) != expect:
             raise ValueError(f"quantized weight data {tuple(self.data.shape)} {self.data.dtype} does not fit [{self.out_dim}, {self.in_dim}] {self.name}")
 
     @classmethod
     def fits(cls, qtype: int, out_dim: int, in_dim: int) -> bool:
-        return qtype in QUANT_TYPES and out_dim % 8 == 0 and in_dim % 32 == 0
+        block = _SUPERBLOCK.get(qtype, (32, 0))[0]
+        return qtype in QUANT_TYPES and out_dim % 8 == 0 and in_dim % block == 0
 
     @classmethod
     def from_blocks(cls, raw: np.ndarray | torch.Tensor, qtype: int, out_dim: int, in_dim: int) -> QuantWeight:
         """From a GGUF tensor's bytes, `[out, in/32 * block bytes]` uint8 (rows = outputs)."""
         if not cls.fits(qtype, out_dim, in_dim):
-            raise ValueError(f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized (Q4_0/Q4_1/Q8_0, out % 8, in % 32)")
+            raise ValueError(f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized ({'/'.join(n for n, _ in QUANT_TYPES.values())}, out % 8, in % 32 (256 for K-quants))")
         raw = np.ascontiguousarray(raw.numpy() if isinstance(raw, torch.Tensor) else raw, dtype=np.uint8)
-        if raw.size != out_dim * in_dim // 32 * QUANT_TYPES[qtype][1]:
+        block, block_bytes = _SUPERBLOCK.get(qtype, (32, QUANT_TYPES[qtype][1]))
+        if raw.size != out_dim * in_dim // block * block_bytes:
             raise ValueError(f"{raw.size} bytes are not a [{out_dim}, {in_dim}] {QUANT_TYPES[qtype][0]} tensor")
         return cls(torch.from_numpy(_repack(raw, qtype, out_dim, in_dim)), qtype, out_dim, in_dim)
 
     @property
     def name(self) -> str:
-        return QUANT_TYPES[self.qtype][0]
+        return "+".join(dict.fromkeys(QUANT_TYPES[t][0] for t in self.types or (self.qtype,)))
 
     @property
     def format(self) -> int:
@@ -193,25 +251,37 @@ class QuantWeight:
 
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight:
-        """Stack weights of one type and input width along the outputs (a fused QKV, gate+up)."""
-        if len({(w.qtype, w.in_dim) for w in parts}) != 1:
-            raise ValueError("only weights of one quantization type and input width can be fused")
+        """Stack weights of one kernel format and input width along the outputs (a fused QKV,
+        gate+up): Q4_0 with Q4_1, Q5_0 with Q8_0 (Gemma 3's Q4_K_M files mix them in QKV)."""
+        if len({(w.format, w.in_dim) for w in parts}) != 1:
+            raise ValueError("only weights of one quantization format and input width can be fused")
         data = torch.cat([w.data for w in parts]).contiguous()
-        return QuantWeight(data, parts[0].qtype, sum(w.out_dim for w in parts), parts[0].in_dim)
+        types = tuple(t for w in parts for t in (w.types or (w.qtype,)))
+        return QuantWeight(data, parts[0].qtype, sum(w.out_dim for w in parts), parts[0].in_dim,
+                           types if len(set(types)) > 1 else ())
 
     def dequantize(self) -> torch.Tensor:
         """float32 `[out, in]`: the values the kernels multiply by (the file's, exactly)."""
-        groups, nb = self.out_dim // 8, self.in_dim // 32
+        groups, nb, fmt = self.out_dim // 8, self.in_dim // 32, self.format
         g = self.data.numpy().reshape(groups, nb, -1)
-        d = np.ascontiguousarray(g[..., 0:16]).view(np.float16).astype(np.float32)  # [G, nb, 8]
-        if self.format == _Q8X8:
-            q = g[..., 16:].view(np.int8).reshape(groups, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 32)
-            w = q.astype(np.float32) * d.transpose(0, 2, 1)[..., None]
+
+        def scales(lo: int, hi: int) -> np.ndarray:  # [G, nb, 8] -> [G, 8, nb, 1] fp32
+            a = np.ascontiguousarray(g[..., lo:hi]).view(np.float16 if fmt in (_Q4X8, _Q8X8) else np.float32)
+            return a.astype(np.float32).transpose(0, 2, 1)[..., None]
+
+        if fmt in (_Q8X8, _Q8X8S):
+            start = 16 if fmt == _Q8X8 else 64
+            q = g[..., start:].view(np.int8).reshape(groups, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 32)
+            q = q.astype(np.float32)
+            if fmt == _Q8X8:
+                w = q * scales(0, 16)
+            else:
+                w = np.concatenate([q[..., :16] * scales(0, 32), q[..., 16:] * scales(32, 64)], axis=-1)
         else:
-            m = np.ascontiguousarray(g[..., 16:32]).view(np.float16).astype(np.float32)
-            p = g[..., 32:].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
+            half = 16 if fmt == _Q4X8 else 32
+            p = g[..., 2 * half :].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
             q = np.concatenate([p & 15, p >> 4], axis=-1).astype(np.float32)  # [G, o, nb, 32]
-            w = q * d.transpose(0, 2, 1)[..., None] + m.transpose(0, 2, 1)[..., None]
+            w = q * scales(0, half) + scales(half, 2 * half)
         return torch.from_numpy(np.ascontiguousarray(w.reshape(self.out_dim, self.in_dim)))
 
 
@@ -307,6 +377,12 @@ class CpuKernels:
             int(out is not None),
         )
         return y
+
+    def quant_vnni(self, enable: bool | None = None) -> bool:
+        """Whether the quantized linears' integer sums run on AVX-512 VNNI (`vpdpbusd`) rather
+        than AVX2 `vpmaddubsw` + `vpmaddwd` (the same exact sums, so the same bits): with `enable`,
+        switch (None: as cpuid says); True only on the AVX-512 variant of a CPU with VNNI."""
+        return bool(self.lib.tl_quant_vnni(-1 if enable is None else int(enable)))
 
     def _linear_quant(
         self,
@@ -492,6 +568,8 @@ def load_kernels() -> CpuKernels | None:
     threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
     lib.tl_linear_q.argtypes = [_ptr, _ptr, ctypes.c_float, ctypes.c_int, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
     lib.tl_linear_q.restype = None
+    lib.tl_quant_vnni.argtypes = [ctypes.c_int]
+    lib.tl_quant_vnni.restype = ctypes.c_int
     features = int(lib.tl_features())
     packed, bf16_attention = bool(features & 1), bool(features & 2)
     if packed:

@@ -794,4 +794,5 @@ void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, c
 }
 #endif
 
+#define TLQ_ALLOW_VNNI 1 /* this variant may use AVX-512 VNNI in quant.h */
 #include "quant.h"

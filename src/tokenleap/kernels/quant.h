@@ -1,5 +1,6 @@
 /* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks (Q4_0, Q4_1,
- * Q8_0), row-invariant, on AVX2 integer dot products (included by both kernel variants).
+ * Q8_0; Q5_0, Q4_K, Q6_K widened to the same integer forms), row-invariant, on AVX2 integer dot
+ * products (included by both kernel variants).
  *
  * As llama.cpp does (ggml's vec_dot_q4_0_q8_0 / q4_1_q8_1 / q8_0_q8_0), the activations are
  * quantized per row to blocks of 32 int8 with one fp32 scale (d = max|x| / 127, q = round(x/d)),
@@ -20,7 +21,13 @@
  *   Q4X8 (from Q4_0 with m = -8 d, and Q4_1): f16 d[8], f16 m[8], then 4 x 32 bytes: byte
  *        (t, o, i) holds q[o][4t + i] in its low nibble and q[o][16 + 4t + i] in its high one
  *        (160 bytes: the file's 5 bits per weight);
- *   Q8X8 (from Q8_0): f16 d[8], then 8 x 32 bytes: byte (g, o, i) = q[o][4g + i] (272 bytes).
+ *   Q8X8 (from Q8_0, and Q5_0 as int8 q - 16): f16 d[8], then 8 x 32 bytes: byte (g, o, i) =
+ *        q[o][4g + i] (272 bytes);
+ *   Q4X8F (from Q4_K: per sub-block of 32, d_j = d sc_j and m_j = -dmin min_j, exact in fp32):
+ *        Q4X8 with fp32 d[8], m[8] (192 bytes: 6 bits per weight, the file's 4.5);
+ *   Q8X8S (from Q6_K: int8 q - 32, d_j = d sc_j per 16 inputs, exact in fp32): fp32 d_lo[8]
+ *        (inputs 0-15), d_hi[8] (16-31), then Q8X8's 256 bytes (320 bytes: 10 bits, the file's
+ *        6.56); its two half-block integer sums are two fmas, lo then hi, in every tile.
  * A row's output o: per block, the exact integer sum (Q4: int16 sums of vpmaddubsw over the 8
  * groups, at most 8 * 2 * 15 * 127 = 30480; Q8: |w| x sign(x, w) pairs through vpmaddwd),
  * then acc = fma(float(isum), d_w d_x, acc) and, for Q4, acc = fma(m_w, d_x sum(q_x), acc),
@@ -30,8 +37,34 @@
 
 #define TLQ_Q4X8 1
 #define TLQ_Q8X8 2
+#define TLQ_Q4X8F 3 /* Q4X8 with fp32 d[8], m[8] (from Q4_K: d_j = d sc_j, m_j = -dmin m_j, exact in fp32) */
+#define TLQ_Q8X8S 4 /* Q8X8 with fp32 d_lo[8] (inputs 0-15), d_hi[8] (16-31) (from Q6_K: d sc_j, q - 32) */
 
-static inline int64_t q_group_bytes(int format) { return format == TLQ_Q4X8 ? 160 : 272; }
+#define TLQ_VNNI 16 /* or'ed into a format: the integer sums on vpdpbusd (bit-identical to vpmaddubsw + vpmaddwd) */
+
+/* AVX-512 VNNI (vpdpbusd on 256-bit vectors, AVX512VL): only in the AVX-512 variant (which
+ * defines TLQ_ALLOW_VNNI), when the build's -march=native has it; used when cpuid says so at
+ * load (tl_quant_vnni(-1)), switchable to compare (tl_quant_vnni(0 / 1)). */
+#if defined(TLQ_ALLOW_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TLQ_HAS_VNNI 1
+static inline __m256i tlq_dpbusd(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_epi32(acc, u8, s8); }
+#else
+#define TLQ_HAS_VNNI 0
+static inline __m256i tlq_dpbusd(__m256i acc, __m256i u8, __m256i s8) { (void)u8; (void)s8; return acc; }
+#endif
+static int tlq_use_vnni = -1; /* -1: not decided yet (cpuid on first use) */
+
+/* Set whether the quantized linears use VNNI (1 / 0; -1: as cpuid says); returns the setting in
+ * force (0 when this build has no VNNI path). */
+int tl_quant_vnni(int enable) {
+    if (enable < 0) enable = tlq_use_vnni >= 0 ? tlq_use_vnni : (TLQ_HAS_VNNI && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"));
+    tlq_use_vnni = TLQ_HAS_VNNI && enable;
+    return tlq_use_vnni;
+}
+
+static inline int64_t q_group_bytes(int format) {
+    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q4X8F ? 192 : 320;
+}
 
 /* Activations: per row, per block of 32: d = max|x| / 127 (0 for an all-zero block), q =
  * round-to-nearest-even(x / d) in [-127, 127], s = d * sum(q) (ggml's Q8_1 `s`). */
@@ -69,13 +102,19 @@ void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows,
         }
 }
 
+#if TLQ_HAS_VNNI
+#define QR 8 /* rows per tile at most: 32 vector registers hold 8 rows' sums and accumulators */
+#else
 #define QR 4 /* rows per tile at most */
+#endif
 #define QO 4 /* groups of 8 outputs per tile at most */
 
 /* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
 static inline __attribute__((always_inline)) void q_tile(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
         int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NO) {
+    const int vnni = TLQ_HAS_VNNI && (format & TLQ_VNNI); /* a constant in each instantiation */
+    format &= ~TLQ_VNNI;
     const int64_t nb = in_dim / 32, gb = q_group_bytes(format), group_stride = nb * gb;
     const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     __m256 acc[QR][QO];
@@ -87,13 +126,27 @@ static inline __attribute__((always_inline)) void q_tile(
             _mm_prefetch((const char *)(blk + 4 * gb), _MM_HINT_T0);
             _mm_prefetch((const char *)(blk + 4 * gb + 64), _MM_HINT_T0);
             _mm_prefetch((const char *)(blk + 4 * gb + 128), _MM_HINT_T0);
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-            __m256i isum[QR];
-            if (format == TLQ_Q4X8) {
+            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q4X8F;
+            const int64_t qoff = format == TLQ_Q4X8 ? 32 : format == TLQ_Q8X8 ? 16 : 64;
+            const __m256 dw = format == TLQ_Q4X8 || format == TLQ_Q8X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk))
+                                                                       : _mm256_loadu_ps((const float *)blk);
+            __m256i isum[QR], isum_hi[QR];
+            if (q4 && vnni) { /* vpdpbusd: the same exact integer sums, one instruction per 4 inputs */
+                for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+                for (int t = 0; t < 4; t++) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
+                    const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    for (int r = 0; r < NR; r++) {
+                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                        isum[r] = tlq_dpbusd(isum[r], wl, _mm256_set1_epi32(xr[t]));
+                        isum[r] = tlq_dpbusd(isum[r], wh, _mm256_set1_epi32(xr[t + 4]));
+                    }
+                }
+            } else if (q4) {
                 __m256i s16[QR];
                 for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
                 for (int t = 0; t < 4; t++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * t));
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
                     const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
@@ -103,22 +156,29 @@ static inline __attribute__((always_inline)) void q_tile(
                 }
                 for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(s16[r], ones);
             } else {
-                for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+                for (int r = 0; r < NR; r++) isum[r] = isum_hi[r] = _mm256_setzero_si256();
                 for (int g = 0; g < 8; g++) {
-                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
+                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
                     const __m256i wa = _mm256_sign_epi8(wv, wv);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
+                        __m256i *dst = format == TLQ_Q8X8S && g >= 4 ? &isum_hi[r] : &isum[r];
+                        if (vnni) *dst = tlq_dpbusd(*dst, wa, xs8);
+                        else *dst = _mm256_add_epi32(*dst, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
                     }
                 }
             }
-            const __m256 mw = format == TLQ_Q4X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))) : _mm256_setzero_ps();
+            const __m256 mw = format == TLQ_Q4X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
+                            : format == TLQ_Q4X8F ? _mm256_loadu_ps((const float *)(blk + 32))
+                            : format == TLQ_Q8X8S ? _mm256_loadu_ps((const float *)(blk + 32)) /* d_hi */
+                                                  : _mm256_setzero_ps();
             for (int r = 0; r < NR; r++) {
                 const int64_t xi = (m0 + r) * nb + bi;
                 acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[xi])), acc[r][j]);
-                if (format == TLQ_Q4X8) acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[xi]), acc[r][j]);
+                if (q4) acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[xi]), acc[r][j]);
+                if (format == TLQ_Q8X8S)
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_hi[r]), _mm256_mul_ps(mw, _mm256_set1_ps(xd[xi])), acc[r][j]);
             }
         }
     }
@@ -150,6 +210,12 @@ static inline __attribute__((always_inline)) void q_groups(
         const int no = (int)(g_hi - g < tile_g ? g_hi - g : tile_g);
         for (int64_t m0 = 0; m0 < rows; m0 += tile_r) {
             switch (rows - m0 < tile_r ? rows - m0 : tile_r) {
+#if QR == 8
+                case 8: Q_NO(8, 1) break;
+                case 7: Q_NO(7, 1) break;
+                case 6: Q_NO(6, 1) break;
+                case 5: Q_NO(5, 1) break;
+#endif
                 case 4: Q_NO(4, 1) break;
                 case 3: Q_NO(3, 1) break;
                 case 2: Q_NO(2, 1) break;
@@ -179,14 +245,23 @@ static void q_task(void *ctx, int tid, int nthreads) {
     for (int64_t c = tl_next(&j->ctr, &end); c < j->ctr.count; c = tl_next(&j->ctr, &end)) {
         const int64_t ngroups = j->out_dim / 8;
         const int64_t lo = c * Q_CHUNK, hi = end * Q_CHUNK < ngroups ? end * Q_CHUNK : ngroups;
-        if (j->format == TLQ_Q4X8) /* one instantiation per format: the branches on it fold away */
-            q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, TLQ_Q4X8, j->accumulate);
-        else
-            q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, TLQ_Q8X8, j->accumulate);
+#define Q_GROUPS(F) q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
+        switch (j->format) { /* one instantiation per format (and VNNI or not): the branches on it fold away */
+            case TLQ_Q4X8: Q_GROUPS(TLQ_Q4X8); break;
+            case TLQ_Q4X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8 | TLQ_VNNI); break;
+            case TLQ_Q4X8F: Q_GROUPS(TLQ_Q4X8F); break;
+            case TLQ_Q4X8F | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8F | TLQ_VNNI); break;
+            case TLQ_Q8X8S: Q_GROUPS(TLQ_Q8X8S); break;
+            case TLQ_Q8X8S | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8S | TLQ_VNNI); break;
+            case TLQ_Q8X8: Q_GROUPS(TLQ_Q8X8); break;
+            case TLQ_Q8X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8 | TLQ_VNNI); break;
+            default: break;
+        }
+#undef Q_GROUPS
     }
 }
 
-int tl_quant_group_bytes(int format) { return format == TLQ_Q4X8 || format == TLQ_Q8X8 ? (int)q_group_bytes(format) : 0; }
+int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_Q8X8S ? (int)q_group_bytes(format) : 0; }
 
 /* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); x fp32 [rows, in_dim], quantized first into
  * `scratch` (rows * in_dim + 8 * rows * in_dim / 32 bytes, then 4 * rows * in_dim more when
@@ -206,6 +281,7 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
     }
     tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
     const int64_t chunks = (out_dim / 8 + Q_CHUNK - 1) / Q_CHUNK;
-    q_job job = {{0, chunks, 1}, xq, xd, xs, w, b, y, rows, in_dim, out_dim, format, accumulate};
+    if (tlq_use_vnni < 0) tl_quant_vnni(-1);
+    q_job job = {{0, chunks, 1}, xq, xd, xs, w, b, y, rows, in_dim, out_dim, format | (tlq_use_vnni ? TLQ_VNNI : 0), accumulate};
     tl_parallel(q_task, &job);
 }

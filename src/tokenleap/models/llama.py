@@ -124,7 +124,7 @@ class LlamaModel:
         def linear(names: Sequence[str]) -> tuple[torch.Tensor | None, PackedWeight | QuantWeight | None]:
             """A (fused) linear: its blocks when every part is quantized alike, else dense + packed."""
             parts = [weights[n] for n in names]
-            if quantized and all(isinstance(x, QuantWeight) for x in parts) and len({(x.qtype, x.in_dim) for x in parts}) == 1:
+            if quantized and all(isinstance(x, QuantWeight) for x in parts) and len({(x.format, x.in_dim) for x in parts}) == 1:
                 return None, QuantWeight.cat(parts) if len(parts) > 1 else parts[0]
             t = torch.cat([dense(x) for x in parts]).to(dtype).contiguous()
             return t, kernels.pack(t) if kernels is not None else None
