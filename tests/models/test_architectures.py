@@ -142,3 +142,18 @@ def test_unsupported_options_are_named(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps(raw))
         with pytest.raises(TokenleapError, match=words):
             read_hf_config(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3", "qwen3"])
+def test_torch_path_without_kernels(name: str, tmp_path: Path) -> None:
+    hf = _make(name, tmp_path)
+    config, weights = load_hf_folder(tmp_path)
+    model = LlamaModel(config, weights, torch.float32, None)
+    ids = list(range(3, 43))
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(_prefill_logits(model, ids), ref, atol=2e-4, rtol=2e-4)
+    prompt = [5, 17, 33, 2, 99, 41, 7]
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, len(prompt):]
+    assert _greedy(model, prompt, 12) == want.tolist()
