@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,8 +41,13 @@ CASES = {
 }
 
 
+# llama.cpp's fixed gemma3 layout (local layers except every 6th, local rope base 10k, scale 1/sqrt(head_dim))
+GGUF_GEMMA = ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+    num_hidden_layers=6, head_dim=32, sliding_window=5, tie_word_embeddings=True, query_pre_attn_scalar=32))
+
+
 def _make(name: str, folder: Path) -> torch.nn.Module:
-    cfg_cls, model_cls, extra = CASES[name]
+    cfg_cls, model_cls, extra = GGUF_GEMMA if name == "gemma3-gguf" else CASES[name]
     torch.manual_seed(0)
     cfg = getattr(transformers, cfg_cls)(**{**COMMON, **extra})
     hf = getattr(transformers, model_cls)(cfg).float().eval()
@@ -149,6 +155,90 @@ def test_torch_path_without_kernels(name: str, tmp_path: Path) -> None:
     hf = _make(name, tmp_path)
     config, weights = load_hf_folder(tmp_path)
     model = LlamaModel(config, weights, torch.float32, None)
+    ids = list(range(3, 43))
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(_prefill_logits(model, ids), ref, atol=2e-4, rtol=2e-4)
+    prompt = [5, 17, 33, 2, 99, 41, 7]
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, len(prompt):]
+    assert _greedy(model, prompt, 12) == want.tolist()
+
+
+_GGUF_ARCH = {"llama3": "llama", "qwen3": "qwen3", "gemma3": "gemma3"}
+_TO_GGUF = {"attn_norm": "attn_norm", "q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
+            "mlp_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down", "q_norm": "attn_q_norm",
+            "k_norm": "attn_k_norm", "post_attn_norm": "post_attention_norm", "post_mlp_norm": "post_ffw_norm"}
+
+
+def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter permutation of Q/K rows (half-split -> interleaved pairs)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_gguf(name: str, folder: Path, path: Path) -> None:
+    """Our canonical weights of a tiny HF model, written as llama.cpp's converter would."""
+    import math
+
+    gguf = pytest.importorskip("gguf")
+    config, weights = load_hf_folder(folder)
+    arch = _GGUF_ARCH[name]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(config.num_layers)
+    w.add_context_length(config.max_position)
+    w.add_embedding_length(config.hidden_size)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_heads)
+    w.add_head_count_kv(config.num_kv_heads)
+    w.add_key_length(config.head_dim)
+    w.add_value_length(config.head_dim)
+    w.add_rope_freq_base(config.rope_theta)
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if config.sliding_window:
+        w.add_sliding_window(config.sliding_window)
+    if config.final_logit_softcap:
+        w.add_final_logit_softcapping(config.final_logit_softcap)
+    if config.rope_scaling is not None:  # llama.cpp's rope_freqs factors
+        s = config.rope_scaling
+        factors = []
+        for i in range(0, config.head_dim, 2):
+            freq = 1.0 / (config.rope_theta ** (i / config.head_dim))
+            wavelen = 2 * math.pi / freq
+            if wavelen < s.original_max_position / s.high_freq_factor:
+                factors.append(1.0)
+            elif wavelen > s.original_max_position / s.low_freq_factor:
+                factors.append(s.factor)
+            else:
+                smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+                factors.append(1 / ((1 - smooth) / s.factor + smooth))
+        w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
+    for key, t in weights.items():
+        if key == "embed":
+            gname = "token_embd.weight"
+        elif key == "norm":
+            gname = "output_norm.weight"
+        elif key == "lm_head":
+            gname = "output.weight"
+        else:
+            _, idx, part = key.split(".", 2)
+            if arch == "llama" and part in ("q", "k"):
+                t = _permute(t, config.num_heads if part == "q" else config.num_kv_heads)
+            gname = f"blk.{idx}.{_TO_GGUF[part]}.weight"
+        w.add_tensor(gname, t.numpy().astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma3"])
+def test_gguf_matches_transformers(name: str, tmp_path: Path, kernels) -> None:
+    from tokenleap.models.loaders import load_gguf
+
+    hf = _make("gemma3-gguf" if name == "gemma3" else name, tmp_path / "hf")
+    _write_gguf(name, tmp_path / "hf", tmp_path / "m.gguf")
+    config, weights = load_gguf(tmp_path / "m.gguf")
+    model = LlamaModel(config, weights, torch.float32, kernels)
     ids = list(range(3, 43))
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
