@@ -247,3 +247,22 @@ def test_gguf_matches_transformers(name: str, tmp_path: Path, kernels) -> None:
     with torch.no_grad():
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, len(prompt):]
     assert _greedy(model, prompt, 12) == want.tolist()
+
+
+def test_batched_rows_equal_rows_alone(pair):
+    """A batched step (rows of several sequences) gives each row the bits of its own forward."""
+    from tokenleap.models.llama import SeqInput
+
+    name, _, model = pair
+    prompts = [list(range(10, 22)), list(range(30, 37))]
+    alone, caches = [], []
+    for p in prompts:
+        kv = model.new_kv_cache()
+        model.forward(torch.tensor(p), torch.arange(len(p)), kv)
+        caches.append(kv)
+        kv2 = model.new_kv_cache()
+        model.forward(torch.tensor(p), torch.arange(len(p)), kv2)
+        alone.append(model.forward(torch.tensor([50, 51]), torch.arange(len(p), len(p) + 2), kv2).hidden)
+    seqs = [SeqInput(torch.tensor([50, 51]), torch.arange(len(p), len(p) + 2), kv) for p, kv in zip(prompts, caches)]
+    batched = model.forward_batch(seqs).hidden
+    assert torch.equal(batched, torch.cat(alone)), name
