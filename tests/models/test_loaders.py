@@ -95,6 +95,20 @@ def test_gguf_not_a_gguf_file(tmp_path: Path, content: bytes) -> None:
 def test_gguf_unsupported_architecture(tmp_path: Path) -> None:
     gguf = pytest.importorskip("gguf")
     path = tmp_path / "other.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi3")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(TokenleapError, match="phi3.*not supported"):
+        load_gguf(path)
+
+
+def test_gguf_missing_metadata_is_named(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "bare.gguf"
     writer = gguf.GGUFWriter(str(path), "gemma3")
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
@@ -102,7 +116,7 @@ def test_gguf_unsupported_architecture(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(TokenleapError, match="gemma3.*not supported"):
+    with pytest.raises(TokenleapError, match="gemma3.attention.head_count"):
         load_gguf(path)
 
 
@@ -219,8 +233,11 @@ def test_hf_config_unsupported_architecture(tmp_path: Path) -> None:
 
 
 def test_hf_config_rope_scaling_rejected(tmp_path: Path) -> None:
-    _write_config(tmp_path, rope_scaling={"rope_type": "llama3", "factor": 8.0})
-    with pytest.raises(TokenleapError, match="rope scaling 'llama3' is not supported"):
+    _write_config(tmp_path, rope_scaling={"rope_type": "yarn", "factor": 8.0})
+    with pytest.raises(TokenleapError, match="rope scaling 'yarn' is not supported"):
+        read_hf_config(tmp_path)
+    _write_config(tmp_path, rope_scaling={"rope_type": "llama3", "factor": 8.0})  # incomplete
+    with pytest.raises(TokenleapError, match="low_freq_factor"):
         read_hf_config(tmp_path)
 
 

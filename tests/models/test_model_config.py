@@ -32,7 +32,7 @@ def test_bytes_per_token(tiny_config: ModelConfig, tiny_weights: dict[str, torch
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"architecture": "gemma3"}, "'gemma3' is not supported"),
+        ({"architecture": "phi3"}, "'phi3' is not supported"), ({"activation": "relu"}, "activation 'relu'"),
         ({"num_kv_heads": 3}, "multiple of num_kv_heads"),
         ({"head_dim": 31}, "head_dim must be even"),
     ],

@@ -41,9 +41,45 @@ def test_empty_model_name(model: str) -> None:
         resolve(model)
 
 
-def test_unsupported_registered_model() -> None:
-    with pytest.raises(TokenleapError, match="gemma3-270m.*not yet implemented"):
-        resolve("gemma3-270m")
+def _chunked_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sha: str) -> registry.RegistryEntry:
+    """An entry whose GGUF is split over two installed chunk packages (made on sys.path)."""
+    import hashlib
+
+    for i, data in enumerate((b"GGUF-first-", b"second-half")):
+        pkg = tmp_path / "site" / f"fake_chunk_{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "data" / f"m.gguf.part0{i}").write_bytes(data)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("TOKENLEAP_CACHE", str(tmp_path / "cache"))
+    whole = hashlib.sha256(b"GGUF-first-second-half").hexdigest()
+    return registry.RegistryEntry(
+        "fake", "fake-model", "fake_model", "m.gguf", "a chunked model",
+        chunks=tuple((f"fake-chunk-{i}", f"fake_chunk_{i}", f"data/m.gguf.part0{i}") for i in range(2)),
+        sha256=whole if sha == "good" else "0" * 64,
+    )
+
+
+def test_chunked_model_is_assembled_and_verified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = _chunked_entry(tmp_path, monkeypatch, "good")
+    monkeypatch.setitem(REGISTRY, "fake", entry)
+    source = resolve("fake")
+    assert source.path.read_bytes() == b"GGUF-first-second-half"
+    assert source.path.parent == tmp_path / "cache" / "models" / "fake-model"
+    assert resolve("fake").path == source.path  # the second time from the verified cache
+
+
+def test_chunked_model_with_a_bad_sha_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = _chunked_entry(tmp_path, monkeypatch, "bad")
+    monkeypatch.setitem(REGISTRY, "fake", entry)
+    with pytest.raises(ModelNotFoundError, match="SHA-256"):
+        resolve("fake")
+    assert not (tmp_path / "cache" / "models" / "fake-model" / "m.gguf").exists()
+
+
+def test_gemma3_is_registered_from_its_chunk_wheels() -> None:
+    entry = REGISTRY["gemma3-270m"]
+    assert entry.supported and len(entry.chunks) == 4 and len(entry.sha256) == 64
 
 
 def test_missing_gguf_path(tmp_path: Path) -> None:

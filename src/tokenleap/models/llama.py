@@ -1,4 +1,4 @@
-"""Native Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral) in plain PyTorch.
+"""Native Llama-family decoder (Llama 3.x, SmolLM2, Qwen2, Qwen3, Mistral, Gemma 3) in plain PyTorch.
 
 The architecture of Touvron et al. (2023): pre-RMSNorm blocks with rotary position embeddings
 (half-split "NeoX" layout), grouped-query attention and a SwiGLU MLP. Written as a functional
@@ -22,6 +22,16 @@ requests does not change their output. bfloat16 models run their prefill on the 
 (1.5x faster than torch's GEMM with AVX512-BF16, ~9x on an AVX2-only CPU, and chunking a prompt
 cannot change it); longer forwards
 of fp32 models (prompt prefill, shared by both paths) use torch's GEMM and SDPA.
+
+Plain Llama blocks take the fused path above. The descendants' extras (Qwen3 / Gemma 3 QK-norm,
+Gemma 3's scaled embeddings, post-norms, GeGLU and attention scale, sliding-window layers with
+their own rope base) take `_forward_general`, which keeps the same row-invariant pieces (the
+kernels' linears; attention on the kernels when head_dim fits them, else torch's row path) and
+adds the extras as per-row torch ops. Sliding-window attention (Beltagy et al., 2020; Mistral,
+Gemma 3) is a mask: the cache keeps every slot (slot i holds position i), and a local layer's row
+at position p sees the slots of positions > p - window, so truncating the cache (rejected draft
+tokens) stays exact. Rotary tables follow transformers (float32 `inv_freq`, Llama 3.x scaling of
+the frequencies, or GGUF's `rope_freqs` divisors).
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask
 from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache
-from tokenleap.models.config import ModelConfig
+from tokenleap.models.config import ModelConfig, RopeScaling
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +69,10 @@ class _Layer:
     mlp_norm: torch.Tensor  # [D]
     w_gate_up: torch.Tensor | None  # [2F, D]
     w_down: torch.Tensor | None  # [D, F]
+    q_norm: torch.Tensor | None = None  # [hd] QK-norm (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # [D] Gemma 3 post-norms
+    post_mlp_norm: torch.Tensor | None = None
     # The same four matrices as the kernels read them: packed bf16, or GGUF blocks.
     packed: dict[str, PackedWeight | QuantWeight] = field(default_factory=dict)
 
@@ -92,16 +106,24 @@ class LlamaModel:
         self.config = config
         self.dtype = dtype
         self.kv_dtype = torch.float32
-        if kernels is not None and not kernels.supports(config.hidden_size, config.intermediate_size, config.q_size, config.head_dim):
+        # the linears need widths that are multiples of 32 (head_dim is checked for attention below)
+        if kernels is not None and not kernels.supports(config.hidden_size, config.intermediate_size, config.q_size, 32):
             logger.warning(
-                "tokenleap kernels need widths that are multiples of 32 and head_dim 16, 32, 64 or 128; "
+                "tokenleap kernels need widths that are multiples of 32; "
                 "using torch ops for this model (slower, not row-invariant)"
             )
             kernels = None
+        if kernels is None and dtype == torch.bfloat16 and not config.plain_llama:
+            logger.warning("no tokenleap kernels: %s runs on torch ops (slower, not row-invariant)", config.architecture)
         self.kernels = kernels
+        # the kernels' fused attention serves head_dim 16..128; other head dims (Gemma 3: 256)
+        # attend with torch's row path beside the kernels' linears
+        self.kernel_attention = kernels is not None and config.head_dim in (16, 32, 64, 128)
+        # the fused Llama path, or the general one (the architectures' extras, torch attention)
+        self.general = not config.plain_llama or (kernels is not None and not self.kernel_attention)
         # bf16 models on the kernels keep K/V in bf16, laid out for the kernel's bf16 attention
         # (half the bytes, dot products without horizontal sums); fp32 models keep fp32 K/V
-        self.kv_blocked = kernels is not None and kernels.bf16_attention and dtype == torch.bfloat16
+        self.kv_blocked = self.kernel_attention and kernels.bf16_attention and dtype == torch.bfloat16
         if self.kv_blocked:
             self.kv_dtype = torch.bfloat16
         # bf16 prompts prefill on the kernels (torch's bf16 GEMM is 1.5x slower with AVX512-BF16
@@ -156,27 +178,37 @@ class LlamaModel:
                 mlp_norm=f32(p + "mlp_norm"),
                 w_gate_up=fused["w_gate_up"][0],
                 w_down=fused["w_down"][0],
+                **{n: f32(p + n) for n in ("q_norm", "k_norm", "post_attn_norm", "post_mlp_norm") if p + n in weights},
             )
+            if config.qk_norm and layer.q_norm is None:
+                raise TokenleapError(f"{config.architecture}: layer {i} has no q_norm / k_norm weights")
+            if config.post_norms and (layer.post_attn_norm is None or layer.post_mlp_norm is None):
+                raise TokenleapError(f"{config.architecture}: layer {i} has no post-attention / post-MLP norm weights")
             layer.packed.update({name: prepared for name, (_, prepared) in fused.items() if prepared is not None})
             self.layers.append(layer)
-        half = config.head_dim // 2
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
-        angles = torch.outer(torch.arange(config.max_position, dtype=torch.float64), inv_freq)
-        self._cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # [P, hd]
-        self._sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()  # [P, hd]
+        table = min(config.max_position, MAX_ROPE_TABLE)
+        if table < config.max_position:
+            logger.info("context limited to %d positions (the model allows %d)", table, config.max_position)
+        self._cos, self._sin = rope_tables(config, config.rope_theta, table, scaled=True)  # [P, hd] each
+        self._cos_local, self._sin_local = self._cos, self._sin
+        if config.rope_local_theta is not None and config.rope_local_theta != config.rope_theta:
+            self._cos_local, self._sin_local = rope_tables(config, config.rope_local_theta, table, scaled=False)
 
     def with_layers(self, num_layers: int) -> LlamaModel:
         """A model made of this one's first `num_layers` layers, sharing its weights."""
         if not 1 <= num_layers <= self.config.num_layers:
             raise TokenleapError(f"draft_layers must be in [1, {self.config.num_layers}], got {num_layers}")
         clone = copy.copy(self)
-        clone.config = dataclasses.replace(self.config, num_layers=num_layers)
+        sliding = self.config.sliding_layers
+        clone.config = dataclasses.replace(
+            self.config, num_layers=num_layers, sliding_layers=sliding[:num_layers] if sliding is not None else None
+        )
         clone.layers = self.layers[:num_layers]
         return clone
 
     @property
     def max_context(self) -> int:
-        return self.config.max_position
+        return int(self._cos.shape[0])
 
     def new_kv_cache(self, max_capacity: int | None = None) -> KVCache:
         c = self.config
@@ -185,7 +217,7 @@ class LlamaModel:
             c.num_kv_heads,
             c.head_dim,
             dtype=self.kv_dtype,
-            max_capacity=max_capacity or c.max_position,
+            max_capacity=max_capacity or self.max_context,
             blocked=self.kv_blocked,
         )
 
@@ -221,6 +253,8 @@ class LlamaModel:
         return_hidden: Sequence[int] = (),
     ) -> ModelOutput:
         """Run `n` new tokens; their K/V go to cache slots `kv.length ..`, which are committed."""
+        if self.general:
+            return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden)
         if self.kernels is not None and (input_ids.shape[0] <= ROW_PATH_MAX_ROWS or self.kernel_prefill):
             return self.forward_batch([SeqInput(input_ids, positions, kv, attn)], return_hidden=return_hidden)
         return self._forward_torch(input_ids, positions, kv, attn or causal_mask(), return_hidden)
@@ -230,6 +264,8 @@ class LlamaModel:
         """New tokens of several sequences in one forward; hidden rows come back concatenated in
         the order of `seqs`. Each row is computed exactly as in a forward of its own."""
         kernels = self.kernels
+        if self.general and kernels is not None:
+            return self._forward_general(seqs, return_hidden)
         if kernels is None:
             outs = [self.forward(s.input_ids, s.positions, s.kv, s.attn, return_hidden=return_hidden) for s in seqs]
             return ModelOutput(
@@ -308,5 +344,181 @@ class LlamaModel:
         if indices is not None:
             hidden = hidden[indices]
         if self.kernels is not None:  # every row count: the exactness contract has no row limit
-            return self.kernels.linear(hidden, self.lm_head_packed or self.lm_head)
-        return self._linear(hidden, self.lm_head, None)
+            logits = self.kernels.linear(hidden, self.lm_head_packed or self.lm_head)
+        else:
+            logits = self._linear(hidden, self.lm_head, None)
+        cap = self.config.final_logit_softcap
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _forward_general(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int]) -> ModelOutput:
+        """Any supported architecture (see the module docstring), one or several sequences."""
+        c = self.config
+        kernels = self.kernels
+        rows = sum(int(s.input_ids.shape[0]) for s in seqs)
+        # kernels for decode / verify rows (and bf16 prefill); torch GEMM + SDPA for fp32 prefills
+        on_kernels = kernels is not None and (len(seqs) > 1 or rows <= ROW_PATH_MAX_ROWS or self.kernel_prefill)
+        eps = c.rms_norm_eps
+        nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        q_end, k_end = c.q_size, c.q_size + c.kv_size
+        starts = []
+        for s in seqs:
+            if s.kv.blocked != self.kv_blocked or s.kv.dtype != self.kv_dtype:
+                raise ValueError("KV cache layout does not match the model's (make it with new_kv_cache)")
+            s.kv.reserve(int(s.input_ids.shape[0]))
+            starts.append(s.kv.length)
+        positions = torch.cat([s.positions for s in seqs])
+        if int(positions.max()) >= self._cos.shape[0] or int(positions.min()) < 0:
+            raise TokenleapError(f"positions must be in [0, {self._cos.shape[0]})")
+        masks = [s.attn or causal_mask() for s in seqs]
+        local_masks = masks
+        if c.sliding_window is not None:
+            local_masks = [window_mask(m, st, s.positions, c.sliding_window) for m, st, s in zip(masks, starts, seqs)]
+        plans = {}
+        if on_kernels and self.kernel_attention:
+            plans[False] = plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, masks)])
+            plans[True] = plans[False] if local_masks is masks else plan_rows(
+                [RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, local_masks)]
+            )
+
+        def lin(x: torch.Tensor, layer: _Layer, name: str, norm: torch.Tensor | None = None) -> torch.Tensor:
+            dense = getattr(layer, name)
+            if on_kernels:
+                return kernels.linear(x, layer.packed.get(name, dense), norm=(norm, eps) if norm is not None else None)
+            if norm is not None:
+                x = self._rms_norm(x, norm)
+            return self._linear(x, dense, None)
+
+        x = F.embedding(torch.cat([s.input_ids for s in seqs]), self.embed).float()  # [rows, D]
+        if c.embed_scale != 1.0:
+            x = x * torch.tensor(c.embed_scale, dtype=torch.float32)
+        q_mult = c.query_scale * hd**0.5 if c.query_scale is not None else None
+        hidden_states: dict[int, torch.Tensor] = {}
+        for idx, layer in enumerate(self.layers):
+            qkv = lin(x, layer, "wqkv", layer.attn_norm)
+            if layer.bqkv is not None:
+                qkv = qkv + layer.bqkv
+            if layer.q_norm is not None:
+                qkv[:, :q_end] = self._rms_norm(qkv[:, :q_end].view(rows, nq, hd), layer.q_norm).view(rows, -1)
+                qkv[:, q_end:k_end] = self._rms_norm(qkv[:, q_end:k_end].view(rows, nkv, hd), layer.k_norm).view(rows, -1)
+            if q_mult is not None:
+                qkv[:, :q_end] *= q_mult
+            local = c.is_sliding(idx)
+            cos, sin = (self._cos_local, self._sin_local) if local else (self._cos, self._sin)
+            if plans:
+                a = kernels.attention(qkv.contiguous(), plans[local], idx, nq, nkv, hd, cos, sin)
+            else:
+                a = self._attend_torch(qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or rows <= ROW_PATH_MAX_ROWS)
+            o = lin(a, layer, "wo")
+            if layer.post_attn_norm is not None:
+                o = self._rms_norm(o, layer.post_attn_norm)
+            x = x + o
+            gate, up = lin(x, layer, "w_gate_up", layer.mlp_norm).chunk(2, dim=-1)
+            act = F.gelu(gate, approximate="tanh") if c.activation == "gelu_tanh" else F.silu(gate)
+            d = lin(act * up, layer, "w_down")
+            if layer.post_mlp_norm is not None:
+                d = self._rms_norm(d, layer.post_mlp_norm)
+            x = x + d
+            if idx in return_hidden:
+                hidden_states[idx] = x.clone()
+        for s in seqs:
+            s.kv.commit(int(s.input_ids.shape[0]))
+        return ModelOutput(self._rms_norm(x, self.norm), hidden_states)
+
+    def _attend_torch(
+        self,
+        qkv: torch.Tensor,
+        seqs: Sequence[SeqInput],
+        starts: Sequence[int],
+        masks: Sequence[AttentionMask],
+        idx: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        row_path: bool,
+    ) -> torch.Tensor:
+        """Rotary embedding, K/V write and attention in torch, sequence by sequence."""
+        c = self.config
+        nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        half = hd // 2
+        outs = []
+        offset = 0
+        for s, start, mask in zip(seqs, starts, masks):
+            n = int(s.input_ids.shape[0])
+            part = qkv[offset : offset + n]
+            offset += n
+            qk = part[:, : c.q_size + c.kv_size].reshape(n, nq + nkv, hd)
+            rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
+            qk = qk * cos[s.positions].unsqueeze(1) + rotated * sin[s.positions].unsqueeze(1)
+            v = part[:, c.q_size + c.kv_size :].reshape(n, nkv, hd)
+            s.kv.write(idx, start, qk[:, nq:].transpose(0, 1), v.transpose(0, 1))
+            if row_path:
+                outs.append(self._attend_rows(qk[:, :nq], s.kv, idx, start, mask))
+            else:
+                outs.append(attend(qk[:, :nq], s.kv, idx, start, mask, row_path=False))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+    def _attend_rows(self, q: torch.Tensor, kv: KVCache, idx: int, start: int, mask: AttentionMask) -> torch.Tensor:
+        """Each row on its own over exactly its slots (row-invariant), as two small matmuls and
+        a softmax: torch's CPU SDPA costs ~2.7 ms per one-row call, ten times this."""
+        c = self.config
+        n, nq, hd = q.shape
+        nkv = c.num_kv_heads
+        keys, values = kv.keys(idx, start + n), kv.values(idx, start + n)  # [nkv, slots, hd]
+        scale = hd**-0.5
+        out = torch.empty(n, nq * hd, dtype=torch.float32)
+        for i in range(n):
+            slots = mask.row_slots(i, start)
+            if isinstance(slots, int):
+                k_i, v_i = keys[:, :slots], values[:, :slots]
+            else:
+                k_i, v_i = keys.index_select(1, slots), values.index_select(1, slots)
+            qg = q[i].reshape(nkv, nq // nkv, hd) * scale
+            p = torch.softmax(torch.matmul(qg, k_i.transpose(1, 2)), dim=-1)  # [nkv, group, slots]
+            out[i] = torch.matmul(p, v_i).reshape(-1)
+        return out
+
+
+# Rotary tables are precomputed up to this many positions (a 128k-context model would otherwise
+# spend hundreds of MB on them); the model's context is limited to it.
+MAX_ROPE_TABLE = 32768
+
+
+def rope_tables(config: ModelConfig, theta: float, positions: int, *, scaled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin `[positions, head_dim]` (half-split layout) as transformers computes them:
+    float32 `inv_freq = 1 / theta ** (2i / d)`, scaled per Llama 3.x (`rope_scaling`) or divided
+    by GGUF's `rope_freqs` when `scaled`, angles = float32 position * inv_freq."""
+    hd = config.head_dim
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    if scaled and config.rope_scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, config.rope_scaling)
+    if scaled and config.rope_freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().contiguous(), emb.sin().contiguous()
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """Llama 3.x rope scaling (transformers' `_compute_llama3_parameters`): long wavelengths
+    divided by `factor`, short ones kept, a smooth blend between."""
+    import math
+
+    low_wavelen = scaling.original_max_position / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def window_mask(mask: AttentionMask, start: int, positions: torch.Tensor, window: int) -> AttentionMask:
+    """`mask` restricted to a sliding window: a row at position p sees slots of positions
+    > p - window (cached slot i holds position i; new rows hold `positions`)."""
+    n = int(positions.shape[0])
+    end = start + n
+    base = mask.mask if mask.mask is not None else torch.ones(n, end, dtype=torch.bool).tril(start)
+    slot_pos = torch.cat([torch.arange(start), positions])
+    return AttentionMask(base & ((positions.unsqueeze(1) - slot_pos.unsqueeze(0)) < window))

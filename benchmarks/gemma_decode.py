@@ -1,0 +1,82 @@
+"""Gemma 3 270M decode speed: tokenleap in its default dtype (bfloat16) against transformers bf16.
+
+Both load the registered `gemma3-270m` GGUF (dequantized at load). Prompts: Spec-Bench first
+turns (`--num-prompts`, default 4, one per group), raw text, the same token ids for both sides;
+each side generates exactly `--max-tokens` tokens greedily (EOS ignored / unset). One process,
+the sides alternate ABBA per round (`--rounds`, default 2) so drift on a shared machine hits both
+alike. Reported: generated tokens per wall second of `generate` (prefill included: the prompts
+are short) per side, summed over all prompts and rounds, and their ratio. Torch threads: the
+process default for both.
+
+    .venv/bin/python benchmarks/gemma_decode.py                    # -> results/gemma_decode.json
+    .venv/bin/python benchmarks/gemma_decode.py -n 1 --max-tokens 16 --rounds 1 --out /tmp/smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tokenleap import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gemma_exactness import prompts  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", "--num-prompts", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gemma_decode.json")
+    args = ap.parse_args(argv)
+
+    from transformers import AutoModelForCausalLM
+
+    llm = LLM(model="gemma3-270m")  # default dtype
+    path = llm.source.path
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16).eval()
+    hf.generation_config.eos_token_id = None
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    ids_list = [llm.tokenizer.encode(t) for t in prompts(args.num_prompts)]
+
+    def run_ours() -> tuple[int, float]:
+        t0 = time.perf_counter()
+        outs = [llm.generate([ids], params, use_tqdm=False)[0] for ids in ids_list]
+        return sum(len(o.outputs[0].token_ids) for o in outs), time.perf_counter() - t0
+
+    def run_hf() -> tuple[int, float]:
+        t0 = time.perf_counter()
+        n = 0
+        with torch.inference_mode():
+            for ids in ids_list:
+                out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                  do_sample=False, max_new_tokens=args.max_tokens, pad_token_id=0)
+                n += out.shape[1] - len(ids)
+        return n, time.perf_counter() - t0
+
+    run_ours(), run_hf()  # warm-up (kernels, caches, allocator)
+    totals = {"tokenleap": [0, 0.0], "transformers": [0, 0.0]}
+    for r in range(args.rounds):  # ABBA: A B, then B A
+        order = [("tokenleap", run_ours), ("transformers", run_hf)]
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            n, s = fn()
+            totals[name][0] += n
+            totals[name][1] += s
+            print(f"round {r} {name:12s} {n / s:6.1f} tok/s", flush=True)
+    tps = {k: v[0] / v[1] for k, v in totals.items()}
+    ratio = tps["tokenleap"] / tps["transformers"]
+    print(f"tokenleap {llm.config.dtype} {tps['tokenleap']:.1f} tok/s, transformers bf16 {tps['transformers']:.1f} tok/s: {ratio:.2f}x")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"max_tokens": args.max_tokens, "prompts": len(ids_list), "rounds": args.rounds,
+                                    "tokens_per_second": tps, "ratio": ratio, "threads": torch.get_num_threads()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The registered Gemma 3 270M (GGUF, Q4_K_M dequantized at load): fp32 greedy output identical
+to transformers' fp32 on Spec-Bench prompts, and greedy n-gram speculation identical to plain
+decoding in the default dtype. Slow (loads a 262k-vocabulary model three times)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenleap import LLM, SamplingParams
+from tokenleap.bench import load_questions
+
+from conftest import SPEC_BENCH
+
+pytestmark = pytest.mark.slow
+
+TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[str]:
+    if not SPEC_BENCH.is_file():
+        pytest.skip("no Spec-Bench file")
+    questions = load_questions(SPEC_BENCH, 1)
+    return [q.turns[0] for q in questions[:3]]
+
+
+def test_fp32_greedy_identical_to_transformers(prompts: list[str]) -> None:
+    transformers = pytest.importorskip("transformers")
+    llm = LLM(model="gemma3-270m", dtype="float32")
+    path = llm.source.path
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # exactly TOKENS tokens, no logit altered
+    params = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
+    for text in prompts:
+        ids = llm.tokenizer.encode(text)
+        ours = llm.generate([ids], params, use_tqdm=False)[0].outputs[0].token_ids
+        with torch.inference_mode():
+            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              do_sample=False, max_new_tokens=TOKENS, pad_token_id=0)[0, len(ids):]
+        assert list(ours) == ref.tolist(), text[:60]
+
+
+def test_greedy_ngram_speculation_identical_to_plain(prompts: list[str]) -> None:
+    plain = LLM(model="gemma3-270m")
+    spec = LLM(model="gemma3-270m", speculative_config={"method": "ngram", "num_speculative_tokens": 6, "adaptive": False})
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    # a repetitive prompt, so drafts are made and accepted
+    texts = ["List the numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,", prompts[0]]
+    drafted = 0
+    for text in texts:
+        a = plain.generate([text], params, use_tqdm=False)[0]
+        b = spec.generate([text], params, use_tqdm=False)[0]
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids, text[:60]
+        drafted += b.metrics.spec.num_accepted_tokens
+    assert drafted > 0  # speculation took part
