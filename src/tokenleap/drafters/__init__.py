@@ -84,6 +84,16 @@ def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path
     return DraftModelDrafter(model)
 
 
+def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None, **_: Any) -> Drafter:
+    from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, load_eagle3
+
+    heads = heads if heads is not None else {}
+    key = (Path(str(config.model)).expanduser().resolve(), id(target))
+    if key not in heads:  # one copy of a head's weights per registry and target
+        heads[key] = load_eagle3(str(config.model), target)
+    return Eagle3Drafter(heads[key], TreeShape(config.eagle_tree_topk, config.eagle_tree_depth))
+
+
 def _suffix(config: SpecConfig, **_: Any) -> Drafter:
     return SuffixDrafter(
         SuffixConfig(
@@ -119,6 +129,7 @@ METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
     "suffix": ("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
                "suffix_decoding_max_cached_requests"),
     "draft-model": ("model", "draft_layers"),
+    "eagle3": ("model", "eagle_tree_topk", "eagle_tree_depth"),
     "custom": ("drafter",),  # keyed by the object's identity (it may be unhashable)
     "chain": ("chain",),  # and each member's own fields
 })
@@ -144,6 +155,7 @@ def default_registry() -> DrafterRegistry:
         registry.register(name, family)
     registry.register("suffix", _suffix)
     registry.register("draft-model", functools.partial(_draft_model, models=LoadedModels()))
+    registry.register("eagle3", functools.partial(_eagle3, heads={}))
     registry.register("custom", _custom)
     registry.register("chain", functools.partial(_chain, registry=registry))
     return registry

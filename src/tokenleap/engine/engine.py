@@ -49,6 +49,13 @@ logger = logging.getLogger(__name__)
 _EMPTY = Draft()
 
 
+def hidden_layers(drafter: Drafter | None) -> tuple[int, ...]:
+    """The target layers whose output hidden states `drafter` reads (`observe`), if any."""
+    if drafter is None or not getattr(drafter, "needs_hidden_states", False):
+        return ()
+    return tuple(getattr(drafter, "hidden_layers", ()))
+
+
 class Engine:
     def __init__(
         self,
@@ -183,7 +190,10 @@ class Engine:
         start = req.kv.length
         end = min(len(req.prompt_ids), start + self.prefill_chunk)
         ids = torch.tensor(req.prompt_ids[start:end], dtype=torch.long)
-        out = self.model.forward(ids, torch.arange(start, end), req.kv)
+        layers = hidden_layers(req.drafter)
+        out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=layers)
+        if layers:  # a head drafter reads the prompt's target features (same forward)
+            req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], out.hidden_states)  # type: ignore[union-attr]
         done = end == len(req.prompt_ids)
         if done:
             logits = self.model.compute_logits(out.hidden, [end - start - 1])[0]
@@ -279,7 +289,7 @@ class Engine:
         t1 = time.perf_counter()
         live = [i for i, d in enumerate(drafts) if d is not None]
         try:
-            logits = self._forward([reqs[i] for i in live], [drafts[i] for i in live]) if live else None  # type: ignore[misc]
+            logits, hidden = self._forward([reqs[i] for i in live], [drafts[i] for i in live]) if live else (None, {})  # type: ignore[misc]
         except Exception:
             roll_back(reqs, undo)
             raise
@@ -289,7 +299,8 @@ class Engine:
             assert draft is not None and logits is not None
             n = len(draft) + 1
             try:
-                self._commit(req, draft, logits[row : row + n], undo[i].kv_length)
+                rows_hidden = {l: hidden[l][row : row + n] for l in hidden_layers(req.drafter)}
+                self._commit(req, draft, logits[row : row + n], undo[i].kv_length, rows_hidden)
             except Exception as exc:
                 failures[i] = exc
             row += n
@@ -304,8 +315,10 @@ class Engine:
                 raise failures[0]
             raise StepFailures([(reqs[i], exc) for i, exc in sorted(failures.items())])
 
-    def _forward(self, reqs: Sequence[Request], drafts: Sequence[Draft]) -> torch.Tensor:
-        """Logits of every request's last committed token and draft, in one batched forward."""
+    def _forward(self, reqs: Sequence[Request], drafts: Sequence[Draft]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Logits of every request's last committed token and draft, in one batched forward, and
+        the target hidden states (rows alike) that the requests' head drafters read."""
+        layers = sorted({l for req in reqs for l in hidden_layers(req.drafter)})
         seqs = []
         for req, draft in zip(reqs, drafts):
             pos = req.kv.length
@@ -316,9 +329,12 @@ class Engine:
                 rows = [-1] + [p + 1 for p in draft.parents]
                 positions = torch.tensor([pos, *(pos + d for d in tree_depths(draft.parents))])
                 seqs.append(SeqInput(ids, positions, req.kv, tree_mask(rows, pos)))
-        return self.model.compute_logits(self.model.forward_batch(seqs).hidden)  # [rows, V]
+        out = self.model.forward_batch(seqs, return_hidden=layers)
+        return self.model.compute_logits(out.hidden), out.hidden_states  # [rows, V]
 
-    def _commit(self, req: Request, draft: Draft, logits: torch.Tensor, pos: int) -> None:
+    def _commit(
+        self, req: Request, draft: Draft, logits: torch.Tensor, pos: int, hidden: dict[int, torch.Tensor] | None = None
+    ) -> None:
         """Verify, tell the drafter, then change the request (what may raise comes first)."""
         if draft.parents is None:
             result = verify_chain(draft.tokens, logits, req.params, req.generator, draft.probs)
@@ -328,6 +344,10 @@ class Engine:
             tokens, accepted, depth, path = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents)), tree.path
         if req.drafter is not None:
             req.drafter.accept(req.request_id, tokens, accepted)
+            if hidden:  # the committed positions' target features: row 0 and the accepted rows
+                rows = [0, *(i + 1 for i in (path if path is not None else range(accepted)))]
+                ids = [req.output_ids[-1], *tokens[:accepted]]
+                req.drafter.observe(req.request_id, pos, ids, {l: h[rows] for l, h in hidden.items()})  # type: ignore[attr-defined]
         if path is None:
             req.kv.truncate(pos + 1 + accepted)
         else:
