@@ -27,10 +27,13 @@ from tokenleap.verify.tree import check_parents, tree_depths
 H, HEADS, KVH, HD, INTER = 64, 4, 2, 32, 128
 VOCAB, DRAFT_VOCAB = 256, 96
 AUX = [0, 1, 1]  # the tiny target has 2 layers: inputs of layers 0 (embedding), 1, 1
+TINY = {"H": H, "HEADS": HEADS, "KVH": KVH, "HD": HD, "INTER": INTER, "VOCAB": VOCAB}
+SMOLLM2 = {"H": 576, "HEADS": 9, "KVH": 3, "HD": 64, "INTER": 1536, "VOCAB": 49152}
 
 
-def head_tensors(seed: int = 0, draft_vocab: int = DRAFT_VOCAB, d2t: bool = True) -> dict[str, torch.Tensor]:
+def head_tensors(seed: int = 0, draft_vocab: int = DRAFT_VOCAB, d2t: bool = True, dims: dict[str, int] = TINY) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
+    H, HEADS, KVH, HD, INTER, VOCAB = (dims[k] for k in ("H", "HEADS", "KVH", "HD", "INTER", "VOCAB"))  # noqa: N806
 
     def rnd(*shape: int, std: float) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * std
@@ -60,9 +63,10 @@ def head_tensors(seed: int = 0, draft_vocab: int = DRAFT_VOCAB, d2t: bool = True
     return t
 
 
-def write_head(folder: Path, *, aux: list[int] = AUX, speculators: bool = False, **kw: object) -> Path:
+def write_head(folder: Path, *, aux: list[int] = AUX, speculators: bool = False, dims: dict[str, int] = TINY, **kw: object) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = head_tensors(**kw)  # type: ignore[arg-type]
+    tensors = head_tensors(dims=dims, **kw)  # type: ignore[arg-type]
+    H, HEADS, KVH, HD, INTER, VOCAB = (dims[k] for k in ("H", "HEADS", "KVH", "HD", "INTER", "VOCAB"))  # noqa: N806
     layer = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H, "intermediate_size": INTER,
         "num_attention_heads": HEADS, "num_key_value_heads": KVH, "head_dim": HD, "rms_norm_eps": 1e-5,
@@ -284,3 +288,22 @@ def test_bad_checkpoints_fail_clearly(tiny_model: LlamaModel, tmp_path: Path) ->
         SpecConfig(method="eagle3")
     # a full draft vocabulary needs no d2t
     load_eagle3(write_head(tmp_path / "d", d2t=False, draft_vocab=VOCAB), tiny_model)
+
+
+@pytest.mark.slow
+def test_real_model_greedy_output_equals_plain(llm, tmp_path: Path) -> None:
+    """A random head shaped for SmolLM2-135M (aux layers 2, 15, 27, 2048-token draft vocabulary):
+    chain and tree drafts through the real bf16 model give the plain greedy output."""
+    head_dir = write_head(tmp_path / "smol", aux=[2, 15, 27], dims=SMOLLM2, draft_vocab=2048)
+    ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours of the rainbow."}])
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain = Engine(llm.model, llm.tokenizer)
+    want = plain.run(plain.add_request(ids, params)).output_ids
+    for topk in (1, 4):
+        spec = SpecConfig(method="eagle3", model=str(head_dir), num_speculative_tokens=6, eagle_tree_topk=topk, eagle_tree_depth=3,
+                          adaptive=False)
+        drafter = default_registry().create("eagle3", spec, target=llm.model)
+        assert drafter.head.hidden_layers == (1, 14, 26)
+        fast = Engine(llm.model, llm.tokenizer, spec=spec, drafter=drafter)
+        req = fast.run(fast.add_request(ids, params))
+        assert req.output_ids == want and req.metrics.spec.num_drafts > 0
