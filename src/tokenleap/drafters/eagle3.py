@@ -202,7 +202,10 @@ class Eagle3Head:
         self.norm = f32("norm.weight")
         self.lm_head = lin("lm_head.weight")
         half = c.head_dim // 2
-        self._inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+        angles = torch.outer(torch.arange(max(c.max_position, tc.max_position) + 64, dtype=torch.float64), inv_freq)
+        self._cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # [P, hd]
+        self._sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()
         # the target hidden states the engine must capture: output of layer l-1 = input of layer l
         self.hidden_layers = tuple(sorted({l - 1 for l in c.aux_layers if l > 0})) or (0,)  # never empty: it turns `observe` on
 
@@ -218,9 +221,9 @@ class Eagle3Head:
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [n, heads, hd], NeoX half-split rotary at `positions`."""
-        angles = torch.outer(positions.to(torch.float64), self._inv_freq)
-        cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float().unsqueeze(1)
-        sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float().unsqueeze(1)
+        if int(positions.max()) >= self._cos.shape[0]:
+            raise TokenleapError(f"EAGLE-3 head positions must be below {self._cos.shape[0]}")
+        cos, sin = self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
@@ -259,12 +262,14 @@ class Eagle3Head:
         v = qkv[:, qs + ks :].view(n, c.num_kv_heads, c.head_dim)
         kv.append(k, v)
         keys, values = kv.view()  # [S, kvh, hd]
-        rep = c.num_heads // c.num_kv_heads
-        keys = keys.repeat_interleave(rep, dim=1).transpose(0, 1)  # [heads, S, hd]
-        values = values.repeat_interleave(rep, dim=1).transpose(0, 1)
-        scores = torch.einsum("nhd,hsd->hns", q, keys) / math.sqrt(c.head_dim)
-        scores = scores.masked_fill(~visible.unsqueeze(0), float("-inf"))
-        a = torch.einsum("hns,hsd->nhd", scores.softmax(dim=-1), values).reshape(n, qs)
+        kvh, rep, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
+        # grouped-query attention: query head j reads KV head j // rep
+        qg = q.view(n, kvh, rep, hd).permute(1, 0, 2, 3).reshape(kvh, n * rep, hd)
+        scores = torch.matmul(qg, keys.permute(1, 2, 0)) * (1.0 / math.sqrt(hd))  # [kvh, n*rep, S]
+        mask = visible.unsqueeze(1).expand(n, rep, visible.shape[-1]).reshape(n * rep, -1)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        a = torch.matmul(scores.softmax(dim=-1), values.transpose(0, 1))  # [kvh, n*rep, hd]
+        a = a.view(kvh, n, rep, hd).permute(1, 0, 2, 3).reshape(n, qs)
         h = residual + self._linear(a, self.wo)
         gate, up = self._linear(self._rms(h, self.post_norm), self.w_gate_up).chunk(2, dim=-1)
         return h + self._linear(F.silu(gate) * up, self.w_down)
@@ -341,16 +346,25 @@ def load_eagle3(path: str | Path, target: Any) -> Eagle3Head:
 
 @dataclass
 class _State:
-    feats: list[torch.Tensor] = field(default_factory=list)  # per observed chunk, [n, H]
+    feats: torch.Tensor | None = None  # [capacity, H]: the feature g of each featured position
     feat_tokens: list[int] = field(default_factory=list)  # input token of each featured position
     kv: HeadKV | None = None
     kv_tokens: list[int] = field(default_factory=list)  # x_0 .. x_{n_kv}: tokens the true KV was built from
     n_kv: int = 0  # head KV slots built from true features (positions 0 .. n_kv-1)
 
     def feature_rows(self, start: int, end: int) -> torch.Tensor:
-        allf = torch.cat(self.feats) if len(self.feats) > 1 else self.feats[0]
-        self.feats = [allf]
-        return allf[start:end]
+        assert self.feats is not None
+        return self.feats[start:end]
+
+    def append_features(self, g: torch.Tensor) -> None:
+        """Append rows after the featured positions (`feat_tokens` still excludes them)."""
+        n, have = g.shape[0], len(self.feat_tokens)
+        if self.feats is None or have + n > self.feats.shape[0]:
+            grown = torch.empty(max(256, 2 * have + n), g.shape[1])
+            if self.feats is not None:
+                grown[:have] = self.feats[:have]
+            self.feats = grown
+        self.feats[have : have + n] = g
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -394,14 +408,12 @@ class Eagle3Drafter:
         if st is None or start > len(st.feat_tokens):
             return  # a gap: the missing positions cannot be recovered, drafting stays off
         if start < len(st.feat_tokens):
-            kept = st.feature_rows(0, start) if start else None
-            st.feats = [kept] if kept is not None and len(kept) else []
             del st.feat_tokens[start:]
         if not len(token_ids):
             return
         with torch.inference_mode():
             g = self.head.fuse(self.head.aux_from(token_ids, hidden))
-        st.feats.append(g)
+        st.append_features(g)
         st.feat_tokens.extend(int(t) for t in token_ids)
 
     # ---------------------------------------------------------------- drafting
@@ -411,7 +423,6 @@ class Eagle3Drafter:
         featured position. Returns L, the number of featured positions (0 = cannot draft)."""
         c = min(_common_prefix(st.feat_tokens, tokens), len(tokens) - 1)
         if c < len(st.feat_tokens):
-            st.feats = [st.feature_rows(0, c)] if c else []
             del st.feat_tokens[c:]
         L = len(st.feat_tokens)
         if L == 0 or L != len(tokens) - 1:
