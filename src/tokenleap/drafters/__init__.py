@@ -85,13 +85,19 @@ def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path
 
 
 def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None, **_: Any) -> Drafter:
-    from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, load_eagle3
+    from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, load_eagle3, measure_step_cost
 
     heads = heads if heads is not None else {}
     key = (Path(str(config.model)).expanduser().resolve(), id(target))
-    if key not in heads:  # one copy of a head's weights per registry and target
-        heads[key] = load_eagle3(str(config.model), target)
-    return Eagle3Drafter(heads[key], TreeShape(config.eagle_tree_topk, config.eagle_tree_depth))
+    if key not in heads:  # one copy of a head's weights (and its measured step cost) per registry and target
+        head = load_eagle3(str(config.model), target)
+        heads[key] = (head, measure_step_cost(head))
+    head, step = heads[key]
+    tree = TreeShape(config.eagle_tree_topk, config.eagle_tree_depth)
+    # per draft token: a chain runs one head step per token; a tree one step (of k rows, about the
+    # cost of one row on this CPU) per depth for up to k nodes
+    per_token = step / tree.topk
+    return Eagle3Drafter(head, tree, relative_draft_cost=per_token)
 
 
 def _suffix(config: SpecConfig, **_: Any) -> Drafter:

@@ -279,6 +279,35 @@ class Eagle3Head:
         return self._linear(self._rms(h, self.norm), self.lm_head)
 
 
+def measure_step_cost(head: Eagle3Head, context: int = 64, repeats: int = 5) -> float:
+    """One head draft step (a row through the layer and the draft LM head) relative to a 1-row
+    target forward with its LM head, both at `context` cached tokens: the fastest of `repeats`."""
+    import time
+
+    target = head.target
+    c = head.config
+    context = max(1, min(context, target.max_context - 2, c.max_position - 2))
+    with torch.inference_mode():
+        kv = target.new_kv_cache(context + 2)
+        target.forward(torch.arange(context) % c.vocab_size, torch.arange(context), kv)
+        hkv = HeadKV(c.num_kv_heads, c.head_dim, context + 2)
+        head.layer(torch.zeros(context, c.hidden_size), head.embed_tokens([1] * context), torch.arange(context), hkv,
+                   torch.ones(context, context, dtype=torch.bool).tril())
+        h = torch.zeros(1, c.hidden_size)
+        best_t = best_h = float("inf")
+        for _ in range(repeats + 1):
+            kv.truncate(context)
+            t0 = time.perf_counter()
+            target.compute_logits(target.forward(torch.tensor([1]), torch.tensor([context]), kv).hidden)
+            t1 = time.perf_counter()
+            hkv.truncate(context)
+            head.logits(head.layer(h, head.embed_tokens([1]), torch.tensor([context]), hkv, torch.ones(1, context + 1, dtype=torch.bool)))
+            t2 = time.perf_counter()
+            best_t, best_h = min(best_t, t1 - t0), min(best_h, t2 - t1)
+        kv.free()
+    return best_h / best_t
+
+
 class HeadKV:
     """The head's K/V for one request: `length` slots, growable, truncatable in O(1)."""
 
@@ -382,9 +411,12 @@ class Eagle3Drafter:
     name: ClassVar[str] = "eagle3"
     needs_hidden_states: ClassVar[bool] = True
 
-    def __init__(self, head: Eagle3Head, tree: TreeShape = TreeShape()) -> None:
+    def __init__(self, head: Eagle3Head, tree: TreeShape = TreeShape(), relative_draft_cost: float = 0.0) -> None:
         self.head = head
         self.tree = tree
+        # drafting cost per draft token relative to a target step (the engine's draft-length
+        # controller adds it to the verify cost)
+        self.relative_draft_cost = relative_draft_cost
         self.hidden_layers = head.hidden_layers
         self._states: dict[str, _State] = {}
         self.draft_steps = 0  # head forwards run while drafting (for cost accounting)

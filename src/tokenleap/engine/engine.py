@@ -161,7 +161,8 @@ class Engine:
         # timed cost curve, and another length would consume the random stream differently,
         # so the same seed would give different text on another machine.
         if spec is not None and spec.adaptive and (params.greedy or params.seed is None):
-            controller = DraftController(self.cost_curve(spec.num_speculative_tokens), spec.num_speculative_tokens, spec.draft_min)
+            controller = DraftController(self.cost_curve(spec.num_speculative_tokens), spec.num_speculative_tokens, spec.draft_min,
+                                         draft_cost=float(getattr(drafter, "relative_draft_cost", 0.0)))
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt=prompt,
