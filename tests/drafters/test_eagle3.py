@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from tokenleap.config import SpecConfig
 from tokenleap.drafters import default_registry
-from tokenleap.drafters.base import DraftRequest
+from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, load_eagle3
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
@@ -307,3 +307,60 @@ def test_real_model_greedy_output_equals_plain(llm, tmp_path: Path) -> None:
         fast = Engine(llm.model, llm.tokenizer, spec=spec, drafter=drafter)
         req = fast.run(fast.add_request(ids, params))
         assert req.output_ids == want and req.metrics.spec.num_drafts > 0
+
+
+class OracleEagle(Eagle3Drafter):
+    """Runs the head as usual (state sync, KV rebuild) but proposes the known plain answer: a
+    chain of the next 3 true tokens, or a tree whose first branch is a decoy. Keeps each
+    request's final state, so that the features the engine fed can be checked."""
+
+    def __init__(self, head, prompt_len: int, answer: list[int], tree: bool) -> None:  # noqa: ANN001
+        super().__init__(head)
+        self.prompt_len, self.answer, self.tree_mode = prompt_len, answer, tree
+        self.final: dict[str, object] = {}
+
+    def propose(self, request_id, tokens, max_tokens):  # noqa: ANN001, ANN201
+        assert len(super().propose(request_id, tokens, max_tokens)) > 0
+        done = len(tokens) - self.prompt_len
+        truth = self.answer[done : done + 3]
+        if len(truth) < 3:
+            return super().propose(request_id, tokens, max_tokens)
+        if not self.tree_mode:
+            return Draft(truth)
+        decoy = (truth[0] + 1) % VOCAB
+        return Draft([decoy, truth[1], truth[0], truth[1], truth[2]], [-1, 0, -1, 2, 3])
+
+    def end(self, request_id: str) -> None:
+        self.final[request_id] = self._states.get(request_id)
+        super().end(request_id)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_engine_feeds_the_accepted_positions_true_features(tiny_model: LlamaModel, tokenizer, head_dir: Path, tree: bool) -> None:
+    head = load_eagle3(head_dir, tiny_model)
+    prompt = [12, 34, 56, 78, 90, 21, 43]
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    plain = Engine(tiny_model, tokenizer)
+    answer = plain.run(plain.add_request(prompt, params)).output_ids
+    drafter = OracleEagle(head, len(prompt), answer, tree)
+    spec = SpecConfig(method="custom", drafter=drafter, num_speculative_tokens=6, adaptive=False)
+    engine = Engine(tiny_model, tokenizer, spec=spec, drafter=drafter)
+    req = engine.run(engine.add_request(prompt, params))
+    assert req.output_ids == answer
+    assert req.metrics.spec.num_accepted_tokens >= 20  # the oracle's tokens were accepted, several per step
+    st = drafter.final[req.request_id]
+    seq = prompt + answer
+    n = len(st.feat_tokens)
+    assert st.feat_tokens == seq[:n] and n >= len(seq) - 4
+    out = tiny_model.forward(torch.tensor(seq[:n]), torch.arange(n), tiny_model.new_kv_cache(), return_hidden=head.hidden_layers)
+    fresh = head.fuse(head.aux_from(seq[:n], out.hidden_states))
+    torch.testing.assert_close(st.feature_rows(0, n), fresh, rtol=1e-4, atol=1e-4)
+
+
+def test_controller_counts_the_drafters_own_cost() -> None:
+    from tokenleap.engine.speculation import CostCurve, DraftController
+
+    curve = CostCurve(tuple(1.0 + 0.01 * k for k in range(17)))
+    free = DraftController(curve, cap=16, accepted=8.0, trials=10.0)
+    costly = DraftController(curve, cap=16, accepted=8.0, trials=10.0, draft_cost=0.1)
+    assert costly.choose(16) < free.choose(16)
