@@ -63,7 +63,8 @@ def head_tensors(seed: int = 0, draft_vocab: int = DRAFT_VOCAB, d2t: bool = True
     return t
 
 
-def write_head(folder: Path, *, aux: list[int] = AUX, speculators: bool = False, dims: dict[str, int] = TINY, **kw: object) -> Path:
+def write_head(folder: Path, *, aux: list[int] = AUX, speculators: bool = False, dims: dict[str, int] = TINY, nbr: bool = False,
+               **kw: object) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tensors = head_tensors(dims=dims, **kw)  # type: ignore[arg-type]
     H, HEADS, KVH, HD, INTER, VOCAB = (dims[k] for k in ("H", "HEADS", "KVH", "HD", "INTER", "VOCAB"))  # noqa: N806
@@ -72,11 +73,11 @@ def write_head(folder: Path, *, aux: list[int] = AUX, speculators: bool = False,
         "num_attention_heads": HEADS, "num_key_value_heads": KVH, "head_dim": HD, "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0, "max_position_embeddings": 128, "hidden_act": "silu", "vocab_size": VOCAB,
         "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]), "num_hidden_layers": 1, "tie_word_embeddings": False,
-        "norm_before_residual": False,
+        "norm_before_residual": nbr,
     }
     if speculators:
         config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "transformer_layer_config": layer,
-                  "draft_vocab_size": layer["draft_vocab_size"], "norm_before_residual": False, "target_hidden_size": H,
+                  "draft_vocab_size": layer["draft_vocab_size"], "norm_before_residual": nbr, "target_hidden_size": H,
                   "eagle_aux_hidden_state_layer_ids": aux}
         tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
     else:
@@ -106,7 +107,7 @@ def _rope(x: torch.Tensor, pos: int) -> torch.Tensor:  # x [heads, hd]
     return x * cos + torch.cat([-x[:, half:], x[:, :half]], dim=-1) * sin
 
 
-def reference_head(t: dict[str, torch.Tensor], feats: list[torch.Tensor], tok_emb: list[torch.Tensor]) -> list[torch.Tensor]:
+def reference_head(t: dict[str, torch.Tensor], feats: list[torch.Tensor], tok_emb: list[torch.Tensor], nbr: bool = False) -> list[torch.Tensor]:
     """Head outputs h_i (pre-norm) for each position i, full causal attention from scratch,
     one position at a time (no cache): feats[i] = g_i, tok_emb[i] = embedding of x_{i+1}."""
     p = "midlayer."
@@ -122,7 +123,8 @@ def reference_head(t: dict[str, torch.Tensor], feats: list[torch.Tensor], tok_em
             scores = torch.stack([q[hh] @ k[kvh] for k in ks]) / math.sqrt(HD)
             w = scores.softmax(0)
             heads.append(sum(wj * v[kvh] for wj, v in zip(w, vs)))
-        h = g + t[p + "self_attn.o_proj.weight"] @ torch.cat(heads)
+        residual = _rms(g, t[p + "hidden_norm.weight"]) if nbr else g
+        h = residual + t[p + "self_attn.o_proj.weight"] @ torch.cat(heads)
         m = _rms(h, t[p + "post_attention_layernorm.weight"])
         h = h + t[p + "mlp.down_proj.weight"] @ (F.silu(t[p + "mlp.gate_proj.weight"] @ m) * (t[p + "mlp.up_proj.weight"] @ m))
         outs.append(h)
@@ -364,3 +366,30 @@ def test_controller_counts_the_drafters_own_cost() -> None:
     free = DraftController(curve, cap=16, accepted=8.0, trials=10.0)
     costly = DraftController(curve, cap=16, accepted=8.0, trials=10.0, draft_cost=0.1)
     assert costly.choose(16) < free.choose(16)
+
+
+@pytest.mark.parametrize("speculators", [False, True])
+def test_norm_before_residual_matches_reference(tiny_model: LlamaModel, tmp_path: Path, speculators: bool) -> None:
+    head = load_eagle3(write_head(tmp_path / "nbr", nbr=True, speculators=speculators), tiny_model)
+    assert head.config.norm_before_residual
+    from tokenleap.drafters.eagle3 import HeadKV
+
+    g = torch.randn(5, H, generator=torch.Generator().manual_seed(1))
+    toks = [3, 30, 130, 230, 31]
+    ours = head.layer(g, head.embed_tokens(toks), torch.arange(5), HeadKV(KVH, HD), torch.ones(5, 5, dtype=torch.bool).tril())
+    ref = reference_head(head_tensors(), list(g), [tiny_model.embed.float()[x] for x in toks], nbr=True)
+    torch.testing.assert_close(ours, torch.stack(ref), rtol=1e-4, atol=1e-4)
+
+
+def test_chain_with_a_model_free_drafter_gives_plain_output(tiny_model: LlamaModel, tokenizer, head_dir: Path) -> None:
+    spec = SpecConfig(method="suffix+eagle3", model=str(head_dir), num_speculative_tokens=6, adaptive=False)
+    registry = default_registry()
+    drafter = registry.create(spec.method, spec, target=tiny_model)
+    assert drafter.needs_hidden_states and drafter.hidden_layers == (0,)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8]
+    plain = Engine(tiny_model, tokenizer)
+    want = plain.run(plain.add_request(prompt, params)).output_ids
+    fast = Engine(tiny_model, tokenizer, spec=spec, drafter=drafter)
+    req = fast.run(fast.add_request(prompt, params))
+    assert req.output_ids == want and req.metrics.spec.num_drafts > 0
