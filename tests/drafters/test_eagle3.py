@@ -245,12 +245,12 @@ def test_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, he
     reqs_f = [fast.add_request(p, params) for p in prompts]
     for r in reqs_p:
         plain.run(r)
-    fast.run(reqs_f[0])
-    for r in reqs_f[1:]:  # batched path too
-        fast.begin(r)
-        fast.prefill(r)
-    while not reqs_f[1].finished:
-        fast.step_batch([reqs_f[1]])
+    for r in reqs_f:  # stepped together: the batched path
+        fast.start(r)
+    while not all(r.finished for r in reqs_f):
+        fast.step_batch([r for r in reqs_f if not r.finished])
+    for r in reqs_f:
+        fast.finish(r)
     for a, b in zip(reqs_p, reqs_f):
         assert a.output_ids == b.output_ids
         assert b.metrics.spec.num_drafts > 0
