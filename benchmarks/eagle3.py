@@ -15,7 +15,7 @@ plain decoding, the head's chains, the head's trees (`--tree`, topk:depth) and p
 every output is compared with plain decoding's.
 
     .venv/bin/python benchmarks/eagle3.py                    # -> results/eagle3.json
-    .venv/bin/python benchmarks/eagle3.py --cost-only --draft-vocab 8192
+    .venv/bin/python benchmarks/eagle3.py --cost-only --draft-vocab 8192,32000
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head", type=Path, default=DEFAULT_HEAD)
     ap.add_argument("--cost-only", action="store_true", help="only time the draft step (a random head when --head is absent)")
-    ap.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary of the random head timed without --head")
+    ap.add_argument("--draft-vocab", default="2048,8192,32000,49152", help="draft vocabularies (comma list) of the random heads timed without --head")
     ap.add_argument("--num-prompts", "-n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--draft-max", type=int, default=6, help="chain length cap (num_speculative_tokens)")
@@ -137,13 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM()
     model, tok = llm.model, llm.tokenizer
     have_head = args.head.is_dir()
+    costs_by_vocab: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        head_dir = args.head if have_head else random_head_dir(model, args.draft_vocab, Path(tmp) / "head")
-        head = load_eagle3(head_dir, model)
-        costs = measure_costs(model, head, args.context, args.topk, args.repeats)
-    result: dict[str, Any] = {"date": "2026-11-24", "head": str(args.head) if have_head else f"random, draft vocab {args.draft_vocab}",
-                              "draft_vocab": head.config.draft_vocab_size, "costs": costs}
-    print(json.dumps(costs, indent=1))
+        vocabs = [0] if have_head else [int(v) for v in str(args.draft_vocab).split(",")]
+        for v in vocabs:
+            head_dir = args.head if have_head else random_head_dir(model, v, Path(tmp) / f"head{v}")
+            head = load_eagle3(head_dir, model)
+            costs_by_vocab[head.config.draft_vocab_size] = measure_costs(model, head, args.context, args.topk, args.repeats)
+    result: dict[str, Any] = {"date": "2026-11-24", "head": str(args.head) if have_head else "random weights (cost only)",
+                              "context": args.context, "costs_by_draft_vocab": costs_by_vocab}
+    print(json.dumps(costs_by_vocab, indent=1))
     if not have_head or args.cost_only:
         if not have_head:
             print(f"no head at {args.head}: acceptance and tokens/s await a trained head", file=sys.stderr)

@@ -398,6 +398,8 @@ class _State:
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the usual case, compared at C speed
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
