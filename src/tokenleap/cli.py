@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, Spec-Bench's protocol (default: %(default)s)")
     bench.add_argument("--draft-max", type=int, default=16, help="draft length cap (default: %(default)s)")
+    bench.add_argument("--model-draft", "-md", default=None, help="the draft model (draft-model) or EAGLE-3 head directory (eagle3) of the methods that need one")
     bench.add_argument("--hf-baseline", action="store_true", help="also run transformers' generate and its prompt lookup (prompt_lookup_num_tokens=10) on the same GGUF; their speedups are relative to transformers' own plain decoding")
     bench.add_argument("--out", default="bench_results.json", help="JSON output (default: %(default)s)")
     bench.add_argument("--plot", default=None, help="PNG chart of speedup per group (default: next to --out)")
@@ -187,7 +188,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from tokenleap.sampling import SamplingParams
 
     SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)  # validate early
-    methods = parse_methods(args.methods, args.draft_max)
+    methods = parse_methods(args.methods, args.draft_max, args.model_draft)
     questions = load_questions(Path(args.input) if args.input else default_spec_bench(), args.questions_per_group)
     if not questions:
         raise TokenleapError(f"no questions in {args.input}")
