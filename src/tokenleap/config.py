@@ -41,7 +41,7 @@ class EngineConfig:
             raise TokenleapError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
 
-SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "eagle3", "custom", "chain")
+SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "eagle3", "eagle", "custom", "chain")
 _SPEC_ALIASES = {"draft_model": "draft-model", "draft-eagle3": "eagle3", "eagle-3": "eagle3", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
 DEFAULT_DRAFT_TOKENS = 16  # the default draft length cap
@@ -71,7 +71,7 @@ class SpecConfig:
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
     chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins
-    eagle_tree_topk: int = 1  # eagle3: 1 drafts a chain; k > 1 an EAGLE-2 dynamic tree expanding k children of k nodes per depth
+    eagle_tree_topk: int = 1  # eagle3 / eagle (EAGLE-1/2 heads): 1 drafts a chain; k > 1 an EAGLE-2 dynamic tree expanding k children of k nodes per depth
     eagle_tree_depth: int = 6  # eagle3 trees: depth (the node count is the draft budget, num_speculative_tokens)
 
     def __post_init__(self) -> None:
@@ -113,8 +113,8 @@ class SpecConfig:
             )
         if method == "draft-model" and not self.model:
             raise TokenleapError("method 'draft-model' needs a draft model: speculative_config['model'] (CLI: --model-draft)")
-        if method == "eagle3" and not self.model:
-            raise TokenleapError("method 'eagle3' needs an EAGLE-3 head directory: speculative_config['model'] (CLI: --model-draft)")
+        if method in ("eagle3", "eagle") and not self.model:
+            raise TokenleapError(f"method {method!r} needs an EAGLE head directory: speculative_config['model'] (CLI: --model-draft)")
         if not 1 <= self.eagle_tree_topk <= 16 or not 1 <= self.eagle_tree_depth <= MAX_DRAFT_TOKENS:
             raise TokenleapError(
                 f"need eagle_tree_topk in [1, 16] and eagle_tree_depth in [1, {MAX_DRAFT_TOKENS}], got "

@@ -286,7 +286,7 @@ def test_bad_checkpoints_fail_clearly(tiny_model: LlamaModel, tmp_path: Path) ->
         load_eagle3(bad, tiny_model)
     with pytest.raises(TokenleapError, match="not a directory"):
         load_eagle3(tmp_path / "missing", tiny_model)
-    with pytest.raises(TokenleapError, match="needs an EAGLE-3 head"):
+    with pytest.raises(TokenleapError, match="needs an EAGLE head"):
         SpecConfig(method="eagle3")
     # a full draft vocabulary needs no d2t
     load_eagle3(write_head(tmp_path / "d", d2t=False, draft_vocab=VOCAB), tiny_model)

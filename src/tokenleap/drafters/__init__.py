@@ -136,6 +136,7 @@ METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
                "suffix_decoding_max_cached_requests"),
     "draft-model": ("model", "draft_layers"),
     "eagle3": ("model", "eagle_tree_topk", "eagle_tree_depth"),
+    "eagle": ("model", "eagle_tree_topk", "eagle_tree_depth"),  # EAGLE-1/2 heads, same loader (it tells the layouts apart)
     "custom": ("drafter",),  # keyed by the object's identity (it may be unhashable)
     "chain": ("chain",),  # and each member's own fields
 })
@@ -161,7 +162,9 @@ def default_registry() -> DrafterRegistry:
         registry.register(name, family)
     registry.register("suffix", _suffix)
     registry.register("draft-model", functools.partial(_draft_model, models=LoadedModels()))
-    registry.register("eagle3", functools.partial(_eagle3, heads={}))
+    heads: dict[tuple[Path, int], Any] = {}
+    registry.register("eagle3", functools.partial(_eagle3, heads=heads))
+    registry.register("eagle", functools.partial(_eagle3, heads=heads))
     registry.register("custom", _custom)
     registry.register("chain", functools.partial(_chain, registry=registry))
     return registry

@@ -337,7 +337,8 @@ class HeadKV:
 
 
 def load_eagle3(path: str | Path, target: Any) -> Eagle3Head:
-    """Load an EAGLE-3 head directory (config.json + *.safetensors) for `target`, with checks."""
+    """Load an EAGLE-3 head directory (config.json + *.safetensors) for `target`, with checks;
+    an EAGLE-1/2 head (`fc` over 2H, no `hidden_norm`) loads as `eagle1.Eagle1Head`."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise TokenleapError(f"EAGLE-3 head {str(path)!r} is not a directory (config.json + model.safetensors)")
@@ -348,7 +349,6 @@ def load_eagle3(path: str | Path, target: Any) -> Eagle3Head:
         raw = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
         raise TokenleapError(f"EAGLE-3 head {cfg_file} is not valid JSON: {exc}") from exc
-    config, dialect = _config_from_json(raw, target.config.num_layers)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise TokenleapError(f"EAGLE-3 head {folder} has no *.safetensors weights")
@@ -357,6 +357,14 @@ def load_eagle3(path: str | Path, target: Any) -> Eagle3Head:
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         weights.update(load_file(str(f)))
+    from tokenleap.drafters.eagle1 import Eagle1Head, is_eagle1_layout
+
+    if "transformer_layer_config" not in raw and is_eagle1_layout(weights, int(raw.get("hidden_size", 0) or 0)):
+        head1 = Eagle1Head(raw, weights, target)
+        logger.info("EAGLE-1/2 head %s: features = the target's final hidden states, full vocabulary (%d)", folder,
+                    head1.config.vocab_size)
+        return head1  # type: ignore[return-value]
+    config, dialect = _config_from_json(raw, target.config.num_layers)
     if dialect == "speculators" or any(k.startswith("layers.0.") for k in weights):
         renamed = {}
         for k, t in weights.items():

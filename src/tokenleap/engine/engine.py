@@ -37,7 +37,7 @@ from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
 from tokenleap.engine.undo import StepFailures, Undo, roll_back
 from tokenleap.errors import TokenleapError
-from tokenleap.models.llama import LlamaModel, SeqInput
+from tokenleap.models.llama import LlamaModel, ModelOutput, SeqInput
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
 from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import RequestMetrics
@@ -50,10 +50,18 @@ _EMPTY = Draft()
 
 
 def hidden_layers(drafter: Drafter | None) -> tuple[int, ...]:
-    """The target layers whose output hidden states `drafter` reads (`observe`), if any."""
+    """The target layers whose output hidden states `drafter` reads (`observe`), if any; -1 is
+    the final hidden state (after the final norm, what the LM head reads)."""
     if drafter is None or not getattr(drafter, "needs_hidden_states", False):
         return ()
     return tuple(getattr(drafter, "hidden_layers", ()))
+
+
+def _with_final(out: ModelOutput, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+    """The forward's hidden states, plus the final one under -1 when asked for."""
+    if -1 not in layers:
+        return out.hidden_states
+    return {**out.hidden_states, -1: out.hidden}
 
 
 class Engine:
@@ -192,9 +200,9 @@ class Engine:
         end = min(len(req.prompt_ids), start + self.prefill_chunk)
         ids = torch.tensor(req.prompt_ids[start:end], dtype=torch.long)
         layers = hidden_layers(req.drafter)
-        out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=layers)
+        out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=[l for l in layers if l >= 0])
         if layers:  # a head drafter reads the prompt's target features (same forward)
-            req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], out.hidden_states)  # type: ignore[union-attr]
+            req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], _with_final(out, layers))  # type: ignore[union-attr]
         done = end == len(req.prompt_ids)
         if done:
             logits = self.model.compute_logits(out.hidden, [end - start - 1])[0]
@@ -330,8 +338,8 @@ class Engine:
                 rows = [-1] + [p + 1 for p in draft.parents]
                 positions = torch.tensor([pos, *(pos + d for d in tree_depths(draft.parents))])
                 seqs.append(SeqInput(ids, positions, req.kv, tree_mask(rows, pos)))
-        out = self.model.forward_batch(seqs, return_hidden=layers)
-        return self.model.compute_logits(out.hidden), out.hidden_states  # [rows, V]
+        out = self.model.forward_batch(seqs, return_hidden=[l for l in layers if l >= 0])
+        return self.model.compute_logits(out.hidden), _with_final(out, layers)  # [rows, V]
 
     def _commit(
         self, req: Request, draft: Draft, logits: torch.Tensor, pos: int, hidden: dict[int, torch.Tensor] | None = None
