@@ -47,7 +47,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
-    g.add_argument("--spec-type", default="none", help="none | ngram | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model | eagle3 (alias draft-eagle3) | eagle (EAGLE-1/2 heads; head directory in --model-draft) (default: %(default)s)")
+    g.add_argument("--spec-type", default="none", help="none | ngram | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model | eagle3 (alias draft-eagle3) | eagle (EAGLE-1/2 heads) | medusa (head directory in --model-draft) (default: %(default)s)")
     g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder), or the EAGLE-3 head directory for --spec-type eagle3")
     g.add_argument("--draft-layers", type=int, default=None, help="use only the draft model's first N layers")
     g.add_argument("--draft-max", type=int, default=16, help="draft tokens per step at most (default: %(default)s)")

@@ -41,7 +41,7 @@ class EngineConfig:
             raise TokenleapError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
 
-SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "eagle3", "eagle", "custom", "chain")
+SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "eagle3", "eagle", "medusa", "custom", "chain")
 _SPEC_ALIASES = {"draft_model": "draft-model", "draft-eagle3": "eagle3", "eagle-3": "eagle3", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
 DEFAULT_DRAFT_TOKENS = 16  # the default draft length cap
@@ -66,7 +66,7 @@ class SpecConfig:
     suffix_decoding_max_spec_factor: float = 1.0  # suffix: draft <= factor * match length
     suffix_decoding_min_token_prob: float = 0.1  # suffix: stop below this path probability
     suffix_decoding_max_cached_requests: int = 1000  # suffix: finished outputs kept (FIFO)
-    model: str | None = None  # the draft model (method "draft-model") or head directory ("eagle3")
+    model: str | None = None  # the draft model (method "draft-model") or head directory ("eagle3", "eagle", "medusa")
     draft_layers: int | None = None  # use only the draft model's first N layers
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
@@ -113,8 +113,9 @@ class SpecConfig:
             )
         if method == "draft-model" and not self.model:
             raise TokenleapError("method 'draft-model' needs a draft model: speculative_config['model'] (CLI: --model-draft)")
-        if method in ("eagle3", "eagle") and not self.model:
-            raise TokenleapError(f"method {method!r} needs an EAGLE head directory: speculative_config['model'] (CLI: --model-draft)")
+        if method in ("eagle3", "eagle", "medusa") and not self.model:
+            kind = "Medusa heads" if method == "medusa" else "an EAGLE head"
+            raise TokenleapError(f"method {method!r} needs {kind} directory: speculative_config['model'] (CLI: --model-draft)")
         if not 1 <= self.eagle_tree_topk <= 16 or not 1 <= self.eagle_tree_depth <= MAX_DRAFT_TOKENS:
             raise TokenleapError(
                 f"need eagle_tree_topk in [1, 16] and eagle_tree_depth in [1, {MAX_DRAFT_TOKENS}], got "

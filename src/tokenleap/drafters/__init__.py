@@ -100,6 +100,12 @@ def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], An
     return Eagle3Drafter(head, tree, relative_draft_cost=per_token)
 
 
+def _medusa(config: SpecConfig, *, target: Any, **_: Any) -> Drafter:
+    from tokenleap.drafters.medusa import MedusaDrafter, load_medusa
+
+    return MedusaDrafter(load_medusa(str(config.model), target))
+
+
 def _suffix(config: SpecConfig, **_: Any) -> Drafter:
     return SuffixDrafter(
         SuffixConfig(
@@ -137,6 +143,7 @@ METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
     "draft-model": ("model", "draft_layers"),
     "eagle3": ("model", "eagle_tree_topk", "eagle_tree_depth"),
     "eagle": ("model", "eagle_tree_topk", "eagle_tree_depth"),  # EAGLE-1/2 heads, same loader (it tells the layouts apart)
+    "medusa": ("model",),
     "custom": ("drafter",),  # keyed by the object's identity (it may be unhashable)
     "chain": ("chain",),  # and each member's own fields
 })
@@ -165,6 +172,7 @@ def default_registry() -> DrafterRegistry:
     heads: dict[tuple[Path, int], Any] = {}
     registry.register("eagle3", functools.partial(_eagle3, heads=heads))
     registry.register("eagle", functools.partial(_eagle3, heads=heads))
+    registry.register("medusa", _medusa)
     registry.register("custom", _custom)
     registry.register("chain", functools.partial(_chain, registry=registry))
     return registry
