@@ -162,7 +162,9 @@ def _observe_prompt(drafter: Eagle3Drafter, target: LlamaModel, tokens: list[int
 # --------------------------------------------------------------------------- tests
 
 
-def test_head_chain_matches_slow_reference(tiny_model: LlamaModel, head_dir: Path) -> None:
+@pytest.mark.parametrize("use_kernels", [True, False])
+def test_head_chain_matches_slow_reference(tiny_model_factory, head_dir: Path, use_kernels: bool) -> None:  # noqa: ANN001
+    tiny_model = tiny_model_factory(use_kernels=use_kernels)
     head = load_eagle3(head_dir, tiny_model)
     t = head_tensors()
     drafter = Eagle3Drafter(head)
@@ -284,6 +286,12 @@ def test_bad_checkpoints_fail_clearly(tiny_model: LlamaModel, tmp_path: Path) ->
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(TokenleapError, match="target hidden size"):
         load_eagle3(bad, tiny_model)
+    odd = write_head(tmp_path / "e")
+    cfg = json.loads((odd / "config.json").read_text())
+    cfg["num_key_value_heads"] = 3
+    (odd / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TokenleapError, match="multiple of num_key_value_heads"):
+        load_eagle3(odd, tiny_model)
     with pytest.raises(TokenleapError, match="not a directory"):
         load_eagle3(tmp_path / "missing", tiny_model)
     with pytest.raises(TokenleapError, match="needs an EAGLE head"):

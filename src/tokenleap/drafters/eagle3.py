@@ -127,6 +127,11 @@ class Eagle3Head:
         self.kernels = target.kernels
         h, ht = c.hidden_size, c.target_hidden_size
         tc = target.config
+        if c.num_heads % c.num_kv_heads or c.head_dim % 2:
+            raise TokenleapError(
+                f"EAGLE-3 head needs num_attention_heads ({c.num_heads}) a multiple of num_key_value_heads "
+                f"({c.num_kv_heads}) and an even head_dim ({c.head_dim})"
+            )
         if ht != tc.hidden_size:
             raise TokenleapError(f"EAGLE-3 head expects target hidden size {ht} but the target's is {tc.hidden_size}")
         if c.vocab_size != tc.vocab_size:
