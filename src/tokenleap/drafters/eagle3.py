@@ -525,14 +525,13 @@ class Eagle3Drafter:
     def _tree(self, h: torch.Tensor, L: int, kv: HeadKV, budget: int) -> Draft:
         """EAGLE-2: expand the `topk` best frontier nodes per depth (topk children each), rerank
         every candidate by cumulative log-probability, keep the best `budget` nodes."""
-        head, topk, depth = self.head, self.tree.topk, self.tree.depth
+        head, topk, depth = self.head, self.tree.topk, min(self.tree.depth, budget)  # deeper than the budget cannot be kept
         base = kv.length  # = L: the head's true slots
         # candidate nodes: (score, token, parent candidate index or -1, depth)
         scores: list[float] = []
         toks: list[int] = []
         parents: list[int] = []
         depths: list[int] = []
-        slot_of: dict[int, int] = {}  # expanded candidate -> its head KV slot
         ancestors: dict[int, list[int]] = {-1: []}  # candidate -> its expanded ancestors' slots incl. itself
         logp = torch.log_softmax(head.logits(h), dim=-1)  # [1, Vd]
         frontier_h = h
@@ -558,7 +557,6 @@ class Eagle3Drafter:
             visible = torch.zeros(len(nxt), start + len(nxt), dtype=torch.bool)
             visible[:, :base] = True
             for r, i in enumerate(nxt):
-                slot_of[i] = start + r
                 ancestors[i] = ancestors[parents[i]] + [start + r]
                 visible[r, ancestors[i]] = True
             frontier_h = head.layer(rows_h, e, torch.full((len(nxt),), L - 1 + d), kv, visible)
