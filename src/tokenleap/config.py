@@ -71,7 +71,7 @@ class SpecConfig:
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
     chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins
-    eagle_tree_topk: int = 1  # eagle3 / eagle (EAGLE-1/2 heads): 1 drafts a chain; k > 1 an EAGLE-2 dynamic tree expanding k children of k nodes per depth
+    eagle_tree_topk: int = 1  # eagle3 / eagle (EAGLE-1/2 heads) / medusa: 1 drafts a chain; k > 1 an EAGLE-2 dynamic tree expanding k children of k nodes per depth
     eagle_tree_depth: int = 6  # eagle3 trees: depth (the node count is the draft budget, num_speculative_tokens)
 
     def __post_init__(self) -> None:

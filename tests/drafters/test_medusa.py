@@ -66,8 +66,10 @@ def test_medusa_drafts_match_reference(tiny_model: LlamaModel, tmp_path: Path, l
     assert drafter.propose("r", prompt + [1], 8).tokens == []  # the feature is not the last position's
 
 
-def test_medusa_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, tmp_path: Path) -> None:
-    spec = SpecConfig(method="medusa", model=str(write_medusa(tmp_path / "m")), num_speculative_tokens=3, adaptive=False)
+@pytest.mark.parametrize("topk", [1, 3])
+def test_medusa_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, tmp_path: Path, topk: int) -> None:
+    spec = SpecConfig(method="medusa", model=str(write_medusa(tmp_path / "m")), num_speculative_tokens=7, adaptive=False,
+                      eagle_tree_topk=topk)
     drafter = default_registry().create(spec.method, spec, target=tiny_model)
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -88,3 +90,21 @@ def test_medusa_bad_checkpoints_fail_clearly(tiny_model: LlamaModel, tmp_path: P
         load_medusa(folder, tiny_model)
     with pytest.raises(TokenleapError, match="needs Medusa heads"):
         SpecConfig(method="medusa")
+
+
+def test_medusa_tree_is_well_formed_and_starts_with_the_chain(tiny_model: LlamaModel, tmp_path: Path) -> None:
+    from tokenleap.verify.tree import check_parents, first_path, tree_depths
+
+    heads = load_medusa(write_medusa(tmp_path / "t"), tiny_model)
+    chain, tree = MedusaDrafter(heads), MedusaDrafter(heads, topk=3)
+    prompt = [8, 18, 28, 38, 48]
+    final = tiny_model.forward(torch.tensor(prompt[:-1]), torch.arange(4), tiny_model.new_kv_cache()).hidden
+    for d in (chain, tree):
+        d.begin(DraftRequest("r", [1], SamplingParams(temperature=0.0), make_generator(None)))
+        d.observe("r", 0, prompt[:-1], {-1: final})
+    draft = tree.propose("r", prompt, 7)
+    assert draft.parents is not None and len(draft) == 7
+    check_parents(draft.parents, 7)
+    assert max(tree_depths(draft.parents)) <= HEADS
+    path = [draft.tokens[i] for i in first_path(draft.parents)]
+    assert path == chain.propose("r", prompt, 3).tokens[: len(path)]

@@ -103,7 +103,7 @@ def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], An
 def _medusa(config: SpecConfig, *, target: Any, **_: Any) -> Drafter:
     from tokenleap.drafters.medusa import MedusaDrafter, load_medusa
 
-    return MedusaDrafter(load_medusa(str(config.model), target))
+    return MedusaDrafter(load_medusa(str(config.model), target), topk=config.eagle_tree_topk)
 
 
 def _suffix(config: SpecConfig, **_: Any) -> Drafter:
@@ -143,7 +143,7 @@ METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
     "draft-model": ("model", "draft_layers"),
     "eagle3": ("model", "eagle_tree_topk", "eagle_tree_depth"),
     "eagle": ("model", "eagle_tree_topk", "eagle_tree_depth"),  # EAGLE-1/2 heads, same loader (it tells the layouts apart)
-    "medusa": ("model",),
+    "medusa": ("model", "eagle_tree_topk"),
     "custom": ("drafter",),  # keyed by the object's identity (it may be unhashable)
     "chain": ("chain",),  # and each member's own fields
 })

@@ -6,7 +6,8 @@ Each head is `medusa_num_layers` residual blocks, x + SiLU(W x + b), then a voca
 projection (its own, or the target's LM head when the checkpoint has none: shared). From the
 last verified position's final hidden state (handed over by the engine in the verify forward,
 `hidden_layers = (-1,)`), the draft is each head's argmax in turn: a chain of up to K tokens,
-deterministic, so sampled requests stay exact. There is no head KV cache: only the last
+deterministic, so sampled requests stay exact; with topk > 1, a dynamic tree over the heads'
+top-k tokens (`_tree`, greedy requests verify it as a tree). There is no head KV cache: only the last
 position's feature matters, kept with the token prefix it belongs to.
 
 Layouts: FasterDecoding (`config.json` with `medusa_num_heads`, `medusa_num_layers`; tensors
@@ -145,8 +146,9 @@ class MedusaDrafter:
     needs_hidden_states: ClassVar[bool] = True
     hidden_layers = (-1,)
 
-    def __init__(self, heads: MedusaHeads) -> None:
+    def __init__(self, heads: MedusaHeads, topk: int = 1) -> None:
         self.heads = heads
+        self.topk = topk  # 1: a chain of each head's argmax; k > 1: a tree (`_tree`)
         self._states: dict[str, _State] = {}
 
     def begin(self, request: DraftRequest) -> None:
@@ -177,4 +179,37 @@ class MedusaDrafter:
             return Draft()
         with torch.inference_mode():
             k = min(max_tokens, self.heads.num_heads)
-            return Draft([int(self.heads.logits(i, st.feature)[0].argmax()) for i in range(k)])
+            if self.topk <= 1:
+                return Draft([int(self.heads.logits(i, st.feature)[0].argmax()) for i in range(k)])
+            return self._tree(st.feature, k, max_tokens)
+
+    def _tree(self, feature: torch.Tensor, depth: int, budget: int) -> Draft:
+        """A dynamic tree: head d's top-k tokens are the candidate children at depth d + 1 (the
+        heads do not see the path, so every node's candidates are alike); the `topk` best
+        nodes by cumulative log-probability are expanded per depth and the best `budget`
+        candidates kept (ancestors first on ties, so the kept set is a tree)."""
+        scores: list[float] = []
+        toks: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        frontier = [-1]
+        for d in range(depth):
+            top = torch.log_softmax(self.heads.logits(d, feature), dim=-1)[0].topk(self.topk)
+            cands = list(zip(top.values.tolist(), top.indices.tolist()))
+            children = []
+            for parent in frontier:
+                base = scores[parent] if parent >= 0 else 0.0
+                for lp, tok in cands:
+                    scores.append(base + lp)
+                    toks.append(int(tok))
+                    parents.append(parent)
+                    depths.append(d + 1)
+                    children.append(len(scores) - 1)
+            frontier = sorted(children, key=lambda i: -scores[i])[: self.topk]
+        keep = sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:budget]
+        kept = set(keep)
+        order = sorted((i for i in keep if parents[i] < 0 or parents[i] in kept), key=lambda i: (depths[i], -scores[i], i))
+        index = {c: j for j, c in enumerate(order)}
+        order = [i for i in order if parents[i] < 0 or parents[i] in index]
+        index = {c: j for j, c in enumerate(order)}
+        return Draft([toks[i] for i in order], [index[parents[i]] if parents[i] >= 0 else -1 for i in order])
