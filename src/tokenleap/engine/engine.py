@@ -9,6 +9,10 @@ A draft is a chain, or (`Draft.parents`) a token tree: greedy requests verify a 
 one forward under a tree mask and keep the accepted path's cache slots (`kv.compact`); sampled
 requests verify its first root path as a chain.
 
+Drafters that read the target's hidden states (`needs_hidden_states`: EAGLE and Medusa heads)
+get the rows of the committed positions from the same prefill and verify forwards (`observe`),
+never from an extra target forward.
+
 A step is transactional per request (`engine/undo.py`): one whose drafter or verification
 raises is rolled back and reported (`StepFailures`) while the others of the batch go on.
 
