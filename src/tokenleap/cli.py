@@ -48,7 +48,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
     g.add_argument("--spec-type", default="none", help="none | ngram | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model | eagle3 (alias draft-eagle3) | eagle (EAGLE-1/2 heads) | medusa (head directory in --model-draft) (default: %(default)s)")
-    g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder), or the EAGLE-3 head directory for --spec-type eagle3")
+    g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder), or the head directory for --spec-type eagle3 / eagle / medusa")
     g.add_argument("--draft-layers", type=int, default=None, help="use only the draft model's first N layers")
     g.add_argument("--draft-max", type=int, default=16, help="draft tokens per step at most (default: %(default)s)")
     g.add_argument("--draft-min", type=int, default=0, help="shorter drafts are not verified (default: %(default)s)")
@@ -57,6 +57,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-ngram-min-hits", type=int, default=None, help="occurrences a key needs (ngram-map-k/-k4v; default 1)")
     g.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram looked up (default 1)")
     g.add_argument("--spec-ngram-cache", default=None, help="ngram-cache: statistics file to load")
+    g.add_argument("--spec-tree-topk", type=int, default=None, help="eagle3 / eagle / medusa: 1 drafts chains, k > 1 dynamic token trees (default 1)")
+    g.add_argument("--spec-tree-depth", type=int, default=None, help="eagle3 / eagle trees: depth (default 6; the node count is --draft-max)")
     g.add_argument("--stats", action="store_true", help="print speculation statistics after each answer")
 
 
@@ -78,6 +80,10 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
         spec["model"] = args.model_draft
     if args.draft_layers is not None:
         spec["draft_layers"] = args.draft_layers
+    if getattr(args, "spec_tree_topk", None) is not None:
+        spec["eagle_tree_topk"] = args.spec_tree_topk
+    if getattr(args, "spec_tree_depth", None) is not None:
+        spec["eagle_tree_depth"] = args.spec_tree_depth
     return spec
 
 

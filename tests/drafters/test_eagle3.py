@@ -401,3 +401,17 @@ def test_chain_with_a_model_free_drafter_gives_plain_output(tiny_model: LlamaMod
     fast = Engine(tiny_model, tokenizer, spec=spec, drafter=drafter)
     req = fast.run(fast.add_request(prompt, params))
     assert req.output_ids == want and req.metrics.spec.num_drafts > 0
+
+
+def test_cli_flags_and_clear_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tokenleap.cli import _spec_dict, build_parser, main
+
+    args = build_parser().parse_args(["generate", "hi", "--spec-type", "draft-eagle3", "-md", "/h", "--spec-tree-topk", "4",
+                                      "--spec-tree-depth", "3", "--draft-max", "12"])
+    spec = SpecConfig.from_dict(_spec_dict(args))
+    assert spec is not None and (spec.method, spec.model, spec.eagle_tree_topk, spec.eagle_tree_depth) == ("eagle3", "/h", 4, 3)
+    assert main(["generate", "hi", "--spec-type", "eagle3"]) == 2
+    assert "needs an EAGLE head directory" in capsys.readouterr().err
+    assert main(["generate", "hi", "--spec-type", "eagle3", "--model-draft", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a directory" in err and "Traceback" not in err
