@@ -84,3 +84,13 @@ def test_run_bench_on_the_real_model_honours_prefix_and_stop(model_bf16: LlamaMo
     plain = records[0]
     assert 0 < plain.new_tokens < 96  # ended at the closing fence, not at max_tokens
     assert records[1].target_forwards < plain.target_forwards  # the copy was drafted
+
+
+def test_parse_methods_passes_the_draft_model_to_methods_that_need_one() -> None:
+    from tokenleap.bench import parse_methods
+    from tokenleap.errors import TokenleapError
+
+    methods = parse_methods("eagle3,ngram", 6, "/heads/h")
+    assert methods["eagle3"].model == "/heads/h" and methods["eagle3"].num_speculative_tokens == 6
+    with pytest.raises(TokenleapError, match="eagle3"):
+        parse_methods("eagle3", 6)

@@ -104,8 +104,8 @@ def test_custom_needs_a_drafter() -> None:
 
 
 def test_unknown_method() -> None:
-    with pytest.raises(TokenleapError, match="medusa") as err:
-        SpecConfig.from_dict({"method": "medusa"})
+    with pytest.raises(TokenleapError, match="lookahead") as err:
+        SpecConfig.from_dict({"method": "lookahead"})
     assert "ngram" in str(err.value)  # the allowed methods are listed
 
 

@@ -118,11 +118,15 @@ class Record:
     matched_plain: bool
 
 
-def parse_methods(spec: str, draft_max: int) -> dict[str, SpecConfig]:
-    """"ngram,suffix+ngram" -> {label: config}; "a+b" is a chain (the first that proposes wins)."""
+def parse_methods(spec: str, draft_max: int, model: str | None = None) -> dict[str, SpecConfig]:
+    """"ngram,suffix+ngram" -> {label: config}; "a+b" is a chain (the first that proposes wins).
+    `model`: the draft model or EAGLE-3 head of the methods that need one."""
     configs = {}
     for name in [m.strip() for m in spec.split(",") if m.strip()]:
-        cfg = SpecConfig.from_dict({"method": name, "num_speculative_tokens": draft_max})
+        raw: dict[str, object] = {"method": name, "num_speculative_tokens": draft_max}
+        if model is not None:
+            raw["model"] = model
+        cfg = SpecConfig.from_dict(raw)
         if cfg is None:
             raise TokenleapError(f"method {name!r} is not a speculative method")
         configs[name] = cfg

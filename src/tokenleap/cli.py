@@ -47,8 +47,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
-    g.add_argument("--spec-type", default="none", help="none | ngram | ngram-tree | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model (default: %(default)s)")
-    g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder)")
+    g.add_argument("--spec-type", default="none", help="none | ngram | ngram-tree | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model | eagle3 (alias draft-eagle3) | eagle (EAGLE-1/2 heads) | medusa (head directory in --model-draft) (default: %(default)s)")
+    g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder), or the head directory for --spec-type eagle3 / eagle / medusa")
     g.add_argument("--draft-layers", type=int, default=None, help="use only the draft model's first N layers")
     g.add_argument("--draft-max", type=int, default=16, help="draft tokens per step at most (default: %(default)s)")
     g.add_argument("--draft-min", type=int, default=0, help="shorter drafts are not verified (default: %(default)s)")
@@ -63,6 +63,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="sampled requests: exact (lossless) or Medusa's typical acceptance, which changes the output distribution (default: exact)")
     g.add_argument("--spec-typical-threshold", type=float, default=None, help="typical-lossy: posterior threshold (default 0.09)")
     g.add_argument("--spec-typical-alpha", type=float, default=None, help="typical-lossy: entropy factor (default 0.3)")
+    g.add_argument("--spec-tree-topk", type=int, default=None, help="eagle3 / eagle / medusa: 1 drafts chains, k > 1 dynamic token trees (default 1)")
+    g.add_argument("--spec-tree-depth", type=int, default=None, help="eagle3 / eagle trees: depth (default 6; the node count is --draft-max)")
     g.add_argument("--stats", action="store_true", help="print speculation statistics after each answer")
 
 
@@ -86,6 +88,10 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
         spec["model"] = args.model_draft
     if args.draft_layers is not None:
         spec["draft_layers"] = args.draft_layers
+    if getattr(args, "spec_tree_topk", None) is not None:
+        spec["eagle_tree_topk"] = args.spec_tree_topk
+    if getattr(args, "spec_tree_depth", None) is not None:
+        spec["eagle_tree_depth"] = args.spec_tree_depth
     return spec
 
 
@@ -113,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, Spec-Bench's protocol (default: %(default)s)")
     bench.add_argument("--draft-max", type=int, default=16, help="draft length cap (default: %(default)s)")
+    bench.add_argument("--model-draft", "-md", default=None, help="the draft model (draft-model) or EAGLE-3 head directory (eagle3) of the methods that need one")
     bench.add_argument("--hf-baseline", action="store_true", help="also run transformers' generate and its prompt lookup (prompt_lookup_num_tokens=10) on the same GGUF; their speedups are relative to transformers' own plain decoding")
     bench.add_argument("--out", default="bench_results.json", help="JSON output (default: %(default)s)")
     bench.add_argument("--plot", default=None, help="PNG chart of speedup per group (default: next to --out)")
@@ -238,7 +245,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from tokenleap.sampling import SamplingParams
 
     SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)  # validate early
-    methods = parse_methods(args.methods, args.draft_max)
+    methods = parse_methods(args.methods, args.draft_max, args.model_draft)
     questions = load_questions(Path(args.input) if args.input else default_spec_bench(), args.questions_per_group)
     if not questions:
         raise TokenleapError(f"no questions in {args.input}")

@@ -41,8 +41,8 @@ class EngineConfig:
             raise TokenleapError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
 
-SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "custom", "chain", "ngram-tree")
-_SPEC_ALIASES = {"draft_model": "draft-model", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
+SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "eagle3", "eagle", "medusa", "custom", "chain", "ngram-tree")
+_SPEC_ALIASES = {"draft_model": "draft-model", "draft-eagle3": "eagle3", "eagle-3": "eagle3", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
 SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
 ACCEPTANCE_RULES = ("exact", "typical-lossy")  # sampled requests; "typical-lossy" changes the output distribution
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
@@ -68,7 +68,7 @@ class SpecConfig:
     suffix_decoding_max_spec_factor: float = 1.0  # suffix: draft <= factor * match length
     suffix_decoding_min_token_prob: float = 0.1  # suffix: stop below this path probability
     suffix_decoding_max_cached_requests: int = 1000  # suffix: finished outputs kept (FIFO)
-    model: str | None = None  # the draft model (method "draft-model")
+    model: str | None = None  # the draft model (method "draft-model") or head directory ("eagle3", "eagle", "medusa")
     draft_layers: int | None = None  # use only the draft model's first N layers
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
@@ -77,6 +77,8 @@ class SpecConfig:
     acceptance: str = "exact"  # sampled requests: "exact" (lossless) or "typical-lossy" (Medusa's typical acceptance, NOT lossless)
     typical_threshold: float = 0.09  # typical-lossy: accept x when p(x) > min(threshold, alpha * exp(-H(p)))
     typical_alpha: float = 0.3
+    eagle_tree_topk: int = 1  # eagle3 / eagle (EAGLE-1/2 heads) / medusa: 1 drafts a chain; k > 1 an EAGLE-2 dynamic tree expanding k children of k nodes per depth
+    eagle_tree_depth: int = 6  # eagle3 trees: depth (the node count is the draft budget, num_speculative_tokens)
 
     def __post_init__(self) -> None:
         method = str(self.method).strip().lower()
@@ -117,6 +119,14 @@ class SpecConfig:
             )
         if method == "draft-model" and not self.model:
             raise TokenleapError("method 'draft-model' needs a draft model: speculative_config['model'] (CLI: --model-draft)")
+        if method in ("eagle3", "eagle", "medusa") and not self.model:
+            kind = "Medusa heads" if method == "medusa" else "an EAGLE head"
+            raise TokenleapError(f"method {method!r} needs {kind} directory: speculative_config['model'] (CLI: --model-draft)")
+        if not 1 <= self.eagle_tree_topk <= 16 or not 1 <= self.eagle_tree_depth <= MAX_DRAFT_TOKENS:
+            raise TokenleapError(
+                f"need eagle_tree_topk in [1, 16] and eagle_tree_depth in [1, {MAX_DRAFT_TOKENS}], got "
+                f"{self.eagle_tree_topk} and {self.eagle_tree_depth}"
+            )
         if isinstance(self.chain, str):
             object.__setattr__(self, "chain", tuple(m.strip() for m in self.chain.split(",") if m.strip()))
         object.__setattr__(self, "chain", tuple(_SPEC_ALIASES.get(m, m) for m in self.chain))

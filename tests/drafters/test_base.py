@@ -50,8 +50,8 @@ class NotCallable(FullDrafter):
 
 def test_registry_unknown_name_lists_known_names() -> None:
     registry = default_registry()
-    with pytest.raises(TokenleapError, match="'medusa'") as err:
-        registry.create("medusa", SpecConfig("ngram"))
+    with pytest.raises(TokenleapError, match="'lookahead'") as err:
+        registry.create("lookahead", SpecConfig("ngram"))
     message = str(err.value)
     assert registry.names(), "the default registry is empty"
     for name in registry.names():

@@ -89,6 +89,28 @@ def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path
     return DraftModelDrafter(model)
 
 
+def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None, **_: Any) -> Drafter:
+    from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, load_eagle3, measure_step_cost
+
+    heads = heads if heads is not None else {}
+    key = (Path(str(config.model)).expanduser().resolve(), id(target))
+    if key not in heads:  # one copy of a head's weights (and its measured step cost) per registry and target
+        head = load_eagle3(str(config.model), target)
+        heads[key] = (head, measure_step_cost(head))
+    head, step = heads[key]
+    tree = TreeShape(config.eagle_tree_topk, config.eagle_tree_depth)
+    # per draft token: a chain runs one head step per token; a tree one step (of k rows, about the
+    # cost of one row on this CPU) per depth for up to k nodes
+    per_token = step / tree.topk
+    return Eagle3Drafter(head, tree, relative_draft_cost=per_token)
+
+
+def _medusa(config: SpecConfig, *, target: Any, **_: Any) -> Drafter:
+    from tokenleap.drafters.medusa import MedusaDrafter, load_medusa
+
+    return MedusaDrafter(load_medusa(str(config.model), target), topk=config.eagle_tree_topk)
+
+
 def _suffix(config: SpecConfig, **_: Any) -> Drafter:
     return SuffixDrafter(
         SuffixConfig(
@@ -125,6 +147,9 @@ METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
     "suffix": ("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
                "suffix_decoding_max_cached_requests"),
     "draft-model": ("model", "draft_layers"),
+    "eagle3": ("model", "eagle_tree_topk", "eagle_tree_depth"),
+    "eagle": ("model", "eagle_tree_topk", "eagle_tree_depth"),  # EAGLE-1/2 heads, same loader (it tells the layouts apart)
+    "medusa": ("model", "eagle_tree_topk"),
     "custom": ("drafter",),  # keyed by the object's identity (it may be unhashable)
     "chain": ("chain",),  # and each member's own fields
 })
@@ -151,6 +176,10 @@ def default_registry() -> DrafterRegistry:
         registry.register(name, family)
     registry.register("suffix", _suffix)
     registry.register("draft-model", functools.partial(_draft_model, models=LoadedModels()))
+    heads: dict[tuple[Path, int], Any] = {}
+    registry.register("eagle3", functools.partial(_eagle3, heads=heads))
+    registry.register("eagle", functools.partial(_eagle3, heads=heads))
+    registry.register("medusa", _medusa)
     registry.register("custom", _custom)
     registry.register("chain", functools.partial(_chain, registry=registry))
     return registry

@@ -9,19 +9,22 @@ or not its draft was used.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 
 
 class ChainDrafter:
     name: ClassVar[str] = "chain"
-    needs_hidden_states: ClassVar[bool] = False
+    needs_hidden_states: bool = False  # per chain: whether a member reads target hidden states
 
     def __init__(self, drafters: Sequence[Drafter]) -> None:
         if not drafters:
             raise ValueError("a drafter chain needs at least one drafter")
         self.drafters = list(drafters)
+        self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]
+        self.needs_hidden_states = bool(self._readers)
+        self.hidden_layers = tuple(sorted({l for d in self._readers for l in getattr(d, "hidden_layers", ())}))
         self.wins = [0] * len(self.drafters)  # how often each drafter's proposal was used
 
     def begin(self, request: DraftRequest) -> None:
@@ -39,6 +42,11 @@ class ChainDrafter:
     def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
         for d in self.drafters:
             d.accept(request_id, tokens, num_accepted)
+
+    def observe(self, request_id: str, start: int, token_ids: Sequence[int], hidden: dict[int, Any]) -> None:
+        """Target hidden states for the members that read them (`needs_hidden_states`)."""
+        for d in self._readers:
+            d.observe(request_id, start, token_ids, {l: hidden[l] for l in d.hidden_layers})  # type: ignore[attr-defined]
 
     def end(self, request_id: str) -> None:
         for d in self.drafters:

@@ -11,6 +11,10 @@ target's argmax, sampled ones every branch by multi-candidate rejection sampling
 (`verify/tree_sampling.py`; `SpecConfig.sampled_tree="first-path"` reduces the tree to its first
 root path and verifies that chain instead).
 
+Drafters that read the target's hidden states (`needs_hidden_states`: EAGLE and Medusa heads)
+get the rows of the committed positions from the same prefill and verify forwards (`observe`),
+never from an extra target forward.
+
 A step is transactional per request (`engine/undo.py`): one whose drafter or verification
 raises is rolled back and reported (`StepFailures`) while the others of the batch go on.
 
@@ -39,7 +43,7 @@ from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
 from tokenleap.engine.undo import StepFailures, Undo, roll_back
 from tokenleap.errors import TokenleapError
-from tokenleap.models.llama import LlamaModel, SeqInput
+from tokenleap.models.llama import LlamaModel, ModelOutput, SeqInput
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
 from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import RequestMetrics
@@ -51,6 +55,21 @@ from tokenleap.verify.typical import verify_tree_typical
 logger = logging.getLogger(__name__)
 
 _EMPTY = Draft()
+
+
+def hidden_layers(drafter: Drafter | None) -> tuple[int, ...]:
+    """The target layers whose output hidden states `drafter` reads (`observe`), if any; -1 is
+    the final hidden state (after the final norm, what the LM head reads)."""
+    if drafter is None or not getattr(drafter, "needs_hidden_states", False):
+        return ()
+    return tuple(getattr(drafter, "hidden_layers", ()))
+
+
+def _with_final(out: ModelOutput, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+    """The forward's hidden states, plus the final one under -1 when asked for."""
+    if -1 not in layers:
+        return out.hidden_states
+    return {**out.hidden_states, -1: out.hidden}
 
 
 class Engine:
@@ -162,7 +181,8 @@ class Engine:
         # timed cost curve, and another length would consume the random stream differently,
         # so the same seed would give different text on another machine.
         if spec is not None and spec.adaptive and (params.greedy or params.seed is None):
-            controller = DraftController(self.cost_curve(spec.num_speculative_tokens), spec.num_speculative_tokens, spec.draft_min)
+            controller = DraftController(self.cost_curve(spec.num_speculative_tokens), spec.num_speculative_tokens, spec.draft_min,
+                                         draft_cost=float(getattr(drafter, "relative_draft_cost", 0.0)))
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt=prompt,
@@ -191,7 +211,10 @@ class Engine:
         start = req.kv.length
         end = min(len(req.prompt_ids), start + self.prefill_chunk)
         ids = torch.tensor(req.prompt_ids[start:end], dtype=torch.long)
-        out = self.model.forward(ids, torch.arange(start, end), req.kv)
+        layers = hidden_layers(req.drafter)
+        out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=[l for l in layers if l >= 0])
+        if layers:  # a head drafter reads the prompt's target features (same forward)
+            req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], _with_final(out, layers))  # type: ignore[union-attr]
         done = end == len(req.prompt_ids)
         if done:
             logits = self.model.compute_logits(out.hidden, [end - start - 1])[0]
@@ -288,7 +311,7 @@ class Engine:
         t1 = time.perf_counter()
         live = [i for i, d in enumerate(drafts) if d is not None]
         try:
-            logits = self._forward([reqs[i] for i in live], [drafts[i] for i in live]) if live else None  # type: ignore[misc]
+            logits, hidden = self._forward([reqs[i] for i in live], [drafts[i] for i in live]) if live else (None, {})  # type: ignore[misc]
         except Exception:
             roll_back(reqs, undo)
             raise
@@ -298,7 +321,8 @@ class Engine:
             assert draft is not None and logits is not None
             n = len(draft) + 1
             try:
-                self._commit(req, draft, logits[row : row + n], undo[i].kv_length)
+                rows_hidden = {l: hidden[l][row : row + n] for l in hidden_layers(req.drafter)}
+                self._commit(req, draft, logits[row : row + n], undo[i].kv_length, rows_hidden)
             except Exception as exc:
                 failures[i] = exc
             row += n
@@ -313,8 +337,10 @@ class Engine:
                 raise failures[0]
             raise StepFailures([(reqs[i], exc) for i, exc in sorted(failures.items())])
 
-    def _forward(self, reqs: Sequence[Request], drafts: Sequence[Draft]) -> torch.Tensor:
-        """Logits of every request's last committed token and draft, in one batched forward."""
+    def _forward(self, reqs: Sequence[Request], drafts: Sequence[Draft]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Logits of every request's last committed token and draft, in one batched forward, and
+        the target hidden states (rows alike) that the requests' head drafters read."""
+        layers = sorted({l for req in reqs for l in hidden_layers(req.drafter)})
         seqs = []
         for req, draft in zip(reqs, drafts):
             pos = req.kv.length
@@ -325,9 +351,12 @@ class Engine:
                 rows = [-1] + [p + 1 for p in draft.parents]
                 positions = torch.tensor([pos, *(pos + d for d in tree_depths(draft.parents))])
                 seqs.append(SeqInput(ids, positions, req.kv, tree_mask(rows, pos)))
-        return self.model.compute_logits(self.model.forward_batch(seqs).hidden)  # [rows, V]
+        out = self.model.forward_batch(seqs, return_hidden=[l for l in layers if l >= 0])
+        return self.model.compute_logits(out.hidden), _with_final(out, layers)  # [rows, V]
 
-    def _commit(self, req: Request, draft: Draft, logits: torch.Tensor, pos: int) -> None:
+    def _commit(
+        self, req: Request, draft: Draft, logits: torch.Tensor, pos: int, hidden: dict[int, torch.Tensor] | None = None
+    ) -> None:
         """Verify, tell the drafter, then change the request (what may raise comes first)."""
         spec = req.spec
         if spec is not None and spec.acceptance == "typical-lossy" and not req.params.greedy and len(draft):
@@ -347,6 +376,10 @@ class Engine:
             tokens, accepted, depth, path = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents)), tree.path
         if req.drafter is not None:
             req.drafter.accept(req.request_id, tokens, accepted)
+            if hidden:  # the committed positions' target features: row 0 and the accepted rows
+                rows = [0, *(i + 1 for i in (path if path is not None else range(accepted)))]
+                ids = [req.output_ids[-1], *tokens[:accepted]]
+                req.drafter.observe(req.request_id, pos, ids, {l: h[rows] for l, h in hidden.items()})  # type: ignore[attr-defined]
         if path is None:
             req.kv.truncate(pos + 1 + accepted)
         else:

@@ -5,7 +5,8 @@ E(k) = (1 - alpha^(k+1)) / (1 - alpha) committed tokens per target forward (Levi
 2023), and that forward costs c(k) = t(k+1 rows) / t(1 row), measured once on this machine (the
 cost curve, at a short and a long context: at long contexts each extra row's attention costs
 more, so the curve is interpolated at the request's length). The controller keeps a decayed estimate of alpha per request and chooses
-k* = argmax E(k) / c(k) over [draft_min, cap], or 0 when no k beats plain decoding by a margin;
+k* = argmax E(k) / (c(k) + k d) over [draft_min, cap] (d: a drafter's own cost per draft
+token relative to a target step, `relative_draft_cost`; 0 for the model-free drafters), or 0 when no k beats plain decoding by a margin;
 while off it probes again every `probe_every` steps with a short draft, so a request whose text
 turns predictable (a quoted passage, code being repeated) gets speculation back.
 """
@@ -112,6 +113,7 @@ class DraftController:
     accepted: float = 1.0  # decayed counts (prior alpha = 0.5)
     trials: float = 2.0
     steps_off: int = 0
+    draft_cost: float = 0.0  # one draft token's drafting cost relative to a 1-row target forward (a head's step)
 
     @property
     def alpha(self) -> float:
@@ -123,7 +125,7 @@ class DraftController:
             return 0
         best_k, best_gain = 0, 1.0
         for k in range(max(1, self.floor), top + 1):
-            gain = expected_tokens(self.alpha, k) / self.curve.cost(k, context)
+            gain = expected_tokens(self.alpha, k) / (self.curve.cost(k, context) + self.draft_cost * k)
             if gain > best_gain:
                 best_k, best_gain = k, gain
         if best_k and best_gain >= self.min_gain:

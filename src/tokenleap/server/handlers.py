@@ -147,7 +147,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         raise bad_request(exc) from None
 
 
-_SERVER_SIDE_METHODS = {"custom", "draft-model", "chain"}  # need objects or files only the server's operator may choose
+_SERVER_SIDE_METHODS = {"custom", "draft-model", "eagle3", "eagle", "medusa", "chain"}  # need objects or files only the server's operator may choose
 
 
 def speculative(state: ServerState, override: SpeculativeOverride | None) -> SpecConfig | bool:

@@ -1,0 +1,215 @@
+"""Medusa heads (Cai et al., 2024, "Medusa: Simple LLM Inference Acceleration Framework with
+Multiple Decoding Heads"): K extra heads on the target's final hidden state; head i predicts the
+token i + 2 positions ahead (the target's own LM head predicts the next one).
+
+Each head is `medusa_num_layers` residual blocks, x + SiLU(W x + b), then a vocabulary
+projection (its own, or the target's LM head when the checkpoint has none: shared). From the
+last verified position's final hidden state (handed over by the engine in the verify forward,
+`hidden_layers = (-1,)`), the draft is each head's argmax in turn: a chain of up to K tokens,
+deterministic, so sampled requests stay exact; with topk > 1, a dynamic tree over the heads'
+top-k tokens (`_tree`, greedy requests verify it as a tree). There is no head KV cache: only the last
+position's feature matters, kept with the token prefix it belongs to.
+
+Layouts: FasterDecoding (`config.json` with `medusa_num_heads`, `medusa_num_layers`; tensors
+`{i}.{j}.linear.weight/bias` for the blocks and `{i}.{L}.weight` for the projection, optionally
+prefixed `medusa_head.`) and vLLM (`config.json` with `num_heads`, `num_hidden_layers`; tensors
+`blocks.{i}.layers.{j}.weight/bias`, `lm_heads.{i}.weight`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from tokenleap.drafters.base import Draft, DraftRequest
+from tokenleap.errors import TokenleapError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Block:
+    weight: Any  # [H, H], packed for the kernels when possible
+    bias: torch.Tensor  # [H] float32
+
+
+class MedusaHeads:
+    def __init__(self, blocks: list[list[_Block]], projections: list[Any | None], target: Any) -> None:
+        self.blocks = blocks
+        self.projections = projections  # None: the target's LM head
+        self.target = target
+        self.kernels = target.kernels
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def _linear(self, x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
+        if self.kernels is not None:
+            return self.kernels.linear(x.contiguous(), w, b)
+        y = F.linear(x.to(w.dtype), w).float()
+        return y + b if b is not None else y
+
+    def logits(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """Head i's logits [n, V] from final hidden states h [n, H]."""
+        x = h
+        for block in self.blocks[i]:
+            x = x + F.silu(self._linear(x, block.weight, block.bias))
+        proj = self.projections[i]
+        return self.target.compute_logits(x) if proj is None else self._linear(x, proj)
+
+
+def load_medusa(path: str | Path, target: Any) -> MedusaHeads:
+    folder = Path(path).expanduser()
+    if not folder.is_dir() or not (folder / "config.json").is_file():
+        raise TokenleapError(f"Medusa heads {str(path)!r} must be a directory with config.json and *.safetensors")
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise TokenleapError(f"Medusa config {folder / 'config.json'} is not valid JSON: {exc}") from exc
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise TokenleapError(f"Medusa heads {folder} have no *.safetensors weights")
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    weights = {k.removeprefix("medusa_head."): v for k, v in weights.items()}
+    if "num_heads" in raw and "medusa_num_heads" not in raw:  # vLLM's layout
+        n_heads, n_layers = int(raw["num_heads"]), int(raw.get("num_hidden_layers", 1))
+
+        def block(i: int, j: int) -> str:
+            return f"blocks.{i}.layers.{j}"
+
+        def proj(i: int) -> str:
+            return f"lm_heads.{i}.weight"
+    else:
+        n_heads, n_layers = int(raw.get("medusa_num_heads", 0)), int(raw.get("medusa_num_layers", 1))
+
+        def block(i: int, j: int) -> str:
+            return f"{i}.{j}.linear"
+
+        def proj(i: int) -> str:
+            return f"{i}.{n_layers}.weight"
+    if n_heads < 1:
+        found = {int(m.group(1)) for k in weights if (m := re.match(r"(?:blocks\.|lm_heads\.)?(\d+)\.", k))}
+        raise TokenleapError(f"Medusa config names no heads (medusa_num_heads / num_heads); the weights hold {len(found)}")
+    h, v = target.config.hidden_size, target.config.vocab_size
+    dtype = target.dtype
+
+    def prepared(t: torch.Tensor) -> Any:
+        w = t.to(dtype).contiguous()
+        if target.kernels is not None:
+            packed = target.kernels.pack(w)
+            return packed if packed is not None else w
+        return w
+
+    blocks: list[list[_Block]] = []
+    projections: list[Any | None] = []
+    for i in range(n_heads):
+        layer = []
+        for j in range(n_layers):
+            wname, bname = block(i, j) + ".weight", block(i, j) + ".bias"
+            if wname not in weights:
+                raise TokenleapError(f"Medusa checkpoint lacks tensor {wname!r}")
+            if tuple(weights[wname].shape) != (h, h):
+                raise TokenleapError(f"Medusa tensor {wname!r} has shape {tuple(weights[wname].shape)}, expected {(h, h)} (target hidden size)")
+            bias = weights.get(bname, torch.zeros(h)).float().contiguous()
+            layer.append(_Block(prepared(weights[wname]), bias))
+        blocks.append(layer)
+        p = weights.get(proj(i))
+        if p is not None and tuple(p.shape) != (v, h):
+            raise TokenleapError(f"Medusa tensor {proj(i)!r} has shape {tuple(p.shape)}, expected {(v, h)} (target vocabulary)")
+        projections.append(prepared(p) if p is not None else None)
+    shared = sum(p is None for p in projections)
+    logger.info("Medusa heads %s: %d heads of %d residual blocks, %d sharing the target's LM head", folder, n_heads, n_layers, shared)
+    return MedusaHeads(blocks, projections, target)
+
+
+@dataclass
+class _State:
+    prefix: list[int]  # x_0 .. x_p: the tokens up to the position of `feature`
+    feature: torch.Tensor | None = None  # [1, H] the target's final hidden state at position p
+
+
+class MedusaDrafter:
+    name: ClassVar[str] = "medusa"
+    needs_hidden_states: ClassVar[bool] = True
+    hidden_layers = (-1,)
+
+    def __init__(self, heads: MedusaHeads, topk: int = 1) -> None:
+        self.heads = heads
+        self.topk = topk  # 1: a chain of each head's argmax; k > 1: a tree (`_tree`)
+        self._states: dict[str, _State] = {}
+
+    def begin(self, request: DraftRequest) -> None:
+        self._states[request.request_id] = _State([])
+
+    def end(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
+        return None
+
+    def observe(self, request_id: str, start: int, token_ids: Sequence[int], hidden: dict[int, torch.Tensor]) -> None:
+        st = self._states.get(request_id)
+        if st is None or not len(token_ids):
+            return
+        if start > len(st.prefix):  # positions missing: the kept prefix no longer leads here
+            st.prefix, st.feature = [], None
+            return
+        st.prefix = st.prefix[:start] + [int(t) for t in token_ids]
+        st.feature = hidden[-1][-1:].float()
+
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
+        st = self._states.get(request_id)
+        if st is None or st.feature is None or max_tokens <= 0:
+            return Draft()
+        # the feature must be the one of position len(tokens) - 2, reached by these very tokens
+        if len(st.prefix) != len(tokens) - 1 or list(tokens[: len(st.prefix)]) != st.prefix:
+            return Draft()
+        with torch.inference_mode():
+            k = min(max_tokens, self.heads.num_heads)
+            if self.topk <= 1:
+                return Draft([int(self.heads.logits(i, st.feature)[0].argmax()) for i in range(k)])
+            return self._tree(st.feature, k, max_tokens)
+
+    def _tree(self, feature: torch.Tensor, depth: int, budget: int) -> Draft:
+        """A dynamic tree: head d's top-k tokens are the candidate children at depth d + 1 (the
+        heads do not see the path, so every node's candidates are alike); the `topk` best
+        nodes by cumulative log-probability are expanded per depth and the best `budget`
+        candidates kept (ancestors first on ties, so the kept set is a tree)."""
+        scores: list[float] = []
+        toks: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        frontier = [-1]
+        for d in range(depth):
+            top = torch.log_softmax(self.heads.logits(d, feature), dim=-1)[0].topk(self.topk)
+            cands = list(zip(top.values.tolist(), top.indices.tolist()))
+            children = []
+            for parent in frontier:
+                base = scores[parent] if parent >= 0 else 0.0
+                for lp, tok in cands:
+                    scores.append(base + lp)
+                    toks.append(int(tok))
+                    parents.append(parent)
+                    depths.append(d + 1)
+                    children.append(len(scores) - 1)
+            frontier = sorted(children, key=lambda i: -scores[i])[: self.topk]
+        keep = sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:budget]
+        kept = set(keep)
+        order = sorted((i for i in keep if parents[i] < 0 or parents[i] in kept), key=lambda i: (depths[i], -scores[i], i))
+        index = {c: j for j, c in enumerate(order)}
+        order = [i for i in order if parents[i] < 0 or parents[i] in index]
+        index = {c: j for j, c in enumerate(order)}
+        return Draft([toks[i] for i in order], [index[parents[i]] if parents[i] >= 0 else -1 for i in order])
