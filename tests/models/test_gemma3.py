@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tokenleap import LLM, SamplingParams
-from tokenleap.bench import load_questions
+from tokenleap.bench import default_spec_bench, load_questions
 
-from conftest import SPEC_BENCH
+SPEC_BENCH = default_spec_bench()
 
 pytestmark = pytest.mark.slow
 
