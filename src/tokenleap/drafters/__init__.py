@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Hashable
 from pathlib import Path
 from types import MappingProxyType
@@ -19,13 +20,16 @@ from typing import Any
 from tokenleap.config import SpecConfig
 from tokenleap.drafters.chain import ChainDrafter
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, check_drafter
-from tokenleap.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
+from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
+from tokenleap.drafters.draft_model import DraftModelDrafter, same_vocabulary
 from tokenleap.drafters.lookup_tree import LookupTreeDrafter
 from tokenleap.drafters.ngram import NgramDrafter
 from tokenleap.drafters.ngram_cache import NgramCacheDrafter, Stats
 from tokenleap.drafters.ngram_map import NgramMapK4VDrafter, NgramMapKDrafter, NgramSimpleDrafter
 from tokenleap.drafters.ngram_mod import NgramModDrafter, PoolStore
 from tokenleap.drafters.suffix import SuffixConfig, SuffixDrafter
+
+logger = logging.getLogger(__name__)
 
 
 def _ngram(config: SpecConfig, **_: Any) -> Drafter:
@@ -63,29 +67,35 @@ class LoadedModels:
     def __init__(self) -> None:
         self._models: dict[tuple[Path, Any, bool, str | None], Any] = {}
 
-    def get(self, config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None) -> Any:
+    def get(self, config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None) -> tuple[Any, Any]:
+        """The draft model, and its tokenizer when its vocabulary differs from the target's
+        (None when they share one: the draft then speaks the target's ids)."""
         from tokenleap.models import loading
         from tokenleap.models.registry import resolve
 
         source = resolve(str(config.model))
         path = source.path.resolve()
         if target_path is not None and path == Path(target_path).resolve():
-            return target  # the target's own weights (shared, not copied)
+            return target, None  # the target's own weights (shared, not copied)
         # a GGUF draft keeps its blocks quantized when the target does
         quantization = getattr(target, "quantization", None) if source.kind == "gguf" else None
         key = (path, target.dtype, target.kernels is not None, quantization)
         if key not in self._models:
             draft, draft_tok = loading.load_model(source, target.dtype, use_kernels=target.kernels is not None, quantization=quantization)
-            check_same_vocabulary(tokenizer, draft_tok, target, draft)
-            self._models[key] = draft
+            same = same_vocabulary(tokenizer, draft_tok, target, draft)
+            if not same:
+                logger.info("the draft model %s has another tokenizer than the target: drafting by text re-tokenization", source.name)
+            self._models[key] = (draft, None if same else draft_tok)
         return self._models[key]
 
 
 def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, models: LoadedModels | None = None,
                  **_: Any) -> Drafter:
-    model = (models or LoadedModels()).get(config, target=target, tokenizer=tokenizer, target_path=target_path)
+    model, draft_tok = (models or LoadedModels()).get(config, target=target, tokenizer=tokenizer, target_path=target_path)
     if config.draft_layers is not None:
         model = model.with_layers(config.draft_layers)
+    if draft_tok is not None:
+        return CrossTokenizerDrafter(model, draft_tok, tokenizer)
     return DraftModelDrafter(model)
 
 

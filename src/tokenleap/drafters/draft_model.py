@@ -19,7 +19,6 @@ from typing import ClassVar
 import torch
 
 from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import logits_to_probs
@@ -33,12 +32,9 @@ class _State:
     cached: list[int] = field(default_factory=list)  # token ids whose K/V are in `kv`
 
 
-def check_same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: LlamaModel, draft: LlamaModel) -> None:
-    if draft.config.vocab_size != target.config.vocab_size or target_tok.hf.get_vocab() != draft_tok.hf.get_vocab():
-        raise TokenleapError(
-            f"the draft model's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
-            f"({target.config.vocab_size}): a draft model must share the target's tokenizer"
-        )
+def same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: LlamaModel, draft: LlamaModel) -> bool:
+    """Whether the draft speaks the target's token ids (else `CrossTokenizerDrafter` translates)."""
+    return draft.config.vocab_size == target.config.vocab_size and target_tok.hf.get_vocab() == draft_tok.hf.get_vocab()
 
 
 class DraftModelDrafter:
