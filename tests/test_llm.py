@@ -319,7 +319,6 @@ def test_bad_sampling_params(kwargs: dict[str, float], message: str) -> None:
     [
         ({"model": "no-such-model"}, ModelNotFoundError, "unknown model 'no-such-model'"),
         ({"model": "/nonexistent/model.gguf"}, ModelNotFoundError, "GGUF file not found"),
-        ({"model": "gemma3-270m"}, TokenleapError, "not yet implemented"),
         ({"dtype": "float16"}, TokenleapError, "dtype must be one of"),
         ({"max_model_len": 1}, TokenleapError, "max_model_len must be >= 2"),
         ({"max_num_seqs": 0}, TokenleapError, "max_num_seqs must be an integer >= 1"),
