@@ -354,11 +354,26 @@ class LlamaModel:
 
     def _forward_general(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int]) -> ModelOutput:
         """Any supported architecture (see the module docstring), one or several sequences."""
-        c = self.config
-        kernels = self.kernels
         rows = sum(int(s.input_ids.shape[0]) for s in seqs)
         # kernels for decode / verify rows (and bf16 prefill); torch GEMM + SDPA for fp32 prefills
-        on_kernels = kernels is not None and (len(seqs) > 1 or rows <= ROW_PATH_MAX_ROWS or self.kernel_prefill)
+        on_kernels = self.kernels is not None and (len(seqs) > 1 or rows <= ROW_PATH_MAX_ROWS or self.kernel_prefill)
+        if not on_kernels:
+            return self._forward_general_on(seqs, return_hidden, rows, on_kernels)
+        # Between kernel calls this path runs small per-row torch ops (norms, rotary, row
+        # attention). With more than one torch thread each of them wakes torch's OpenMP workers
+        # while the kernels' pool still holds the cores: measured 17 us -> 394 us for a softmax
+        # and a product beside a kernel linear. One torch thread here, the same for every
+        # kernel-path forward (so decode and verify rows still compute alike).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._forward_general_on(seqs, return_hidden, rows, on_kernels)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _forward_general_on(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], rows: int, on_kernels: bool) -> ModelOutput:
+        c = self.config
+        kernels = self.kernels
         eps = c.rms_norm_eps
         nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         q_end, k_end = c.q_size, c.q_size + c.kv_size
