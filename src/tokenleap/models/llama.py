@@ -51,6 +51,7 @@ from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.config import ModelConfig, RopeScaling
+from tokenleap.threads import torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +258,13 @@ class LlamaModel:
             return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden)
         if self.kernels is not None and (input_ids.shape[0] <= ROW_PATH_MAX_ROWS or self.kernel_prefill):
             return self.forward_batch([SeqInput(input_ids, positions, kv, attn)], return_hidden=return_hidden)
-        return self._forward_torch(input_ids, positions, kv, attn or causal_mask(), return_hidden)
+        with torch_threads(self._prefill_threads()):
+            return self._forward_torch(input_ids, positions, kv, attn or causal_mask(), return_hidden)
+
+    def _prefill_threads(self) -> int | None:
+        """Torch threads for a torch-GEMM forward: the kernels' pool size (sized from torch's
+        threads at load), whatever a caller has set since (see threads.py)."""
+        return self.kernels.threads if self.kernels is not None else None
 
     @torch.inference_mode()
     def forward_batch(self, seqs: Sequence[SeqInput], *, return_hidden: Sequence[int] = ()) -> ModelOutput:
@@ -357,19 +364,9 @@ class LlamaModel:
         rows = sum(int(s.input_ids.shape[0]) for s in seqs)
         # kernels for decode / verify rows (and bf16 prefill); torch GEMM + SDPA for fp32 prefills
         on_kernels = self.kernels is not None and (len(seqs) > 1 or rows <= ROW_PATH_MAX_ROWS or self.kernel_prefill)
-        if not on_kernels:
+        # the kernel path runs torch's small ops single-threaded, a torch GEMM prefill multi-threaded (threads.py)
+        with torch_threads(1 if on_kernels else self._prefill_threads()):
             return self._forward_general_on(seqs, return_hidden, rows, on_kernels)
-        # Between kernel calls this path runs small per-row torch ops (norms, rotary, row
-        # attention). With more than one torch thread each of them wakes torch's OpenMP workers
-        # while the kernels' pool still holds the cores: measured 17 us -> 394 us for a softmax
-        # and a product beside a kernel linear. One torch thread here, the same for every
-        # kernel-path forward (so decode and verify rows still compute alike).
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return self._forward_general_on(seqs, return_hidden, rows, on_kernels)
-        finally:
-            torch.set_num_threads(threads)
 
     def _forward_general_on(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], rows: int, on_kernels: bool) -> ModelOutput:
         c = self.config
