@@ -1,9 +1,11 @@
 """Sampling parameters and the logits -> probabilities pipeline.
 
 Mirrors vLLM's `SamplingParams` (temperature, top-k, top-p / nucleus sampling of Holtzman et
-al., 2020, min-p of Nguyen et al., 2024, seed, max_tokens, stop). The processors apply in a
-fixed order, temperature -> top-k -> top-p -> min-p, and the same function serves plain
-decoding and speculative verification, so both sample from exactly the same distribution.
+al., 2020, min-p of Nguyen et al., 2024, seed, max_tokens, stop, penalties, min_tokens). The
+processors apply in vLLM v1's order: context processors first (`processors.py`: min_tokens,
+repetition, frequency and presence penalties; they also change greedy decoding), then
+temperature -> min-p -> top-k -> top-p; the same functions serve plain decoding and speculative
+verification, so both sample from exactly the same distribution.
 Temperature 0 means greedy (argmax, first index on ties), and so does any temperature below
 `SAMPLING_EPS` (vLLM's `_SAMPLING_EPS`): dividing logits by such a number overflows to inf and
 the probabilities become NaN. Non-finite parameters are rejected.
@@ -33,6 +35,10 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # OpenAI: subtracted from the logit of every token already in the output
+    frequency_penalty: float = 0.0  # OpenAI: subtracted once per occurrence in the output
+    repetition_penalty: float = 1.0  # CTRL / vLLM: divides positive (multiplies negative) logits of prompt and output tokens
+    min_tokens: int = 0  # EOS and stop_token_ids are masked (and stop strings not checked) until this many tokens are out
 
     def __post_init__(self) -> None:
         stop = self.stop
@@ -54,6 +60,15 @@ class SamplingParams:
             raise TokenleapError(f"max_tokens must be a positive integer, got {self.max_tokens}")
         if any(not s for s in self.stop):
             raise TokenleapError("stop strings must be non-empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise TokenleapError(f"{name} must be in [-2, 2], got {v}")
+        rp = self.repetition_penalty
+        if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not math.isfinite(rp) or rp <= 0:
+            raise TokenleapError(f"repetition_penalty must be > 0 and finite, got {rp}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise TokenleapError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
 
     @property
     def greedy(self) -> bool:
@@ -62,12 +77,18 @@ class SamplingParams:
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """`[n, V]` float logits -> `[n, V]` probabilities after temperature, top-k, top-p, min-p.
+    """`[n, V]` float logits -> `[n, V]` probabilities after temperature, min-p, top-k, top-p
+    (vLLM v1's order: min-p is an argmax-invariant processor applied right after temperature,
+    before top-k / top-p).
 
     Only for `temperature >= SAMPLING_EPS`; greedy decoding takes the argmax of the raw logits.
     """
     logits = logits.float() / params.temperature
     vocab = logits.shape[-1]
+    if params.min_p > 0.0:
+        probs = logits.softmax(dim=-1)
+        threshold = params.min_p * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
     if 0 < params.top_k < vocab:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -79,12 +100,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    if params.min_p > 0.0:
-        threshold = params.min_p * probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < threshold, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+    return logits.softmax(dim=-1)
 
 
 def make_generator(seed: int | None) -> torch.Generator:

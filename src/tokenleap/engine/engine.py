@@ -44,6 +44,7 @@ from tokenleap.engine.speculation import CostCurve, DraftController, measure_cos
 from tokenleap.engine.undo import StepFailures, Undo, roll_back
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel, ModelOutput, SeqInput
+from tokenleap.processors import needs_processing, process_rows, row_prefixes
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
 from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import RequestMetrics
@@ -217,7 +218,7 @@ class Engine:
             req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], _with_final(out, layers))  # type: ignore[union-attr]
         done = end == len(req.prompt_ids)
         if done:
-            logits = self.model.compute_logits(out.hidden, [end - start - 1])[0]
+            logits = self._processed(req, self.model.compute_logits(out.hidden, [end - start - 1]), [[]])[0]
             req.append_tokens([sample_next(logits, req.params, req.generator)])
             req.metrics.first_token_time = time.time()
         req.metrics.prefill_seconds += time.perf_counter() - t0
@@ -359,6 +360,7 @@ class Engine:
     ) -> None:
         """Verify, tell the drafter, then change the request (what may raise comes first)."""
         spec = req.spec
+        logits = self._processed(req, logits, row_prefixes(draft.tokens, draft.parents))
         if spec is not None and spec.acceptance == "typical-lossy" and not req.params.greedy and len(draft):
             # opted in: lossy (the output is no longer distributed as the target's)
             tree = verify_tree_typical(draft.tokens, draft.parents, logits, req.params, req.generator, spec.typical_threshold,
@@ -390,6 +392,15 @@ class Engine:
         if req.controller is not None:
             req.controller.update(depth, accepted)
         req.metrics.num_forward_passes += 1
+
+    def _processed(self, req: Request, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
+        """The request's context processors (penalties, min_tokens) on its verify rows, each row
+        with its own context (`processors.py`), exactly as plain decoding processes that position."""
+        p = req.params
+        if not needs_processing(p):
+            return logits
+        stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(req.eos_token_ids))
+        return process_rows(logits, p, req.prompt_ids, req.output_ids, prefixes, stop_ids)
 
     def finish(self, req: Request, reason: str | None = None) -> None:
         """End a request (finished, or aborted with `reason`): free its cache, release its

@@ -127,7 +127,7 @@ class Request:
             if len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_context:
                 self.finish_reason = "length"
                 self.text += self.detok.flush()
-            if p.stop and self._check_stop_strings(before):
+            if p.stop and len(self.output_ids) >= p.min_tokens and self._check_stop_strings(before):
                 break
         if self.finish_reason == "stop" and not isinstance(self.stop_reason, str):
             self.text += self.detok.flush()
