@@ -43,6 +43,11 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    g.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty", type=float, default=1.0,
+                   help="divide positive (multiply negative) logits of prompt and output tokens; 1 disables (default: %(default)s)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: %(default)s)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: %(default)s)")
+    g.add_argument("--min-tokens", type=int, default=0, help="no end of sequence before this many tokens (default: %(default)s)")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -303,6 +308,10 @@ def _sampling(args: argparse.Namespace) -> Any:
         max_tokens=args.max_tokens,
         stop=tuple(args.stop),
         ignore_eos=args.ignore_eos,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        min_tokens=args.min_tokens,
     )
 
 

@@ -112,3 +112,15 @@ def test_models_and_health(client: openai.OpenAI, server: BackgroundServer) -> N
     # `model` may be left out (vLLM does the same)
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200 and r.json()["model"] == MODEL
+
+
+def test_penalties_and_min_tokens_match_library(client: openai.OpenAI, llm: LLM) -> None:
+    from tokenleap import SamplingParams
+
+    messages = [{"role": "user", "content": QUESTION}]
+    params = SamplingParams(temperature=0, max_tokens=24, presence_penalty=0.7, frequency_penalty=0.3, repetition_penalty=1.2, min_tokens=20)
+    ref = llm.chat([messages], params, use_tqdm=False)[0].outputs[0]
+    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24, presence_penalty=0.7,
+                                       frequency_penalty=0.3, extra_body={"repetition_penalty": 1.2, "min_tokens": 20})
+    assert r.choices[0].message.content == ref.text
+    assert r.usage.completion_tokens == len(ref.token_ids) >= 20

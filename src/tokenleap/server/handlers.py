@@ -139,7 +139,8 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             check_token_ids(body.stop_token_ids, state.llm.model.config.vocab_size)
         except TokenleapError as exc:
             raise bad_request(exc, "stop_token_ids") from None
-    optional = {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p") if getattr(body, k) is not None}
+    optional = {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                                              "repetition_penalty", "min_tokens") if getattr(body, k) is not None}
     try:
         return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=tuple(body.stop_token_ids or ()),
                               ignore_eos=body.ignore_eos, **optional)

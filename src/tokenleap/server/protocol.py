@@ -80,22 +80,17 @@ class _Sampling(_Strict):
     ignore_eos: bool = False
     n: int = 1
     speculative: Optional[SpeculativeOverride] = None
-    # OpenAI fields accepted only at their neutral value
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None  # vLLM's extension
+    min_tokens: Optional[int] = None  # vLLM's extension
+    # OpenAI fields accepted only at their neutral value
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
 
     def unsupported(self) -> list[str]:
         """Names of set fields whose values tokenleap does not implement."""
         bad = []
-        if self.presence_penalty not in (None, 0):
-            bad.append("presence_penalty")
-        if self.frequency_penalty not in (None, 0):
-            bad.append("frequency_penalty")
-        if self.repetition_penalty not in (None, 1):
-            bad.append("repetition_penalty")
         if self.logit_bias:
             bad.append("logit_bias")
         return bad

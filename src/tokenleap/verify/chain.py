@@ -8,7 +8,7 @@ norm(max(0, p_i - q_i)); after a full acceptance sample the bonus token from p_k
 deterministic drafter has q one-hot, so x_i is accepted with probability p_i(x_i) and the
 residual is p_i without x_i. Output tokens are then distributed exactly as the target's.
 
-p is the target distribution after the request's processors (temperature, top-k, top-p, min-p:
+p is the target distribution after the request's processors (penalties, temperature, min-p, top-k, top-p:
 `tokenleap.sampling.logits_to_probs`, the same function plain decoding uses). Uniforms for the
 acceptance tests are drawn up front, one per draft token, from the request's generator, so the
 vectorized function and the slow reference (`tokenleap.verify.reference`) consume randomness

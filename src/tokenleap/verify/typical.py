@@ -2,7 +2,7 @@
 requests, used only when a speculative config opts in with `acceptance="typical-lossy"`.
 
 A draft node with token x is acceptable when the target's processed distribution p at its
-parent (temperature, top-k, top-p, min-p: `tokenleap.sampling.logits_to_probs`) gives it
+parent (penalties, temperature, min-p, top-k, top-p: `tokenleap.sampling.logits_to_probs`) gives it
 
     p(x) > min(threshold, alpha * exp(-H(p)))          (H: entropy of p in nats)
 
