@@ -22,6 +22,12 @@ from tokenleap.cli import main
         (["generate", "hi", "--temperature", "nan"], "temperature must be >= 0 and finite"),
         (["generate", "hi", "--temperature", "inf"], "temperature must be >= 0 and finite"),
         (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+        (["generate", "hi", "--presence-penalty", "3"], "presence_penalty must be in [-2, 2]"),
+        (["generate", "hi", "--min-tokens", "-1"], "min_tokens must be"),
+        (["generate", "hi", "--speculative-config", "{bad"], "--speculative-config is not valid JSON"),
+        (["generate", "hi", "--speculative-config", "[1]"], "--speculative-config must be a JSON object"),
+        (["generate", "hi", "--speculative-config", '{"method": "ngram"}', "--spec-type", "ngram"], "either --speculative-config or --spec-type"),
+        (["generate", "hi", "--speculative-config", '{"method": "bogus"}'], "unknown speculative method 'bogus'"),
     ],
 )
 def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -110,3 +116,15 @@ def test_tree_and_acceptance_flags_reach_the_speculative_config() -> None:
     assert (spec.sampled_tree, spec.acceptance, spec.typical_threshold, spec.typical_alpha) == ("first-path", "typical-lossy", 0.2, 0.3)
     plain = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "ngram"])))
     assert plain is not None and (plain.sampled_tree, plain.acceptance) == ("full", "exact")
+
+
+@pytest.mark.slow
+def test_speculative_config_json_and_penalties(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["generate", "Repeat after me: red green blue red green blue red green blue", "--temperature", "0", "-n", "24", "--json"]
+    assert main(base + ["--repeat-penalty", "1.3"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(base + ["--repeat-penalty", "1.3", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert main(base) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] != plain["token_ids"]  # the penalty changed the text

@@ -169,3 +169,21 @@ def test_engine_config_quantization() -> None:
     assert EngineConfig(quantization="none").quantization is None
     with pytest.raises(TokenleapError, match="quantization must be 'gguf' or None"):
         EngineConfig(quantization="awq")
+
+
+
+def test_a_model_without_a_method_is_inferred_as_vllm_does(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from tokenleap.config import SpecConfig
+
+    assert SpecConfig.from_dict({"model": "smollm2-135m-instruct"}).method == "draft-model"
+    assert SpecConfig.from_dict({"model": "org/EAGLE3-LLaMA3.1-8B"}).method == "eagle3"
+    assert SpecConfig.from_dict({"model": "yuhuili/EAGLE-Vicuna-7B"}).method == "eagle"
+    assert SpecConfig.from_dict({"model": "FasterDecoding/medusa-vicuna-7b"}).method == "medusa"
+    head = tmp_path / "my-head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    assert SpecConfig.from_dict({"model": str(head)}).method == "eagle3"
+    with pytest.raises(TokenleapError, match="needs a 'method'"):
+        SpecConfig.from_dict({"num_speculative_tokens": 4})

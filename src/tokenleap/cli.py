@@ -54,6 +54,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
     g.add_argument("--spec-type", default="none", help="none | ngram | ngram-tree | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model | eagle3 (alias draft-eagle3) | eagle (EAGLE-1/2 heads) | medusa (head directory in --model-draft) (default: %(default)s)")
     g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder), or the head directory for --spec-type eagle3 / eagle / medusa")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="vLLM's speculative_config as a JSON object (instead of the flags below), e.g. '{\"method\": \"ngram\"}'")
     g.add_argument("--draft-layers", type=int, default=None, help="use only the draft model's first N layers")
     g.add_argument("--draft-max", type=int, default=16, help="draft tokens per step at most (default: %(default)s)")
     g.add_argument("--draft-min", type=int, default=0, help="shorter drafts are not verified (default: %(default)s)")
@@ -74,6 +76,17 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
 
 
 def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
+    raw = getattr(args, "speculative_config", None)
+    if raw is not None:  # vLLM's flag: the whole config as JSON
+        if args.spec_type not in ("none", "off"):
+            raise TokenleapError("give either --speculative-config or --spec-type, not both")
+        try:
+            spec = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise TokenleapError(f"--speculative-config is not valid JSON: {exc}") from None
+        if not isinstance(spec, dict):
+            raise TokenleapError("--speculative-config must be a JSON object, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 8}'")
+        return spec or None
     if args.spec_type in ("none", "off"):
         return None
     spec: dict[str, Any] = {"method": args.spec_type, "num_speculative_tokens": args.draft_max, "draft_min": args.draft_min}
@@ -254,7 +267,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     questions = load_questions(Path(args.input) if args.input else default_spec_bench(), args.questions_per_group)
     if not questions:
         raise TokenleapError(f"no questions in {args.input}")
-    llm = _load(argparse.Namespace(**{**vars(args), "spec_type": "none"}))
+    llm = _load(argparse.Namespace(**{**vars(args), "spec_type": "none", "speculative_config": None}))
     console = Console(stderr=True)
     hf = None
     if args.hf_baseline:

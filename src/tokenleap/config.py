@@ -154,9 +154,11 @@ class SpecConfig:
         if not raw:
             return None
         raw = dict(raw)
+        if "method" not in raw and raw.get("model"):
+            raw["method"] = infer_method(str(raw["model"]))  # as vLLM: a model without a method
         if str(raw.get("method", "")).lower() in ("none", "off", ""):
             if "method" not in raw:
-                raise TokenleapError("speculative_config needs a 'method'")
+                raise TokenleapError("speculative_config needs a 'method' (or a draft 'model')")
             return None
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(raw) - known)
@@ -166,3 +168,29 @@ class SpecConfig:
             return cls(**raw)  # type: ignore[arg-type]
         except TypeError as exc:
             raise TokenleapError(f"bad speculative_config: {exc}") from exc
+
+
+def infer_method(model: str) -> str:
+    """vLLM's rule for a `speculative_config` with a `model` and no `method`: an EAGLE-3, EAGLE or
+    Medusa head when its config.json's architectures (else its name) say so, else a draft model."""
+    import json
+    from pathlib import Path
+
+    text = model.lower()
+    cfg = Path(model).expanduser() / "config.json"
+    if cfg.is_file():
+        try:
+            raw = json.loads(cfg.read_text())
+        except (OSError, json.JSONDecodeError):
+            raw = {}
+        archs = raw.get("architectures") if isinstance(raw, dict) else None
+        text = " ".join(str(a) for a in archs).lower() if isinstance(archs, list) and archs else text
+        if isinstance(raw, dict) and raw.get("speculators_model_type") == "eagle3":
+            return "eagle3"
+    if "eagle3" in text or "eagle-3" in text:
+        return "eagle3"
+    if "eagle" in text:
+        return "eagle"
+    if "medusa" in text:
+        return "medusa"
+    return "draft-model"
