@@ -366,3 +366,30 @@ def test_bf16_greedy_output_is_reproduced_by_chunked_verification(llm: LLM, ques
             assert predicted[: len(expected)] == expected, f"prompt {q_index}, tokens {i + 1}.."
             i += len(chunk)
             size = size % 6 + 1
+
+
+def test_vllm_prompt_dicts_stop_strings_and_special_tokens(llm: LLM) -> None:
+    ids = llm.tokenizer.encode("The capital of France is")
+    p = SamplingParams(temperature=0, max_tokens=8)
+    outs = llm.generate([{"prompt_token_ids": ids}, {"prompt": "The capital of France is"}, ids], p, use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids == outs[2].outputs[0].token_ids
+    with pytest.raises(TokenleapError, match="unsupported prompt key"):
+        llm.generate({"prompt_ids": ids}, p, use_tqdm=False)
+    with pytest.raises(TokenleapError, match="list of integers"):
+        llm.generate({"prompt_token_ids": "abc"}, p, use_tqdm=False)
+    text = outs[0].outputs[0].text
+    stop = text.strip().split()[0]  # a word the greedy answer contains
+    cut = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=8, stop=[stop]), use_tqdm=False)[0]
+    kept = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=8, stop=[stop], include_stop_str_in_output=True),
+                        use_tqdm=False)[0]
+    assert kept.outputs[0].text == cut.outputs[0].text + stop
+    # the chat end token: without skipping special tokens it shows in the text (stop_token_ids
+    # would end the request on it, so generate past it as a plain token with ignore_eos)
+    chat_ids = llm.chat_token_ids([{"role": "user", "content": "Say OK."}])
+    eos = sorted(llm.tokenizer.eos_token_ids)[0]
+    forced = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    raw = llm.generate([chat_ids], dataclasses.replace(forced, skip_special_tokens=False), use_tqdm=False)[0].outputs[0]
+    clean = llm.generate([chat_ids], forced, use_tqdm=False)[0].outputs[0]
+    assert raw.token_ids == clean.token_ids and eos in raw.token_ids  # the answer ends, then a new turn starts
+    special = llm.tokenizer.hf.convert_ids_to_tokens(eos)
+    assert special in raw.text and special not in clean.text

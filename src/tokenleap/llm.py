@@ -1,6 +1,7 @@
 """Offline facade in the shape of vLLM's `LLM`: `LLM(model=...).generate(prompts, params)`.
 
-`generate` takes raw prompts (strings or token-id lists); `chat` applies the model's chat
+`generate` takes raw prompts (strings, token-id lists, or vLLM's prompt dicts
+`{"prompt": text}` / `{"prompt_token_ids": ids}`); `chat` applies the model's chat
 template to one conversation or a list of them; `stream` yields text deltas of one request as
 they are produced. Each returns vLLM-shaped `RequestOutput`s with timing metrics.
 
@@ -34,7 +35,7 @@ from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import Tokenizer
 from tokenleap.types import RequestOutput
 
-Prompt = Union[str, Sequence[int]]
+Prompt = Union[str, Sequence[int], dict[str, Any]]  # text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
 Message = dict[str, str]
 Conversations = Union[Sequence[Message], Sequence[Sequence[Message]]]  # one conversation or several
 ParamsArg = Union[SamplingParams, Sequence[SamplingParams], None]  # one for all prompts, or one per prompt
@@ -87,6 +88,18 @@ class LLM:
         return self.tokenizer
 
     def _encode(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
+            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+            if unknown:
+                raise TokenleapError(f"unsupported prompt key(s) {unknown}: a prompt dict has 'prompt' or 'prompt_token_ids'")
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if isinstance(ids, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                    raise TokenleapError("'prompt_token_ids' must be a list of integers")
+                return prompt.get("prompt"), [int(t) for t in ids]
+            if "prompt" in prompt and isinstance(prompt["prompt"], str):
+                return self._encode(prompt["prompt"])
+            raise TokenleapError("a prompt dict needs 'prompt' (a string) or 'prompt_token_ids' (a list of integers)")
         if isinstance(prompt, str):
             if not prompt:
                 raise TokenleapError("the prompt is empty")
@@ -119,7 +132,7 @@ class LLM:
         return jobs
 
     def _prompt_jobs(self, prompts: Prompt | Sequence[Prompt], sampling_params: ParamsArg) -> list[BatchJob]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
         params = self._params_for(sampling_params, len(prompts))

@@ -39,6 +39,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI: subtracted once per occurrence in the output
     repetition_penalty: float = 1.0  # CTRL / vLLM: divides positive (multiplies negative) logits of prompt and output tokens
     min_tokens: int = 0  # EOS and stop_token_ids are masked (and stop strings not checked) until this many tokens are out
+    include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
+    skip_special_tokens: bool = True  # leave special tokens (<|im_end|>, ...) out of the text
 
     def __post_init__(self) -> None:
         stop = self.stop

@@ -65,8 +65,8 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=True))
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.hf.decode(list(token_ids), skip_special_tokens=True)
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         if not self.hf.chat_template:
@@ -81,16 +81,17 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas that never split a character."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer
+        self._skip = skip_special_tokens
         self.token_ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
 
     def push(self, new_ids: Sequence[int]) -> str:
         self.token_ids.extend(new_ids)
-        prefix = self._tok.decode(self.token_ids[self._prefix_offset : self._read_offset])
-        full = self._tok.decode(self.token_ids[self._prefix_offset :])
+        prefix = self._tok.decode(self.token_ids[self._prefix_offset : self._read_offset], self._skip)
+        full = self._tok.decode(self.token_ids[self._prefix_offset :], self._skip)
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self._prefix_offset = self._read_offset
             self._read_offset = len(self.token_ids)
@@ -99,7 +100,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character at the very end)."""
-        prefix = self._tok.decode(self.token_ids[self._prefix_offset : self._read_offset])
-        full = self._tok.decode(self.token_ids[self._prefix_offset :])
+        prefix = self._tok.decode(self.token_ids[self._prefix_offset : self._read_offset], self._skip)
+        full = self._tok.decode(self.token_ids[self._prefix_offset :], self._skip)
         self._prefix_offset = self._read_offset = len(self.token_ids)
         return full[len(prefix) :] if len(full) > len(prefix) else ""

@@ -124,3 +124,12 @@ def test_penalties_and_min_tokens_match_library(client: openai.OpenAI, llm: LLM)
                                        frequency_penalty=0.3, extra_body={"repetition_penalty": 1.2, "min_tokens": 20})
     assert r.choices[0].message.content == ref.text
     assert r.usage.completion_tokens == len(ref.token_ids) >= 20
+
+
+def test_completion_keeps_the_stop_string_when_asked(client: openai.OpenAI) -> None:
+    base = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8)
+    stop = base.choices[0].text.strip().split()[0]
+    cut = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, stop=[stop])
+    kept = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, stop=[stop],
+                                     extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].text == cut.choices[0].text + stop and kept.choices[0].finish_reason == "stop"

@@ -190,7 +190,7 @@ class Engine:
             prompt_ids=prompt_ids,
             params=params,
             generator=make_generator(params.seed),
-            detok=IncrementalDetokenizer(self.tokenizer),
+            detok=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
             kv=self.model.new_kv_cache(self.max_context),
             eos_token_ids=self.tokenizer.eos_token_ids,
             max_context=self.max_context,

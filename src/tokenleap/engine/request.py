@@ -143,7 +143,7 @@ class Request:
         if not hits:
             return False
         index, stop = min(hits)
-        self.text = self.text[:index]
+        self.text = self.text[: index + len(stop)] if self.params.include_stop_str_in_output else self.text[:index]
         self.finish_reason, self.stop_reason = "stop", stop
         return True
 

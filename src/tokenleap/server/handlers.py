@@ -140,7 +140,8 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         except TokenleapError as exc:
             raise bad_request(exc, "stop_token_ids") from None
     optional = {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                                              "repetition_penalty", "min_tokens") if getattr(body, k) is not None}
+                                              "repetition_penalty", "min_tokens", "include_stop_str_in_output", "skip_special_tokens")
+                if getattr(body, k) is not None}
     try:
         return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=tuple(body.stop_token_ids or ()),
                               ignore_eos=body.ignore_eos, **optional)

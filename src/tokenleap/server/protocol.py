@@ -84,6 +84,8 @@ class _Sampling(_Strict):
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None  # vLLM's extension
     min_tokens: Optional[int] = None  # vLLM's extension
+    include_stop_str_in_output: Optional[bool] = None  # vLLM's extension
+    skip_special_tokens: Optional[bool] = None  # vLLM's extension
     # OpenAI fields accepted only at their neutral value
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
