@@ -161,3 +161,29 @@ def test_sampled_speculation_with_penalties_keeps_the_distribution(tiny_model: L
     pvalue = chisquare(obs, exp).pvalue
     assert pvalue >= 1e-3, f"p={pvalue:.3g}\nobserved {obs.tolist()}\nexpected {exp.round(1).tolist()}"
     assert accepted > 0.2 * n
+
+
+def test_logprobs_of_drafted_tokens_equal_plain_decoding(llm: LLM) -> None:
+    spec = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 5, "adaptive": False})
+    params = SamplingParams(temperature=0.0, max_tokens=30, logprobs=3)
+    prompt = "List: a b c a b c a b c a b c"
+    a = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    out = spec.generate([prompt], params, use_tqdm=False)[0]
+    b = out.outputs[0]
+    assert out.metrics.spec.num_accepted_tokens > 5 and a.token_ids == b.token_ids
+    assert len(b.logprobs) == len(b.token_ids)
+    for t, x, y in zip(a.token_ids, a.logprobs, b.logprobs):
+        assert x == y  # bit-identical rows: same figures, ranks and texts
+        assert x[t].rank == 1 and len(x) == 3  # greedy: the chosen token is the top one
+    assert b.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(b.token_ids, b.logprobs)))
+    assert llm.generate([prompt], SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0].logprobs is None
+
+
+def test_token_logprobs_reference() -> None:
+    from tokenleap.processors import token_logprobs
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0], [0.0, 3.0, 0.0, 1.0]])
+    got = token_logprobs(logits, [2, 1], 2, str)
+    lp = torch.log_softmax(logits, dim=-1)
+    assert set(got[0]) == {2, 0, 1} and got[0][2].rank == 3 and got[0][2].logprob == pytest.approx(float(lp[0, 2]))
+    assert set(got[1]) == {1, 3} and got[1][1].rank == 1 and got[1][3].rank == 2 and got[1][3].decoded_token == "3"

@@ -1,4 +1,5 @@
-"""Logits processors that depend on the generated context: vLLM's penalties and `min_tokens`.
+"""Logits processors that depend on the generated context: vLLM's penalties and `min_tokens`;
+and the log-probabilities reported per output token.
 
 Applied to the raw target logits before any sampling or verification, in vLLM v1's order:
 `min_tokens` (EOS and `stop_token_ids` masked until that many tokens are out), then the
@@ -11,15 +12,20 @@ positions, and each row gets exactly the processing plain decoding would give th
 context is the committed output plus the draft tokens on the path to that row (a chain's prefix,
 a tree node's ancestors). So greedy speculation still equals plain decoding with the same
 penalties, and sampled verification compares against the same processed target distribution.
+
+Logprobs follow vLLM's default (`raw_logprobs`): the log-softmax of the raw target logits of the
+row that produced a token, whether the token came from a draft or was sampled. A token accepted
+from a draft gets the same figure as the plain decode of that position (the rows are bit-identical).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
 from tokenleap.sampling import SamplingParams
+from tokenleap.types import Logprob
 
 
 def needs_processing(params: SamplingParams) -> bool:
@@ -73,4 +79,22 @@ def process_rows(
             row.copy_(torch.where(seen, penalised, row))
         if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
             row -= params.frequency_penalty * counts.float() + params.presence_penalty * (counts > 0).float()
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], top: int, decode: Callable[[int], str]) -> list[dict[int, Logprob]]:
+    """For each row of raw `logits` `[m, V]` and the token chosen from it: that token's
+    log-probability and rank under the row's log-softmax, and the `top` likeliest tokens'."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    out: list[dict[int, Logprob]] = []
+    for i, tok in enumerate(token_ids):
+        row = lp[i]
+        chosen = float(row[tok])
+        entry = {int(tok): Logprob(chosen, int((row > row[tok]).sum()) + 1, decode(int(tok)))}
+        if top:
+            values, ids = torch.topk(row, top)
+            for r, (v, t) in enumerate(zip(values.tolist(), ids.tolist())):
+                if t not in entry:
+                    entry[t] = Logprob(v, r + 1, decode(t))
+        out.append(entry)
     return out

@@ -22,6 +22,7 @@ import torch
 from tokenleap.errors import TokenleapError
 
 SAMPLING_EPS = 1e-5  # temperatures below this decode greedily (as in vLLM)
+MAX_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids are masked (and stop strings not checked) until this many tokens are out
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
     skip_special_tokens: bool = True  # leave special tokens (<|im_end|>, ...) out of the text
+    logprobs: int | None = None  # per output token, its log-probability and the top N others' (0: only its own)
 
     def __post_init__(self) -> None:
         stop = self.stop
@@ -66,6 +68,9 @@ class SamplingParams:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
                 raise TokenleapError(f"{name} must be in [-2, 2], got {v}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise TokenleapError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs}")
         rp = self.repetition_penalty
         if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not math.isfinite(rp) or rp <= 0:
             raise TokenleapError(f"repetition_penalty must be > 0 and finite, got {rp}")

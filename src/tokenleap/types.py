@@ -81,6 +81,16 @@ class RequestMetrics:
         return self.num_generation_tokens / total if total > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """vLLM's: a token's log-probability under the target's raw distribution (before penalties,
+    temperature and truncation: vLLM's default `raw_logprobs`), its rank there (1 = likeliest)."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
 @dataclass
 class CompletionOutput:
     index: int
@@ -88,6 +98,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None  # "stop" | "length" | None while running
     stop_reason: str | int | None = None  # the stop string or token that ended it
+    logprobs: list[dict[int, Logprob]] | None = None  # per output token: itself and the top `SamplingParams.logprobs`
+    cumulative_logprob: float | None = None
 
 
 @dataclass

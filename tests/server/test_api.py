@@ -24,7 +24,7 @@ def test_chat_matches_library(client: openai.OpenAI, llm: LLM) -> None:
     assert r.id.startswith("chatcmpl-") and r.object == "chat.completion" and r.model == MODEL and r.created > 0
     assert len(r.choices) == 1
     choice = r.choices[0]
-    assert choice.index == 0 and choice.message.role == "assistant" and choice.logprobs is None
+    assert choice.index == 0 and choice.message.role == "assistant" and choice.logprobs is None  # not asked for
     assert choice.message.content == text
     assert choice.finish_reason == finish
     assert r.usage is not None
@@ -133,3 +133,22 @@ def test_completion_keeps_the_stop_string_when_asked(client: openai.OpenAI) -> N
     kept = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, stop=[stop],
                                      extra_body={"include_stop_str_in_output": True})
     assert kept.choices[0].text == cut.choices[0].text + stop and kept.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_match_library_in_openai_shapes(client: openai.OpenAI, llm: LLM) -> None:
+    from tokenleap import SamplingParams
+
+    messages = [{"role": "user", "content": QUESTION}]
+    ref = llm.chat([messages], SamplingParams(temperature=0, max_tokens=12, logprobs=3), use_tqdm=False)[0].outputs[0]
+    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([e[t].logprob for t, e in zip(ref.token_ids, ref.logprobs)], abs=1e-6)
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob >= c.logprob - 1e-6
+        assert bytes(c.bytes).decode("utf-8") == c.token
+    comp = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=6, logprobs=2)
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert "".join(lp.tokens) == comp.choices[0].text and all(len(t) <= 2 for t in lp.top_logprobs)
+    assert all(x <= 0 for x in lp.token_logprobs)

@@ -180,7 +180,8 @@ def test_disconnect_mid_stream_frees_the_request(server: BackgroundServer) -> No
 def test_disconnect_while_waiting_for_a_whole_answer(server: BackgroundServer) -> None:
     before = _abort_count(server.url)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=LONG, timeout=httpx.Timeout(60, read=1.0))
+        # 2000 tokens cannot come within the 0.5 s read timeout (a fast host did 400 in under 1 s)
+        httpx.post(server.url + "/v1/completions", json={**LONG, "max_tokens": 2000}, timeout=httpx.Timeout(60, read=0.5))
     wait_idle(server)
     assert _abort_count(server.url) == before + 1
 

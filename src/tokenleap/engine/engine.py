@@ -44,10 +44,10 @@ from tokenleap.engine.speculation import CostCurve, DraftController, measure_cos
 from tokenleap.engine.undo import StepFailures, Undo, roll_back
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel, ModelOutput, SeqInput
-from tokenleap.processors import needs_processing, process_rows, row_prefixes
+from tokenleap.processors import needs_processing, process_rows, row_prefixes, token_logprobs
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
 from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
-from tokenleap.types import RequestMetrics
+from tokenleap.types import Logprob, RequestMetrics
 from tokenleap.verify.chain import verify_chain
 from tokenleap.verify.tree import check_parents, first_path, tree_depths, verify_tree_greedy
 from tokenleap.verify.tree_sampling import verify_tree_sampled
@@ -218,8 +218,12 @@ class Engine:
             req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], _with_final(out, layers))  # type: ignore[union-attr]
         done = end == len(req.prompt_ids)
         if done:
-            logits = self._processed(req, self.model.compute_logits(out.hidden, [end - start - 1]), [[]])[0]
-            req.append_tokens([sample_next(logits, req.params, req.generator)])
+            raw = self.model.compute_logits(out.hidden, [end - start - 1])
+            tok = sample_next(self._processed(req, raw, [[]])[0], req.params, req.generator)
+            entries = self._logprobs(req, raw, [tok])
+            req.append_tokens([tok])
+            if entries is not None:
+                req.add_logprobs(entries)
             req.metrics.first_token_time = time.time()
         req.metrics.prefill_seconds += time.perf_counter() - t0
         return done
@@ -360,6 +364,7 @@ class Engine:
     ) -> None:
         """Verify, tell the drafter, then change the request (what may raise comes first)."""
         spec = req.spec
+        raw = logits
         logits = self._processed(req, logits, row_prefixes(draft.tokens, draft.parents))
         if spec is not None and spec.acceptance == "typical-lossy" and not req.params.greedy and len(draft):
             # opted in: lossy (the output is no longer distributed as the target's)
@@ -376,6 +381,9 @@ class Engine:
             else:
                 tree = verify_tree_sampled(draft.tokens, draft.parents, logits, req.params, req.generator, draft.probs)
             tokens, accepted, depth, path = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents)), tree.path
+        # the row each committed token came from: row 0, then the row after each accepted node
+        rows = [0, *((path[j] + 1) if path is not None else (j + 1) for j in range(len(tokens) - 1))]
+        entries = self._logprobs(req, raw[rows], tokens)
         if req.drafter is not None:
             req.drafter.accept(req.request_id, tokens, accepted)
             if hidden:  # the committed positions' target features: row 0 and the accepted rows
@@ -387,11 +395,19 @@ class Engine:
         else:
             req.kv.compact(pos + 1, [pos + 1 + i for i in path])
         kept = req.append_tokens(tokens)  # fewer than committed when a stop came first
+        if entries is not None:
+            req.add_logprobs(entries)
         req.metrics.num_decode_tokens += kept
         req.metrics.spec.record(len(draft), min(accepted, kept - 1), depth)
         if req.controller is not None:
             req.controller.update(depth, accepted)
         req.metrics.num_forward_passes += 1
+
+    def _logprobs(self, req: Request, rows: torch.Tensor, tokens: Sequence[int]) -> list[dict[int, Logprob]] | None:
+        """vLLM-style logprobs of the committed tokens from their raw rows, when asked for."""
+        if req.params.logprobs is None:
+            return None
+        return token_logprobs(rows, tokens, req.params.logprobs, lambda t: self.tokenizer.decode([t], skip_special_tokens=False))
 
     def _processed(self, req: Request, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
         """The request's context processors (penalties, min_tokens) on its verify rows, each row

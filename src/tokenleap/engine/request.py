@@ -21,7 +21,7 @@ from tokenleap.engine.speculation import DraftController
 from tokenleap.kv.cache import KVCache
 from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import IncrementalDetokenizer
-from tokenleap.types import CompletionOutput, RequestMetrics, RequestOutput
+from tokenleap.types import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
 
 def _prefix_function(s: str) -> list[int]:
@@ -93,6 +93,7 @@ class Request:
     spec: SpecConfig | None = None  # this request's speculative config (None: plain decoding)
     drafter: Drafter | None = None
     released: bool = False  # cache freed and drafter released (Engine.finish)
+    logprobs: list[dict[int, Logprob]] | None = None  # per output token, when params.logprobs is set
     _holdback: StopHoldback | None = field(default=None, repr=False, compare=False)  # over text[:_scanned]
     _scanned: int = field(default=0, repr=False, compare=False)
 
@@ -162,8 +163,18 @@ class Request:
         self.emitted_chars = end
         return delta
 
+    def add_logprobs(self, entries: Sequence[dict[int, Logprob]]) -> None:
+        """Entries for the tokens just appended (those of the committed tokens that were kept)."""
+        if self.logprobs is None:
+            self.logprobs = []
+        need = len(self.output_ids) - len(self.logprobs)
+        self.logprobs.extend(entries[: max(0, need)])
+
     def to_output(self) -> RequestOutput:
         completion = CompletionOutput(0, self.text, list(self.output_ids), self.finish_reason, self.stop_reason)
+        if self.logprobs is not None:
+            completion.logprobs = list(self.logprobs)
+            completion.cumulative_logprob = sum(e[t].logprob for e, t in zip(self.logprobs, self.output_ids))
         return RequestOutput(
             self.request_id, self.prompt, list(self.prompt_ids), [completion], self.finished, self.metrics
         )

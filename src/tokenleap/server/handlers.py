@@ -118,6 +118,12 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         raise APIError(400, f"not supported by this server: {', '.join(bad)}", param=bad[0])
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+    try:
+        num_logprobs = body.num_logprobs()
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="top_logprobs") from None
+    if num_logprobs is not None and body.stream:
+        raise APIError(400, "logprobs are not supported with stream=true yet", param="logprobs")
     ctx = state.max_context
     if prompt_len >= ctx:
         raise APIError(400, f"the prompt has {prompt_len} tokens but the context length is {ctx}: no room left to generate",
@@ -139,7 +145,8 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             check_token_ids(body.stop_token_ids, state.llm.model.config.vocab_size)
         except TokenleapError as exc:
             raise bad_request(exc, "stop_token_ids") from None
-    optional = {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    optional: dict[str, Any] = {"logprobs": num_logprobs} if num_logprobs is not None else {}
+    optional |= {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                                               "repetition_penalty", "min_tokens", "include_stop_str_in_output", "skip_special_tokens")
                 if getattr(body, k) is not None}
     try:
@@ -207,7 +214,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     params = sampling_params(body, max_tokens, len(ids), state)
     spec = speculative(state, body.speculative)
     request_id = new_id("chatcmpl")
-    fmt = ChatFormatter(request_id, body.model or state.model_name, _method_name(state, spec))
+    fmt = ChatFormatter(request_id, body.model or state.model_name, _method_name(state, spec), params.logprobs or 0)
     return await _run(request, state, Job(request_id, ids, params, spec), fmt, body.stream,
                       bool(body.stream_options and body.stream_options.include_usage))
 
@@ -231,7 +238,7 @@ async def completions(request: Request, state: ServerState) -> Response:
     params = sampling_params(body, body.max_tokens, len(ids), state)
     spec = speculative(state, body.speculative)
     request_id = new_id("cmpl")
-    fmt = CompletionFormatter(request_id, body.model or state.model_name, _method_name(state, spec))
+    fmt = CompletionFormatter(request_id, body.model or state.model_name, _method_name(state, spec), params.logprobs or 0)
     return await _run(request, state, Job(request_id, ids, params, spec, prompt=text), fmt, body.stream,
                       bool(body.stream_options and body.stream_options.include_usage))
 

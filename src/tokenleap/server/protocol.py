@@ -22,7 +22,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tokenleap.types import RequestOutput
+from tokenleap.types import CompletionOutput, Logprob, RequestOutput
 
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
 
@@ -127,10 +127,6 @@ class ChatCompletionRequest(_Sampling):
 
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
-        if self.logprobs:
-            bad.append("logprobs")
-        if self.top_logprobs:
-            bad.append("top_logprobs")
         if self.tools:
             bad.append("tools")
         if self.tool_choice not in (None, "none", "auto"):
@@ -138,6 +134,14 @@ class ChatCompletionRequest(_Sampling):
         if self.response_format not in (None, {"type": "text"}):
             bad.append("response_format")
         return bad
+
+    def num_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: None when not asked; else the top count (0: the token's own)."""
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise ValueError("top_logprobs needs logprobs=true")
+            return None
+        return self.top_logprobs or 0
 
     def conversation(self) -> list[dict[str, str]]:
         """Messages as the chat template takes them (`developer` is OpenAI's new `system`)."""
@@ -152,10 +156,11 @@ class CompletionRequest(_Sampling):
     best_of: Optional[int] = None
     suffix: Optional[str] = None
 
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
-        if self.logprobs:
-            bad.append("logprobs")
         if self.echo:
             bad.append("echo")
         if self.best_of not in (None, 1):
@@ -198,14 +203,46 @@ def speculative_stats(out: RequestOutput, method: str | None) -> dict[str, Any]:
     }
 
 
+def _top(entry: dict[int, Logprob], top: int) -> list[Logprob]:
+    return sorted((lp for lp in entry.values() if lp.rank <= top), key=lambda lp: lp.rank)[:top]
+
+
+def chat_logprobs(c: CompletionOutput, top: int) -> dict[str, Any] | None:
+    """OpenAI chat `logprobs`: per token its text, log-probability, UTF-8 bytes and the top ones."""
+    if c.logprobs is None:
+        return None
+
+    def item(lp: Logprob) -> dict[str, Any]:
+        text = lp.decoded_token or ""
+        return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [{**item(e[t]), "top_logprobs": [item(lp) for lp in _top(e, top)]} for t, e in zip(c.token_ids, c.logprobs)],
+            "refusal": None}
+
+
+def completion_logprobs(c: CompletionOutput, top: int) -> dict[str, Any] | None:
+    """OpenAI (legacy) completions `logprobs`: tokens, their log-probabilities, top dicts, offsets."""
+    if c.logprobs is None:
+        return None
+    tokens = [e[t].decoded_token or "" for t, e in zip(c.token_ids, c.logprobs)]
+    offsets, at = [], 0
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    return {"tokens": tokens, "token_logprobs": [e[t].logprob for t, e in zip(c.token_ids, c.logprobs)],
+            "top_logprobs": [{(lp.decoded_token or ""): lp.logprob for lp in _top(e, top)} for e in c.logprobs],
+            "text_offset": offsets}
+
+
 class Formatter(ABC):
     """Builds one endpoint's response body and stream chunks for one request."""
 
     object_name: str
     chunk_object_name: str
 
-    def __init__(self, request_id: str, model: str, spec_method: str | None) -> None:
+    def __init__(self, request_id: str, model: str, spec_method: str | None, top_logprobs: int = 0) -> None:
         self.id = request_id
+        self.top = top_logprobs
         self.model = model
         self.created = now()
         self.spec_method = spec_method
@@ -251,7 +288,7 @@ class ChatFormatter(Formatter):
     def response(self, out: RequestOutput) -> dict[str, Any]:
         c = out.outputs[0]
         message = {"role": "assistant", "content": c.text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": c.finish_reason}
+        choice = {"index": 0, "message": message, "logprobs": chat_logprobs(c, self.top), "finish_reason": c.finish_reason}
         return {
             **self._head(self.object_name),
             "system_fingerprint": None,
@@ -279,7 +316,7 @@ class CompletionFormatter(Formatter):
 
     def response(self, out: RequestOutput) -> dict[str, Any]:
         c = out.outputs[0]
-        choice = {"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+        choice = {"index": 0, "text": c.text, "logprobs": completion_logprobs(c, self.top), "finish_reason": c.finish_reason}
         return {
             **self._head(self.object_name),
             "system_fingerprint": None,
