@@ -393,3 +393,35 @@ def test_vllm_prompt_dicts_stop_strings_and_special_tokens(llm: LLM) -> None:
     assert raw.token_ids == clean.token_ids and eos in raw.token_ids  # the answer ends, then a new turn starts
     special = llm.tokenizer.hf.convert_ids_to_tokens(eos)
     assert special in raw.text and special not in clean.text
+
+
+def test_parallel_sampling_shares_the_prefill_and_equals_separate_seeded_requests(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = ["Once upon a time", "Write a haiku about rain."]
+    params = SamplingParams(n=3, temperature=0.8, max_tokens=12, seed=5, logprobs=1)
+    prefill_rows: list[int] = []
+    real = llm.model.forward
+
+    def counting(input_ids, positions, kv, *a, **k):  # noqa: ANN001, ANN002, ANN003
+        if int(positions[0]) == 0:
+            prefill_rows.append(int(input_ids.shape[0]))
+        return real(input_ids, positions, kv, *a, **k)
+
+    monkeypatch.setattr(llm.model, "forward", counting)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert len(prefill_rows) == 2  # one prefill per prompt, not per sample
+    monkeypatch.undo()
+    for prompt, out in zip(prompts, outs):
+        assert [c.index for c in out.outputs] == [0, 1, 2] and out.finished
+        for i, c in enumerate(out.outputs):
+            alone = llm.generate([prompt], dataclasses.replace(params, n=1, seed=5 + i), use_tqdm=False)[0].outputs[0]
+            assert c.token_ids == alone.token_ids and c.text == alone.text and c.logprobs == alone.logprobs
+        assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # sampled apart
+    # with speculation (which draws its own random numbers: other texts, same distribution), and
+    # fewer seats than samples in all: still sample i == a request seeded seed + i alone
+    spec = LLM(speculative_config={"method": "ngram"}, max_num_seqs=4)
+    out = spec.generate(prompts[:1], params, use_tqdm=False)[0]
+    for i, c in enumerate(out.outputs):
+        alone = spec.generate(prompts[:1], dataclasses.replace(params, n=1, seed=5 + i), use_tqdm=False)[0].outputs[0]
+        assert c.token_ids == alone.token_ids
+    with pytest.raises(TokenleapError, match="n must be"):
+        SamplingParams(n=0)

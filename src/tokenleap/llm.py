@@ -15,6 +15,7 @@ A request's tokens are those it gets alone (see `BatchScheduler`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -159,6 +160,7 @@ class LLM:
         """Run `jobs` with continuous batching, yielding `(index, output)` as each finishes; a
         progress bar with output tokens/s when `use_tqdm` and there is more than one job."""
         scheduler = BatchScheduler(self.engine, jobs, self.config.max_num_seqs)
+        pending: dict[int, list[RequestOutput]] = {}  # samples of prompts with n > 1 done so far
         bar = tqdm(total=len(jobs), desc="Processed prompts", unit="req", disable=not use_tqdm or len(jobs) < 2)
         start = last = time.perf_counter()
         try:
@@ -168,9 +170,13 @@ class LLM:
                 if finished or now - last > 0.5:
                     last = now
                     bar.set_postfix_str(f"output {scheduler.num_output_tokens / (now - start):.1f} tok/s", refresh=False)
-                    bar.update(len(finished))
+                    bar.update(sum(1 for _, r in finished if r.params.n == 1) + sum(1 for _, r in finished if r.params.n > 1 and r.sample_index == 0))
                 for index, req in finished:
-                    yield index, req.to_output()
+                    family = pending.setdefault(index, [])
+                    family.append(req.to_output())
+                    if len(family) == req.params.n:  # every sample of the prompt is done
+                        del pending[index]
+                        yield index, _merge(family)
         finally:
             scheduler.close()
             bar.close()
@@ -238,3 +244,24 @@ class LLM:
 def set_threads(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)
+
+
+def _merge(samples: list[RequestOutput]) -> RequestOutput:
+    """One prompt's samples (n > 1) as one output: completions by sample index, summed counters."""
+    if len(samples) == 1:
+        return samples[0]
+    samples = sorted(samples, key=lambda o: o.outputs[0].index)
+    first = samples[0]
+    m = dataclasses.replace(first.metrics, spec=dataclasses.replace(first.metrics.spec))
+    for o in samples[1:]:
+        m.num_generation_tokens += o.metrics.num_generation_tokens
+        m.num_forward_passes += o.metrics.num_forward_passes
+        m.num_decode_tokens += o.metrics.num_decode_tokens
+        m.decode_seconds += o.metrics.decode_seconds
+        m.finished_time = max(m.finished_time or 0.0, o.metrics.finished_time or 0.0) or None
+        s = o.metrics.spec
+        m.spec.num_drafts += s.num_drafts
+        m.spec.num_draft_tokens += s.num_draft_tokens
+        m.spec.num_accepted_tokens += s.num_accepted_tokens
+    return RequestOutput(first.request_id, first.prompt, first.prompt_token_ids, [o.outputs[0] for o in samples],
+                         all(o.finished for o in samples), m)

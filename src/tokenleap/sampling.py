@@ -23,6 +23,7 @@ from tokenleap.errors import TokenleapError
 
 SAMPLING_EPS = 1e-5  # temperatures below this decode greedily (as in vLLM)
 MAX_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+MAX_N = 128  # completions per prompt
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
     skip_special_tokens: bool = True  # leave special tokens (<|im_end|>, ...) out of the text
     logprobs: int | None = None  # per output token, its log-probability and the top N others' (0: only its own)
+    n: int = 1  # completions per prompt (parallel sampling: one prefill, n samples; with a seed, sample i uses seed + i)
 
     def __post_init__(self) -> None:
         stop = self.stop
@@ -71,6 +73,8 @@ class SamplingParams:
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise TokenleapError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise TokenleapError(f"n must be an integer in [1, {MAX_N}], got {self.n}")
         rp = self.repetition_penalty
         if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not math.isfinite(rp) or rp <= 0:
             raise TokenleapError(f"repetition_penalty must be > 0 and finite, got {rp}")

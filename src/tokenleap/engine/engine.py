@@ -27,6 +27,7 @@ server's continuous-batching loop.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -219,6 +220,8 @@ class Engine:
         done = end == len(req.prompt_ids)
         if done:
             raw = self.model.compute_logits(out.hidden, [end - start - 1])
+            if req.params.n > 1:
+                req.prompt_logits = raw  # the siblings' first tokens come from it (`fork`)
             tok = sample_next(self._processed(req, raw, [[]])[0], req.params, req.generator)
             entries = self._logprobs(req, raw, [tok])
             req.append_tokens([tok])
@@ -227,6 +230,31 @@ class Engine:
             req.metrics.first_token_time = time.time()
         req.metrics.prefill_seconds += time.perf_counter() - t0
         return done
+
+    def fork(self, parent: Request, sample_index: int) -> Request:
+        """Sample `sample_index` of a prompt whose first sample (`parent`) has just been prefilled
+        (parallel sampling, `params.n > 1`): the prompt's KV cache is copied, not recomputed, and
+        the first token is sampled from the parent's last prompt row with this sample's own
+        generator (seed + `sample_index` when seeded)."""
+        if parent.prompt_logits is None or parent.kv.length != len(parent.prompt_ids):
+            raise TokenleapError("fork needs a request just prefilled with params.n > 1")
+        t0 = time.perf_counter()
+        p = parent.params
+        params = dataclasses.replace(p, seed=None if p.seed is None else p.seed + sample_index)
+        child = self.add_request(parent.prompt_ids, params, prompt=parent.prompt, speculative=parent.spec if parent.spec is not None else False)
+        child.kv.free()
+        child.kv = parent.kv.fork()
+        child.sample_index = sample_index
+        self.begin(child)
+        raw = parent.prompt_logits
+        tok = sample_next(self._processed(child, raw, [[]])[0], child.params, child.generator)
+        entries = self._logprobs(child, raw, [tok])
+        child.append_tokens([tok])
+        if entries is not None:
+            child.add_logprobs(entries)
+        child.metrics.first_token_time = time.time()
+        child.metrics.prefill_seconds += time.perf_counter() - t0
+        return child
 
     def _draft_budget(self, req: Request) -> int:
         """The most draft tokens this step may verify: the cap, bounded by what is left to

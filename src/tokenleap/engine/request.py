@@ -94,6 +94,8 @@ class Request:
     drafter: Drafter | None = None
     released: bool = False  # cache freed and drafter released (Engine.finish)
     logprobs: list[dict[int, Logprob]] | None = None  # per output token, when params.logprobs is set
+    sample_index: int = 0  # which of the prompt's `params.n` samples this is
+    prompt_logits: torch.Tensor | None = field(default=None, repr=False)  # raw logits of the last prompt row (kept for n > 1 forks)
     _holdback: StopHoldback | None = field(default=None, repr=False, compare=False)  # over text[:_scanned]
     _scanned: int = field(default=0, repr=False, compare=False)
 
@@ -171,7 +173,7 @@ class Request:
         self.logprobs.extend(entries[: max(0, need)])
 
     def to_output(self) -> RequestOutput:
-        completion = CompletionOutput(0, self.text, list(self.output_ids), self.finish_reason, self.stop_reason)
+        completion = CompletionOutput(self.sample_index, self.text, list(self.output_ids), self.finish_reason, self.stop_reason)
         if self.logprobs is not None:
             completion.logprobs = list(self.logprobs)
             completion.cumulative_logprob = sum(e[t].logprob for e, t in zip(self.logprobs, self.output_ids))

@@ -12,6 +12,10 @@ threads, queues and deadlines. Each `BatchScheduler.step`:
     decode  -> `engine.step_batch(running)`: one target forward for every running request
     retire  -> finished requests are freed at once (`engine.finish`) and returned
 
+A job with `params.n > 1` (parallel sampling) is admitted when its n samples fit; its prompt is
+prefilled once, and the other samples fork the prefilled KV cache (`Engine.fork`). Each sample
+finishes on its own and is returned with the job's index (`Request.sample_index` tells which).
+
 So at most `max_num_seqs` requests hold a KV cache whatever the number of jobs, jobs are
 drawn from their iterable only when admitted, and a request's tokens do not depend on what
 it is batched with (the engine's row-invariant kernels and fixed prefill chunk offsets): the
@@ -86,13 +90,13 @@ class BatchScheduler:
         """One iteration (admit, prefill a chunk, one batched decode step). Returns the requests
         that finished in it, with their job index, already freed."""
         finished: list[tuple[int, Request]] = []
-        if self._prefilling is None and self.num_live < self.max_num_seqs:
+        if self._prefilling is None and self._has_room():
             self._admit()
         while self._prefilling is not None:
             self._prefill_chunk(finished)
             if self._running:
                 break  # one chunk between decode steps
-            if self._prefilling is None:
+            if self._prefilling is None and self._has_room():
                 self._admit()  # nothing running yet: keep filling
         self._record_peaks()
         if self._running:
@@ -130,6 +134,14 @@ class BatchScheduler:
 
     # ------------------------------------------------------------------ internals
 
+    def _has_room(self) -> bool:
+        """Whether the next job's samples (`params.n` of them) fit beside the live requests (a job
+        larger than `max_num_seqs` runs alone)."""
+        if not self._has_waiting():
+            return False
+        assert self._next is not None
+        return self.num_live == 0 or self.num_live + self._next[1].params.n <= self.max_num_seqs
+
     def _has_waiting(self) -> bool:
         if self._next is None and not self._exhausted:
             self._next = next(self._jobs, None)
@@ -158,10 +170,21 @@ class BatchScheduler:
         if not self.engine.prefill_step(req):
             return
         self._prefilling = None
-        if req.finished:  # the first token already ended it (EOS, max_tokens=1)
-            self._retire(index, req, finished)
-        else:
-            self._running.append((index, req))
+        family = [req]
+        try:
+            for i in range(1, req.params.n):  # parallel sampling: the other samples share this prefill
+                family.append(self.engine.fork(req, i))
+        except BaseException:
+            for r in family:
+                self.engine.finish(r, "abort")
+            raise
+        finally:
+            req.prompt_logits = None
+        for r in family:
+            if r.finished:  # the first token already ended it (EOS, max_tokens=1)
+                self._retire(index, r, finished)
+            else:
+                self._running.append((index, r))
 
     def _retire(self, index: int, req: Request, finished: list[tuple[int, Request]]) -> None:
         self.engine.finish(req)

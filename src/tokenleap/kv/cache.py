@@ -16,6 +16,8 @@ it like a plain cache. Its capacity is a multiple of 16 and it starts zeroed.
 
 from __future__ import annotations
 
+import copy
+
 import ctypes
 import ctypes.util
 from collections.abc import Sequence
@@ -161,6 +163,13 @@ class KVCache:
             else:
                 self._data[:, :, :, start : start + len(keep)] = self._data.index_select(3, index)
         self.length = start + len(keep)
+
+    @torch.inference_mode()
+    def fork(self) -> KVCache:
+        """An independent copy holding the same slots (parallel sampling shares a prompt's prefill)."""
+        twin = copy.copy(self)
+        twin._data = self._data.clone()
+        return twin
 
     def free(self) -> None:
         """Release the storage; the cache can be reused and regrows on demand."""
