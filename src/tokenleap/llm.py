@@ -176,7 +176,7 @@ class LLM:
                     family.append(req.to_output())
                     if len(family) == req.params.n:  # every sample of the prompt is done
                         del pending[index]
-                        yield index, _merge(family)
+                        yield index, merge_samples(family)
         finally:
             scheduler.close()
             bar.close()
@@ -246,7 +246,7 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _merge(samples: list[RequestOutput]) -> RequestOutput:
+def merge_samples(samples: list[RequestOutput]) -> RequestOutput:
     """One prompt's samples (n > 1) as one output: completions by sample index, summed counters."""
     if len(samples) == 1:
         return samples[0]

@@ -152,3 +152,20 @@ def test_logprobs_match_library_in_openai_shapes(client: openai.OpenAI, llm: LLM
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
     assert "".join(lp.tokens) == comp.choices[0].text and all(len(t) <= 2 for t in lp.top_logprobs)
     assert all(x <= 0 for x in lp.token_logprobs)
+
+
+def test_n_samples_match_separately_seeded_library_requests(client: openai.OpenAI, server_llm: LLM) -> None:
+    from tokenleap import SamplingParams
+
+    messages = [{"role": "user", "content": QUESTION}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0.9, max_tokens=10, n=3, seed=11,
+                                       presence_penalty=0.5, logprobs=True)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
+    for i, c in enumerate(r.choices):
+        # the server speculates (suffix), so compare with its own engine, sample i seeded 11 + i
+        ref = server_llm.chat([messages], SamplingParams(temperature=0.9, max_tokens=10, seed=11 + i, presence_penalty=0.5),
+                              use_tqdm=False)[0].outputs[0]
+        assert c.message.content == ref.text
+    comp = client.completions.create(model=MODEL, prompt="Once upon a time", temperature=0.9, max_tokens=8, n=2)
+    assert len(comp.choices) == 2 and comp.usage.completion_tokens >= 2

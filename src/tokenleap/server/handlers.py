@@ -25,8 +25,8 @@ from starlette.types import Receive, Scope, Send
 
 from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
 from tokenleap.errors import TokenleapError
-from tokenleap.llm import LLM
-from tokenleap.sampling import SamplingParams, check_token_ids
+from tokenleap.llm import LLM, merge_samples
+from tokenleap.sampling import MAX_N, SamplingParams, check_token_ids
 from tokenleap.server.config import ServerConfig
 from tokenleap.server.errors import APIError, bad_request
 from tokenleap.server.loop import EngineLoop, Job, QueueFull, RequestHandle, ServerClosed
@@ -111,8 +111,10 @@ def check_model(state: ServerState, name: str | None) -> None:
 
 def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None, prompt_len: int,
                     state: ServerState) -> SamplingParams:
-    if body.n != 1:
-        raise APIError(400, f"only n=1 is supported, got n={body.n}", param="n")
+    if not 1 <= body.n <= MAX_N:
+        raise APIError(400, f"n must be in [1, {MAX_N}], got {body.n}", param="n")
+    if body.n > 1 and body.stream:
+        raise APIError(400, "n > 1 is not supported with stream=true yet", param="n")
     bad = body.unsupported()
     if bad:
         raise APIError(400, f"not supported by this server: {', '.join(bad)}", param=bad[0])
@@ -146,6 +148,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         except TokenleapError as exc:
             raise bad_request(exc, "stop_token_ids") from None
     optional: dict[str, Any] = {"logprobs": num_logprobs} if num_logprobs is not None else {}
+    optional["n"] = body.n
     optional |= {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                                               "repetition_penalty", "min_tokens", "include_stop_str_in_output", "skip_special_tokens")
                 if getattr(body, k) is not None}
@@ -244,6 +247,8 @@ async def completions(request: Request, state: ServerState) -> Response:
 
 
 async def _run(request: Request, state: ServerState, job: Job, fmt: Formatter, stream: bool, include_usage: bool) -> Response:
+    if job.params.n > 1:
+        return await _run_samples(request, state, job, fmt)
     try:
         handle = state.loop.submit(job, asyncio.get_running_loop())
     except QueueFull as exc:
@@ -260,6 +265,32 @@ async def _run(request: Request, state: ServerState, job: Job, fmt: Formatter, s
     if out is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     return JSONResponse(fmt.response(out))
+
+
+async def _run_samples(request: Request, state: ServerState, job: Job, fmt: Formatter) -> Response:
+    """n > 1: the samples as separate engine requests (sample i seeded seed + i, as the library
+    does), batched by the engine loop, answered together with one choice each."""
+    p = job.params
+    handles: list[RequestHandle] = []
+    try:
+        for i in range(p.n):
+            params = dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i)
+            handles.append(state.loop.submit(dataclasses.replace(job, request_id=f"{job.request_id}-{i}", params=params),
+                                             asyncio.get_running_loop()))
+    except (QueueFull, ServerClosed) as exc:
+        for h in handles:
+            h.abort()
+        raise APIError(429 if isinstance(exc, QueueFull) else 503, str(exc)) from None
+    try:
+        outs = await _until_disconnect(request, asyncio.gather(*(_collect(h) for h in handles)))
+    finally:
+        for h in handles:
+            h.abort()
+    if outs is None:
+        return Response(status_code=499)
+    for i, o in enumerate(outs):
+        o.outputs[0].index = i
+    return JSONResponse(fmt.response(merge_samples(list(outs))))
 
 
 async def _collect(handle: RequestHandle) -> RequestOutput:

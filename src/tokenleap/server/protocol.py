@@ -183,7 +183,7 @@ def now() -> int:
 
 def usage(out: RequestOutput) -> dict[str, int]:
     prompt = len(out.prompt_token_ids)
-    completion = len(out.outputs[0].token_ids)
+    completion = sum(len(c.token_ids) for c in out.outputs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -286,13 +286,12 @@ class ChatFormatter(Formatter):
         return chunk
 
     def response(self, out: RequestOutput) -> dict[str, Any]:
-        c = out.outputs[0]
-        message = {"role": "assistant", "content": c.text}
-        choice = {"index": 0, "message": message, "logprobs": chat_logprobs(c, self.top), "finish_reason": c.finish_reason}
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text}, "logprobs": chat_logprobs(c, self.top),
+                    "finish_reason": c.finish_reason} for c in out.outputs]
         return {
             **self._head(self.object_name),
             "system_fingerprint": None,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage(out),
             "speculative": speculative_stats(out, self.spec_method),
         }
@@ -315,12 +314,12 @@ class CompletionFormatter(Formatter):
         return chunk
 
     def response(self, out: RequestOutput) -> dict[str, Any]:
-        c = out.outputs[0]
-        choice = {"index": 0, "text": c.text, "logprobs": completion_logprobs(c, self.top), "finish_reason": c.finish_reason}
+        choices = [{"index": c.index, "text": c.text, "logprobs": completion_logprobs(c, self.top), "finish_reason": c.finish_reason}
+                   for c in out.outputs]
         return {
             **self._head(self.object_name),
             "system_fingerprint": None,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage(out),
             "speculative": speculative_stats(out, self.spec_method),
         }
