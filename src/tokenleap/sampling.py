@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tokenleap.errors import TokenleapError
+from tokenleap.structured import StructuredOutputsParams
 
 SAMPLING_EPS = 1e-5  # temperatures below this decode greedily (as in vLLM)
 MAX_LOGPROBS = 20  # OpenAI's limit for top_logprobs
@@ -44,9 +45,18 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
     skip_special_tokens: bool = True  # leave special tokens (<|im_end|>, ...) out of the text
     logprobs: int | None = None  # per output token, its log-probability and the top N others' (0: only its own)
+    structured_outputs: StructuredOutputsParams | None = None  # vLLM's: JSON schema / regex / choice / grammar
+    guided_decoding: StructuredOutputsParams | None = None  # vLLM's former name for the same
     n: int = 1  # completions per prompt (parallel sampling: one prefill, n samples; with a seed, sample i uses seed + i)
 
     def __post_init__(self) -> None:
+        so = self.structured_outputs if self.structured_outputs is not None else self.guided_decoding
+        if isinstance(so, dict):
+            so = StructuredOutputsParams(**so)
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise TokenleapError(f"structured_outputs must be a StructuredOutputsParams (or a dict of its fields), got {type(so).__name__}")
+        object.__setattr__(self, "structured_outputs", so)
+        object.__setattr__(self, "guided_decoding", None)
         stop = self.stop
         if stop is None:
             stop = ()

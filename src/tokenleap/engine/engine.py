@@ -47,6 +47,7 @@ from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel, ModelOutput, SeqInput
 from tokenleap.processors import needs_processing, process_rows, row_prefixes, token_logprobs
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
+from tokenleap.structured import GrammarState, GrammarTokenizer
 from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import Logprob, RequestMetrics
 from tokenleap.verify.chain import verify_chain
@@ -110,6 +111,7 @@ class Engine:
         if spec is not None and self.drafter is not None:
             self._drafters[drafter_key(spec)] = self.drafter
         self._ids = itertools.count()
+        self._grammar_tokenizer: GrammarTokenizer | None = None  # llguidance's view of the tokenizer, built on first use
         self._cost_curve = cost_curve  # measured on first need unless given (engines on one model can share one)
 
     def cost_curve(self, cap: int | None = None) -> CostCurve:
@@ -185,7 +187,13 @@ class Engine:
         if spec is not None and spec.adaptive and (params.greedy or params.seed is None):
             controller = DraftController(self.cost_curve(spec.num_speculative_tokens), spec.num_speculative_tokens, spec.draft_min,
                                          draft_cost=float(getattr(drafter, "relative_draft_cost", 0.0)))
+        grammar = None
+        if params.structured_outputs is not None:
+            if self._grammar_tokenizer is None:
+                self._grammar_tokenizer = GrammarTokenizer(self.tokenizer.hf, self.model.config.vocab_size)
+            grammar = GrammarState(self._grammar_tokenizer, params.structured_outputs)
         return Request(
+            grammar=grammar,
             request_id=request_id or f"req-{next(self._ids)}",
             prompt=prompt,
             prompt_ids=prompt_ids,
@@ -220,13 +228,13 @@ class Engine:
         done = end == len(req.prompt_ids)
         if done:
             raw = self.model.compute_logits(out.hidden, [end - start - 1])
+            if req.grammar is not None:
+                raw = req.grammar.masked(raw, [])
             if req.params.n > 1:
                 req.prompt_logits = raw  # the siblings' first tokens come from it (`fork`)
             tok = sample_next(self._processed(req, raw, [[]])[0], req.params, req.generator)
             entries = self._logprobs(req, raw, [tok])
-            req.append_tokens([tok])
-            if entries is not None:
-                req.add_logprobs(entries)
+            self._append(req, [tok], entries)
             req.metrics.first_token_time = time.time()
         req.metrics.prefill_seconds += time.perf_counter() - t0
         return done
@@ -249,9 +257,7 @@ class Engine:
         raw = parent.prompt_logits
         tok = sample_next(self._processed(child, raw, [[]])[0], child.params, child.generator)
         entries = self._logprobs(child, raw, [tok])
-        child.append_tokens([tok])
-        if entries is not None:
-            child.add_logprobs(entries)
+        self._append(child, [tok], entries)
         child.metrics.first_token_time = time.time()
         child.metrics.prefill_seconds += time.perf_counter() - t0
         return child
@@ -289,13 +295,21 @@ class Engine:
         return ks
 
     def _propose(self, req: Request, budget: int) -> Draft:
+        if req.grammar is not None and req.spec is not None:
+            forced = req.grammar.forced()[: max(0, min(req.spec.num_speculative_tokens, self._draft_budget(req)))]
+            if forced:  # the grammar leaves no choice: these are accepted whatever the target says
+                return Draft(forced)
         if budget == 0 or req.drafter is None or req.spec is None:
             return _EMPTY
         t0 = time.perf_counter()
         draft = req.drafter.propose(req.request_id, req.prompt_ids + req.output_ids, budget)
         req.metrics.spec.draft_seconds += time.perf_counter() - t0
-        as_tree = req.params.greedy or req.spec.sampled_tree == "full"
-        return _shape_draft(draft, budget, req.spec.draft_min, as_tree)
+        as_tree = (req.params.greedy or req.spec.sampled_tree == "full") and req.grammar is None
+        shaped = _shape_draft(draft, budget, req.spec.draft_min, as_tree)
+        if req.grammar is not None and len(shaped):  # never verify a token the grammar forbids
+            allowed = req.grammar.cut(shaped.tokens)
+            shaped = Draft(allowed, None, None if shaped.probs is None else shaped.probs[: len(allowed)])
+        return shaped
 
     def begin(self, req: Request) -> None:
         """Register a request with its drafter (before its prefill)."""
@@ -392,6 +406,8 @@ class Engine:
     ) -> None:
         """Verify, tell the drafter, then change the request (what may raise comes first)."""
         spec = req.spec
+        if req.grammar is not None:  # each row masked as plain decoding masks that position (drafts are chains here)
+            logits = req.grammar.masked(logits, draft.tokens)
         raw = logits
         logits = self._processed(req, logits, row_prefixes(draft.tokens, draft.parents))
         if spec is not None and spec.acceptance == "typical-lossy" and not req.params.greedy and len(draft):
@@ -422,14 +438,26 @@ class Engine:
             req.kv.truncate(pos + 1 + accepted)
         else:
             req.kv.compact(pos + 1, [pos + 1 + i for i in path])
-        kept = req.append_tokens(tokens)  # fewer than committed when a stop came first
-        if entries is not None:
-            req.add_logprobs(entries)
+        kept = self._append(req, tokens, entries)  # fewer than committed when a stop came first
         req.metrics.num_decode_tokens += kept
         req.metrics.spec.record(len(draft), min(accepted, kept - 1), depth)
         if req.controller is not None:
             req.controller.update(depth, accepted)
         req.metrics.num_forward_passes += 1
+
+    def _append(self, req: Request, tokens: Sequence[int], entries: list[dict[int, Logprob]] | None) -> int:
+        """Append committed tokens (up to a stop); their logprobs; advance the grammar past them
+        and end the request when the grammar is complete."""
+        before = len(req.output_ids)
+        kept = req.append_tokens(tokens)
+        if entries is not None:
+            req.add_logprobs(entries)
+        if req.grammar is not None:
+            req.grammar.commit(req.output_ids[before:])
+            if req.grammar.finished and not req.finished:
+                req.finish_reason, req.stop_reason = "stop", None
+                req.text += req.detok.flush()
+        return kept
 
     def _logprobs(self, req: Request, rows: torch.Tensor, tokens: Sequence[int]) -> list[dict[int, Logprob]] | None:
         """vLLM-style logprobs of the committed tokens from their raw rows, when asked for."""

@@ -21,6 +21,7 @@ from tokenleap.engine.speculation import DraftController
 from tokenleap.kv.cache import KVCache
 from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import IncrementalDetokenizer
+from tokenleap.structured import GrammarState
 from tokenleap.types import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
 
@@ -95,6 +96,7 @@ class Request:
     released: bool = False  # cache freed and drafter released (Engine.finish)
     logprobs: list[dict[int, Logprob]] | None = None  # per output token, when params.logprobs is set
     sample_index: int = 0  # which of the prompt's `params.n` samples this is
+    grammar: GrammarState | None = None  # structured output: the matcher at the committed state
     prompt_logits: torch.Tensor | None = field(default=None, repr=False)  # raw logits of the last prompt row (kept for n > 1 forks)
     _holdback: StopHoldback | None = field(default=None, repr=False, compare=False)  # over text[:_scanned]
     _scanned: int = field(default=0, repr=False, compare=False)
