@@ -169,3 +169,30 @@ def test_n_samples_match_separately_seeded_library_requests(client: openai.OpenA
         assert c.message.content == ref.text
     comp = client.completions.create(model=MODEL, prompt="Once upon a time", temperature=0.9, max_tokens=8, n=2)
     assert len(comp.choices) == 2 and comp.usage.completion_tokens >= 2
+
+
+def test_structured_outputs(client: openai.OpenAI, llm: LLM) -> None:
+    import json
+
+    import jsonschema
+
+    from tokenleap import SamplingParams
+    from tokenleap.structured import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}, "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False}
+    messages = [{"role": "user", "content": "Give the largest city of France as JSON."}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=60,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    ref = llm.chat([messages], SamplingParams(temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=schema)),
+                   use_tqdm=False)[0].outputs[0]
+    assert r.choices[0].message.content == ref.text  # the server speculates (suffix): same text
+    c = client.completions.create(model=MODEL, prompt="Is water wet? Answer:", temperature=0, max_tokens=5,
+                                  extra_body={"guided_choice": [" yes", " no"]})
+    assert c.choices[0].text in (" yes", " no")
+    obj = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=40, response_format={"type": "json_object"})
+    assert obj.choices[0].finish_reason == "length" or isinstance(json.loads(obj.choices[0].message.content), dict)
+    for bad in ({"guided_regex": "a("}, {"response_format": {"type": "xml"}}, {"response_format": {"type": "json_schema"}}):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, extra_body=bad)

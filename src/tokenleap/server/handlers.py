@@ -27,6 +27,7 @@ from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM, merge_samples
 from tokenleap.sampling import MAX_N, SamplingParams, check_token_ids
+from tokenleap.structured import StructuredOutputsParams
 from tokenleap.server.config import ServerConfig
 from tokenleap.server.errors import APIError, bad_request
 from tokenleap.server.loop import EngineLoop, Job, QueueFull, RequestHandle, ServerClosed
@@ -149,6 +150,14 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             raise bad_request(exc, "stop_token_ids") from None
     optional: dict[str, Any] = {"logprobs": num_logprobs} if num_logprobs is not None else {}
     optional["n"] = body.n
+    try:
+        constraint = body.constraint()
+        if constraint is not None:
+            optional["structured_outputs"] = StructuredOutputsParams(**constraint)
+    except (ValueError, TypeError) as exc:
+        raise APIError(400, str(exc), param="response_format") from None
+    except TokenleapError as exc:
+        raise APIError(400, str(exc), param="response_format") from None
     optional |= {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                                               "repetition_penalty", "min_tokens", "include_stop_str_in_output", "skip_special_tokens")
                 if getattr(body, k) is not None}

@@ -85,10 +85,35 @@ class _Sampling(_Strict):
     repetition_penalty: Optional[float] = None  # vLLM's extension
     min_tokens: Optional[int] = None  # vLLM's extension
     include_stop_str_in_output: Optional[bool] = None  # vLLM's extension
+    guided_json: Optional[Union[str, dict[str, Any]]] = None  # vLLM's extensions: structured output
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    structured_outputs: Optional[dict[str, Any]] = None  # vLLM's current spelling
     skip_special_tokens: Optional[bool] = None  # vLLM's extension
     # OpenAI fields accepted only at their neutral value
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
+
+    def constraint(self) -> dict[str, Any] | None:
+        """The structured-output constraint as `StructuredOutputsParams` fields (None: free text)."""
+        given = {k: v for k, v in (("json", self.guided_json), ("regex", self.guided_regex), ("choice", self.guided_choice),
+                                   ("grammar", self.guided_grammar)) if v is not None}
+        if self.structured_outputs:
+            given.update(self.structured_outputs)
+        fmt = getattr(self, "response_format", None)
+        if fmt and fmt.get("type") != "text":
+            kind = fmt.get("type")
+            if kind == "json_object":
+                given["json_object"] = True
+            elif kind == "json_schema":
+                spec = fmt.get("json_schema")
+                if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                    raise ValueError("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}")
+                given["json"] = spec["schema"]
+            else:
+                raise ValueError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
+        return given or None
 
     def unsupported(self) -> list[str]:
         """Names of set fields whose values tokenleap does not implement."""
@@ -131,8 +156,6 @@ class ChatCompletionRequest(_Sampling):
             bad.append("tools")
         if self.tool_choice not in (None, "none", "auto"):
             bad.append("tool_choice")
-        if self.response_format not in (None, {"type": "text"}):
-            bad.append("response_format")
         return bad
 
     def num_logprobs(self) -> int | None:
