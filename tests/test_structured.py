@@ -46,7 +46,7 @@ def test_constraints_are_checked_up_front() -> None:
         StructuredOutputsParams(json={"type": "no-such-type"})
     with pytest.raises(TokenleapError, match="choice"):
         StructuredOutputsParams(choice=[])
-    assert StructuredOutputsParams(json={"b": 1, "a": 2}).json == '{"a": 2, "b": 1}'
+    assert StructuredOutputsParams(json={"b": 1, "a": 2}).json == '{"b": 1, "a": 2}'  # order kept
     StructuredOutputsParams(grammar='root ::= "yes" | "no"')  # GBNF
     p = SamplingParams(guided_decoding=StructuredOutputsParams(choice=["x"]))  # vLLM's former name
     assert p.structured_outputs is not None and p.structured_outputs.choice == ("x",)
@@ -65,6 +65,23 @@ class Breaking(StatelessDrafter):
         return Draft(self.tokens[:max_tokens])
 
 
+class Oracle(StatelessDrafter):
+    """Drafts the known answer's next tokens, then EOS and junk after it (drafts that run past
+    the end of the grammar, as suffix drafts copied from earlier answers do)."""
+
+    name = "oracle"
+
+    def __init__(self, answers: dict[tuple[int, ...], list[int]], tail: list[int]) -> None:
+        self.answers, self.tail = answers, tail
+
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
+        for prompt, answer in self.answers.items():
+            if tuple(tokens[: len(prompt)]) == prompt:
+                done = len(tokens) - len(prompt)
+                return Draft((answer[done:] + self.tail)[:max_tokens])
+        return Draft()
+
+
 def test_greedy_constrained_speculation_is_constrained_decoding(llm: LLM) -> None:
     convs = [[{"role": "user", "content": f"Describe {who} as JSON."}] for who in ("a system administrator in Paris", "a guest from Oslo")]
     params = SamplingParams(temperature=0, max_tokens=120, structured_outputs=StructuredOutputsParams(json=PERSON))
@@ -72,7 +89,10 @@ def test_greedy_constrained_speculation_is_constrained_decoding(llm: LLM) -> Non
     for out in plain:
         jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
     bad = llm.tokenizer.encode(" hello world")
-    for cfg in ({"method": "suffix"}, {"method": "ngram", "num_speculative_tokens": 6}, {"method": "custom", "drafter": Breaking(bad * 3)}):
+    eos = sorted(llm.tokenizer.eos_token_ids)[0]
+    answers = {tuple(llm.chat_token_ids(c)): list(o.outputs[0].token_ids) for c, o in zip(convs, plain)}
+    for cfg in ({"method": "suffix"}, {"method": "ngram", "num_speculative_tokens": 6}, {"method": "custom", "drafter": Breaking(bad * 3)},
+                {"method": "custom", "drafter": Oracle(answers, [eos] + bad), "num_speculative_tokens": 8, "adaptive": False}):
         spec = LLM(speculative_config=cfg)
         outs = spec.chat(convs, params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain], cfg["method"]

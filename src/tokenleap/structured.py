@@ -39,7 +39,7 @@ class StructuredOutputsParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.json, dict):
-            object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
+            object.__setattr__(self, "json", json.dumps(self.json))  # key order kept: it is the order of the output's properties
         if self.choice is not None:
             choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
             if not choice or any(not isinstance(c, str) or not c for c in choice):
@@ -91,10 +91,11 @@ class GrammarTokenizer:
 class GrammarState:
     """One request's matcher: masks for verify rows, cutting drafts, forced tokens, commits."""
 
-    def __init__(self, tokenizer: GrammarTokenizer, params: StructuredOutputsParams) -> None:
+    def __init__(self, tokenizer: GrammarTokenizer, params: StructuredOutputsParams, eos_ids: frozenset[int] = frozenset()) -> None:
         import llguidance
 
         self.vocab = tokenizer.vocab_size
+        self.eos_ids = eos_ids
         self.matcher = llguidance.LLMatcher(tokenizer.ll, params.compile())
         if self.matcher.is_error():
             raise TokenleapError(f"invalid structured output constraint: {self.matcher.get_error()}")
@@ -119,6 +120,11 @@ class GrammarState:
         consumed = 0
         try:
             for i, tok in enumerate(draft):
+                # Never walk past the end: consuming EOS (or anything once the grammar is complete)
+                # leaves a state that rollback does not restore. Rows after it are never kept (the
+                # request ends there), so they stay unmasked.
+                if tok in self.eos_ids or self.matcher.is_stopped():
+                    break
                 if not self.matcher.consume_token(tok):
                     raise TokenleapError(f"draft token {tok} is not allowed by the grammar (the draft was not cut)")
                 consumed += 1

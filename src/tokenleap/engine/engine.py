@@ -191,7 +191,7 @@ class Engine:
         if params.structured_outputs is not None:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = GrammarTokenizer(self.tokenizer.hf, self.model.config.vocab_size)
-            grammar = GrammarState(self._grammar_tokenizer, params.structured_outputs)
+            grammar = GrammarState(self._grammar_tokenizer, params.structured_outputs, self.tokenizer.eos_token_ids)
         return Request(
             grammar=grammar,
             request_id=request_id or f"req-{next(self._ids)}",
