@@ -4,14 +4,12 @@ sampled speculation keeps the processed target distribution (chi-squared, tiny m
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
+from sampling_stats import exact_joint, first_three, fit_pvalue
 
 from tokenleap import LLM
 from tokenleap.config import SpecConfig
@@ -121,14 +119,7 @@ def test_sampled_speculation_with_penalties_keeps_the_distribution(tiny_model: L
         kv.free()
         return logits_to_probs(torch.tensor([_reference(raw, params, prompt, ctx, set())]), params)[0].double()
 
-    joint: dict[tuple[int, ...], float] = {}
-    p0 = probs([])
-    for a in p0.nonzero().flatten().tolist():
-        p1 = probs([a])
-        for b in p1.nonzero().flatten().tolist():
-            p2 = probs([a, b])
-            for c in p2.nonzero().flatten().tolist():
-                joint[(a, b, c)] = float(p0[a] * p1[b] * p2[c])
+    joint = exact_joint(probs)
     # after the first token (sampled at prefill), draft the likeliest two next tokens, so drafts get accepted
     table: dict[tuple[int, ...], list[int]] = {}
     for (a, b, c), pr in joint.items():
@@ -140,26 +131,12 @@ def test_sampled_speculation_with_penalties_keeps_the_distribution(tiny_model: L
     counts = dict.fromkeys(joint, 0)
     n, accepted = 1500, 0
     for seed in range(n):
-        req = engine.add_request(prompt, dataclasses.replace(params, seed=seed))
-        try:
-            engine.start(req)
-            while len(req.output_ids) < 3:
-                engine.step(req)
-        finally:
-            engine.finish(req)
-        out = tuple(req.output_ids[:3])
+        out, acc = first_three(engine, prompt, params, seed)
         assert out in counts, f"an impossible output {out}"
         counts[out] += 1
-        accepted += req.metrics.spec.num_accepted_tokens
-    cells = sorted(joint)
-    expected = np.array([joint[c] for c in cells]) / sum(joint.values()) * n
-    observed = np.array([counts[c] for c in cells], dtype=np.float64)
-    small = expected < 5
-    obs, exp = observed[~small], expected[~small]
-    if small.any():
-        obs, exp = np.append(obs, observed[small].sum()), np.append(exp, expected[small].sum())
-    pvalue = chisquare(obs, exp).pvalue
-    assert pvalue >= 1e-3, f"p={pvalue:.3g}\nobserved {obs.tolist()}\nexpected {exp.round(1).tolist()}"
+        accepted += acc
+    pvalue, report = fit_pvalue(counts, joint)
+    assert pvalue >= 1e-3, report
     assert accepted > 0.2 * n
 
 

@@ -6,14 +6,11 @@ decoding with nearly every draft accepted; sampled output keeps the target's dis
 
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from conftest import TINY_CONFIG, make_tiny_weights  # noqa: I001  (tests/conftest.py)
+from sampling_stats import exact_joint, first_three, fit_pvalue
 from tokenleap.config import SpecConfig
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
@@ -92,40 +89,19 @@ def test_sampled_first_three_tokens_follow_the_target(pair) -> None:
         kv.free()
         return p
 
-    joint: dict[tuple[int, ...], float] = {}
-    p0 = probs([])
-    for a in p0.nonzero().flatten().tolist():
-        p1 = probs([a])
-        for b in p1.nonzero().flatten().tolist():
-            p2 = probs([a, b])
-            for c in p2.nonzero().flatten().tolist():
-                joint[(a, b, c)] = float(p0[a] * p1[b] * p2[c])
+    joint = exact_joint(probs)
     drafter = CrossTokenizerDrafter(draft, draft_tok, target_tok)
     spec = SpecConfig(method="custom", drafter=drafter, adaptive=False, num_speculative_tokens=4)
     engine = Engine(target, target_tok, spec=spec, drafter=drafter)
     counts = dict.fromkeys(joint, 0)
     n, accepted = 1500, 0
     for seed in range(n):
-        req = engine.add_request(prompt, dataclasses.replace(params, seed=seed))
-        try:
-            engine.start(req)
-            while len(req.output_ids) < 3:
-                engine.step(req)
-        finally:
-            engine.finish(req)
-        out = tuple(req.output_ids[:3])
+        out, acc = first_three(engine, prompt, params, seed)
         assert out in counts, f"an impossible output {out}"
         counts[out] += 1
-        accepted += req.metrics.spec.num_accepted_tokens
-    cells = sorted(joint)
-    expected = np.array([joint[c] for c in cells]) / sum(joint.values()) * n
-    observed = np.array([counts[c] for c in cells], dtype=np.float64)
-    small = expected < 5
-    obs, exp = observed[~small], expected[~small]
-    if small.any():
-        obs, exp = np.append(obs, observed[small].sum()), np.append(exp, expected[small].sum())
-    pvalue = chisquare(obs, exp).pvalue
-    assert pvalue >= 1e-3, f"p={pvalue:.3g}\nobserved {obs.tolist()}\nexpected {exp.round(1).tolist()}"
+        accepted += acc
+    pvalue, report = fit_pvalue(counts, joint)
+    assert pvalue >= 1e-3, report
     assert accepted / n > 0.5, accepted / n  # the drafts (the target's argmax in text space) were taken
 
 

@@ -27,6 +27,7 @@ from typing import ClassVar
 import torch
 
 from tokenleap.drafters.base import Draft, DraftRequest
+from tokenleap.drafters.draft_model import resync
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.llama import LlamaModel
 from tokenleap.tokenizer import Tokenizer
@@ -104,16 +105,10 @@ class CrossTokenizerDrafter:
         context = self.draft_context(tokens)
         if not context:
             return Draft()
-        common = 0
-        limit = min(len(st.cached), len(context) - 1)  # always re-feed at least the last token
-        while common < limit and st.cached[common] == context[common]:
-            common += 1
-        st.kv.truncate(common)
-        del st.cached[common:]
+        new = resync(st.kv, st.cached, context)
         steps = min(max_tokens, self.model.max_context - len(context))
         if steps <= 0:
             return Draft()
-        new = context[common:]
         drafted: list[int] = []
         for _ in range(steps):
             pos = st.kv.length

@@ -37,6 +37,19 @@ def same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: LlamaMo
     return draft.config.vocab_size == target.config.vocab_size and target_tok.hf.get_vocab() == draft_tok.hf.get_vocab()
 
 
+def resync(kv: KVCache, cached: list[int], context: Sequence[int]) -> list[int]:
+    """Roll a draft model's cache (holding `cached`) back to its longest common prefix with
+    `context` (O(1): rejected drafts are just cut), always re-feeding at least the last token;
+    returns the tokens still to feed."""
+    common = 0
+    limit = min(len(cached), len(context) - 1)
+    while common < limit and cached[common] == context[common]:
+        common += 1
+    kv.truncate(common)
+    del cached[common:]
+    return list(context[common:])
+
+
 class DraftModelDrafter:
     name: ClassVar[str] = "draft-model"
     needs_hidden_states: ClassVar[bool] = False
@@ -52,17 +65,11 @@ class DraftModelDrafter:
         st = self._states[request_id]
         if max_tokens <= 0:
             return Draft()
-        common = 0
-        limit = min(len(st.cached), len(tokens) - 1)  # always re-feed at least the last token
-        while common < limit and st.cached[common] == tokens[common]:
-            common += 1
-        st.kv.truncate(common)
-        del st.cached[common:]
+        new = resync(st.kv, st.cached, tokens)
         room = self.model.max_context - len(tokens)
         max_tokens = min(max_tokens, room)
         if max_tokens <= 0:
             return Draft()
-        new = list(tokens[common:])
         params, gen = st.request.params, st.request.generator
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
