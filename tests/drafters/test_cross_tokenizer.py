@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_CONFIG, make_tiny_weights  # noqa: I001  (tests/conftest.py)
+from tiny_models import TINY_CONFIG, make_tiny_weights
 from sampling_stats import exact_joint, first_three, fit_pvalue
 from tokenleap.config import SpecConfig
 from tokenleap.drafters.base import DraftRequest

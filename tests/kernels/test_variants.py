@@ -30,7 +30,7 @@ from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel, SeqInput
 import sys
 sys.path.insert(0, "tests")
-from conftest import TINY_CONFIG, make_tiny_weights
+from tiny_models import TINY_CONFIG, make_tiny_weights
 
 k = load_kernels()
 assert k is not None and k.variant == "avx2" and k.packed and not k.bf16_attention, k
