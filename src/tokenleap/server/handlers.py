@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM, merge_samples
 from tokenleap.sampling import MAX_N, SamplingParams, check_token_ids
+from tokenleap.server.tools import ToolPlan, encode_chat, plan_tools, with_tool_calls
 from tokenleap.structured import StructuredOutputsParams
 from tokenleap.server.config import ServerConfig
 from tokenleap.server.errors import APIError, bad_request
@@ -219,16 +221,34 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     body = parse_body(await read_body(request, state.config.max_request_bytes), ChatCompletionRequest)
     check_model(state, body.model)
     try:
-        ids = await run_in_threadpool(state.llm.tokenizer.apply_chat_template, body.conversation(), True)
+        plan = plan_tools(body.tools, body.tool_choice)
+    except TokenleapError as exc:
+        raise bad_request(exc, "tool_choice" if body.tool_choice not in (None, "auto", "none") else "tools") from None
+    if plan.active and body.stream:
+        raise APIError(400, "tools are not supported with stream=true yet", param="stream")
+    try:
+        ids = await run_in_threadpool(encode_chat, state.llm.tokenizer, body.conversation(), plan)
     except TokenleapError as exc:
         raise bad_request(exc, "messages") from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = sampling_params(body, max_tokens, len(ids), state)
+    tool_constraint = plan.constraint()
+    if tool_constraint is not None:
+        if params.structured_outputs is not None:
+            raise APIError(400, "tool_choice 'required' or a named function cannot be combined with response_format or guided_*",
+                           param="tool_choice")
+        params = dataclasses.replace(params, structured_outputs=tool_constraint)
     spec = speculative(state, body.speculative)
     request_id = new_id("chatcmpl")
     fmt = ChatFormatter(request_id, body.model or state.model_name, _method_name(state, spec), params.logprobs or 0)
+    if plan.active:
+        fmt.response = functools.partial(_tool_response, fmt.response, plan)  # type: ignore[method-assign]
     return await _run(request, state, Job(request_id, ids, params, spec), fmt, body.stream,
                       bool(body.stream_options and body.stream_options.include_usage))
+
+
+def _tool_response(response: Callable[[RequestOutput], dict[str, Any]], plan: ToolPlan, out: RequestOutput) -> dict[str, Any]:
+    return with_tool_calls(response(out), plan)
 
 
 async def completions(request: Request, state: ServerState) -> Response:

@@ -129,9 +129,11 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's earlier calls (server/tools.py renders them)
+    tool_call_id: Optional[str] = None  # a tool result's call
 
     def text(self) -> str:
         if self.content is None:
@@ -151,12 +153,7 @@ class ChatCompletionRequest(_Sampling):
     response_format: Optional[dict[str, Any]] = None
 
     def unsupported(self) -> list[str]:
-        bad = super().unsupported()
-        if self.tools:
-            bad.append("tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            bad.append("tool_choice")
-        return bad
+        return super().unsupported()  # tools / tool_choice: server/tools.py
 
     def num_logprobs(self) -> int | None:
         """SamplingParams.logprobs: None when not asked; else the top count (0: the token's own)."""
@@ -168,7 +165,9 @@ class ChatCompletionRequest(_Sampling):
 
     def conversation(self) -> list[dict[str, str]]:
         """Messages as the chat template takes them (`developer` is OpenAI's new `system`)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        from tokenleap.server.tools import render_message
+
+        return [render_message(m.role, m.text(), m.tool_calls) for m in self.messages]
 
 
 class CompletionRequest(_Sampling):

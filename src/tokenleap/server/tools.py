@@ -1,0 +1,207 @@
+"""Tool calling for `/v1/chat/completions` (OpenAI `tools` / `tool_choice`), Hermes style.
+
+The tools reach the model through its chat template when the template renders them (it reads a
+`tools` variable); otherwise as a Hermes-format system message (NousResearch's Hermes 2 Pro
+function-calling prompt, also what vLLM's `hermes` tool parser reads): the function signatures in
+`<tools></tools>`, and each call answered as `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
+
+`tool_choice` "required" or a named function constrains the answer with a grammar (llguidance Lark
+with `%json` schemas: one or more calls whose `name` is a declared function and whose `arguments`
+follow its `parameters` schema), so the calls are always parseable and valid, exactly as any
+structured output, with or without speculation. "auto" leaves the model free and parses any
+`<tool_call>` blocks out of its answer; "none" ignores the tools. A message with calls is answered
+with `tool_calls` (arguments as a JSON string) and finish reason "tool_calls".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from tokenleap.errors import TokenleapError
+from tokenleap.structured import StructuredOutputsParams
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+HERMES_SYSTEM = (
+    "You are a function calling AI model. You are provided with function signatures within <tools></tools> XML tags. "
+    "You may call one or more functions to assist with the user query. Don't make assumptions about what values to plug "
+    "into functions. Here are the available tools: <tools>\n{tools}\n</tools>\nFor each function call return a json object "
+    "with function name and arguments within <tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
+)
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def as_tool(self) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request's `tools` / `tool_choice` mean for its prompt, constraint and answer."""
+
+    functions: tuple[Function, ...]
+    choice: str  # "auto" | "required" | "named" | "none"
+    named: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.functions) and self.choice != "none"
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The grammar for "required" / a named function (None for "auto" / "none")."""
+        if not self.active or self.choice == "auto":
+            return None
+        funcs = [f for f in self.functions if self.choice == "required" or f.name == self.named]
+        alternatives = [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+                         "required": ["name", "arguments"], "additionalProperties": False} for f in funcs]
+        schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+        repeat = "+" if self.choice == "required" else ""
+        lark = (f"start: call{repeat}\n"
+                f'call: "<tool_call>\\n" %json {json.dumps(schema)} "\\n</tool_call>"\n')
+        return StructuredOutputsParams(grammar=lark)
+
+    def messages(self, conversation: list[dict[str, Any]], template_has_tools: bool) -> list[dict[str, Any]]:
+        """The conversation with the tools described in a system message (templates that do not
+        render `tools` themselves)."""
+        if not self.active or template_has_tools:
+            return conversation
+        listing = "\n".join(json.dumps(f.as_tool()) for f in self.functions)
+        system = HERMES_SYSTEM.format(tools=listing)
+        if conversation and conversation[0]["role"] == "system":
+            return [{"role": "system", "content": system + "\n\n" + conversation[0]["content"]}, *conversation[1:]]
+        return [{"role": "system", "content": system}, *conversation]
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [f.as_tool() for f in self.functions]
+
+
+def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None) -> ToolPlan:
+    """Check `tools` and `tool_choice` (TokenleapError, with the offending field, on bad input)."""
+    funcs: list[Function] = []
+    for i, t in enumerate(tools or []):
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise TokenleapError(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}')
+        fn = t["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise TokenleapError(f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
+        if any(f.name == name for f in funcs):
+            raise TokenleapError(f"tools[{i}]: duplicate function name {name!r}")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise TokenleapError(f"tools[{i}].function.parameters must be a JSON schema object")
+        desc = fn.get("description", "")
+        funcs.append(Function(name, desc if isinstance(desc, str) else "", params))
+    if tool_choice is None:
+        choice, named = ("auto" if funcs else "none"), None
+    elif isinstance(tool_choice, str):
+        if tool_choice not in ("none", "auto", "required"):
+            raise TokenleapError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {tool_choice!r}")
+        choice, named = tool_choice, None
+    else:
+        fn = tool_choice.get("function") if tool_choice.get("type") == "function" else None
+        named = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(named, str):
+            raise TokenleapError('a named tool_choice must be {"type": "function", "function": {"name": ...}}')
+        if not any(f.name == named for f in funcs):
+            raise TokenleapError(f"tool_choice names {named!r}, which is not among the tools")
+        choice = "named"
+    if choice in ("required", "named") and not funcs:
+        raise TokenleapError(f"tool_choice {choice!r} needs tools")
+    plan = ToolPlan(tuple(funcs), choice, named)
+    for f in funcs:  # a bad parameters schema is a 400 now, not a failure mid-generation
+        try:
+            StructuredOutputsParams(json={"type": "object", "properties": {"arguments": f.parameters}})
+        except TokenleapError as exc:
+            raise TokenleapError(f"tool {f.name!r}: {exc}") from None
+    return plan
+
+
+def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content before the first call or None, OpenAI `tool_calls`) from a Hermes-style answer.
+    Blocks that are not a JSON call of a declared function are left in the content."""
+    if not plan.active:
+        return text, []
+    names = {f.name for f in plan.functions}
+    calls: list[dict[str, Any]] = []
+    first = None
+    for m in _CALL.finditer(text):
+        try:
+            obj = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict) or obj.get("name") not in names:
+            continue
+        first = m.start() if first is None else first
+        args = obj.get("arguments", {})
+        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
+    if not calls:
+        return text, []
+    content = text[:first].strip()
+    return (content or None), calls
+
+
+def template_renders_tools(chat_template: str | None) -> bool:
+    """Whether a Jinja chat template reads the `tools` variable."""
+    return bool(chat_template) and re.search(r"\btools\b", chat_template or "") is not None
+
+
+def render_message(role: str, content: str, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    """One chat message as the template takes it, Hermes style: `developer` is `system`, an
+    assistant's earlier calls become `<tool_call>` blocks after its text, a tool result a user
+    turn in `<tool_response>` tags (templates without a `tool` role render it)."""
+    if role == "developer":
+        return {"role": "system", "content": content}
+    if role == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    if role == "assistant" and tool_calls:
+        blocks = []
+        for c in tool_calls:
+            fn = c.get("function", {}) if isinstance(c, dict) else {}
+            args = fn.get("arguments", "{}")
+            try:
+                args = json.loads(args) if isinstance(args, str) else args
+            except json.JSONDecodeError:
+                raise TokenleapError(f"tool_calls arguments must be a JSON string, got {args!r}") from None
+            blocks.append("<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>")
+        content = "\n".join(([content] if content else []) + blocks)
+    return {"role": role, "content": content}
+
+
+def encode_chat(tokenizer: Any, conversation: list[dict[str, Any]], plan: ToolPlan) -> list[int]:
+    """Prompt ids: the template renders the tools itself when it reads `tools`, else they go in a
+    Hermes system message."""
+    if not plan.active:
+        return tokenizer.apply_chat_template(conversation, True)
+    hf = tokenizer.hf
+    if template_renders_tools(getattr(hf, "chat_template", None)):
+        text = hf.apply_chat_template(conversation, tools=plan.tools(), add_generation_prompt=True, tokenize=False)
+        return list(hf.encode(text, add_special_tokens=False))
+    return tokenizer.apply_chat_template(plan.messages(conversation, False), True)
+
+
+def with_tool_calls(response: dict[str, Any], plan: ToolPlan) -> dict[str, Any]:
+    """A chat completion body with its answers' `<tool_call>` blocks as OpenAI `tool_calls`."""
+    if not plan.active:
+        return response
+    for choice in response.get("choices", []):
+        message = choice["message"]
+        content, calls = parse_tool_calls(message.get("content") or "", plan)
+        if calls:
+            message["content"] = content
+            message["tool_calls"] = calls
+            if choice.get("finish_reason") == "stop":
+                choice["finish_reason"] = "tool_calls"
+    return response
