@@ -75,7 +75,6 @@ CASES = [
     (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f f"}}]), 400, "function.name", "tools"),
     (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={"type": "function", "function": {"name": "g"}}),
      400, "not among the tools", "tool_choice"),
-    (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f"}}], stream=True), 400, "tools are not supported with stream", "stream"),
     (CHAT, _chat(max_tokens=9000), 400, "maximum context length is 8192", "max_tokens"),
     (CHAT, _chat(speculative={"method": "bogus"}), 400, "unknown speculative method", "speculative"),
     (CHAT, _chat(speculative={"method": "suffix", "num_speculative_tokens": 99}), 400, "num_speculative_tokens", "speculative"),

@@ -91,3 +91,48 @@ def test_server_tool_calls(client: openai.OpenAI, llm: LLM) -> None:
     assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=8, tools=[WEATHER], tool_choice="none")
     assert plain.choices[0].message.tool_calls is None
+
+
+@pytest.mark.slow
+def test_server_tool_calls_streamed(client: openai.OpenAI) -> None:
+    """Streamed: no `<tool_call>` text in the content deltas, the calls in a tool_calls delta, the
+    same call as the non-streamed answer."""
+    kwargs: dict = dict(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=60, tools=[WEATHER, TIME], tool_choice="required")
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    content, calls, finish = "", [], None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        content += d.content or ""
+        calls += d.tool_calls or []
+        finish = chunk.choices[0].finish_reason or finish
+    assert "<tool_call>" not in content and finish == whole.finish_reason
+    assert [c.function.model_dump() for c in calls] == [c.function.model_dump() for c in whole.message.tool_calls or []]
+    auto = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        stream=True, **{**kwargs, "tool_choice": "auto", "max_tokens": 12}) if c.choices)
+    ref = client.chat.completions.create(**{**kwargs, "tool_choice": "auto", "max_tokens": 12}).choices[0].message
+    assert ref.tool_calls or auto == ref.content
+
+
+def test_stream_holdback() -> None:
+    """Content streams until a call may begin; the call text never reaches a content delta."""
+    from tokenleap.server.protocol import ChatFormatter
+    from tokenleap.server.tools import tool_formatter
+    from tokenleap.types import CompletionOutput, RequestOutput
+
+    plan = plan_tools([WEATHER], "auto")
+    fmt = tool_formatter(ChatFormatter, plan, "chatcmpl-x", MODEL, None, 0)
+    text = 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "celsius"}}\n</tool_call>'
+    pieces = ["Let me", " check. <", "tool_", "call>\n{\"name\"", text[len('Let me check. <tool_call>\n{"name"'):]]
+    assert "".join(pieces) == text
+    sent = [c["choices"][0]["delta"]["content"] for p in pieces if (c := fmt.delta_chunk(p)) is not None]
+    assert "".join(sent) == "Let me check. "
+    out = RequestOutput("r", None, [1], [CompletionOutput(0, text, [1, 2], "stop")], True)
+    chunks = fmt.final_chunks(out)
+    assert [c["choices"][0]["delta"] for c in chunks[:-1]][0]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    plain = tool_formatter(ChatFormatter, plan, "chatcmpl-y", MODEL, None, 0)
+    assert plain.delta_chunk("a <tool") is not None
+    tail = plain.final_chunks(RequestOutput("r", None, [1], [CompletionOutput(0, "a <tool", [1], "length")], True))
+    assert tail[0]["choices"][0]["delta"]["content"] == "<tool" and tail[-1]["choices"][0]["finish_reason"] == "length"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM, merge_samples
 from tokenleap.sampling import MAX_N, SamplingParams, check_token_ids
-from tokenleap.server.tools import ToolPlan, encode_chat, plan_tools, with_tool_calls
+from tokenleap.server.tools import encode_chat, plan_tools, tool_formatter
 from tokenleap.structured import StructuredOutputsParams
 from tokenleap.server.config import ServerConfig
 from tokenleap.server.errors import APIError, bad_request
@@ -224,8 +223,6 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         plan = plan_tools(body.tools, body.tool_choice)
     except TokenleapError as exc:
         raise bad_request(exc, "tool_choice" if body.tool_choice not in (None, "auto", "none") else "tools") from None
-    if plan.active and body.stream:
-        raise APIError(400, "tools are not supported with stream=true yet", param="stream")
     try:
         ids = await run_in_threadpool(encode_chat, state.llm.tokenizer, body.conversation(), plan)
     except TokenleapError as exc:
@@ -240,15 +237,10 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         params = dataclasses.replace(params, structured_outputs=tool_constraint)
     spec = speculative(state, body.speculative)
     request_id = new_id("chatcmpl")
-    fmt = ChatFormatter(request_id, body.model or state.model_name, _method_name(state, spec), params.logprobs or 0)
-    if plan.active:
-        fmt.response = functools.partial(_tool_response, fmt.response, plan)  # type: ignore[method-assign]
+    fmt_args = (request_id, body.model or state.model_name, _method_name(state, spec), params.logprobs or 0)
+    fmt = tool_formatter(ChatFormatter, plan, *fmt_args) if plan.active else ChatFormatter(*fmt_args)
     return await _run(request, state, Job(request_id, ids, params, spec), fmt, body.stream,
                       bool(body.stream_options and body.stream_options.include_usage))
-
-
-def _tool_response(response: Callable[[RequestOutput], dict[str, Any]], plan: ToolPlan, out: RequestOutput) -> dict[str, Any]:
-    return with_tool_calls(response(out), plan)
 
 
 async def completions(request: Request, state: ServerState) -> Response:
@@ -367,10 +359,13 @@ async def _sse(handle: RequestHandle, fmt: Formatter, include_usage: bool) -> As
     while True:
         ev = await handle.events.get()
         if ev.kind == "delta":
-            yield chunk(fmt.delta_chunk(ev.text))
+            delta = fmt.delta_chunk(ev.text)
+            if delta is not None:  # a formatter may hold text back (tool calls)
+                yield chunk(delta)
         elif ev.kind == "done":
             assert ev.output is not None
-            yield chunk(fmt.final_chunk(ev.output))
+            for c in fmt.final_chunks(ev.output):
+                yield chunk(c)
             if include_usage:
                 yield chunk(fmt.usage_chunk(ev.output))
             break

@@ -276,10 +276,14 @@ class Formatter(ABC):
         return []
 
     @abstractmethod
-    def delta_chunk(self, text: str) -> dict[str, Any]: ...
+    def delta_chunk(self, text: str) -> dict[str, Any] | None: ...  # None: nothing to send yet
 
     @abstractmethod
     def final_chunk(self, out: RequestOutput) -> dict[str, Any]: ...
+
+    def final_chunks(self, out: RequestOutput) -> list[dict[str, Any]]:
+        """What a stream sends when the request ends (before the usage chunk)."""
+        return [self.final_chunk(out)]
 
     def usage_chunk(self, out: RequestOutput) -> dict[str, Any]:
         return {**self._head(self.chunk_object_name), "choices": [], "usage": usage(out)}

@@ -133,6 +133,15 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[s
     Blocks that are not a JSON call of a declared function are left in the content."""
     if not plan.active:
         return text, []
+    first, calls = _calls(text, plan)
+    if not calls:
+        return text, []
+    content = text[:first].strip()
+    return (content or None), calls
+
+
+def _calls(text: str, plan: ToolPlan) -> tuple[int, list[dict[str, Any]]]:
+    """(where the first valid call block starts, the calls)."""
     names = {f.name for f in plan.functions}
     calls: list[dict[str, Any]] = []
     first = None
@@ -147,10 +156,7 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[s
         args = obj.get("arguments", {})
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
-    if not calls:
-        return text, []
-    content = text[:first].strip()
-    return (content or None), calls
+    return (len(text) if first is None else first), calls
 
 
 def template_renders_tools(chat_template: str | None) -> bool:
@@ -205,3 +211,54 @@ def with_tool_calls(response: dict[str, Any], plan: ToolPlan) -> dict[str, Any]:
             if choice.get("finish_reason") == "stop":
                 choice["finish_reason"] = "tool_calls"
     return response
+
+
+_OPEN = "<tool_call>"
+
+
+def _held(text: str) -> int:
+    """Characters at the end of `text` that could begin `<tool_call>`."""
+    for n in range(min(len(_OPEN) - 1, len(text)), 0, -1):
+        if _OPEN.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def tool_formatter(base: type, plan: ToolPlan, *args: Any, **kwargs: Any) -> Any:
+    """A chat formatter (`base`: protocol.ChatFormatter) whose answers carry `tool_calls`. Streamed,
+    text is sent as content until a `<tool_call>` may begin; the calls follow in one delta at the
+    end (OpenAI's `tool_calls` delta shape, arguments whole), then the finish chunk."""
+
+    class ToolChatFormatter(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__(*args, **kwargs)
+            self._text = ""
+            self._sent = 0
+
+        def response(self, out: Any) -> dict[str, Any]:
+            return with_tool_calls(super().response(out), plan)
+
+        def delta_chunk(self, text: str) -> dict[str, Any] | None:
+            self._text += text
+            cut = self._text.find(_OPEN)
+            end = cut if cut >= 0 else len(self._text) - _held(self._text)
+            if end <= self._sent:
+                return None
+            delta, self._sent = self._text[self._sent : end], end
+            return super().delta_chunk(delta)
+
+        def final_chunks(self, out: Any) -> list[dict[str, Any]]:
+            text = out.outputs[0].text
+            first, calls = _calls(text, plan)
+            chunks = []
+            rest = text[self._sent : first]  # content not sent yet (all of it when there is no call)
+            if rest:
+                chunks.append(super().delta_chunk(rest))
+            final = super().final_chunk(out)
+            if calls:
+                chunks.append(self._chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, None))
+                if final["choices"][0]["finish_reason"] == "stop":
+                    final["choices"][0]["finish_reason"] = "tool_calls"
+            return [*chunks, final]
+
+    return ToolChatFormatter()
