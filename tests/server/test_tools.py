@@ -136,3 +136,19 @@ def test_stream_holdback() -> None:
     assert plain.delta_chunk("a <tool") is not None
     tail = plain.final_chunks(RequestOutput("r", None, [1], [CompletionOutput(0, "a <tool", [1], "length")], True))
     assert tail[0]["choices"][0]["delta"]["content"] == "<tool" and tail[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_auto_grammar(llm: LLM) -> None:
+    """"auto": free text without the tag, or text then valid calls; never a malformed call."""
+    from tokenleap.structured import GrammarState, GrammarTokenizer
+
+    tok = GrammarTokenizer(llm.tokenizer.hf, llm.model.config.vocab_size)
+    constraint = plan_tools([WEATHER, TIME], "auto").constraint()
+    assert constraint is not None
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    for text, ok in (("It is sunny, a < b.", True), ("Let me look. " + call, True), (call + call, True),
+                     ("x " + call.replace("get_time", "get_date"), False), ("x " + call + " and more", False),
+                     ("x <tool_call>\nnot json", False)):
+        state = GrammarState(tok, constraint)
+        ids = llm.tokenizer.hf.encode(text, add_special_tokens=False)
+        assert (state.matcher.validate_tokens(ids) == len(ids)) == ok, text

@@ -230,7 +230,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = sampling_params(body, max_tokens, len(ids), state)
     tool_constraint = plan.constraint()
-    if tool_constraint is not None:
+    if tool_constraint is not None and not (plan.choice == "auto" and params.structured_outputs is not None):
         if params.structured_outputs is not None:
             raise APIError(400, "tool_choice 'required' or a named function cannot be combined with response_format or guided_*",
                            param="tool_choice")

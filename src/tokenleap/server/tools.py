@@ -5,11 +5,12 @@ The tools reach the model through its chat template when the template renders th
 function-calling prompt, also what vLLM's `hermes` tool parser reads): the function signatures in
 `<tools></tools>`, and each call answered as `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
 
-`tool_choice` "required" or a named function constrains the answer with a grammar (llguidance Lark
-with `%json` schemas: one or more calls whose `name` is a declared function and whose `arguments`
-follow its `parameters` schema), so the calls are always parseable and valid, exactly as any
-structured output, with or without speculation. "auto" leaves the model free and parses any
-`<tool_call>` blocks out of its answer; "none" ignores the tools. A message with calls is answered
+The answer is generated under a grammar (llguidance Lark with `%json` schemas): "required", one
+or more calls whose `name` is a declared function and whose `arguments` follow its `parameters`
+schema; a named function, one call of it; "auto", free text that never contains `<tool_call>`, or
+text followed by such calls. So calls always parse and are valid, exactly as any structured output,
+with or without speculation. "none" ignores the tools. A `response_format` / `guided_*` constraint
+given with "auto" wins (the tools are then only parsed); with "required" or a named function, 400. A message with calls is answered
 with `tool_calls` (arguments as a JSON string) and finish reason "tool_calls".
 """
 
@@ -59,16 +60,23 @@ class ToolPlan:
         return bool(self.functions) and self.choice != "none"
 
     def constraint(self) -> StructuredOutputsParams | None:
-        """The grammar for "required" / a named function (None for "auto" / "none")."""
-        if not self.active or self.choice == "auto":
+        """The grammar of the answer (None for "none"): "required", one or more calls; a named
+        function, one call of it; "auto", either text that never contains `<tool_call>`, or text
+        followed by one or more calls (the tag's `suffix` rule: no backtracking)."""
+        if not self.active:
             return None
-        funcs = [f for f in self.functions if self.choice == "required" or f.name == self.named]
+        funcs = [f for f in self.functions if self.choice != "named" or f.name == self.named]
         alternatives = [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
                          "required": ["name", "arguments"], "additionalProperties": False} for f in funcs]
-        schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
-        repeat = "+" if self.choice == "required" else ""
-        lark = (f"start: call{repeat}\n"
-                f'call: "<tool_call>\\n" %json {json.dumps(schema)} "\\n</tool_call>"\n')
+        schema = json.dumps(alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives})
+        call = f'call: "<tool_call>\\n" %json {schema} "\\n</tool_call>"\n'
+        if self.choice == "auto":
+            lark = ("start: PLAIN | text body call*\n"
+                    "PLAIN: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n"
+                    'text[suffix="<tool_call>"]: /(.|\\n)*/\n'
+                    f'body: "\\n" %json {schema} "\\n</tool_call>"\n' + call)
+        else:
+            lark = f"start: call{'+' if self.choice == 'required' else ''}\n" + call
         return StructuredOutputsParams(grammar=lark)
 
     def messages(self, conversation: list[dict[str, Any]], template_has_tools: bool) -> list[dict[str, Any]]:
