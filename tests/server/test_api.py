@@ -196,3 +196,13 @@ def test_structured_outputs(client: openai.OpenAI, llm: LLM) -> None:
     for bad in ({"guided_regex": "a("}, {"response_format": {"type": "xml"}}, {"response_format": {"type": "json_schema"}}):
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, extra_body=bad)
+
+
+def test_streamed_logprobs_arrive_with_the_last_chunk(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": QUESTION}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=10, logprobs=True, top_logprobs=2)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=10, logprobs=True,
+                                                 top_logprobs=2, stream=True))
+    content = [lp for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
+    assert [(x.token, x.logprob) for x in content] == [(x.token, x.logprob) for x in whole.choices[0].logprobs.content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content

@@ -67,7 +67,6 @@ CASES = [
     (CHAT, _chat(n=2, stream=True), 400, "n > 1 is not supported with stream", "n"),
     (CHAT, _chat(stream="yes"), 400, "stream", "stream"),
     (CHAT, _chat(stream_options={"include_usage": True}), 400, "stream_options", "stream_options"),
-    (CHAT, _chat(logprobs=True, stream=True), 400, "not supported with stream", "logprobs"),
     (CHAT, _chat(top_logprobs=3), 400, "top_logprobs needs logprobs=true", "top_logprobs"),
     (CHAT, _chat(logprobs=True, top_logprobs=50), 400, "logprobs must be an integer in [0, 20]", "logprobs"),
     (CHAT, _chat(presence_penalty=2.5), 400, "presence_penalty must be in [-2, 2]", "presence_penalty"),

@@ -126,8 +126,6 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         num_logprobs = body.num_logprobs()
     except ValueError as exc:
         raise APIError(400, str(exc), param="top_logprobs") from None
-    if num_logprobs is not None and body.stream:
-        raise APIError(400, "logprobs are not supported with stream=true yet", param="logprobs")
     ctx = state.max_context
     if prompt_len >= ctx:
         raise APIError(400, f"the prompt has {prompt_len} tokens but the context length is {ctx}: no room left to generate",

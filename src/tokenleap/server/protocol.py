@@ -308,6 +308,7 @@ class ChatFormatter(Formatter):
 
     def final_chunk(self, out: RequestOutput) -> dict[str, Any]:
         chunk = self._chunk({}, out.outputs[0].finish_reason)
+        chunk["choices"][0]["logprobs"] = chat_logprobs(out.outputs[0], self.top)  # streamed: every token's, here
         chunk["speculative"] = speculative_stats(out, self.spec_method)
         return chunk
 
@@ -336,6 +337,7 @@ class CompletionFormatter(Formatter):
 
     def final_chunk(self, out: RequestOutput) -> dict[str, Any]:
         chunk = self._chunk("", out.outputs[0].finish_reason)
+        chunk["choices"][0]["logprobs"] = completion_logprobs(out.outputs[0], self.top)  # streamed: every token's, here
         chunk["speculative"] = speculative_stats(out, self.spec_method)
         return chunk
 
