@@ -206,3 +206,19 @@ def test_streamed_logprobs_arrive_with_the_last_chunk(client: openai.OpenAI) -> 
     content = [lp for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
     assert [(x.token, x.logprob) for x in content] == [(x.token, x.logprob) for x in whole.choices[0].logprobs.content]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+
+
+def test_streamed_n_samples_equal_the_whole_answer(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": QUESTION}]
+    kwargs = dict(model=MODEL, messages=messages, temperature=0.9, max_tokens=10, n=3, seed=4)
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    texts = ["", "", ""]
+    finish = [None, None, None]
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            finish[ch.index] = ch.finish_reason or finish[ch.index]
+    assert texts == [c.message.content for c in whole.choices]
+    assert finish == [c.finish_reason for c in whole.choices]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens

@@ -11,6 +11,7 @@ loop frees it.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
@@ -115,8 +116,6 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
                     state: ServerState) -> SamplingParams:
     if not 1 <= body.n <= MAX_N:
         raise APIError(400, f"n must be in [1, {MAX_N}], got {body.n}", param="n")
-    if body.n > 1 and body.stream:
-        raise APIError(400, "n > 1 is not supported with stream=true yet", param="n")
     bad = body.unsupported()
     if bad:
         raise APIError(400, f"not supported by this server: {', '.join(bad)}", param=bad[0])
@@ -267,7 +266,7 @@ async def completions(request: Request, state: ServerState) -> Response:
 
 async def _run(request: Request, state: ServerState, job: Job, fmt: Formatter, stream: bool, include_usage: bool) -> Response:
     if job.params.n > 1:
-        return await _run_samples(request, state, job, fmt)
+        return await _run_samples(request, state, job, fmt, stream, include_usage)
     try:
         handle = state.loop.submit(job, asyncio.get_running_loop())
     except QueueFull as exc:
@@ -286,9 +285,10 @@ async def _run(request: Request, state: ServerState, job: Job, fmt: Formatter, s
     return JSONResponse(fmt.response(out))
 
 
-async def _run_samples(request: Request, state: ServerState, job: Job, fmt: Formatter) -> Response:
+async def _run_samples(request: Request, state: ServerState, job: Job, fmt: Formatter, stream: bool, include_usage: bool) -> Response:
     """n > 1: the samples as separate engine requests (sample i seeded seed + i, as the library
-    does), batched by the engine loop, answered together with one choice each."""
+    does), batched by the engine loop, answered together with one choice each; streamed, their
+    chunks interleave as they come, each with its choice index."""
     p = job.params
     handles: list[RequestHandle] = []
     try:
@@ -300,6 +300,13 @@ async def _run_samples(request: Request, state: ServerState, job: Job, fmt: Form
         for h in handles:
             h.abort()
         raise APIError(429 if isinstance(exc, QueueFull) else 503, str(exc)) from None
+    if stream:
+        def abort_all() -> None:
+            for h in handles:
+                h.abort()
+
+        return AbortingStreamingResponse(_sse_samples(handles, fmt, include_usage), on_close=abort_all, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         outs = await _until_disconnect(request, asyncio.gather(*(_collect(h) for h in handles)))
     finally:
@@ -371,6 +378,63 @@ async def _sse(handle: RequestHandle, fmt: Formatter, include_usage: bool) -> As
             yield _data(APIError(ev.status, ev.message).body())
             break
     yield "data: [DONE]\n\n"
+
+
+async def _sse_samples(handles: list[RequestHandle], fmt: Formatter, include_usage: bool) -> AsyncIterator[str]:
+    """The n samples' streams as one: each sample's chunks (from its own copy of the formatter)
+    with its choice index, in arrival order; one usage chunk over all samples at the end."""
+    queue: asyncio.Queue[tuple[str | None, RequestOutput | None]] = asyncio.Queue()
+
+    def put(i: int, c: dict[str, Any]) -> None:
+        for choice in c.get("choices", []):
+            choice["index"] = i
+        if include_usage:
+            c.setdefault("usage", None)
+        queue.put_nowait((_data(c), None))
+
+    async def pump(i: int, handle: RequestHandle) -> None:
+        f = copy.copy(fmt)  # a formatter may hold per-answer state (tool calls)
+        out = None
+        try:
+            for c in f.first_chunks():
+                put(i, c)
+            while True:
+                ev = await handle.events.get()
+                if ev.kind == "delta":
+                    delta = f.delta_chunk(ev.text)
+                    if delta is not None:
+                        put(i, delta)
+                elif ev.kind == "done":
+                    assert ev.output is not None
+                    out = ev.output
+                    out.outputs[0].index = i
+                    for c in f.final_chunks(out):
+                        put(i, c)
+                    break
+                else:
+                    queue.put_nowait((_data(APIError(ev.status, ev.message).body()), None))
+                    break
+        finally:
+            queue.put_nowait((None, out))
+
+    tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+    outs: list[RequestOutput] = []
+    try:
+        left = len(handles)
+        while left:
+            text, out = await queue.get()
+            if text is not None:
+                yield text
+                continue
+            left -= 1
+            if out is not None:
+                outs.append(out)
+        if include_usage and len(outs) == len(handles):
+            yield _data(fmt.usage_chunk(merge_samples(outs)))
+        yield "data: [DONE]\n\n"
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 class AbortingStreamingResponse(StreamingResponse):
