@@ -21,6 +21,7 @@ every output is compared with plain decoding's.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import tempfile
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             head_dir = args.head if have_head else random_head_dir(model, v, Path(tmp) / f"head{v}")
             head = load_eagle3(head_dir, model)
             costs_by_vocab[head.config.draft_vocab_size] = measure_costs(model, head, args.context, args.topk, args.repeats)
-    result: dict[str, Any] = {"date": "2026-11-24", "head": str(args.head) if have_head else "random weights (cost only)",
+    result: dict[str, Any] = {"date": datetime.date.today().isoformat(), "head": str(args.head) if have_head else "random weights (cost only)",
                               "context": args.context, "costs_by_draft_vocab": costs_by_vocab}
     print(json.dumps(costs_by_vocab, indent=1))
     if not have_head or args.cost_only:

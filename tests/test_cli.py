@@ -128,3 +128,48 @@ def test_speculative_config_json_and_penalties(capsys: pytest.CaptureFixture[str
     assert spec["token_ids"] == plain["token_ids"]
     assert main(base) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] != plain["token_ids"]  # the penalty changed the text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--aux-layers", "1,2"], "--aux-layers takes three comma-separated layer ids"),
+        (["--aux-layers", "a,b,c"], "--aux-layers takes three"),
+        (["--ttt-steps", "0"], "ttt_steps must be in [1, 16]"),
+        (["--data", "/nonexistent/chats.jsonl"], "does not exist"),
+        (["--resume"], "nothing to resume"),
+    ],
+)
+def test_train_drafter_bad_input(extra: list[str], message: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    assert main(["train-drafter", "-o", str(tmp_path / "head"), "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_train_drafter_end_to_end_on_the_default_model(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    """Self-distillation, a few TTT steps, the EAGLE-3 layout on disk, and the engine evaluation
+    (greedy outputs with the head identical to plain decoding) on SmolLM2."""
+    data = tmp_path / "chats.jsonl"
+    topics = ["the moon", "tea", "rivers", "prime numbers", "bicycles", "owls", "glass", "maps", "bread", "snow"]
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Write one sentence about {t}."},
+                                                     {"role": "assistant", "content": "(answered again by the target)"}]}) + "\n"
+                            for t in topics))
+    out = tmp_path / "head"
+    argv = ["train-drafter", "-o", str(out), "--data", str(data), "--regen-max-tokens", "24", "--draft-vocab-size", "512",
+            "--ttt-steps", "2", "--tokens-per-batch", "256", "--max-steps", "3", "--eval-prompts", "2", "--no-progress"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "self-distillation: the target answers 10 prompts" in err
+    assert "outputs identical" in err and "--spec-type eagle3 --model-draft" in err
+    regen = [json.loads(line) for line in (out / "regenerated.jsonl").read_text().splitlines()]
+    assert len(regen) == len(topics) and all(r["answer"].strip() for r in regen)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 512 and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert cfg["tokenleap_training"]["steps"] == 3
+    ev = json.loads((out / "eval.json").read_text())
+    assert ev["identical"] and ev["prompts"] == 2
+    # a second run resumes: answers come from the cache, training continues from step 3
+    assert main([*argv, "--resume", "--max-steps", "1", "--eval-prompts", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "resuming at step 3" in err and "self-distillation" not in err
+    assert json.loads((out / "config.json").read_text())["tokenleap_training"]["steps"] == 4

@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_train_parser(sub: Any) -> None:
     tr = sub.add_parser(
-        "train-drafter", help="train an EAGLE-3 draft head for the model (CPU)",
+        "train-drafter", help="train an EAGLE-3 draft head (or Medusa heads) for the model (CPU)",
         description="Train an EAGLE-3 head (one decoder layer over three of the target's layers, reduced draft vocabulary, "
                     "training-time test) on ShareGPT or your own chats, answered again by the target itself "
                     "(self-distillation). Writes OUTPUT/config.json + model.safetensors in the EAGLE-3 layout "
@@ -167,11 +167,14 @@ def _add_train_parser(sub: Any) -> None:
     d.add_argument("--regen-max-tokens", type=int, default=256, help="longest regenerated answer (default: %(default)s)")
     d.add_argument("--max-len", type=int, default=768, help="tokens per training sequence at most (default: %(default)s)")
     h = tr.add_argument_group("head and training")
+    h.add_argument("--head-type", default="eagle3", choices=["eagle3", "medusa"],
+                   help="eagle3: one decoder layer over three target layers (default); medusa: Medusa-1 heads (residual blocks over the final hidden state, sharing the target's LM head)")
+    h.add_argument("--medusa-heads", type=int, default=4, help="medusa: number of heads, head k predicts k + 2 tokens ahead (default: %(default)s)")
     h.add_argument("--draft-vocab-size", type=int, default=8192, help="draft vocabulary: the most frequent assistant tokens (default: %(default)s)")
     h.add_argument("--aux-layers", default=None, help="three target layer ids whose inputs feed the head, e.g. 2,15,27 (default: 2, N//2, N-3)")
     h.add_argument("--ttt-steps", type=int, default=4, help="training-time test: draft steps unrolled per position (default: %(default)s)")
     h.add_argument("--epochs", type=int, default=1, help="passes over the data (default: %(default)s)")
-    h.add_argument("--lr", type=float, default=3e-4, help="peak learning rate, AdamW with warmup and cosine decay (default: %(default)s)")
+    h.add_argument("--lr", type=float, default=5e-4, help="peak learning rate, AdamW with warmup and cosine decay (default: %(default)s)")
     h.add_argument("--tokens-per-batch", type=int, default=2048, help="padded tokens per optimizer step (default: %(default)s)")
     h.add_argument("--max-time", type=float, default=None, help="stop training after this many seconds and save (regeneration not counted)")
     h.add_argument("--max-steps", type=int, default=None, help="optimizer steps of this run at most (continue later with --resume)")
@@ -506,7 +509,7 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tokenleap import LLM
-    from tokenleap.train.trainer import TrainConfig, train_eagle3
+    from tokenleap.train.trainer import TrainConfig, train_drafter
 
     aux = None
     if args.aux_layers:
@@ -517,7 +520,7 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
         if len(aux) != 3:
             raise TokenleapError(f"--aux-layers takes three comma-separated layer ids, got {args.aux_layers!r}")
     config = TrainConfig(
-        output=Path(args.output).expanduser(), data=tuple(args.data or ["sharegpt"]), max_samples=args.max_samples,
+        output=Path(args.output).expanduser(), head_type=args.head_type, medusa_heads=args.medusa_heads, data=tuple(args.data or ["sharegpt"]), max_samples=args.max_samples,
         regenerate=not args.no_regenerate, regen_max_tokens=args.regen_max_tokens, max_len=args.max_len,
         draft_vocab_size=args.draft_vocab_size, aux_layers=aux, ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr,  # type: ignore[arg-type]
         tokens_per_batch=args.tokens_per_batch, max_time=args.max_time, max_steps=args.max_steps, save_every=args.save_every,
@@ -533,7 +536,7 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    result = train_eagle3(llm, config, args.model, llm_kwargs=llm_kwargs, progress=not args.no_progress, on_log=say)
+    result = train_drafter(llm, config, args.model, llm_kwargs=llm_kwargs, progress=not args.no_progress, on_log=say)
     say(f"head written to {result.output} ({result.steps} steps, {result.tokens} tokens, {result.seconds:.0f} s"
         f"{', stopped early' if result.stopped_early else ''})")
     if result.eval_accuracy:
@@ -544,7 +547,7 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
             f"{ev['speedup']:.2f}x plain decoding's speed, outputs {'identical' if ev['identical'] else 'DIFFERENT'}")
         if not ev["identical"]:
             return 1
-    say(f"use it: tokenleap generate --spec-type eagle3 --model-draft {result.output} \"PROMPT\"")
+    say(f"use it: tokenleap generate --spec-type {config.head_type} --model-draft {result.output} \"PROMPT\"")
     return 0
 
 

@@ -18,7 +18,7 @@ from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab, Example
 from tokenleap.train.eagle3_head import HeadShape, TrainableEagle3
-from tokenleap.train.trainer import TrainConfig, make_batch, target_features, train_eagle3, ttt_loss
+from tokenleap.train.trainer import TrainConfig, make_batch, target_features, train_drafter, ttt_loss
 
 AUX = (0, 1, 1)  # the tiny target has 2 layers
 
@@ -114,7 +114,7 @@ def test_training_lifts_acceptance_and_stays_lossless(tiny_hf_folder: Path, tiny
     data, fresh = tiny_data
     llm = LLM(model=str(tiny_hf_folder), dtype="float32")
     out = tmp_path / "head"
-    res = train_eagle3(llm, _config(out, data), str(tiny_hf_folder), progress=False)
+    res = train_drafter(llm, _config(out, data, epochs=12), str(tiny_hf_folder), progress=False)
     assert res.steps > 0 and (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     assert res.eval_accuracy[0] > 0.35, res.eval_accuracy
     cfg = json.loads((out / "config.json").read_text())
@@ -142,10 +142,10 @@ def test_training_lifts_acceptance_and_stays_lossless(tiny_hf_folder: Path, tiny
 def test_resume_matches_an_uninterrupted_run(tiny_hf_folder: Path, tiny_data: Any, tmp_path: Path) -> None:
     data, _ = tiny_data
     llm = LLM(model=str(tiny_hf_folder), dtype="float32")
-    whole = train_eagle3(llm, _config(tmp_path / "a", data, epochs=2), "tiny", progress=False)
-    first = train_eagle3(llm, _config(tmp_path / "b", data, epochs=2, max_steps=5), "tiny", progress=False)
+    whole = train_drafter(llm, _config(tmp_path / "a", data, epochs=2), "tiny", progress=False)
+    first = train_drafter(llm, _config(tmp_path / "b", data, epochs=2, max_steps=5), "tiny", progress=False)
     assert first.steps == 5 and first.stopped_early
-    second = train_eagle3(llm, _config(tmp_path / "b", data, epochs=2, resume=True), "tiny", progress=False)
+    second = train_drafter(llm, _config(tmp_path / "b", data, epochs=2, resume=True), "tiny", progress=False)
     assert second.steps == whole.steps and not second.stopped_early
     from safetensors.torch import load_file
 
@@ -154,7 +154,7 @@ def test_resume_matches_an_uninterrupted_run(tiny_hf_folder: Path, tiny_data: An
     for k in a:
         torch.testing.assert_close(a[k].float(), b[k].float(), atol=1e-2, rtol=1e-2)
     with pytest.raises(TokenleapError, match="different head shape"):
-        train_eagle3(llm, _config(tmp_path / "b", data, epochs=2, resume=True, aux_layers=(0, 0, 1)), "tiny",
+        train_drafter(llm, _config(tmp_path / "b", data, epochs=2, resume=True, aux_layers=(0, 0, 1)), "tiny",
                      progress=False)
 
 
@@ -166,10 +166,36 @@ def test_bad_configs_fail_clearly(tiny_hf_folder: Path, tiny_data: Any, tmp_path
             _config(tmp_path, data, **kw)
     llm = LLM(model=str(tiny_hf_folder), dtype="float32")
     with pytest.raises(TokenleapError, match="aux layers"):
-        train_eagle3(llm, _config(tmp_path / "x", data, aux_layers=(0, 1, 5)), "tiny", progress=False)
+        train_drafter(llm, _config(tmp_path / "x", data, aux_layers=(0, 1, 5)), "tiny", progress=False)
     with pytest.raises(TokenleapError, match="nothing to resume"):
-        train_eagle3(llm, _config(tmp_path / "y", data, resume=True), "tiny", progress=False)
+        train_drafter(llm, _config(tmp_path / "y", data, resume=True), "tiny", progress=False)
     big = tmp_path / "big.jsonl"
     big.write_text(json.dumps({"token_ids": [1, 2, 300], "loss_mask": [1, 1, 1]}) + "\n" + json.dumps({"token_ids": [1, 2]}) + "\n")
     with pytest.raises(TokenleapError, match="outside the target vocabulary"):
-        train_eagle3(llm, _config(tmp_path / "z", big), "tiny", progress=False)
+        train_drafter(llm, _config(tmp_path / "z", big), "tiny", progress=False)
+
+
+def test_medusa_heads_train_export_and_draft_losslessly(tiny_hf_folder: Path, tiny_data: Any, tmp_path: Path) -> None:
+    data, fresh = tiny_data
+    llm = LLM(model=str(tiny_hf_folder), dtype="float32")
+    out = tmp_path / "medusa"
+    res = train_drafter(llm, _config(out, data, head_type="medusa", medusa_heads=3, epochs=4), "tiny", progress=False)
+    first, last = sum(res.losses[:10]) / 10, sum(res.losses[-10:]) / 10
+    assert last < first - 0.1, (first, last)  # it learns (slowly: see below)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["medusa_num_heads"] == 3 and cfg["medusa_num_layers"] == 1 and len(res.eval_accuracy) == 3
+    # zero-initialised blocks make every head the target's next-token prediction; training moves them
+    from safetensors.torch import load_file
+
+    w = load_file(str(out / "model.safetensors"))
+    assert set(w) == {f"{k}.0.linear.{p}" for k in range(3) for p in ("weight", "bias")}
+    assert all(float(t.float().abs().max()) > 0 for t in w.values())
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompts = [r["token_ids"][:4] for r in fresh]
+    plain = llm.generate(prompts, params, use_tqdm=False)
+    spec = LLM(model=str(tiny_hf_folder), dtype="float32",
+               speculative_config={"method": "medusa", "model": str(out), "num_speculative_tokens": 3})
+    got = spec.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+    # (on this random 2-layer target a head without the next token's identity predicts little:
+    # losslessness, not acceptance, is what this test holds the Medusa path to)

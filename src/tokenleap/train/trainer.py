@@ -1,4 +1,5 @@
-"""`tokenleap train-drafter`: trains an EAGLE-3 head for a target tokenleap runs, on the CPU.
+"""`tokenleap train-drafter`: trains an EAGLE-3 head (or Medusa-1 heads, `head_type="medusa"`, with
+the same data, features, loss and loop) for a target tokenleap runs, on the CPU.
 
 The pipeline (EAGLE-3 / SpecForge's online recipe): records -> optional self-distillation (the
 target answers each first user turn again, batched through `LLM.chat`, cached in
@@ -35,6 +36,7 @@ from tokenleap.drafters.eagle3 import default_aux_layers
 from tokenleap.errors import TokenleapError
 from tokenleap.train.data import DraftVocab, Example, Record, build_draft_vocab, load_records, tokenize
 from tokenleap.train.eagle3_head import HeadShape, TrainableEagle3
+from tokenleap.train.medusa_head import MedusaShape, TrainableMedusa
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +44,14 @@ STATE_FILE = "trainer_state.pt"
 REGEN_FILE = "regenerated.jsonl"
 
 
+HEAD_TYPES = ("eagle3", "medusa")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     output: Path
+    head_type: str = "eagle3"  # or "medusa" (Medusa-1 heads sharing the target's LM head)
+    medusa_heads: int = 4
     data: tuple[str, ...] = ("sharegpt",)
     max_samples: int | None = 2000
     regenerate: bool = True  # self-distillation: the target answers the first user turn again
@@ -55,7 +62,7 @@ class TrainConfig:
     ttt_steps: int = 4
     ttt_decay: float = 0.8
     epochs: int = 1
-    lr: float = 3e-4
+    lr: float = 5e-4
     warmup_steps: int = 20
     weight_decay: float = 0.0
     grad_clip: float = 0.5
@@ -70,10 +77,12 @@ class TrainConfig:
     seed: int = 0
     resume: bool = False
     bf16: bool = True  # autocast the head's matmuls to bfloat16 (float32 master weights): ~2.5x faster on AVX512-BF16
-    init_from_target: bool = True  # start lm_head / norm from the target's rows of the draft vocabulary
+    init_from_target: bool = False  # start lm_head / norm from the target's rows of the draft vocabulary
 
     def __post_init__(self) -> None:
         checks = [
+            (self.head_type in HEAD_TYPES, f"head_type must be one of {', '.join(HEAD_TYPES)}, got {self.head_type!r}"),
+            (1 <= self.medusa_heads <= 16, "medusa_heads must be in [1, 16]"),
             (self.max_samples is None or self.max_samples >= 1, "max_samples must be >= 1"),
             (self.max_len >= 8, "max_len must be >= 8"),
             (self.draft_vocab_size >= 2, "draft_vocab_size must be >= 2"),
@@ -103,6 +112,7 @@ class TrainResult:
     eval_accuracy: list[float] = field(default_factory=list)  # held-out top-1 per TTT step
     engine_eval: dict[str, Any] | None = None
     stopped_early: bool = False
+    losses: list[float] = field(default_factory=list)  # training loss of each step of this run
 
 
 # --------------------------------------------------------------------------- target features
@@ -111,8 +121,9 @@ class TrainResult:
 def target_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int], draft_ids: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One target forward over `ids`: the aux states [T, 3H] (the inputs of the aux layers, as
-    the runtime's `Eagle3Head.aux_from` builds them), the target's argmax over the full
-    vocabulary [T] and its logits over the draft vocabulary [T, Vd]."""
+    the runtime's `Eagle3Head.aux_from` builds them; with no aux layers, the final normed hidden
+    states [T, H] that Medusa heads read), the target's argmax over the full vocabulary [T] and
+    its logits over the draft vocabulary [T, Vd]."""
     t = len(ids)
     x = torch.tensor(list(ids), dtype=torch.long)
     need = sorted({l - 1 for l in aux_layers if l > 0})
@@ -123,7 +134,7 @@ def target_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int], d
         kv.free()
     with torch.inference_mode():
         parts = [F.embedding(x, model.embed).float() if l == 0 else out.hidden_states[l - 1].float() for l in aux_layers]
-        aux = torch.cat(parts, dim=-1)
+        aux = torch.cat(parts, dim=-1) if parts else out.hidden.float()
         lm = model.lm_head
         logits = F.linear(out.hidden.to(lm.dtype), lm).float()
         cap = getattr(model.config, "final_logit_softcap", None)
@@ -173,7 +184,7 @@ def make_batch(model: Any, examples: Sequence[Example], aux_layers: Sequence[int
     return Batch(aux, ids, logp, valid, amax, sum(len(e.ids) for e in examples))
 
 
-def ttt_loss(head: TrainableEagle3, batch: Batch, steps: int, decay: float, bf16: bool = False
+def ttt_loss(head: TrainableEagle3 | TrainableMedusa, batch: Batch, steps: int, decay: float, bf16: bool = False
              ) -> tuple[torch.Tensor, list[float], list[int]]:
     """Weighted TTT loss; also the top-1 hits and counts per step."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -207,7 +218,7 @@ def ttt_loss(head: TrainableEagle3, batch: Batch, steps: int, decay: float, bf16
 # --------------------------------------------------------------------------- data preparation
 
 
-def _regenerate(llm: Any, records: list[Record], cfg: TrainConfig, progress: bool) -> list[Record]:
+def _regenerate(llm: Any, records: list[Record], cfg: TrainConfig, progress: bool, log: Callable[[str], None]) -> list[Record]:
     """Self-distillation: each conversation's first user turn (with its system turn) answered by
     the target, greedy. Answers already in OUTPUT/regenerated.jsonl are reused."""
     from tokenleap.sampling import SamplingParams
@@ -230,8 +241,14 @@ def _regenerate(llm: Any, records: list[Record], cfg: TrainConfig, progress: boo
         first_user = next(i for i, (r, _) in enumerate(rec.messages) if r == "user")
         prompts.append(rec.messages[: first_user + 1])
     todo = [p for p in dict.fromkeys(prompts) if json.dumps(p) not in done]
+    # a prompt that leaves no room for an answer inside a training sequence teaches nothing
+    room = min(cfg.max_len, llm.engine.max_context) - 16
+    fits = [p for p in todo if len(llm.chat_token_ids([{"role": r, "content": c} for r, c in p])) <= room]
+    if len(fits) < len(todo):
+        log(f"self-distillation skips {len(todo) - len(fits)} prompts longer than {room} tokens")
+    todo = fits
     if todo:
-        logger.warning("self-distillation: the target answers %d prompts (%d cached in %s)", len(todo), len(done), path)
+        log(f"self-distillation: the target answers {len(todo)} prompts ({len(done)} cached in {path})")
         params = SamplingParams(temperature=0.0, max_tokens=cfg.regen_max_tokens)
         convs = [[{"role": r, "content": c} for r, c in p] for p in todo]
         with path.open("a") as f:
@@ -274,52 +291,57 @@ def _batches(examples: Sequence[Example], tokens_per_batch: int, rng: random.Ran
 
 
 @torch.no_grad()
-def heldout_accuracy(head: TrainableEagle3, model: Any, examples: Sequence[Example], vocab: DraftVocab,
-                     t2d_index: torch.Tensor, cfg: TrainConfig) -> list[float]:
-    """Teacher-forced top-1 agreement with the target per TTT step on held-out sequences."""
-    aux_layers = head.shape.aux_layers
-    hits = [0.0] * cfg.ttt_steps
-    counts = [0] * cfg.ttt_steps
+def heldout_accuracy(head: TrainableEagle3 | TrainableMedusa, model: Any, examples: Sequence[Example], vocab: DraftVocab,
+                     t2d_index: torch.Tensor, cfg: TrainConfig, aux_layers: Sequence[int]) -> list[float]:
+    """Teacher-forced top-1 agreement with the target per draft step (EAGLE-3: TTT step;
+    Medusa: head) on held-out sequences."""
+    steps = _steps(cfg)
+    hits = [0.0] * steps
+    counts = [0] * steps
     for ex in examples:
         batch = make_batch(model, [ex], aux_layers, vocab, t2d_index)
-        _, h, c = ttt_loss(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.bf16)
+        _, h, c = ttt_loss(head, batch, steps, cfg.ttt_decay, cfg.bf16)
         hits = [a + b for a, b in zip(hits, h)]
         counts = [a + b for a, b in zip(counts, c)]
     return [h / c if c else 0.0 for h, c in zip(hits, counts)]
 
 
 def engine_eval(model_name: str, head_dir: Path, prompts: Sequence[Sequence[dict[str, str]]], max_tokens: int,
-                draft_tokens: int, llm_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Held-out prompts answered greedy by plain decoding and with the trained head (chains):
+                draft_tokens: int, llm_kwargs: dict[str, Any], method: str = "eagle3") -> dict[str, Any]:
+    """Held-out prompts answered greedy by plain decoding and with the trained head(s) (chains):
     tokens per target forward, tokens/s ratio, and whether every output is identical."""
     from tokenleap import LLM
     from tokenleap.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    spec = {"method": "eagle3", "model": str(head_dir), "num_speculative_tokens": draft_tokens}
+    spec = {"method": method, "model": str(head_dir), "num_speculative_tokens": draft_tokens}
     llm = LLM(model=model_name, speculative_config=spec, **llm_kwargs)
-    res: dict[str, Any] = {"prompts": len(prompts), "max_tokens": max_tokens}
+    res: dict[str, Any] = {"method": method, "prompts": len(prompts), "max_tokens": max_tokens}
     runs: dict[str, list[Any]] = {}
-    for name in ("plain", "eagle3"):
+    for name in ("plain", "spec"):
         outs = []
         t0 = time.perf_counter()
         for conv in prompts:
             ids = llm.chat_token_ids(list(conv))
-            req = llm.engine.add_request(ids, params, speculative=(name == "eagle3"))
+            req = llm.engine.add_request(ids, params, speculative=(name == "spec"))
             for _ in llm.engine.stream(req):
                 pass
             outs.append(req.to_output())
         res[f"{name}_seconds"] = time.perf_counter() - t0
         runs[name] = outs
-    tokens = sum(o.metrics.num_decode_tokens for o in runs["eagle3"])
-    forwards = sum(o.metrics.num_forward_passes for o in runs["eagle3"])
+    tokens = sum(o.metrics.num_decode_tokens for o in runs["spec"])
+    forwards = sum(o.metrics.num_forward_passes for o in runs["spec"])
     res["tokens_per_forward"] = tokens / forwards if forwards else 0.0
-    res["speedup"] = res["plain_seconds"] / res["eagle3_seconds"] if res["eagle3_seconds"] else 0.0
-    res["identical"] = all(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(runs["plain"], runs["eagle3"]))
+    res["speedup"] = res["plain_seconds"] / res["spec_seconds"] if res["spec_seconds"] else 0.0
+    res["identical"] = all(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(runs["plain"], runs["spec"]))
     return res
 
 
 # --------------------------------------------------------------------------- the loop
+
+
+def _steps(cfg: TrainConfig) -> int:
+    return cfg.medusa_heads if cfg.head_type == "medusa" else cfg.ttt_steps
 
 
 def _first_turn(rec: Record) -> list[dict[str, str]]:
@@ -336,17 +358,20 @@ def _lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[str, Any] | None = None,
-                 progress: bool = True, on_log: Callable[[str], None] | None = None) -> TrainResult:
-    """Train (or resume training) an EAGLE-3 head for `llm`'s target; see the module docstring."""
+def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[str, Any] | None = None,
+                  progress: bool = True, on_log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train (or resume training) an EAGLE-3 head or Medusa heads for `llm`'s target; see the
+    module docstring."""
     log = on_log or logger.warning
     model = llm.engine.model
     tc = model.config
     out = cfg.output
     out.mkdir(parents=True, exist_ok=True)
-    aux_layers = cfg.aux_layers or default_aux_layers(tc.num_layers)
-    if len(aux_layers) != 3 or not all(0 <= l < tc.num_layers for l in aux_layers):
+    medusa = cfg.head_type == "medusa"
+    aux_layers: tuple[int, ...] = () if medusa else (cfg.aux_layers or default_aux_layers(tc.num_layers))
+    if not medusa and (len(aux_layers) != 3 or not all(0 <= l < tc.num_layers for l in aux_layers)):
         raise TokenleapError(f"aux layers {list(aux_layers)} must be 3 layer ids in [0, {tc.num_layers})")
+    steps = _steps(cfg)
     state_path = out / STATE_FILE
     state = None
     if cfg.resume:
@@ -356,7 +381,7 @@ def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[s
 
     records = load_records(cfg.data, cfg.max_samples, cfg.seed)
     if cfg.regenerate:
-        records = _regenerate(llm, records, cfg, progress)
+        records = _regenerate(llm, records, cfg, progress, log)
     tok = llm.tokenizer
     max_len = min(cfg.max_len, llm.engine.max_context)
     pairs = [(r, e) for r, e in ((r, tokenize(tok, r, max_len)) for r in records) if e is not None]
@@ -369,7 +394,9 @@ def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[s
     heldout = [e for _, e in pairs[:n_eval]]
     train = [e for _, e in pairs[n_eval:]]
     eos = sorted(getattr(tok, "eos_token_ids", ()) or ())
-    if state is not None:
+    if medusa:  # the heads share the target's LM head: the whole vocabulary
+        vocab = DraftVocab(tuple(range(tc.vocab_size)), tc.vocab_size, 1.0)
+    elif state is not None:
         vocab = DraftVocab(tuple(state["draft_ids"]), tc.vocab_size, state["coverage"])
     else:
         vocab = build_draft_vocab(train, cfg.draft_vocab_size, tc.vocab_size, always=eos)
@@ -380,10 +407,16 @@ def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[s
     log(f"data: {len(train)} training sequences ({n_tok} tokens, {n_loss} assistant), {len(heldout)} held out; "
         f"draft vocabulary {vocab.size} of {tc.vocab_size} covers {vocab.coverage:.1%} of assistant tokens")
 
-    shape = HeadShape.for_target(tc, vocab.size, aux_layers)
-    init = cfg.init_from_target
-    head = TrainableEagle3(shape, model.embed, init_lm_head=model.lm_head[torch.tensor(vocab.ids)] if init else None,
-                           init_norm=model.norm if init else None, seed=cfg.seed)
+    head: TrainableEagle3 | TrainableMedusa
+    shape: HeadShape | MedusaShape
+    if medusa:
+        shape = MedusaShape(tc.hidden_size, tc.vocab_size, cfg.medusa_heads)
+        head = TrainableMedusa(shape, model.lm_head, getattr(tc, "final_logit_softcap", None))
+    else:
+        shape = HeadShape.for_target(tc, vocab.size, aux_layers)  # type: ignore[arg-type]
+        init = cfg.init_from_target
+        head = TrainableEagle3(shape, model.embed, init_lm_head=model.lm_head[torch.tensor(vocab.ids)] if init else None,
+                               init_norm=model.norm if init else None, seed=cfg.seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
@@ -392,7 +425,7 @@ def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[s
     step, tokens_seen, elapsed = 0, 0, 0.0
     if state is not None:
         saved_shape = state.get("shape")
-        if saved_shape != asdict(shape):
+        if saved_shape != {"type": cfg.head_type, **asdict(shape)}:
             raise TokenleapError(f"{state_path} was trained for a different head shape / target; use a new --output")
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
@@ -402,13 +435,16 @@ def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[s
 
     def save() -> None:
         extra = {"steps": step, "tokens": tokens_seen, "seconds": round(elapsed, 1), "data": list(cfg.data),
-                 "regenerated": cfg.regenerate, "ttt_steps": cfg.ttt_steps, "draft_vocab_coverage": round(vocab.coverage, 4),
+                 "regenerated": cfg.regenerate, "draft_steps": steps, "draft_vocab_coverage": round(vocab.coverage, 4),
                  "target": model_name}
-        head.export(out, vocab.d2t(), vocab.t2d(), extra)
+        if isinstance(head, TrainableMedusa):
+            head.export(out, extra)
+        else:
+            head.export(out, vocab.d2t(), vocab.t2d(), extra)
         tmp = out / (STATE_FILE + ".tmp")
         torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens_seen,
                     "seconds": elapsed, "rng": rng.getstate(), "draft_ids": list(vocab.ids), "coverage": vocab.coverage,
-                    "shape": asdict(shape), "config": {k: str(v) for k, v in asdict(cfg).items()}}, tmp)
+                    "shape": {"type": cfg.head_type, **asdict(shape)}, "config": {k: str(v) for k, v in asdict(cfg).items()}}, tmp)
         tmp.replace(state_path)
 
     flat = [(e, b) for e, bs in enumerate(epoch_batches) for b in bs]
@@ -420,8 +456,9 @@ def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[s
     stopped_early = False
     acc: list[float] = []
     start = time.perf_counter() - elapsed
-    run_hits = [0.0] * cfg.ttt_steps
-    run_counts = [0.0] * cfg.ttt_steps
+    run_hits = [0.0] * steps
+    run_counts = [0.0] * steps
+    losses: list[float] = []
     last = total_steps if cfg.max_steps is None else min(total_steps, step + cfg.max_steps)
     try:
         while step < last:
@@ -433,13 +470,14 @@ def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[s
             batch = make_batch(model, [train[i] for i in idx], aux_layers, vocab, t2d_index)
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, total_steps, cfg)
-            loss, hits, counts = ttt_loss(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.bf16)
+            loss, hits, counts = ttt_loss(head, batch, steps, cfg.ttt_decay, cfg.bf16)
             opt.zero_grad(set_to_none=True)
             if loss.requires_grad:
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
                 opt.step()
             step += 1
+            losses.append(float(loss.detach()))
             tokens_seen += batch.tokens
             elapsed = time.perf_counter() - start
             run_hits = [0.9 * a + h for a, h in zip(run_hits, hits)]
@@ -449,7 +487,7 @@ def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[s
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc0=f"{run_hits[0] / max(run_counts[0], 1):.2f}",
                                 tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}")
             if heldout and (step % cfg.eval_every == 0 or step == total_steps):
-                acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg)
+                acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg, aux_layers)
                 log(f"step {step}: held-out top-1 per draft step " + " ".join(f"{a:.3f}" for a in acc))
             if step % cfg.save_every == 0:
                 save()
@@ -463,11 +501,12 @@ def train_eagle3(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[s
             bar.close()
     save()
     if heldout and not acc:
-        acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg)
-    result = TrainResult(out, step, tokens_seen, elapsed, vocab.coverage, acc, None, stopped_early or step < total_steps)
+        acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg, aux_layers)
+    result = TrainResult(out, step, tokens_seen, elapsed, vocab.coverage, acc, None, stopped_early or step < total_steps, losses)
     prompts = [_first_turn(r) for r, _ in pairs[:n_eval] if r.example is None][: cfg.eval_prompts]
     if prompts:
-        log(f"evaluating the head in the engine on {len(prompts)} held-out prompts (greedy, plain vs eagle3)")
-        result.engine_eval = engine_eval(model_name, out, prompts, cfg.eval_max_tokens, cfg.ttt_steps + 2, llm_kwargs or {})
+        log(f"evaluating the head in the engine on {len(prompts)} held-out prompts (greedy, plain vs {cfg.head_type})")
+        result.engine_eval = engine_eval(model_name, out, prompts, cfg.eval_max_tokens, steps if medusa else steps + 2,
+                                         llm_kwargs or {}, cfg.head_type)
         (out / "eval.json").write_text(json.dumps({"heldout_top1": acc, **result.engine_eval}, indent=2))
     return result
