@@ -156,7 +156,7 @@ def test_train_drafter_end_to_end_on_the_default_model(tmp_path, capsys: pytest.
                             for t in topics))
     out = tmp_path / "head"
     argv = ["train-drafter", "-o", str(out), "--data", str(data), "--regen-max-tokens", "24", "--draft-vocab-size", "512",
-            "--ttt-steps", "2", "--tokens-per-batch", "256", "--max-steps", "3", "--eval-prompts", "2", "--no-progress"]
+            "--ttt-steps", "2", "--tokens-per-batch", "256", "--epochs", "3", "--max-steps", "3", "--eval-prompts", "2", "--no-progress"]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "self-distillation: the target answers 10 prompts" in err
