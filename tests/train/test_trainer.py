@@ -23,8 +23,8 @@ from tokenleap.train.trainer import TrainConfig, make_batch, target_features, tr
 AUX = (0, 1, 1)  # the tiny target has 2 layers
 
 
-def _random_head(model: Any, draft_ids: list[int], seed: int = 1) -> TrainableEagle3:
-    shape = HeadShape.for_target(model.config, len(draft_ids), AUX)
+def _random_head(model: Any, draft_ids: list[int], seed: int = 1, nbr: bool = True) -> TrainableEagle3:
+    shape = HeadShape.for_target(model.config, len(draft_ids), AUX, nbr)
     head = TrainableEagle3(shape, model.embed, init_lm_head=model.lm_head[torch.tensor(draft_ids)], init_norm=model.norm, seed=seed)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -37,13 +37,15 @@ def _random_head(model: Any, draft_ids: list[int], seed: int = 1) -> TrainableEa
     return head
 
 
-def test_ttt_forward_is_the_runtime_head(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("nbr", [True, False])
+def test_ttt_forward_is_the_runtime_head(tiny_model, tmp_path: Path, nbr: bool) -> None:  # type: ignore[no-untyped-def]
     model = tiny_model
     draft_ids = sorted(torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(0))[:64].tolist())
     vocab = DraftVocab(tuple(draft_ids), model.config.vocab_size, 1.0)
-    head = _random_head(model, draft_ids)
+    head = _random_head(model, draft_ids, nbr=nbr)
     head.export(tmp_path / "h", vocab.d2t(), vocab.t2d())
     rt = load_eagle3(tmp_path / "h", model)
+    assert rt.config.norm_before_residual is nbr
     seq = torch.randint(0, model.config.vocab_size, (14,), generator=torch.Generator().manual_seed(1)).tolist()
     aux, _, _ = target_features(model, seq, AUX, torch.tensor(draft_ids))
     steps = 3
@@ -123,7 +125,7 @@ def test_training_lifts_acceptance_and_stays_lossless(tiny_hf_folder: Path, tiny
     prompts = [r["token_ids"][:4] for r in fresh]
     plain = llm.generate(prompts, params, use_tqdm=False)
     spec = LLM(model=str(tiny_hf_folder), dtype="float32",
-               speculative_config={"method": "eagle3", "model": str(out), "num_speculative_tokens": 4})
+               speculative_config={"method": "eagle3", "model": str(out), "num_speculative_tokens": 4, "adaptive": False})
     got = spec.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
     tokens = sum(o.metrics.num_decode_tokens for o in got)
@@ -133,7 +135,7 @@ def test_training_lifts_acceptance_and_stays_lossless(tiny_hf_folder: Path, tiny
     TrainableEagle3(HeadShape.for_target(llm.engine.model.config, 128, AUX), llm.engine.model.embed).export(
         tmp_path / "raw", torch.zeros(128, dtype=torch.long), torch.zeros(256, dtype=torch.bool))
     raw = LLM(model=str(tiny_hf_folder), dtype="float32",
-              speculative_config={"method": "eagle3", "model": str(tmp_path / "raw"), "num_speculative_tokens": 4})
+              speculative_config={"method": "eagle3", "model": str(tmp_path / "raw"), "num_speculative_tokens": 4, "adaptive": False})
     base = raw.generate(prompts, params, use_tqdm=False)
     base_rate = sum(o.metrics.num_decode_tokens for o in base) / sum(o.metrics.num_forward_passes for o in base)
     assert tokens / forwards > base_rate + 0.25, (tokens / forwards, base_rate)
@@ -194,7 +196,7 @@ def test_medusa_heads_train_export_and_draft_losslessly(tiny_hf_folder: Path, ti
     prompts = [r["token_ids"][:4] for r in fresh]
     plain = llm.generate(prompts, params, use_tqdm=False)
     spec = LLM(model=str(tiny_hf_folder), dtype="float32",
-               speculative_config={"method": "medusa", "model": str(out), "num_speculative_tokens": 3})
+               speculative_config={"method": "medusa", "model": str(out), "num_speculative_tokens": 3, "adaptive": False})
     got = spec.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
     # (on this random 2-layer target a head without the next token's identity predicts little:

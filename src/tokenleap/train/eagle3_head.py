@@ -43,13 +43,18 @@ class HeadShape:
     rms_norm_eps: float
     rope_theta: float
     max_position: int
+    # the residual of the layer is the normed feature (SpecForge's option): without it the raw fused
+    # feature carries the target's massive activations (rms ~170, peaks ~25000 on SmolLM2's middle
+    # layers) past the layer, drowning what attention and the MLP add
+    norm_before_residual: bool = True
 
     @classmethod
-    def for_target(cls, target_config: Any, draft_vocab_size: int, aux_layers: Sequence[int]) -> HeadShape:
+    def for_target(cls, target_config: Any, draft_vocab_size: int, aux_layers: Sequence[int],
+                   norm_before_residual: bool = True) -> HeadShape:
         c = target_config
         return cls(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
                    draft_vocab_size, (int(aux_layers[0]), int(aux_layers[1]), int(aux_layers[2])), c.rms_norm_eps,
-                   c.rope_theta, c.max_position)
+                   c.rope_theta, c.max_position, norm_before_residual)
 
 
 class TrainableEagle3(nn.Module):
@@ -135,7 +140,8 @@ class TrainableEagle3(nn.Module):
             a = torch.einsum("bgrts,bsgd->btgrd", probs[..., :t], v0)
             for j, vj in enumerate(own_v):
                 a = a + probs[..., t + j].permute(0, 3, 1, 2).unsqueeze(-1) * vj.unsqueeze(3)
-            hcur = feat + F.linear(a.reshape(b, t, nh * hd), self.o_proj)
+            residual = self._rms(feat, self.hidden_norm) if s.norm_before_residual else feat
+            hcur = residual + F.linear(a.reshape(b, t, nh * hd), self.o_proj)
             m = self._rms(hcur, self.post_attention_layernorm)
             hcur = hcur + F.linear(F.silu(F.linear(m, self.gate_proj)) * F.linear(m, self.up_proj), self.down_proj)
             outs.append(F.linear(self._rms(hcur, self.norm), self.lm_head))
@@ -182,6 +188,7 @@ class TrainableEagle3(nn.Module):
             "rms_norm_eps": s.rms_norm_eps, "rope_theta": s.rope_theta, "max_position_embeddings": s.max_position,
             "hidden_act": "silu", "vocab_size": s.vocab_size, "draft_vocab_size": s.draft_vocab_size,
             "tie_word_embeddings": False, "torch_dtype": "bfloat16", "target_hidden_size": s.hidden_size,
+            "norm_before_residual": s.norm_before_residual,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(s.aux_layers), "use_aux_hidden_state": True},
         }
         if extra:

@@ -77,6 +77,7 @@ class TrainConfig:
     seed: int = 0
     resume: bool = False
     bf16: bool = True  # autocast the head's matmuls to bfloat16 (float32 master weights): ~2.5x faster on AVX512-BF16
+    norm_before_residual: bool = True  # see eagle3_head.HeadShape
     init_from_target: bool = False  # start lm_head / norm from the target's rows of the draft vocabulary
 
     def __post_init__(self) -> None:
@@ -413,7 +414,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
         shape = MedusaShape(tc.hidden_size, tc.vocab_size, cfg.medusa_heads)
         head = TrainableMedusa(shape, model.lm_head, getattr(tc, "final_logit_softcap", None))
     else:
-        shape = HeadShape.for_target(tc, vocab.size, aux_layers)  # type: ignore[arg-type]
+        shape = HeadShape.for_target(tc, vocab.size, aux_layers, cfg.norm_before_residual)  # type: ignore[arg-type]
         init = cfg.init_from_target
         head = TrainableEagle3(shape, model.embed, init_lm_head=model.lm_head[torch.tensor(vocab.ids)] if init else None,
                                init_norm=model.norm if init else None, seed=cfg.seed)
