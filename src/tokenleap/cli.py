@@ -176,6 +176,7 @@ def _add_train_parser(sub: Any) -> None:
     h.add_argument("--epochs", type=int, default=1, help="passes over the data (default: %(default)s)")
     h.add_argument("--lr", type=float, default=5e-4, help="peak learning rate, AdamW with warmup and cosine decay (default: %(default)s)")
     h.add_argument("--tokens-per-batch", type=int, default=2048, help="padded tokens per optimizer step (default: %(default)s)")
+    h.add_argument("--cache-gb", type=float, default=6.0, help="memory for target features kept between epochs (default: %(default)s)")
     h.add_argument("--max-time", type=float, default=None, help="stop training after this many seconds and save (regeneration not counted)")
     h.add_argument("--max-steps", type=int, default=None, help="optimizer steps of this run at most (continue later with --resume)")
     h.add_argument("--save-every", type=int, default=100, help="steps between saves (default: %(default)s)")
@@ -523,7 +524,7 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
         output=Path(args.output).expanduser(), head_type=args.head_type, medusa_heads=args.medusa_heads, data=tuple(args.data or ["sharegpt"]), max_samples=args.max_samples,
         regenerate=not args.no_regenerate, regen_max_tokens=args.regen_max_tokens, max_len=args.max_len,
         draft_vocab_size=args.draft_vocab_size, aux_layers=aux, ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr,  # type: ignore[arg-type]
-        tokens_per_batch=args.tokens_per_batch, max_time=args.max_time, max_steps=args.max_steps, save_every=args.save_every,
+        tokens_per_batch=args.tokens_per_batch, max_time=args.max_time, max_steps=args.max_steps, cache_gb=args.cache_gb, save_every=args.save_every,
         eval_every=args.eval_every, eval_prompts=args.eval_prompts, seed=args.seed, resume=args.resume,
     )
     if args.threads:

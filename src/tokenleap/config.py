@@ -119,7 +119,7 @@ class SpecConfig:
             )
         if method == "draft-model" and not self.model:
             raise TokenleapError("method 'draft-model' needs a draft model: speculative_config['model'] (CLI: --model-draft)")
-        if method in ("eagle3", "eagle", "medusa") and not self.model:
+        if method in ("eagle", "medusa") and not self.model:  # eagle3 without a model: the head shipped for the target
             kind = "Medusa heads" if method == "medusa" else "an EAGLE head"
             raise TokenleapError(f"method {method!r} needs {kind} directory: speculative_config['model'] (CLI: --model-draft)")
         if not 1 <= self.eagle_tree_topk <= 16 or not 1 <= self.eagle_tree_depth <= MAX_DRAFT_TOKENS:

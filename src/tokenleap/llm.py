@@ -78,7 +78,8 @@ class LLM:
         registry = default_registry()
 
         def make_drafter(spec: SpecConfig) -> Drafter:
-            return registry.create(spec.method, spec, target=self.model, tokenizer=self.tokenizer, target_path=self.source.path)
+            return registry.create(spec.method, spec, target=self.model, tokenizer=self.tokenizer, target_path=self.source.path,
+                                   target_name=self.source.name)
 
         self.drafter = make_drafter(self.spec_config) if self.spec_config is not None else None
         self.engine = Engine(

@@ -201,3 +201,16 @@ def test_medusa_heads_train_export_and_draft_losslessly(tiny_hf_folder: Path, ti
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
     # (on this random 2-layer target a head without the next token's identity predicts little:
     # losslessness, not acceptance, is what this test holds the Medusa path to)
+
+
+def test_feature_cache_changes_nothing_but_time(tiny_hf_folder: Path, tiny_data: Any, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    data, _ = tiny_data
+    llm = LLM(model=str(tiny_hf_folder), dtype="float32")
+    train_drafter(llm, _config(tmp_path / "cached", data, epochs=2, cache_gb=1.0), "tiny", progress=False)
+    train_drafter(llm, _config(tmp_path / "uncached", data, epochs=2, cache_gb=0.0), "tiny", progress=False)
+    a = load_file(str(tmp_path / "cached" / "model.safetensors"))
+    b = load_file(str(tmp_path / "uncached" / "model.safetensors"))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

@@ -19,6 +19,7 @@ from typing import Any
 
 from tokenleap.config import SpecConfig
 from tokenleap.drafters.chain import ChainDrafter
+from tokenleap.errors import TokenleapError
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, check_drafter
 from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
 from tokenleap.drafters.draft_model import DraftModelDrafter, same_vocabulary
@@ -99,9 +100,21 @@ def _draft_model(config: SpecConfig, *, target: Any, tokenizer: Any, target_path
     return DraftModelDrafter(model)
 
 
-def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None, **_: Any) -> Drafter:
+def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None,
+            target_name: str | None = None, **_: Any) -> Drafter:
     from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, load_eagle3, measure_step_cost
 
+    if not config.model:  # the head shipped for this model (tokenleap/heads)
+        from tokenleap.heads import shipped_head, shipped_heads
+
+        path = shipped_head("eagle3", target_name)
+        if path is None:
+            have = ", ".join(shipped_heads()) or "none"
+            raise TokenleapError(
+                f"no EAGLE-3 head ships for model {target_name!r} (shipped: {have}): train one with "
+                f"`tokenleap train-drafter -o DIR` and pass speculative_config['model'] = DIR (CLI: --model-draft DIR)"
+            )
+        config = dataclasses.replace(config, model=str(path))
     heads = heads if heads is not None else {}
     key = (Path(str(config.model)).expanduser().resolve(), id(target))
     if key not in heads:  # one copy of a head's weights (and its measured step cost) per registry and target

@@ -76,6 +76,7 @@ class TrainConfig:
     eval_max_tokens: int = 96
     seed: int = 0
     resume: bool = False
+    cache_gb: float = 6.0  # target features kept in memory between epochs (bf16, ~4.5 KB a token on the default model)
     bf16: bool = True  # autocast the head's matmuls to bfloat16 (float32 master weights): ~2.5x faster on AVX512-BF16
     norm_before_residual: bool = True  # see eagle3_head.HeadShape
     init_from_target: bool = False  # start lm_head / norm from the target's rows of the draft vocabulary
@@ -96,6 +97,7 @@ class TrainConfig:
             (self.max_steps is None or self.max_steps >= 1, "max_steps must be >= 1"),
             (self.eval_examples >= 0 and self.eval_prompts >= 0, "eval counts must be >= 0"),
             (self.regen_max_tokens >= 1, "regen_max_tokens must be >= 1"),
+            (self.cache_gb >= 0, "cache_gb must be >= 0"),
             (self.save_every >= 1 and self.eval_every >= 1, "save_every and eval_every must be >= 1"),
         ]
         for ok, msg in checks:
@@ -119,12 +121,26 @@ class TrainResult:
 # --------------------------------------------------------------------------- target features
 
 
-def target_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int], draft_ids: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One target forward over `ids`: the aux states [T, 3H] (the inputs of the aux layers, as
-    the runtime's `Eagle3Head.aux_from` builds them; with no aux layers, the final normed hidden
-    states [T, H] that Medusa heads read), the target's argmax over the full vocabulary [T] and
-    its logits over the draft vocabulary [T, Vd]."""
+@dataclass(frozen=True)
+class Features:
+    """What one target forward over a sequence gives the trainer: the head's input features
+    (EAGLE-3: the aux states [T, 3H]; Medusa: the final normed hidden states [T, H]), the final
+    normed hidden states [T, H] (the draft logits come from them) and the target's argmax over the
+    full vocabulary [T]. Kept in bfloat16 so a cache of them takes half the float32 size."""
+
+    aux: torch.Tensor
+    hidden: torch.Tensor
+    argmax: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        n = self.aux.numel() * self.aux.element_size() + self.argmax.numel() * self.argmax.element_size()
+        return n + (0 if self.hidden is self.aux else self.hidden.numel() * self.hidden.element_size())
+
+
+def forward_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int]) -> Features:
+    """One target forward over `ids` (the aux states as the runtime's `Eagle3Head.aux_from`
+    builds them: the input of each aux layer; no aux layers: the final hidden states)."""
     t = len(ids)
     x = torch.tensor(list(ids), dtype=torch.long)
     need = sorted({l - 1 for l in aux_layers if l > 0})
@@ -134,16 +150,49 @@ def target_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int], d
     finally:
         kv.free()
     with torch.inference_mode():
-        parts = [F.embedding(x, model.embed).float() if l == 0 else out.hidden_states[l - 1].float() for l in aux_layers]
-        aux = torch.cat(parts, dim=-1) if parts else out.hidden.float()
-        lm = model.lm_head
-        logits = F.linear(out.hidden.to(lm.dtype), lm).float()
-        cap = getattr(model.config, "final_logit_softcap", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        argmax = logits.argmax(dim=-1)
-        draft_logits = logits[:, draft_ids]
-    return aux.clone(), argmax.clone(), draft_logits.clone()
+        hidden = out.hidden.to(torch.bfloat16)
+        parts = [F.embedding(x, model.embed) if l == 0 else out.hidden_states[l - 1] for l in aux_layers]
+        aux = torch.cat([p.to(torch.bfloat16) for p in parts], dim=-1) if parts else hidden
+        argmax = _logits(model, out.hidden, model.lm_head).argmax(dim=-1).to(torch.int32)
+    return Features(aux.clone(), hidden.clone() if parts else aux.clone(), argmax.clone())
+
+
+def _logits(model: Any, hidden: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
+    logits = F.linear(hidden.to(lm.dtype), lm).float()
+    cap = getattr(model.config, "final_logit_softcap", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def target_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int], draft_ids: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The aux states [T, 3H] (float32), the target's full-vocabulary argmax [T] and its logits
+    over the draft vocabulary [T, Vd] of one sequence."""
+    f = forward_features(model, ids, aux_layers)
+    with torch.inference_mode():
+        dl = _logits(model, f.hidden, model.lm_head[draft_ids])
+    return f.aux.float(), f.argmax.long(), dl.clone()
+
+
+class FeatureCache:
+    """Target features of training sequences kept between epochs (the target forward is about
+    half of a training step on the CPU), up to `max_bytes`; later sequences are recomputed."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._store: dict[int, Features] = {}
+        self.hits = 0
+
+    def get(self, key: int, make: Callable[[], Features]) -> Features:
+        f = self._store.get(key)
+        if f is not None:
+            self.hits += 1
+            return f
+        f = make()
+        if self.bytes + f.nbytes <= self.max_bytes:
+            self._store[key] = f
+            self.bytes += f.nbytes
+        return f
 
 
 @dataclass
@@ -157,29 +206,34 @@ class Batch:
 
 
 def make_batch(model: Any, examples: Sequence[Example], aux_layers: Sequence[int], vocab: DraftVocab,
-               t2d_index: torch.Tensor) -> Batch:
+               t2d_index: torch.Tensor, cache: FeatureCache | None = None, keys: Sequence[int] | None = None) -> Batch:
+    """Padded batch of `examples`; features from `cache` under `keys` when given."""
     draft_ids = torch.tensor(vocab.ids, dtype=torch.long)
+    lm_draft = model.lm_head if vocab.size == model.config.vocab_size else model.lm_head[draft_ids]
     t = max(len(e.ids) for e in examples)
     b = len(examples)
-    h3 = None
     aux = ids = logp = valid = amax = None
     for r, ex in enumerate(examples):
-        a, am, dl = target_features(model, ex.ids, aux_layers, draft_ids)
+        def make(ex: Example = ex) -> Features:
+            return forward_features(model, ex.ids, aux_layers)
+
+        f = cache.get(keys[r], make) if cache is not None and keys is not None else make()
         n = len(ex.ids)
+        with torch.inference_mode():
+            dl = _logits(model, f.hidden, lm_draft)
         if aux is None:
-            h3 = a.shape[1]
-            aux = torch.zeros(b, t, h3)
+            aux = torch.zeros(b, t, f.aux.shape[1])
             ids = torch.zeros(b, t, dtype=torch.long)
             logp = torch.zeros(b, t, dl.shape[1])
             valid = torch.zeros(b, t, dtype=torch.bool)
             amax = torch.zeros(b, t, dtype=torch.long)
         assert ids is not None and logp is not None and valid is not None and amax is not None
-        aux[r, :n] = a
+        am = f.argmax.long()
+        aux[r, :n] = f.aux.float()
         ids[r, :n] = torch.tensor(ex.ids)
         logp[r, :n] = torch.log_softmax(dl, dim=-1)
-        in_draft = t2d_index[am] >= 0
         nxt_mask = torch.tensor(ex.mask[1:] + (False,))
-        valid[r, :n] = in_draft & nxt_mask
+        valid[r, :n] = (t2d_index[am] >= 0) & nxt_mask
         amax[r, :n] = t2d_index[am].clamp(min=0)
     assert aux is not None and ids is not None and logp is not None and valid is not None and amax is not None
     return Batch(aux, ids, logp, valid, amax, sum(len(e.ids) for e in examples))
@@ -293,14 +347,15 @@ def _batches(examples: Sequence[Example], tokens_per_batch: int, rng: random.Ran
 
 @torch.no_grad()
 def heldout_accuracy(head: TrainableEagle3 | TrainableMedusa, model: Any, examples: Sequence[Example], vocab: DraftVocab,
-                     t2d_index: torch.Tensor, cfg: TrainConfig, aux_layers: Sequence[int]) -> list[float]:
+                     t2d_index: torch.Tensor, cfg: TrainConfig, aux_layers: Sequence[int],
+                     cache: FeatureCache | None = None) -> list[float]:
     """Teacher-forced top-1 agreement with the target per draft step (EAGLE-3: TTT step;
     Medusa: head) on held-out sequences."""
     steps = _steps(cfg)
     hits = [0.0] * steps
     counts = [0] * steps
-    for ex in examples:
-        batch = make_batch(model, [ex], aux_layers, vocab, t2d_index)
+    for i, ex in enumerate(examples):
+        batch = make_batch(model, [ex], aux_layers, vocab, t2d_index, cache, [i])
         _, h, c = ttt_loss(head, batch, steps, cfg.ttt_decay, cfg.bf16)
         hits = [a + b for a, b in zip(hits, h)]
         counts = [a + b for a, b in zip(counts, c)]
@@ -449,6 +504,8 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
         tmp.replace(state_path)
 
     flat = [(e, b) for e, bs in enumerate(epoch_batches) for b in bs]
+    cache = FeatureCache(int(cfg.cache_gb * 2**30)) if cfg.epochs > 1 else None
+    heldout_cache = FeatureCache(1 << 30)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -468,7 +525,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
                 log(f"--max-time reached after {step} steps; saving")
                 break
             _, idx = flat[step]
-            batch = make_batch(model, [train[i] for i in idx], aux_layers, vocab, t2d_index)
+            batch = make_batch(model, [train[i] for i in idx], aux_layers, vocab, t2d_index, cache, idx)
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, total_steps, cfg)
             loss, hits, counts = ttt_loss(head, batch, steps, cfg.ttt_decay, cfg.bf16)
@@ -488,7 +545,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc0=f"{run_hits[0] / max(run_counts[0], 1):.2f}",
                                 tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}")
             if heldout and (step % cfg.eval_every == 0 or step == total_steps):
-                acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg, aux_layers)
+                acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg, aux_layers, heldout_cache)
                 log(f"step {step}: held-out top-1 per draft step " + " ".join(f"{a:.3f}" for a in acc))
             if step % cfg.save_every == 0:
                 save()
@@ -502,7 +559,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
             bar.close()
     save()
     if heldout and not acc:
-        acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg, aux_layers)
+        acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg, aux_layers, heldout_cache)
     result = TrainResult(out, step, tokens_seen, elapsed, vocab.coverage, acc, None, stopped_early or step < total_steps, losses)
     prompts = [_first_turn(r) for r, _ in pairs[:n_eval] if r.example is None][: cfg.eval_prompts]
     if prompts:
