@@ -295,7 +295,9 @@ def test_bad_checkpoints_fail_clearly(tiny_model: LlamaModel, tmp_path: Path) ->
     with pytest.raises(TokenleapError, match="not a directory"):
         load_eagle3(tmp_path / "missing", tiny_model)
     with pytest.raises(TokenleapError, match="needs an EAGLE head"):
-        SpecConfig(method="eagle3")
+        SpecConfig(method="eagle")  # eagle3 without a model means the head shipped for the target
+    with pytest.raises(TokenleapError, match="no EAGLE-3 head ships for model 'tiny'"):
+        default_registry().create("eagle3", SpecConfig(method="eagle3"), target=tiny_model, target_name="tiny")
     # a full draft vocabulary needs no d2t
     load_eagle3(write_head(tmp_path / "d", d2t=False, draft_vocab=VOCAB), tiny_model)
 
@@ -411,7 +413,7 @@ def test_cli_flags_and_clear_errors(capsys: pytest.CaptureFixture[str], tmp_path
     spec = SpecConfig.from_dict(_spec_dict(args))
     assert spec is not None and (spec.method, spec.model, spec.eagle_tree_topk, spec.eagle_tree_depth) == ("eagle3", "/h", 4, 3)
     assert main(["generate", "hi", "--spec-type", "eagle3"]) == 2
-    assert "needs an EAGLE head directory" in capsys.readouterr().err
+    assert "no EAGLE-3 head ships for model 'smollm2-135m-instruct'" in capsys.readouterr().err
     assert main(["generate", "hi", "--spec-type", "eagle3", "--model-draft", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "is not a directory" in err and "Traceback" not in err
