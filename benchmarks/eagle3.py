@@ -11,7 +11,8 @@ weights, so without a trained head a random one of the same shape (`--draft-voca
 Quality and speed (only with a head, `--head`, default /work/heads/smollm2-eagle3): `--num-prompts`
 Spec-Bench first turns, groups in turn, chat template, greedy, `--max-tokens` new tokens, run by
 `tokenleap.bench.run_bench` (one shared cost curve, engines in rotated order per question) for
-plain decoding, the head's chains, the head's trees (`--tree`, topk:depth) and prompt lookup;
+plain decoding, the head's chains, the head's trees (`--tree`, topk:depth), prompt lookup, the
+suffix tree, and the chain suffix+eagle3 (the suffix tree's draft when it has one, else the head's);
 every output is compared with plain decoding's.
 
     .venv/bin/python benchmarks/eagle3.py                    # -> results/eagle3.json
@@ -164,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             methods[f"eagle3-tree{k}x{d}n{n}"] = SpecConfig(method="eagle3", model=str(args.head), num_speculative_tokens=n,
                                                          eagle_tree_topk=k, eagle_tree_depth=d)
         methods["ngram"] = SpecConfig(method="ngram", num_speculative_tokens=args.draft_max)
+        methods["suffix"] = SpecConfig(method="suffix", num_speculative_tokens=args.draft_max)
+        # the suffix tree where the text repeats, the head elsewhere
+        methods["suffix+eagle3"] = SpecConfig(method="suffix+eagle3", model=str(args.head), num_speculative_tokens=args.draft_max)
         records = run_bench(model, tok, mixed, methods, args.max_tokens)
         summary = summarize(records)
         result["summary"] = summary
