@@ -17,8 +17,9 @@ accepted positions from their true features. Every piece of per-request state is
 token prefix it was built from, so a step the engine rolls back can never leave stale state.
 
 Checkpoints: the EAGLE / SpecForge layout (`midlayer.*`, `fc`, `d2t`, `t2d`, config with
-`draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`), and vLLM speculators'
-`Eagle3Speculator` (`transformer_layer_config`, top-level aux ids, `layers.0.*` names).
+`draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`), vLLM speculators'
+`Eagle3Speculator` (`transformer_layer_config`, top-level aux ids, `layers.0.*` names), and
+llama.cpp's `eagle3` GGUF (`eagle3_gguf.py`).
 """
 
 from __future__ import annotations
@@ -345,8 +346,12 @@ def load_eagle3(path: str | Path, target: Any) -> Eagle3Head:
     """Load an EAGLE-3 head directory (config.json + *.safetensors) for `target`, with checks;
     an EAGLE-1/2 head (`fc` over 2H, no `hidden_norm`) loads as `eagle1.Eagle1Head`."""
     folder = Path(path).expanduser()
+    if folder.is_file() and folder.suffix == ".gguf":  # llama.cpp's eagle3 GGUF
+        from tokenleap.drafters.eagle3_gguf import load_eagle3_gguf
+
+        return load_eagle3_gguf(folder, target)
     if not folder.is_dir():
-        raise TokenleapError(f"EAGLE-3 head {str(path)!r} is not a directory (config.json + model.safetensors)")
+        raise TokenleapError(f"EAGLE-3 head {str(path)!r} is not a directory (config.json + model.safetensors) or an eagle3 .gguf file")
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise TokenleapError(f"EAGLE-3 head {folder} has no config.json")
