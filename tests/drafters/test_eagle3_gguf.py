@@ -12,11 +12,12 @@ import torch
 
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.eagle3 import Eagle3Drafter, load_eagle3
-from tokenleap.drafters.eagle3_gguf import permute_rope, unpermute_rope
+from tokenleap.drafters.eagle3_gguf import permute_rope
+from tokenleap.models.loaders import unpermute_rope
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab
-from tokenleap.train.eagle3_head import HeadShape, TrainableEagle3
+from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
 
 AUX = (0, 1, 1)
 _GGUF = {
@@ -31,7 +32,7 @@ _GGUF = {
 
 def _head(model, nbr: bool) -> tuple[TrainableEagle3, DraftVocab]:  # type: ignore[no-untyped-def]
     ids = sorted(torch.randperm(256, generator=torch.Generator().manual_seed(3))[:96].tolist())
-    head = TrainableEagle3(HeadShape.for_target(model.config, 96, AUX, nbr), model.embed, seed=5)
+    head = TrainableEagle3(shape_for_target(model.config, 96, AUX, nbr), model.embed, seed=5)
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in head.parameters():

@@ -14,7 +14,7 @@ from tokenleap.errors import ModelNotFoundError, TokenleapError
 from tokenleap.kernels import load_kernels
 from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel
-from tokenleap.models.loaders import _unpermute_rope, load_gguf, load_hf_folder, read_hf_config
+from tokenleap.models.loaders import unpermute_rope, load_gguf, load_hf_folder, read_hf_config
 
 # --------------------------------------------------------------------------- GGUF
 
@@ -63,7 +63,7 @@ def test_gguf_weights_canonical_names_and_shapes(weights: tuple[ModelConfig, dic
     assert len(w) == 2 + 30 * len(expected)
 
 
-def test_unpermute_rope_inverts_llama_cpp_permute() -> None:
+def testunpermute_rope_inverts_llama_cpp_permute() -> None:
     """llama.cpp's converter permutes Q/K rows as below; the loader must undo it exactly."""
 
     def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:  # convert_hf_to_gguf.py
@@ -74,9 +74,9 @@ def test_unpermute_rope_inverts_llama_cpp_permute() -> None:
         w = rng.standard_normal((n_heads * head_dim, 48)).astype(np.float32)
         permuted = llama_cpp_permute(w, n_heads)
         assert not np.array_equal(permuted, w)
-        np.testing.assert_array_equal(_unpermute_rope(permuted, n_heads), w)
+        np.testing.assert_array_equal(unpermute_rope(permuted, n_heads), w)
         b = rng.standard_normal(n_heads * head_dim).astype(np.float32)  # 1-D (a bias)
-        np.testing.assert_array_equal(_unpermute_rope(llama_cpp_permute(b, n_heads), n_heads), b)
+        np.testing.assert_array_equal(unpermute_rope(llama_cpp_permute(b, n_heads), n_heads), b)
 
 
 def test_gguf_missing_file(tmp_path: Path) -> None:

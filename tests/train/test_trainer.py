@@ -17,14 +17,14 @@ from tokenleap.drafters.eagle3 import HeadKV, load_eagle3
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab, Example
-from tokenleap.train.eagle3_head import HeadShape, TrainableEagle3
+from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
 from tokenleap.train.trainer import TrainConfig, make_batch, target_features, train_drafter, ttt_loss
 
 AUX = (0, 1, 1)  # the tiny target has 2 layers
 
 
 def _random_head(model: Any, draft_ids: list[int], seed: int = 1, nbr: bool = True) -> TrainableEagle3:
-    shape = HeadShape.for_target(model.config, len(draft_ids), AUX, nbr)
+    shape = shape_for_target(model.config, len(draft_ids), AUX, nbr)
     head = TrainableEagle3(shape, model.embed, init_lm_head=model.lm_head[torch.tensor(draft_ids)], init_norm=model.norm, seed=seed)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -132,7 +132,7 @@ def test_training_lifts_acceptance_and_stays_lossless(tiny_hf_folder: Path, tiny
     forwards = sum(o.metrics.num_forward_passes for o in got)
     assert tokens / forwards > 1.3, tokens / forwards
     # an untrained head of the same shape drafts almost nothing
-    TrainableEagle3(HeadShape.for_target(llm.engine.model.config, 128, AUX), llm.engine.model.embed).export(
+    TrainableEagle3(shape_for_target(llm.engine.model.config, 128, AUX), llm.engine.model.embed).export(
         tmp_path / "raw", torch.zeros(128, dtype=torch.long), torch.zeros(256, dtype=torch.bool))
     raw = LLM(model=str(tiny_hf_folder), dtype="float32",
               speculative_config={"method": "eagle3", "model": str(tmp_path / "raw"), "num_speculative_tokens": 4, "adaptive": False})

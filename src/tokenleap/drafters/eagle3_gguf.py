@@ -20,6 +20,7 @@ import torch
 
 from tokenleap.drafters.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
 from tokenleap.errors import TokenleapError
+from tokenleap.models.loaders import unpermute_rope
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +48,6 @@ def permute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's Q/K row permutation (half-split halves -> interleaved pairs)."""
     half = w.shape[0] // n_heads // 2
     return w.reshape(n_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
-    half = w.shape[0] // n_heads // 2
-    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _f32(v: Any) -> float:

@@ -68,7 +68,7 @@ _HF_GEMMA_LAYER_NAMES = {
 }
 
 
-def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
+def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Invert llama.cpp's `permute` of Q/K rows (interleaved pairs -> half-split halves)."""
     out_dim = w.shape[0]
     rest = w.shape[1:]
@@ -191,7 +191,7 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
         if quant_ok and (short in _LINEARS or key in ("lm_head", "embed")):
             raw = np.ascontiguousarray(tensor.data).reshape(out_dim, -1)
             if config.architecture == "llama" and short in ("q", "k"):
-                raw = _unpermute_rope(raw, config.num_heads if short == "q" else config.num_kv_heads)
+                raw = unpermute_rope(raw, config.num_heads if short == "q" else config.num_kv_heads)
             qw = QuantWeight.from_blocks(raw, int(tensor.tensor_type), out_dim, in_dim)
             if key != "embed":
                 weights[key] = qw
@@ -208,7 +208,7 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
             [int(d) for d in reversed(tensor.shape.tolist())]
         )
         if config.architecture == "llama" and short in ("q", "k"):
-            array = _unpermute_rope(array, config.num_heads if short == "q" else config.num_kv_heads)
+            array = unpermute_rope(array, config.num_heads if short == "q" else config.num_kv_heads)
         weights[key] = torch.from_numpy(np.ascontiguousarray(array))  # owns its memory
     for name, count in dequantized.items():
         logger.info("%s: %d %s tensors dequantized at load (the kernels read %s blocks)", path.name, count, name,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,39 +28,42 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenleap.drafters.eagle3 import Eagle3Config
 
-@dataclass(frozen=True)
-class HeadShape:
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    draft_vocab_size: int
-    aux_layers: tuple[int, int, int]
-    rms_norm_eps: float
-    rope_theta: float
-    max_position: int
-    # the residual of the layer is the normed feature (SpecForge's option): without it the raw fused
-    # feature carries the target's massive activations (rms ~170, peaks ~25000 on SmolLM2's middle
-    # layers) past the layer, drowning what attention and the MLP add
-    norm_before_residual: bool = True
 
-    @classmethod
-    def for_target(cls, target_config: Any, draft_vocab_size: int, aux_layers: Sequence[int],
-                   norm_before_residual: bool = True) -> HeadShape:
-        c = target_config
-        return cls(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
-                   draft_vocab_size, (int(aux_layers[0]), int(aux_layers[1]), int(aux_layers[2])), c.rms_norm_eps,
-                   c.rope_theta, c.max_position, norm_before_residual)
+def shape_for_target(target_config: Any, draft_vocab_size: int, aux_layers: Sequence[int],
+                     norm_before_residual: bool = True) -> Eagle3Config:
+    """The head's shape for a target: its hidden size, heads and MLP width, over the target's
+    vocabulary. `norm_before_residual` (SpecForge's option) makes the layer's residual the normed
+    feature: without it the raw fused feature carries the target's massive activations (rms ~170,
+    peaks ~25000 on SmolLM2's middle layers) past the layer, drowning what attention and the MLP add."""
+    c = target_config
+    return Eagle3Config(
+        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+        head_dim=c.head_dim, vocab_size=c.vocab_size, draft_vocab_size=draft_vocab_size, target_hidden_size=c.hidden_size,
+        aux_layers=tuple(int(a) for a in aux_layers), rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+        max_position=c.max_position, norm_before_residual=norm_before_residual,
+    )
+
+
+def write_head(folder: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
+    """config.json + model.safetensors, each replaced atomically (a reader never sees half a head)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp_w, tmp_c = folder / "model.safetensors.tmp", folder / "config.json.tmp"
+    save_file(tensors, str(tmp_w))
+    tmp_c.write_text(json.dumps(config, indent=2))
+    tmp_w.replace(folder / "model.safetensors")
+    tmp_c.replace(folder / "config.json")
+    return folder
 
 
 class TrainableEagle3(nn.Module):
     """The head's parameters (float32) and its TTT forward. The token embedding is the target's,
     frozen and never saved (the runtime shares it)."""
 
-    def __init__(self, shape: HeadShape, embed: torch.Tensor, init_lm_head: torch.Tensor | None = None,
+    def __init__(self, shape: Eagle3Config, embed: torch.Tensor, init_lm_head: torch.Tensor | None = None,
                  init_norm: torch.Tensor | None = None, seed: int = 0) -> None:
         super().__init__()
         self.shape = s = shape
@@ -175,28 +177,19 @@ class TrainableEagle3(nn.Module):
         }
 
     def export(self, folder: Path, d2t: torch.Tensor, t2d: torch.Tensor, extra: dict[str, Any] | None = None) -> Path:
-        """Write config.json + model.safetensors in the EAGLE-3 layout (atomically: a reader
-        never sees half a head)."""
-        from safetensors.torch import save_file
-
+        """Write config.json + model.safetensors in the EAGLE-3 layout."""
         s = self.shape
-        folder.mkdir(parents=True, exist_ok=True)
-        config = {
+        config: dict[str, Any] = {
             "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": s.hidden_size,
             "intermediate_size": s.intermediate_size, "num_attention_heads": s.num_heads,
             "num_key_value_heads": s.num_kv_heads, "head_dim": s.head_dim, "num_hidden_layers": 1,
             "rms_norm_eps": s.rms_norm_eps, "rope_theta": s.rope_theta, "max_position_embeddings": s.max_position,
             "hidden_act": "silu", "vocab_size": s.vocab_size, "draft_vocab_size": s.draft_vocab_size,
-            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "target_hidden_size": s.hidden_size,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "target_hidden_size": s.target_hidden_size,
             "norm_before_residual": s.norm_before_residual,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(s.aux_layers), "use_aux_hidden_state": True},
         }
         if extra:
             config["tokenleap_training"] = extra
         tensors = {**self.eagle_tensors(), "d2t": d2t.to(torch.int64).contiguous(), "t2d": t2d.to(torch.bool).contiguous()}
-        tmp_w, tmp_c = folder / "model.safetensors.tmp", folder / "config.json.tmp"
-        save_file(tensors, str(tmp_w))
-        tmp_c.write_text(json.dumps(config, indent=2))
-        tmp_w.replace(folder / "model.safetensors")
-        tmp_c.replace(folder / "config.json")
-        return folder
+        return write_head(folder, tensors, config)

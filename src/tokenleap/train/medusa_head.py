@@ -12,7 +12,6 @@ shared LM head) that `--spec-type medusa --model-draft DIR` loads.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tokenleap.train.eagle3_head import write_head
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,8 @@ class TrainableMedusa(nn.Module):
         return outs
 
     def export(self, folder: Path, extra: dict[str, Any] | None = None) -> Path:
-        from safetensors.torch import save_file
-
+        """Write FasterDecoding's layout (no projection tensors: the heads share the LM head)."""
         s = self.shape
-        folder.mkdir(parents=True, exist_ok=True)
         tensors: dict[str, torch.Tensor] = {}
         for k in range(s.num_heads):
             for j in range(s.num_layers):
@@ -73,9 +72,4 @@ class TrainableMedusa(nn.Module):
                                   "hidden_size": s.hidden_size, "vocab_size": s.vocab_size}
         if extra:
             config["tokenleap_training"] = extra
-        tmp_w, tmp_c = folder / "model.safetensors.tmp", folder / "config.json.tmp"
-        save_file(tensors, str(tmp_w))
-        tmp_c.write_text(json.dumps(config, indent=2))
-        tmp_w.replace(folder / "model.safetensors")
-        tmp_c.replace(folder / "config.json")
-        return folder
+        return write_head(folder, tensors, config)

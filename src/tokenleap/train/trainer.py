@@ -32,10 +32,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tokenleap.drafters.eagle3 import default_aux_layers
+from tokenleap.drafters.eagle3 import Eagle3Config, default_aux_layers
 from tokenleap.errors import TokenleapError
 from tokenleap.train.data import DraftVocab, Example, Record, build_draft_vocab, load_records, tokenize
-from tokenleap.train.eagle3_head import HeadShape, TrainableEagle3
+from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
 from tokenleap.train.medusa_head import MedusaShape, TrainableMedusa
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class TrainConfig:
     resume: bool = False
     cache_gb: float = 6.0  # target features kept in memory between epochs (bf16, ~4.5 KB a token on the default model)
     bf16: bool = True  # autocast the head's matmuls to bfloat16 (float32 master weights): ~2.5x faster on AVX512-BF16
-    norm_before_residual: bool = True  # see eagle3_head.HeadShape
+    norm_before_residual: bool = True  # see eagle3_head.shape_for_target
     init_from_target: bool = False  # start lm_head / norm from the target's rows of the draft vocabulary
 
     def __post_init__(self) -> None:
@@ -464,12 +464,12 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
         f"draft vocabulary {vocab.size} of {tc.vocab_size} covers {vocab.coverage:.1%} of assistant tokens")
 
     head: TrainableEagle3 | TrainableMedusa
-    shape: HeadShape | MedusaShape
+    shape: Eagle3Config | MedusaShape
     if medusa:
         shape = MedusaShape(tc.hidden_size, tc.vocab_size, cfg.medusa_heads)
         head = TrainableMedusa(shape, model.lm_head, getattr(tc, "final_logit_softcap", None))
     else:
-        shape = HeadShape.for_target(tc, vocab.size, aux_layers, cfg.norm_before_residual)  # type: ignore[arg-type]
+        shape = shape_for_target(tc, vocab.size, aux_layers, cfg.norm_before_residual)  # type: ignore[arg-type]
         init = cfg.init_from_target
         head = TrainableEagle3(shape, model.embed, init_lm_head=model.lm_head[torch.tensor(vocab.ids)] if init else None,
                                init_norm=model.norm if init else None, seed=cfg.seed)
