@@ -166,6 +166,7 @@ def test_train_drafter_end_to_end_on_the_default_model(tmp_path, capsys: pytest.
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 512 and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
     assert cfg["tokenleap_training"]["steps"] == 3
+    assert cfg["tokenleap_training"]["command"].startswith("tokenleap train-drafter -o ")
     ev = json.loads((out / "eval.json").read_text())
     assert ev["identical"] and ev["prompts"] == 2
     # a second run resumes: answers come from the cache, training continues from step 3

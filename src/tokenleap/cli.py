@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -506,7 +507,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train_drafter(args: argparse.Namespace) -> int:
+def _cmd_train_drafter(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from pathlib import Path
 
     from tokenleap import LLM
@@ -526,6 +527,7 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab_size, aux_layers=aux, ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr,  # type: ignore[arg-type]
         tokens_per_batch=args.tokens_per_batch, max_time=args.max_time, max_steps=args.max_steps, cache_gb=args.cache_gb, save_every=args.save_every,
         eval_every=args.eval_every, eval_prompts=args.eval_prompts, seed=args.seed, resume=args.resume,
+        command="tokenleap " + shlex.join(argv) if argv is not None else None,
     )
     if args.threads:
         from tokenleap.llm import set_threads
@@ -569,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _cmd_serve(args)
         if args.command == "train-drafter":
-            return _cmd_train_drafter(args)
+            return _cmd_train_drafter(args, list(argv) if argv is not None else sys.argv[1:])
         return _cmd_chat(args)
     except TokenleapError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -79,6 +79,7 @@ class TrainConfig:
     cache_gb: float = 6.0  # target features kept in memory between epochs (bf16, ~4.5 KB a token on the default model)
     bf16: bool = True  # autocast the head's matmuls to bfloat16 (float32 master weights): ~2.5x faster on AVX512-BF16
     norm_before_residual: bool = True  # see eagle3_head.shape_for_target
+    command: str | None = None  # the command line that made the head (recorded in its config.json)
     init_from_target: bool = False  # start lm_head / norm from the target's rows of the draft vocabulary
 
     def __post_init__(self) -> None:
@@ -492,7 +493,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
     def save() -> None:
         extra = {"steps": step, "tokens": tokens_seen, "seconds": round(elapsed, 1), "data": list(cfg.data),
                  "regenerated": cfg.regenerate, "draft_steps": steps, "draft_vocab_coverage": round(vocab.coverage, 4),
-                 "target": model_name}
+                 "target": model_name, "command": cfg.command}
         if isinstance(head, TrainableMedusa):
             head.export(out, extra)
         else:
