@@ -313,7 +313,7 @@ def _regenerate(llm: Any, records: list[Record], cfg: TrainConfig, progress: boo
                 done[key] = res.outputs[0].text
                 f.write(json.dumps({"key": key, "answer": done[key]}) + "\n")
                 f.flush()
-    for p in prompts:
+    for p in dict.fromkeys(prompts):  # a prompt asked twice gives the same greedy answer: once is enough
         answer = done.get(json.dumps(p), "")
         if answer.strip():
             out.append(Record(messages=(*p, ("assistant", answer))))
