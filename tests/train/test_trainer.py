@@ -214,3 +214,14 @@ def test_feature_cache_changes_nothing_but_time(tiny_hf_folder: Path, tiny_data:
     b = load_file(str(tmp_path / "uncached" / "model.safetensors"))
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_from_head_reads_back_an_exported_head(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    draft_ids = list(range(0, 256, 4))
+    vocab = DraftVocab(tuple(draft_ids), 256, 1.0)
+    head = _random_head(tiny_model, draft_ids)
+    head.export(tmp_path / "h", vocab.d2t(), vocab.t2d())
+    back, d2t = TrainableEagle3.from_head(tmp_path / "h", tiny_model)
+    assert back.shape == head.shape and d2t.tolist() == draft_ids
+    for (name, a), b in zip(head.eagle_tensors().items(), back.eagle_tensors().values()):
+        assert torch.equal(a, b), name

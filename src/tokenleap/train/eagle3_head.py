@@ -150,6 +150,25 @@ class TrainableEagle3(nn.Module):
             feat = hcur
         return outs
 
+    @classmethod
+    def from_head(cls, folder: Path, target: Any) -> tuple[TrainableEagle3, torch.Tensor]:
+        """A head written by `export` (or any EAGLE-3 layout checkpoint the runtime loads) as a
+        trainable module, with its draft-to-target id map."""
+        from safetensors.torch import load_file
+
+        from tokenleap.drafters.eagle3 import load_eagle3
+
+        rt = load_eagle3(folder, target)  # validates shapes and the layout
+        weights: dict[str, torch.Tensor] = {}
+        for f in sorted(Path(folder).glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+        head = cls(rt.config, target.embed)
+        with torch.no_grad():
+            for name, t in head.eagle_tensors().items():
+                attr = name.removeprefix("midlayer.").removeprefix("self_attn.").removeprefix("mlp.").removesuffix(".weight")
+                getattr(head, attr).copy_(weights[name].float().view(t.shape))
+        return head, rt.d2t_ids
+
     def eagle_tensors(self) -> dict[str, torch.Tensor]:
         """The weights under the EAGLE / SpecForge names (bf16 linears, float32 norms)."""
         p = "midlayer."
