@@ -476,7 +476,6 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
                                init_norm=model.norm if init else None, seed=cfg.seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    rng = random.Random(cfg.seed)
     epoch_batches = [_batches(train, cfg.tokens_per_batch, random.Random(cfg.seed + e)) for e in range(cfg.epochs)]
     total_steps = sum(len(b) for b in epoch_batches)
     step, tokens_seen, elapsed = 0, 0, 0.0
@@ -487,7 +486,6 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
         step, tokens_seen, elapsed = state["step"], state["tokens"], state["seconds"]
-        rng.setstate(state["rng"])
         log(f"resuming at step {step} of {total_steps} ({tokens_seen} tokens, {elapsed:.0f} s trained)")
 
     def save() -> None:
@@ -500,7 +498,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
             head.export(out, vocab.d2t(), vocab.t2d(), extra)
         tmp = out / (STATE_FILE + ".tmp")
         torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens_seen,
-                    "seconds": elapsed, "rng": rng.getstate(), "draft_ids": list(vocab.ids), "coverage": vocab.coverage,
+                    "seconds": elapsed, "draft_ids": list(vocab.ids), "coverage": vocab.coverage,
                     "shape": {"type": cfg.head_type, **asdict(shape)}, "config": {k: str(v) for k, v in asdict(cfg).items()}}, tmp)
         tmp.replace(state_path)
 
