@@ -152,7 +152,7 @@ def _add_train_parser(sub: Any) -> None:
     tr = sub.add_parser(
         "train-drafter", help="train an EAGLE-3 draft head (or Medusa heads) for the model (CPU)",
         description="Train an EAGLE-3 head (one decoder layer over three of the target's layers, reduced draft vocabulary, "
-                    "training-time test) on ShareGPT or your own chats, answered again by the target itself "
+                    "training-time test), or Medusa heads with --head-type medusa, on ShareGPT or your own chats, answered again by the target itself "
                     "(self-distillation). Writes OUTPUT/config.json + model.safetensors in the EAGLE-3 layout "
                     "(use: --spec-type eagle3 --model-draft OUTPUT) after every --save-every steps, so an interrupted "
                     "run keeps its head; --resume continues from OUTPUT/trainer_state.pt.")
