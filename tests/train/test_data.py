@@ -45,6 +45,9 @@ def test_load_records_reads_cut_short_json_and_jsonl(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text("{not json}\n")
     with pytest.raises(TokenleapError, match="bad.jsonl:1 is not valid JSON"):
         load_records([str(tmp_path / "bad.jsonl")])
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(TokenleapError, match="not UTF-8 text"):
+        load_records([str(tmp_path / "binary.jsonl")])
     (tmp_path / "empty.jsonl").write_text(json.dumps({"x": 1}) + "\n")
     with pytest.raises(TokenleapError, match="no usable training records"):
         load_records([str(tmp_path / "empty.jsonl")])

@@ -19,7 +19,6 @@ from typing import Any
 
 from tokenleap.config import SpecConfig
 from tokenleap.drafters.chain import ChainDrafter
-from tokenleap.errors import TokenleapError
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, check_drafter
 from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
 from tokenleap.drafters.draft_model import DraftModelDrafter, same_vocabulary
@@ -29,6 +28,7 @@ from tokenleap.drafters.ngram_cache import NgramCacheDrafter, Stats
 from tokenleap.drafters.ngram_map import NgramMapK4VDrafter, NgramMapKDrafter, NgramSimpleDrafter
 from tokenleap.drafters.ngram_mod import NgramModDrafter, PoolStore
 from tokenleap.drafters.suffix import SuffixConfig, SuffixDrafter
+from tokenleap.errors import TokenleapError
 
 logger = logging.getLogger(__name__)
 

@@ -136,19 +136,23 @@ def _json_list_items(path: Path) -> Iterable[Any]:
 
 def _read_any(path: Path) -> Iterable[Any]:
     if not path.is_file():
-        raise TokenleapError(f"training data {str(path)!r} does not exist")
-    text_head = path.open("rb").read(1).strip()
-    if path.suffix == ".json" or text_head == b"[":
-        yield from _json_list_items(path)
-        return
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TokenleapError(f"{path}:{n} is not valid JSON: {exc}") from exc
+        raise TokenleapError(f"training data {str(path)!r} does not exist or is not a file")
+    try:
+        with path.open("rb") as f:
+            first = f.read(64).lstrip()[:1]
+        if path.suffix == ".json" or first == b"[":
+            yield from _json_list_items(path)
+            return
+        with path.open() as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TokenleapError(f"{path}:{n} is not valid JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TokenleapError(f"{path} is not UTF-8 text (JSON or JSONL of chats expected): {exc}") from exc
 
 
 def sharegpt_path() -> Path:
