@@ -7,9 +7,13 @@ than one torch thread each of them may open an OpenMP region whose workers must 
 the kernels' pool still holds the cores: a softmax and a product beside a kernel linear took 17 us
 with one torch thread and 394 us with two on a busy 2-core machine. So those forwards run torch
 single-threaded, every decode and verify forward alike (plain and speculative decoding compute
-the same way), and a torch GEMM prefill gets the threads back. Engine-level sampling and
-verification keep torch's threads: there one thread measured 1.25-1.4x faster on a busy machine
-but 0.9x on a quiet one (large vocabulary-wide ops do use two threads).
+the same way), and a torch GEMM prefill gets the threads back. The engine runs each whole step
+(drafting, sampling, verification) with one torch thread when the kernels are on
+(`Engine._step_threads`): `tokenleap/__init__.py` sets OMP_WAIT_POLICY=passive, but a program
+that imported torch first has libgomp's default policy, whose workers spin for milliseconds
+after each parallel region and took the kernels' cores: plain decoding of the default model ran
+at 86-93 tok/s against 190-214 with one torch thread (session 10, quiet machine; with torch
+imported after tokenleap one thread is as fast as two, within noise).
 """
 
 from __future__ import annotations

@@ -184,3 +184,35 @@ def test_cost_curve_is_measured_once_and_never_again_for_a_larger_cap(tiny_model
     assert curve.cost(31) >= curve.cost(16)  # past the measured rows: extrapolated
     engine.ensure_cost_curve(20)  # an explicit measurement for a larger cap (a server, at start)
     assert measured == [16, 20] and engine.cost_curve(31) is engine.ensure_cost_curve(12)
+
+
+def test_steps_run_torch_single_threaded_beside_the_kernels(tiny_model: LlamaModel, tokenizer: Tokenizer, kernels: CpuKernels,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's torch ops (sampling, verification) run on one torch thread while the kernels'
+    pool holds the cores (torch's OpenMP workers would spin beside it: decoding measured 2.2x
+    slower when torch was imported before tokenleap), and the caller's setting comes back."""
+    import tokenleap.engine.engine as engine_module
+
+    seen: list[int] = []
+    real_sample, real_verify = engine_module.sample_next, engine_module.verify_chain
+
+    def sample(*args: object, **kwargs: object) -> int:
+        seen.append(torch.get_num_threads())
+        return real_sample(*args, **kwargs)  # type: ignore[arg-type]
+
+    def verify(*args: object, **kwargs: object) -> object:
+        seen.append(torch.get_num_threads())
+        return real_verify(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "sample_next", sample)
+    monkeypatch.setattr(engine_module, "verify_chain", verify)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = Engine(tiny_model, tokenizer)
+        req = engine.run(engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=4)))
+        assert len(req.output_ids) == 4
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}

@@ -27,6 +27,7 @@ server's continuous-batching loop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -48,6 +49,7 @@ from tokenleap.models.llama import LlamaModel, ModelOutput, SeqInput
 from tokenleap.processors import needs_processing, process_rows, row_prefixes, token_logprobs
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
 from tokenleap.structured import GrammarState, GrammarTokenizer
+from tokenleap.threads import torch_threads
 from tokenleap.tokenizer import IncrementalDetokenizer, Tokenizer
 from tokenleap.types import Logprob, RequestMetrics
 from tokenleap.verify.chain import verify_chain
@@ -214,9 +216,20 @@ class Engine:
         while not self.prefill_step(req):
             pass
 
+    def _step_threads(self) -> contextlib.AbstractContextManager[None]:
+        """Torch's threads for a step's small torch ops (sampling, verification, a head's layer)
+        between kernel calls: one with the kernels (see threads.py: torch's OpenMP workers
+        otherwise spin beside the kernels' pool; when torch was imported before tokenleap, so
+        OMP_WAIT_POLICY=passive never applied, they made decoding 2.2x slower), else torch's."""
+        return torch_threads(1) if getattr(self.model, "kernels", None) is not None else contextlib.nullcontext()
+
     def prefill_step(self, req: Request) -> bool:
         """Run the next chunk of the prompt (`prefill_chunk` tokens); after the last one, sample
         the first token. Returns whether the prompt is done."""
+        with self._step_threads():
+            return self._prefill_step(req)
+
+    def _prefill_step(self, req: Request) -> bool:
         t0 = time.perf_counter()
         start = req.kv.length
         end = min(len(req.prompt_ids), start + self.prefill_chunk)
@@ -340,6 +353,10 @@ class Engine:
         stepping them one by one tells which one fails."""
         if not reqs:
             return
+        with self._step_threads():
+            self._step_batch(reqs)
+
+    def _step_batch(self, reqs: Sequence[Request]) -> None:
         t0 = time.perf_counter()
         undo = [Undo.of(req) for req in reqs]
         failures: dict[int, Exception] = {}
