@@ -29,7 +29,8 @@
  *        (inputs 0-15), d_hi[8] (16-31), then Q8X8's 256 bytes (320 bytes: 10 bits, the file's
  *        6.56); its two half-block integer sums are two fmas, lo then hi, in every tile.
  * A row's output o: per block, the exact integer sum (Q4: int16 sums of vpmaddubsw over the 8
- * groups, at most 8 * 2 * 15 * 127 = 30480; Q8: |w| x sign(x, w) pairs through vpmaddwd),
+ * groups, at most 8 * 2 * 15 * 127 = 30480; Q8: |w| x sign(x, w) pairs through vpmaddwd, or with
+ * VNNI one vpdpbusd of (q_x + 128) as unsigned with w, less 128 sum(w) from one more per group),
  * then acc = fma(float(isum), d_w d_x, acc) and, for Q4, acc = fma(m_w, d_x sum(q_x), acc),
  * block after block: the same sequence in every tile. */
 #pragma once
@@ -108,6 +109,7 @@ void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows,
 #define QR 4 /* rows per tile at most */
 #endif
 #define QO 4 /* groups of 8 outputs per tile at most */
+#define QS 4 /* independent integer partial sums per row at most */
 
 /* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
 static inline __attribute__((always_inline)) void q_tile(
@@ -116,6 +118,8 @@ static inline __attribute__((always_inline)) void q_tile(
     const int vnni = TLQ_HAS_VNNI && (format & TLQ_VNNI); /* a constant in each instantiation */
     format &= ~TLQ_VNNI;
     const int64_t nb = in_dim / 32, gb = q_group_bytes(format), group_stride = nb * gb;
+    /* partial sums per row: enough chains in flight without spilling the 32 vector registers */
+    const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1;
     const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     __m256 acc[QR][QO];
     for (int r = 0; r < NR; r++)
@@ -132,15 +136,23 @@ static inline __attribute__((always_inline)) void q_tile(
                                                                        : _mm256_loadu_ps((const float *)blk);
             __m256i isum[QR], isum_hi[QR];
             if (q4 && vnni) { /* vpdpbusd: the same exact integer sums, one instruction per 4 inputs */
-                for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+                /* NS independent partial sums per row (added at the end: integer, so the same
+                 * sum): one chain of 8 dependent vpdpbusd per block left a row latency-bound */
+                __m256i part[QR][QS];
+                for (int r = 0; r < NR; r++)
+                    for (int p = 0; p < NS; p++) part[r][p] = _mm256_setzero_si256();
                 for (int t = 0; t < 4; t++) {
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
                     const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
-                        isum[r] = tlq_dpbusd(isum[r], wl, _mm256_set1_epi32(xr[t]));
-                        isum[r] = tlq_dpbusd(isum[r], wh, _mm256_set1_epi32(xr[t + 4]));
+                        part[r][(2 * t) % NS] = tlq_dpbusd(part[r][(2 * t) % NS], wl, _mm256_set1_epi32(xr[t]));
+                        part[r][(2 * t + 1) % NS] = tlq_dpbusd(part[r][(2 * t + 1) % NS], wh, _mm256_set1_epi32(xr[t + 4]));
                     }
+                }
+                for (int r = 0; r < NR; r++) {
+                    isum[r] = part[r][0];
+                    for (int p = 1; p < NS; p++) isum[r] = _mm256_add_epi32(isum[r], part[r][p]);
                 }
             } else if (q4) {
                 __m256i s16[QR];
@@ -155,6 +167,39 @@ static inline __attribute__((always_inline)) void q_tile(
                     }
                 }
                 for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(s16[r], ones);
+            } else if (vnni) {
+                /* activations offset to unsigned (xq ^ 0x80 = q + 128, done once per call), so one
+                 * vpdpbusd per row and 4 inputs: sum w (q + 128) - 128 sum w, all exact int32
+                 * (|sum| <= 32 * 255 * 128), the same integer sums as the sign form below */
+                __m256i w128[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                const __m256i u128 = _mm256_set1_epi8((char)0x80);
+                __m256i part[QR][QS];
+                for (int r = 0; r < NR; r++)
+                    for (int p = 0; p < NS; p++) part[r][p] = _mm256_setzero_si256();
+                for (int g = 0; g < 8; g++) {
+                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
+                    w128[g & 1] = tlq_dpbusd(w128[g & 1], u128, wv);
+                    for (int r = 0; r < NR; r++) {
+                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                        part[r][g % NS] = tlq_dpbusd(part[r][g % NS], _mm256_set1_epi32(xr[g]), wv);
+                    }
+                    if (format == TLQ_Q8X8S && g == 3) { /* the low half-block's sums are complete */
+                        for (int r = 0; r < NR; r++) {
+                            isum[r] = part[r][0];
+                            for (int p = 1; p < NS; p++) isum[r] = _mm256_add_epi32(isum[r], part[r][p]);
+                            isum[r] = _mm256_sub_epi32(isum[r], _mm256_add_epi32(w128[0], w128[1]));
+                            for (int p = 0; p < NS; p++) part[r][p] = _mm256_setzero_si256();
+                        }
+                        w128[0] = w128[1] = _mm256_setzero_si256();
+                    }
+                }
+                for (int r = 0; r < NR; r++) {
+                    __m256i v = part[r][0];
+                    for (int p = 1; p < NS; p++) v = _mm256_add_epi32(v, part[r][p]);
+                    v = _mm256_sub_epi32(v, _mm256_add_epi32(w128[0], w128[1]));
+                    if (format == TLQ_Q8X8S) isum_hi[r] = v;
+                    else isum[r] = v;
+                }
             } else {
                 for (int r = 0; r < NR; r++) isum[r] = isum_hi[r] = _mm256_setzero_si256();
                 for (int g = 0; g < 8; g++) {
@@ -164,8 +209,7 @@ static inline __attribute__((always_inline)) void q_tile(
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
                         __m256i *dst = format == TLQ_Q8X8S && g >= 4 ? &isum_hi[r] : &isum[r];
-                        if (vnni) *dst = tlq_dpbusd(*dst, wa, xs8);
-                        else *dst = _mm256_add_epi32(*dst, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
+                        *dst = _mm256_add_epi32(*dst, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
                     }
                 }
             }
@@ -282,6 +326,11 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
     tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
     const int64_t chunks = (out_dim / 8 + Q_CHUNK - 1) / Q_CHUNK;
     if (tlq_use_vnni < 0) tl_quant_vnni(-1);
+    if (tlq_use_vnni && (format == TLQ_Q8X8 || format == TLQ_Q8X8S)) { /* the VNNI int8 form reads q + 128 as unsigned */
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        for (int64_t i = 0; i < rows * in_dim; i += 32)
+            _mm256_storeu_si256((__m256i *)(xq + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xq + i)), flip));
+    }
     q_job job = {{0, chunks, 1}, xq, xd, xs, w, b, y, rows, in_dim, out_dim, format | (tlq_use_vnni ? TLQ_VNNI : 0), accumulate};
     tl_parallel(q_task, &job);
 }
