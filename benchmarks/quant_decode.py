@@ -11,8 +11,9 @@ verify cost curve: one forward of k = 1..16 rows at ~`--context` cached tokens r
 row (fastest of interleaved rounds, as the engine's own cost curve), and one [3072, 576] linear
 per weight format at 1, 4 and 8 rows (30 distinct weights, cold). With `--llama-bench PATH`
 (built by `benchmarks/build_llamacpp.sh`), llama.cpp's `llama-bench -p 0 -n 128 -t THREADS -r 3`
-on the same GGUF file runs before and after tokenleap, and the tokenleap figure comparable to
-llama-bench's tg128 is decode tokens/s (llama-bench tg times decode steps only). JSON to
+on the same GGUF file runs before and after tokenleap, and tokenleap's own tg128 (128 forced tokens after a
+one-token prompt, decode steps only, as llama-bench times them) is the comparable figure; decode
+tokens/s on Spec-Bench prompts (contexts up to ~900 tokens) is reported beside it. JSON to
 `benchmarks/results/quant_decode.json`.
 
     .venv/bin/python benchmarks/quant_decode.py --llama-bench benchmarks/.peer/llama.cpp/build/bin/llama-bench
@@ -63,6 +64,18 @@ def llama_bench(binary: str, model: Path, threads: int) -> float | None:
         return None
     rows = json.loads(proc.stdout)
     return float(rows[0]["avg_ts"])
+
+
+def tg128(llm: LLM, tokens: int = 128, repeats: int = 3) -> float:
+    """llama-bench's tg128 in tokenleap: `tokens` forced tokens decoded after a one-token prompt
+    (llama-bench decodes from an empty context), decode tokens/s of the best of `repeats`."""
+    prompt = llm.tokenizer.encode("Once")[:1]
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    best = 0.0
+    for _ in range(repeats):
+        req = llm.engine.run(llm.engine.add_request(prompt, params))
+        best = max(best, req.metrics.num_decode_tokens / req.metrics.decode_seconds)
+    return best
 
 
 def linear_micro(llm: LLM, rows_list: tuple[int, ...] = (1, 4, 8), copies: int = 30) -> dict[str, dict[int, float]]:
@@ -143,6 +156,8 @@ def main() -> int:
     result["gguf_over_bf16_e2e"] = totals["gguf"]["e2e_tps"] / totals["bf16"]["e2e_tps"]
     result["identical_outputs"] = sum(a == b for a, b in zip(outputs["bf16"], outputs["gguf"]))
     result["prompts"] = len(prompts)
+    result["tg128"] = {n: tg128(e) for n, e in engines.items()}
+    print("tokenleap tg128 (decode tok/s after a one-token prompt): " + ", ".join(f"{n} {v:.1f}" for n, v in result["tg128"].items()))
     result["verify_cost"] = {n: _time_rows(e.model, args.context, 16, 5) for n, e in engines.items()}
     result["linear_us_3072x576"] = linear_micro(engines["gguf"])
     if args.llama_bench:
@@ -151,6 +166,7 @@ def main() -> int:
         if peer:
             result["llama_bench_tg128"] = sum(peer) / len(peer)
             result["gguf_over_llamacpp_decode"] = totals["gguf"]["decode_tps"] / result["llama_bench_tg128"]
+            result["gguf_tg128_over_llamacpp_tg128"] = result["tg128"]["gguf"] / result["llama_bench_tg128"]
     result["load_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
