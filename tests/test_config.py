@@ -164,10 +164,11 @@ def test_engine_config_is_frozen() -> None:
 
 
 def test_engine_config_quantization() -> None:
-    assert EngineConfig().quantization is None
+    assert EngineConfig().quantization is None  # the file's own: decided at load (models.loading.resolve_quantization)
+    assert EngineConfig(quantization="auto").quantization is None
     assert EngineConfig(quantization="gguf").quantization == "gguf"
-    assert EngineConfig(quantization="none").quantization is None
-    with pytest.raises(TokenleapError, match="quantization must be 'gguf' or None"):
+    assert EngineConfig(quantization="none").quantization == "none"
+    with pytest.raises(TokenleapError, match="quantization must be 'gguf', 'none' or None"):
         EngineConfig(quantization="awq")
 
 

@@ -147,7 +147,7 @@ def test_logprobs_of_drafted_tokens_equal_plain_decoding(llm: LLM) -> None:
     a = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
     out = spec.generate([prompt], params, use_tqdm=False)[0]
     b = out.outputs[0]
-    assert out.metrics.spec.num_accepted_tokens > 5 and a.token_ids == b.token_ids
+    assert out.metrics.spec.num_accepted_tokens > 3 and a.token_ids == b.token_ids
     assert len(b.logprobs) == len(b.token_ids)
     for t, x, y in zip(a.token_ids, a.logprobs, b.logprobs):
         assert x == y  # bit-identical rows: same figures, ranks and texts

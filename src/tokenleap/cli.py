@@ -27,7 +27,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registered name ({', '.join(REGISTRY)}), a .gguf file or a Hugging Face folder (default: %(default)s)")
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weight dtype (default: %(default)s)")
     g.add_argument("--quantization", default=None, choices=["gguf", "none"],
-                   help="gguf: keep a GGUF file's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights quantized (the kernels read its blocks); default: dequantize to --dtype")
+                   help="gguf: keep a GGUF file's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights quantized (the kernels read its blocks); "
+                        "none: dequantize to --dtype; default: gguf for a GGUF file in bfloat16 with the kernels, else none")
     g.add_argument("--max-model-len", type=int, default=None, help="context length cap (default: the model's)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     g.add_argument("--no-kernels", action="store_true", help="use torch ops instead of tokenleap's CPU kernels")

@@ -23,14 +23,17 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's own context length
     max_num_seqs: int = 16  # offline generation: requests running (holding a KV cache) at once
     use_kernels: bool = True  # tokenleap's row-invariant CPU kernels (else torch ops)
-    # "gguf": keep a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks quantized (vLLM's spelling); None: dequantize to `dtype`
+    # "gguf": keep a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks quantized (vLLM's
+    # spelling); "none": dequantize to `dtype`; None (default, as vLLM: the checkpoint's own
+    # quantization): "gguf" for a GGUF file in bfloat16 on the kernels, else dequantize
+    # (`models.loading.resolve_quantization`)
     quantization: str | None = None
 
     def __post_init__(self) -> None:
-        if self.quantization in ("none", ""):
+        if self.quantization in ("auto", ""):
             object.__setattr__(self, "quantization", None)
-        if self.quantization not in (None, "gguf"):
-            raise TokenleapError(f"quantization must be 'gguf' or None, got {self.quantization!r}")
+        if self.quantization not in (None, "gguf", "none"):
+            raise TokenleapError(f"quantization must be 'gguf', 'none' or None (the file's own), got {self.quantization!r}")
         dtype = _DTYPE_ALIASES.get(str(self.dtype), str(self.dtype))
         if dtype not in DTYPE_NAMES:
             raise TokenleapError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")

@@ -36,3 +36,17 @@ def test_load_model_dtype_and_kernels_switch(tiny_hf_folder: Path) -> None:
     assert model.lm_head.dtype == torch.bfloat16
     assert model.norm.dtype == torch.float32 and model.layers[0].attn_norm.dtype == torch.float32
     assert model.kv_dtype == torch.float32
+
+
+def test_default_quantization_keeps_gguf_blocks_only_in_bf16_on_the_kernels(tmp_path: Path) -> None:
+    from tokenleap.models.loading import resolve_quantization
+    from tokenleap.models.registry import ModelSource
+
+    gguf, folder = ModelSource("m", "gguf", tmp_path / "m.gguf"), ModelSource("f", "hf", tmp_path)
+    kernels = object()  # only its presence matters
+    assert resolve_quantization(gguf, torch.bfloat16, kernels, None) == "gguf"  # the default: the file's own blocks
+    assert resolve_quantization(gguf, torch.float32, kernels, None) is None  # reference precision
+    assert resolve_quantization(gguf, torch.bfloat16, None, None) is None  # the torch path reads dense weights
+    assert resolve_quantization(folder, torch.bfloat16, kernels, None) is None
+    assert resolve_quantization(gguf, torch.bfloat16, kernels, "none") is None
+    assert resolve_quantization(gguf, torch.float32, kernels, "gguf") == "gguf"

@@ -22,6 +22,14 @@ def q_llm(kernels: CpuKernels) -> LLM:
     return LLM(quantization="gguf", speculative_config={"method": "ngram", "num_speculative_tokens": 8})
 
 
+def test_the_default_keeps_the_files_blocks(kernels: CpuKernels) -> None:
+    """`LLM()` runs the default model's GGUF blocks as they are (measured faster end to end);
+    "none" and float32 dequantize."""
+    assert LLM().model.quantization == "gguf"
+    assert LLM(quantization="none").model.quantization is None
+    assert LLM(dtype="float32").model.quantization is None
+
+
 def _logits(model: LlamaModel, seqs: Sequence[SeqInput]) -> torch.Tensor:
     return model.compute_logits(model.forward_batch(seqs).hidden)
 

@@ -78,8 +78,8 @@ class LoadedModels:
         path = source.path.resolve()
         if target_path is not None and path == Path(target_path).resolve():
             return target, None  # the target's own weights (shared, not copied)
-        # a GGUF draft keeps its blocks quantized when the target does
-        quantization = getattr(target, "quantization", None) if source.kind == "gguf" else None
+        # a GGUF draft keeps its blocks quantized when the target does, and is dequantized when it is not
+        quantization = (getattr(target, "quantization", None) or "none") if source.kind == "gguf" else None
         key = (path, target.dtype, target.kernels is not None, quantization)
         if key not in self._models:
             draft, draft_tok = loading.load_model(source, target.dtype, use_kernels=target.kernels is not None, quantization=quantization)

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,12 +56,27 @@ def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
     return config, weights
 
 
+def resolve_quantization(source: ModelSource, dtype: torch.dtype, kernels: Any, quantization: str | None) -> str | None:
+    """What `quantization=None` (the default) means: keep a GGUF file's blocks ("gguf") when the
+    model runs in bfloat16 on the kernels, since that measured faster end to end (BENCHMARKS.md,
+    "GGUF weights kept quantized": decode 1.18x, Spec-Bench end to end 1.10x, prefill 0.75-0.83x,
+    a third of the bytes per token); float32 asks for reference precision, and the torch path
+    reads dense weights, so both dequantize. "none" always dequantizes."""
+    if quantization is not None:
+        return None if quantization == "none" else quantization
+    if source.kind == "gguf" and kernels is not None and dtype == torch.bfloat16:
+        return "gguf"
+    return None
+
+
 def load_model(
     source: ModelSource, dtype: torch.dtype, *, use_kernels: bool = True, quantization: str | None = None
 ) -> tuple[LlamaModel, Tokenizer]:
     """The model and its tokenizer. `quantization="gguf"` keeps a GGUF's quantized linears in
-    their blocks (the kernels' quantized path); without kernels they are dequantized, with a warning."""
+    their blocks (the kernels' quantized path); without kernels they are dequantized, with a
+    warning. "none" dequantizes to `dtype`; None decides (`resolve_quantization`)."""
     kernels = load_kernels() if use_kernels else None
+    quantization = resolve_quantization(source, dtype, kernels, quantization)
     if quantization == "gguf" and source.kind != "gguf":
         raise TokenleapError(f"quantization='gguf' needs a .gguf model; {source.name} is a {source.kind} source")
     if quantization == "gguf" and kernels is None:
