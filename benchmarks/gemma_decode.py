@@ -1,6 +1,7 @@
 """Gemma 3 270M decode speed: tokenleap in its default dtype (bfloat16) against transformers bf16.
 
-Both load the registered `gemma3-270m` GGUF (dequantized at load). Prompts: Spec-Bench first
+Both load the registered `gemma3-270m` GGUF: tokenleap by default keeps its Q4_K / Q6_K / Q5_0 /
+Q8_0 blocks (`--quantization none` dequantizes to bf16), transformers dequantizes it to bf16. Prompts: Spec-Bench first
 turns (`--num-prompts`, default 4, one per group), raw text, the same token ids for both sides;
 each side generates exactly `--max-tokens` tokens greedily (EOS ignored / unset). One process,
 the sides alternate ABBA per round (`--rounds`, default 2) so drift on a shared machine hits both
@@ -33,12 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quantization", choices=["gguf", "none"], default=None, help="tokenleap's (default: its own default)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gemma_decode.json")
     args = ap.parse_args(argv)
 
     from transformers import AutoModelForCausalLM
 
-    llm = LLM(model="gemma3-270m")  # default dtype
+    llm = LLM(model="gemma3-270m", quantization=args.quantization)  # default dtype
     path = llm.source.path
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16).eval()
     hf.generation_config.eos_token_id = None
@@ -71,10 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r} {name:12s} {n / s:6.1f} tok/s", flush=True)
     tps = {k: v[0] / v[1] for k, v in totals.items()}
     ratio = tps["tokenleap"] / tps["transformers"]
-    print(f"tokenleap {llm.config.dtype} {tps['tokenleap']:.1f} tok/s, transformers bf16 {tps['transformers']:.1f} tok/s: {ratio:.2f}x")
+    kept = "GGUF blocks kept" if llm.model.quantization else "dequantized"
+    print(f"tokenleap {llm.config.dtype} ({kept}) {tps['tokenleap']:.1f} tok/s, transformers bf16 {tps['transformers']:.1f} tok/s: {ratio:.2f}x")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"max_tokens": args.max_tokens, "prompts": len(ids_list), "rounds": args.rounds,
-                                    "tokens_per_second": tps, "ratio": ratio, "threads": torch.get_num_threads()}, indent=1))
+                                    "tokens_per_second": tps, "ratio": ratio, "threads": torch.get_num_threads(),
+                                    "tokenleap_quantization": llm.model.quantization}, indent=1))
     return 0
 
 

@@ -669,7 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kernels = load_kernels()
     console.print(f"[bold]model[/] {source.path}  threads={torch.get_num_threads()}  "
                   f"kernels={'yes' if kernels else 'no (torch fallback)'}  loadavg={load_start}")
-    llms = {"bf16": LLM(args.model, dtype="bfloat16"), "fp32": LLM(args.model, dtype="float32")}
+    llms = {"bf16": LLM(args.model, dtype="bfloat16", quantization="none"), "fp32": LLM(args.model, dtype="float32")}
     tok = llms["bf16"].get_tokenizer()
 
     questions = load_questions(args.spec_bench, 1 if args.quick else args.questions_per_group,

@@ -78,6 +78,23 @@ def tg128(llm: LLM, tokens: int = 128, repeats: int = 3) -> float:
     return best
 
 
+def prefill_speed(llm: LLM, lengths: tuple[int, ...] = (64, 256, 700), repeats: int = 3) -> dict[int, float]:
+    """Prompt tokens/s of one forward over a random prompt of each length (fastest of `repeats`)."""
+    model = llm.model
+    out: dict[int, float] = {}
+    for n in lengths:
+        ids = torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
+        best = float("inf")
+        for _ in range(repeats):
+            kv = model.new_kv_cache(n + 2)
+            t0 = time.perf_counter()
+            model.forward(ids, torch.arange(n), kv)
+            best = min(best, time.perf_counter() - t0)
+            kv.free()
+        out[n] = n / best
+    return out
+
+
 def linear_micro(llm: LLM, rows_list: tuple[int, ...] = (1, 4, 8), copies: int = 30) -> dict[str, dict[int, float]]:
     """Microseconds per call of one gate+up-shaped linear ([3072, 576]) over `copies` distinct
     weights (cold in cache, as in a forward), per weight format, fastest of 5 rounds."""
@@ -119,11 +136,20 @@ def main() -> int:
     ap.add_argument("--llama-bench", default=None, help="path of a llama-bench binary to run on the same file")
     ap.add_argument("--bench-file", type=Path, default=BENCH)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quant_decode.json")
+    ap.add_argument("--prefill-only", action="store_true", help="only the prompt prefill speeds (to --out)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
                     "cpu_flags_avx512": "avx512f" in Path("/proc/cpuinfo").read_text(), "load_before": os.getloadavg()}
-    engines = {"bf16": LLM(), "gguf": LLM(quantization="gguf")}
+    engines = {"bf16": LLM(quantization="none"), "gguf": LLM(quantization="gguf")}
+    if args.prefill_only:
+        rounds = [{n: prefill_speed(e) for n, e in engines.items()} for _ in range(2)]
+        best = {n: {k: max(r[n][k] for r in rounds) for k in rounds[0][n]} for n in engines}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"date": result["date"], "prefill_tok_s": best}, indent=1))
+        for n, by_len in best.items():
+            print(f"prefill {n}: " + ", ".join(f"{k} tokens {v:.0f} tok/s" for k, v in by_len.items()))
+        return 0
     model_file = engines["bf16"].source.path
     result["kernels"] = engines["gguf"].model.kernels.variant if engines["gguf"].model.kernels else None
     result["quant_vnni"] = engines["gguf"].model.kernels.quant_vnni() if engines["gguf"].model.kernels else None
