@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    llm = LLM()
+    llm = LLM(quantization="none")  # the bf16 target the heads here were trained and measured on
     model, tok = llm.model, llm.tokenizer
     have_head = args.head.is_dir()
     costs_by_vocab: dict[int, dict[str, float]] = {}

@@ -1,24 +1,45 @@
-"""Drafter chaining: several drafters behind one, the first that proposes wins.
+"""Drafter chaining: several drafters behind one.
 
-Mirrors llama.cpp's precedence of draftless methods over a draft model: cheap lookups first
-(suffix trees, n-grams), a costlier drafter only when they have nothing. Every drafter sees
-every request's lifecycle (begin / accept / end), so each keeps its own state current whether
-or not its draft was used.
+Model-free members only (n-grams, suffix trees, prompt lookup): the first that proposes wins,
+llama.cpp's precedence of draftless methods. With a member that costs target time to draft (a
+trained head, `relative_draft_cost` > 0), the chain chooses per step by expected tokens per unit
+of cost, as the engine's draft-length controller does for one drafter (Leviathan et al., 2023,
+section 3.4): each member keeps its own decayed acceptance estimate alpha_m per request (from
+the verifications of its own drafts), a draft of L tokens is worth E(alpha_m, L) = sum_{j<=L}
+alpha_m^j tokens for cost(L) (the engine's measured verify cost curve) + L x the member's
+drafting cost, the free members propose first, and a costly member runs only when its expected
+rate for a full-length draft beats the best draft in hand; the best rate wins, and none when no
+draft beats plain decoding's 1 token per unit. A member left unused for `probe_every` proposals
+is tried once to refresh its estimate. Every member sees every request's lifecycle (begin /
+accept / end / observe), so each keeps its own state current whether or not its draft was used.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
+from tokenleap.engine.speculation import expected_tokens
+
+
+@dataclass
+class _Estimate:
+    accepted: float = 1.0  # decayed counts: prior alpha 0.5
+    trials: float = 2.0
+    idle: int = 0  # proposals since this member's draft was last used
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.trials
 
 
 class ChainDrafter:
     name: ClassVar[str] = "chain"
     needs_hidden_states: bool = False  # per chain: whether a member reads target hidden states
 
-    def __init__(self, drafters: Sequence[Drafter]) -> None:
+    def __init__(self, drafters: Sequence[Drafter], decay: float = 0.9, probe_every: int = 16) -> None:
         if not drafters:
             raise ValueError("a drafter chain needs at least one drafter")
         self.drafters = list(drafters)
@@ -26,22 +47,74 @@ class ChainDrafter:
         self.needs_hidden_states = bool(self._readers)
         self.hidden_layers = tuple(sorted({l for d in self._readers for l in getattr(d, "hidden_layers", ())}))
         self.wins = [0] * len(self.drafters)  # how often each drafter's proposal was used
+        self.costs = [float(getattr(d, "relative_draft_cost", 0.0) or 0.0) for d in self.drafters]
+        self.cost_aware = any(c > 0 for c in self.costs)
+        # the free members first (their drafts cost nothing to look at), then the costly ones
+        self._order = [i for i, c in enumerate(self.costs) if c <= 0] + [i for i, c in enumerate(self.costs) if c > 0]
+        self.decay = decay
+        self.probe_every = probe_every
+        self._curve: Any = None  # the engine's CostCurve (`use_cost_curve`); else cost(L) = 1 + 0.05 L
+        self._estimates: dict[str, list[_Estimate]] = {}
+        self._last: dict[str, tuple[int, int]] = {}  # request -> (member, length) of the draft in verification
+
+    def use_cost_curve(self, curve: Any) -> None:
+        """The target's verify cost curve (`engine.speculation.CostCurve`), from the engine."""
+        self._curve = curve
+
+    def _rate(self, member: int, alpha: float, length: int, context: int) -> float:
+        verify = self._curve.cost(length, context) if self._curve is not None else 1.0 + 0.05 * length
+        return expected_tokens(alpha, length) / (verify + self.costs[member] * length)
 
     def begin(self, request: DraftRequest) -> None:
         for d in self.drafters:
             d.begin(request)
+        if self.cost_aware:
+            self._estimates[request.request_id] = [_Estimate() for _ in self.drafters]
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
-        for i, d in enumerate(self.drafters):
-            draft = d.propose(request_id, tokens, max_tokens)
-            if len(draft):
-                self.wins[i] += 1
-                return draft
-        return Draft()
+        estimates = self._estimates.get(request_id)
+        if estimates is None:  # precedence: the first member that proposes wins
+            for i, d in enumerate(self.drafters):
+                draft = d.propose(request_id, tokens, max_tokens)
+                if len(draft):
+                    self.wins[i] += 1
+                    return draft
+            return Draft()
+        context = len(tokens)
+        best: tuple[float, int, Draft] | None = None
+        for i in self._order:
+            est = estimates[i]
+            est.idle += 1
+            probe = est.idle > self.probe_every
+            if self.costs[i] > 0 and not probe:
+                expected = self._rate(i, est.alpha, max_tokens, context)
+                if expected <= (best[0] if best is not None else 1.0):
+                    continue  # not worth its drafting time this step
+            draft = self.drafters[i].propose(request_id, tokens, max_tokens)
+            if not len(draft):
+                continue
+            rate = float("inf") if probe else self._rate(i, est.alpha, len(draft), context)
+            if best is None or rate > best[0]:
+                best = (rate, i, draft)
+        if best is None or best[0] <= 1.0:
+            return Draft()
+        _, i, draft = best
+        estimates[i].idle = 0
+        self.wins[i] += 1
+        self._last[request_id] = (i, len(draft))
+        return draft
 
     def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
         for d in self.drafters:
             d.accept(request_id, tokens, num_accepted)
+        last = self._last.pop(request_id, None)
+        estimates = self._estimates.get(request_id)
+        if last is not None and estimates is not None:
+            i, length = last
+            est = estimates[i]
+            accepted = min(num_accepted, length)
+            est.accepted = self.decay * est.accepted + accepted
+            est.trials = self.decay * est.trials + accepted + (1 if accepted < length else 0)
 
     def observe(self, request_id: str, start: int, token_ids: Sequence[int], hidden: dict[int, Any]) -> None:
         """Target hidden states for the members that read them (`needs_hidden_states`)."""
@@ -51,6 +124,8 @@ class ChainDrafter:
     def end(self, request_id: str) -> None:
         for d in self.drafters:
             d.end(request_id)
+        self._estimates.pop(request_id, None)
+        self._last.pop(request_id, None)
 
     def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """Pass an answer produced elsewhere to every drafter of the chain that learns from answers."""

@@ -327,6 +327,9 @@ class Engine:
     def begin(self, req: Request) -> None:
         """Register a request with its drafter (before its prefill)."""
         if req.drafter is not None:
+            use_curve = getattr(req.drafter, "use_cost_curve", None)
+            if use_curve is not None and req.controller is not None:  # a chain weighing its members' drafts
+                use_curve(req.controller.curve)
             req.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
 
     def start(self, req: Request) -> None:

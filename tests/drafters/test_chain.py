@@ -1,0 +1,116 @@
+"""ChainDrafter: precedence among model-free members; with a costly member (a head), the choice
+per step by expected tokens per unit of cost, per-member acceptance estimates, probing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tokenleap.drafters.base import Draft, DraftRequest
+from tokenleap.drafters.chain import ChainDrafter
+from tokenleap.engine.speculation import CostCurve
+from tokenleap.sampling import SamplingParams
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=64)
+
+
+class Fixed:
+    """Proposes `draft` (cut to the budget) every time; counts its proposals and feedback."""
+
+    def __init__(self, draft: Sequence[int], relative_draft_cost: float = 0.0) -> None:
+        self.draft = list(draft)
+        self.relative_draft_cost = relative_draft_cost
+        self.proposals = 0
+        self.accepted: list[int] = []
+
+    def begin(self, request: DraftRequest) -> None: ...
+
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
+        self.proposals += 1
+        return Draft(self.draft[:max_tokens])
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
+        self.accepted.append(num_accepted)
+
+    def end(self, request_id: str) -> None: ...
+
+
+def _begin(chain: ChainDrafter, rid: str = "r") -> None:
+    chain.begin(DraftRequest(rid, [1, 2, 3], PARAMS, torch.Generator()))
+
+
+FLAT = CostCurve(tuple(1.0 + 0.02 * k for k in range(17)))  # a verified row costs 2 % of a step
+STEEP = CostCurve(tuple(1.0 + 0.1 * k for k in range(17)))  # 10 %
+
+
+def test_model_free_members_keep_precedence() -> None:
+    a, b = Fixed([]), Fixed([7, 8])
+    chain = ChainDrafter([a, b, Fixed([9])])
+    assert not chain.cost_aware
+    _begin(chain)
+    assert chain.propose("r", [1, 2, 3], 4).tokens == [7, 8] and chain.wins == [0, 1, 0]
+    a.draft = [5]
+    assert chain.propose("r", [1, 2, 3], 4).tokens == [5] and chain.wins == [1, 1, 0]
+
+
+def test_a_costly_member_runs_only_when_its_expected_rate_beats_the_draft_in_hand() -> None:
+    cheap, head = Fixed([11, 12]), Fixed([21, 22, 23, 24], relative_draft_cost=0.01)
+    chain = ChainDrafter([head, cheap], probe_every=1000)  # order given: head first; the free member is still asked first
+    chain.use_cost_curve(FLAT)
+    _begin(chain)
+    assert chain.cost_aware
+    # equal priors (alpha 0.5): the head's 4 tokens (1.94 expected for 1.12) beat the cheap 2 (1.75 for 1.04)
+    assert chain.propose("r", [1, 2, 3], 4).tokens == [21, 22, 23, 24] and (cheap.proposals, head.proposals) == (1, 1)
+    chain.accept("r", [0], 0)
+    for _ in range(12):  # the head's drafts are rejected at once, the cheap member's are accepted whole
+        draft = chain.propose("r", [1, 2, 3], 4)
+        chain.accept("r", [0], 0 if draft.tokens[0] == 21 else 2)
+    assert chain.wins[1] > 0  # the cheap member took over ...
+    before = head.proposals
+    for _ in range(5):
+        assert chain.propose("r", [1, 2, 3], 4).tokens == [11, 12]
+        chain.accept("r", [11, 12, 13], 2)
+    assert head.proposals == before  # ... and the head is no longer even run: its drafting time is saved
+
+
+def test_the_head_wins_once_the_cheap_members_drafts_fail() -> None:
+    cheap, head = Fixed([11, 12, 13]), Fixed([21, 22, 23, 24], relative_draft_cost=0.01)
+    chain = ChainDrafter([cheap, head], probe_every=1000)
+    chain.use_cost_curve(FLAT)
+    _begin(chain)
+    chosen = []
+    for _ in range(10):
+        draft = chain.propose("r", [1, 2, 3], 4)
+        chosen.append(draft.tokens[0])
+        chain.accept("r", [0], 0 if draft.tokens[0] == 11 else 4)  # the cheap drafts fail, the head's hold
+    assert chosen[-5:] == [21] * 5
+
+
+def test_no_draft_when_nothing_beats_plain_decoding_and_probes_refresh_estimates() -> None:
+    cheap = Fixed([11, 12, 13])
+    head = Fixed([21, 22], relative_draft_cost=0.5)  # a very expensive drafter
+    chain = ChainDrafter([cheap, head], probe_every=3)
+    chain.use_cost_curve(STEEP)
+    _begin(chain)
+    results = []
+    for _ in range(12):
+        draft = chain.propose("r", [1, 2, 3], 2)
+        results.append(tuple(draft.tokens))
+        chain.accept("r", [0], 0)  # every draft rejected
+    assert () in results  # both estimates fell: no draft verified (plain decoding is cheaper)
+    assert results.count((21, 22)) >= 1 and results.count((11, 12)) >= 2  # probes still try each member now and then
+
+
+def test_estimates_are_per_request_and_released_at_end() -> None:
+    cheap, head = Fixed([11]), Fixed([21, 22, 23], relative_draft_cost=0.05)
+    chain = ChainDrafter([cheap, head])
+    _begin(chain, "a")
+    _begin(chain, "b")
+    for _ in range(6):
+        chain.propose("a", [1], 3)
+        chain.accept("a", [0], 0)
+    assert chain.propose("b", [1], 3).tokens == [21, 22, 23]  # b's priors untouched by a's failures
+    chain.end("a")
+    chain.end("b")
+    assert not chain._estimates and not chain._last
