@@ -44,8 +44,9 @@ class EngineConfig:
             raise TokenleapError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
 
-SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "eagle3", "eagle", "medusa", "custom", "chain", "ngram-tree")
-_SPEC_ALIASES = {"draft_model": "draft-model", "draft-eagle3": "eagle3", "eagle-3": "eagle3", "prompt-lookup": "ngram", "prompt_lookup": "ngram"}
+SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "eagle3", "eagle", "medusa", "mtp", "custom", "chain", "ngram-tree")
+_SPEC_ALIASES = {"draft_model": "draft-model", "draft-eagle3": "eagle3", "eagle-3": "eagle3", "prompt-lookup": "ngram", "prompt_lookup": "ngram",
+                 "mimo_mtp": "mtp", "mimo-mtp": "mtp", "deepseek_mtp": "mtp"}
 SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
 ACCEPTANCE_RULES = ("exact", "typical-lossy")  # sampled requests; "typical-lossy" changes the output distribution
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
@@ -71,7 +72,7 @@ class SpecConfig:
     suffix_decoding_max_spec_factor: float = 1.0  # suffix: draft <= factor * match length
     suffix_decoding_min_token_prob: float = 0.1  # suffix: stop below this path probability
     suffix_decoding_max_cached_requests: int = 1000  # suffix: finished outputs kept (FIFO)
-    model: str | None = None  # the draft model (method "draft-model") or head directory ("eagle3", "eagle", "medusa")
+    model: str | None = None  # the draft model (method "draft-model"), head directory ("eagle3", "eagle", "medusa") or MTP checkpoint ("mtp"; default: the target's own folder)
     draft_layers: int | None = None  # use only the draft model's first N layers
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance

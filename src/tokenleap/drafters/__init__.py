@@ -128,6 +128,26 @@ def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], An
     return Eagle3Drafter(head, tree, relative_draft_cost=per_token)
 
 
+def _mtp(config: SpecConfig, *, target: Any, target_path: Any = None, heads: dict[tuple[Path, int], Any] | None = None,
+         **_: Any) -> Drafter:
+    """A checkpoint's own MTP layer (MiMo) drafting for it: the target's folder unless `model` names one."""
+    from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, measure_step_cost
+    from tokenleap.drafters.mtp import load_mtp
+
+    folder = config.model or (str(target_path) if target_path is not None and Path(target_path).is_dir() else None)
+    if folder is None:
+        raise TokenleapError("method 'mtp' reads the MTP layers of the target's Hugging Face folder; this target is not one "
+                             "(a GGUF file's nextn tensors are not read): pass speculative_config['model'] = a folder holding them")
+    heads = heads if heads is not None else {}
+    key = (Path(folder).expanduser().resolve(), id(target))
+    if key not in heads:
+        head = load_mtp(folder, target)
+        heads[key] = (head, measure_step_cost(head))
+    head, step = heads[key]
+    tree = TreeShape(config.eagle_tree_topk, config.eagle_tree_depth)
+    return Eagle3Drafter(head, tree, relative_draft_cost=step / tree.topk)  # type: ignore[arg-type]
+
+
 def _medusa(config: SpecConfig, *, target: Any, **_: Any) -> Drafter:
     from tokenleap.drafters.medusa import MedusaDrafter, load_medusa
 
@@ -172,6 +192,7 @@ METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
     "draft-model": ("model", "draft_layers"),
     "eagle3": ("model", "eagle_tree_topk", "eagle_tree_depth"),
     "eagle": ("model", "eagle_tree_topk", "eagle_tree_depth"),  # EAGLE-1/2 heads, same loader (it tells the layouts apart)
+    "mtp": ("model", "eagle_tree_topk", "eagle_tree_depth"),  # MiMo MTP layers (model None: the target's own folder)
     "medusa": ("model", "eagle_tree_topk"),
     "custom": ("drafter",),  # keyed by the object's identity (it may be unhashable)
     "chain": ("chain",),  # and each member's own fields
@@ -203,6 +224,7 @@ def default_registry() -> DrafterRegistry:
     registry.register("eagle3", functools.partial(_eagle3, heads=heads))
     registry.register("eagle", functools.partial(_eagle3, heads=heads))
     registry.register("medusa", _medusa)
+    registry.register("mtp", functools.partial(_mtp, heads={}))
     registry.register("custom", _custom)
     registry.register("chain", functools.partial(_chain, registry=registry))
     return registry

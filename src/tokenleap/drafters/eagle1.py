@@ -140,9 +140,17 @@ class Eagle1Head:
 
     def layer(self, g: torch.Tensor, e: torch.Tensor, positions: torch.Tensor, kv: HeadKV, visible: torch.Tensor) -> torch.Tensor:
         c = self.config
-        n = g.shape[0]
         x = self._linear(torch.cat([e, g], dim=-1), self.fc, self.fc_bias)
-        qkv = self._linear(x, self.wqkv, self.bqkv)  # no input norm in layer 0
+        h = x + self._attention(x, positions, kv, visible)  # no input norm in layer 0
+        gate, up = self._linear(F.rms_norm(h, (h.shape[-1],), self.post_norm, c.rms_norm_eps), self.w_gate_up).chunk(2, dim=-1)
+        return h + self._linear(F.silu(gate) * up, self.w_down)
+
+    def _attention(self, x: torch.Tensor, positions: torch.Tensor, kv: HeadKV, visible: torch.Tensor) -> torch.Tensor:
+        """Self-attention of the rows `x` over the head's cache (their K/V appended; `visible`
+        [n, kv.length + n] the slots each row sees), through o_proj."""
+        c = self.config
+        n = x.shape[0]
+        qkv = self._linear(x, self.wqkv, self.bqkv)
         qs, ks = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         q = self._rope(qkv[:, :qs].view(n, c.num_heads, c.head_dim), positions)
         k = self._rope(qkv[:, qs : qs + ks].view(n, c.num_kv_heads, c.head_dim), positions)
@@ -154,9 +162,7 @@ class Eagle1Head:
         mask = visible.unsqueeze(1).expand(n, rep, visible.shape[-1]).reshape(n * rep, -1)
         a = torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), values.transpose(0, 1))
         a = a.view(kvh, n, rep, hd).permute(1, 0, 2, 3).reshape(n, qs)
-        h = x + self._linear(a, self.wo)
-        gate, up = self._linear(F.rms_norm(h, (h.shape[-1],), self.post_norm, c.rms_norm_eps), self.w_gate_up).chunk(2, dim=-1)
-        return h + self._linear(F.silu(gate) * up, self.w_down)
+        return self._linear(a, self.wo)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The target's LM head on the head's output (no final norm), full vocabulary."""
