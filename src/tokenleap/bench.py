@@ -174,6 +174,7 @@ def run_bench(
     hf: HFBaseline | None = None,
     seed: int = 0,
     target_name: str | None = None,
+    target_path: Any = None,
 ) -> list[Record]:
     engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
     # one cost curve for every method: they verify on the same model, and a curve measured in
@@ -183,7 +184,8 @@ def run_bench(
     for label, cfg in methods.items():
         # a registry per method: drafters of one registry share state (ngram-mod pools), and
         # each method is measured on its own
-        drafter = default_registry().create(cfg.method, cfg, target=model, tokenizer=tokenizer, target_name=target_name)
+        drafter = default_registry().create(cfg.method, cfg, target=model, tokenizer=tokenizer, target_name=target_name,
+                                            target_path=target_path)
         engines[label] = Engine(model, tokenizer, spec=cfg, drafter=drafter, cost_curve=curve)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     records: list[Record] = []

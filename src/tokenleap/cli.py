@@ -323,7 +323,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         records = run_bench(llm.model, llm.tokenizer, questions, methods, args.max_tokens, args.temperature,
-                            progress=lambda: bar.advance(task), hf=hf, target_name=llm.source.name)
+                            progress=lambda: bar.advance(task), hf=hf, target_name=llm.source.name,
+                            target_path=llm.source.path)
     summary = summarize(records)
     out = Path(args.out)
     weights = f"{args.dtype}, GGUF blocks kept quantized" if llm.model.quantization else args.dtype

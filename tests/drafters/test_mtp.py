@@ -25,7 +25,7 @@ from tokenleap.sampling import SamplingParams
 
 transformers = pytest.importorskip("transformers")
 
-H, I, NH, NKV, HD, V = 64, 128, 4, 2, 16, 256
+H, I, NH, NKV, HD, V = 64, 128, 4, 2, 16, 49152  # SmolLM2's vocabulary: the real tokenizer fits
 EPS = 1e-6
 
 
@@ -147,3 +147,11 @@ def test_kinds_the_runtime_cannot_run_are_named(tmp_path: Path, mimo: Path, targ
         load_mtp(tmp_path / "nothing", target)
     with pytest.raises(TokenleapError, match="GGUF"):
         default_registry().create("mtp", SpecConfig("mtp"), target=target, target_path=tmp_path / "model.gguf")
+
+
+def test_tokenleap_bench_finds_the_targets_own_mtp_layer(mimo: Path, target: LlamaModel, tokenizer) -> None:  # noqa: ANN001
+    from tokenleap.bench import Question, run_bench
+
+    q = Question("q", "qa", ("Count: one two three one two three one two three",), "", ())
+    records = run_bench(target, tokenizer, [q], {"mtp": SpecConfig("mtp", num_speculative_tokens=3)}, max_tokens=16, target_path=mimo)
+    assert [r.method for r in records] == ["plain", "mtp"] and all(r.matched_plain for r in records)
