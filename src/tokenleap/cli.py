@@ -169,8 +169,9 @@ def _add_train_parser(sub: Any) -> None:
     d.add_argument("--regen-max-tokens", type=int, default=256, help="longest regenerated answer (default: %(default)s)")
     d.add_argument("--max-len", type=int, default=768, help="tokens per training sequence at most (default: %(default)s)")
     h = tr.add_argument_group("head and training")
-    h.add_argument("--head-type", default="eagle3", choices=["eagle3", "medusa"],
-                   help="eagle3: one decoder layer over three target layers (default); medusa: Medusa-1 heads (residual blocks over the final hidden state, sharing the target's LM head)")
+    h.add_argument("--head-type", default="eagle3", choices=["eagle3", "medusa", "mtp"],
+                   help="eagle3: one decoder layer over three target layers (default); medusa: Medusa-1 heads (residual blocks over the final hidden state, sharing the target's LM head); "
+                        "mtp: a multi-token-prediction layer in MiMo's layout (final hidden state + next token, one decoder block, the target's LM head)")
     h.add_argument("--medusa-heads", type=int, default=4, help="medusa: number of heads, head k predicts k + 2 tokens ahead (default: %(default)s)")
     h.add_argument("--draft-vocab-size", type=int, default=8192, help="draft vocabulary: the most frequent assistant tokens (default: %(default)s)")
     h.add_argument("--aux-layers", default=None, help="three target layer ids whose inputs feed the head, e.g. 2,15,27 (default: 2, N//2, N-3)")

@@ -225,3 +225,59 @@ def test_from_head_reads_back_an_exported_head(tiny_model, tmp_path: Path) -> No
     assert back.shape == head.shape and d2t.tolist() == draft_ids
     for (name, a), b in zip(head.eagle_tensors().items(), back.eagle_tensors().values()):
         assert torch.equal(a, b), name
+
+
+def test_mtp_ttt_forward_is_the_runtime_layer(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The trainable MTP layer's TTT steps equal the runtime's chained drafting (drafters/mtp.py)
+    on the same target features, once exported in MiMo's layout and loaded back."""
+    from tokenleap.drafters.mtp import load_mtp
+    from tokenleap.train.mtp_head import TrainableMtp, mtp_shape_for_target
+    from tokenleap.train.trainer import forward_features
+
+    model = tiny_model
+    head = TrainableMtp(mtp_shape_for_target(model.config), model.embed, model.lm_head, seed=3)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # weights of a realistic scale, random norms (each matters), in the bf16 values export keeps
+        for name, p in head.params.items():
+            if p.dim() == 2:
+                p.normal_(0, p.shape[1] ** -0.5, generator=g)
+            else:
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+            p.copy_(p.to(torch.bfloat16).float())
+    head.export(tmp_path / "mtp")
+    rt = load_mtp(tmp_path / "mtp", model)
+    seq = torch.randint(0, model.config.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    hidden = forward_features(model, seq, ()).aux.float()
+    steps = 3
+    with torch.no_grad():
+        outs = head.ttt_logits(hidden[None], torch.tensor([seq]), steps)
+    c = rt.config
+    with torch.inference_mode():
+        for i in range(len(seq) - steps - 1):
+            kv = HeadKV(c.num_kv_heads, c.head_dim)
+            n = i + 1
+            cur = rt.layer(hidden[:n], rt.embed_tokens(seq[1 : n + 1]), torch.arange(n), kv, torch.ones(n, n, dtype=torch.bool).tril())[-1:]
+            torch.testing.assert_close(rt.logits(cur)[0], outs[0][0, i], atol=3e-4, rtol=3e-4)
+            for k in range(1, steps):
+                cur = rt.layer(cur, rt.embed_tokens([seq[i + k + 1]]), torch.tensor([i + k]), kv,
+                               torch.ones(1, kv.length + 1, dtype=torch.bool))
+                torch.testing.assert_close(rt.logits(cur)[0], outs[k][0, i], atol=3e-4, rtol=3e-4)
+
+
+def test_mtp_layer_trains_exports_and_drafts_losslessly(tiny_hf_folder: Path, tiny_data: Any, tmp_path: Path) -> None:
+    data, fresh = tiny_data
+    llm = LLM(model=str(tiny_hf_folder), dtype="float32")
+    out = tmp_path / "mtp"
+    res = train_drafter(llm, _config(out, data, head_type="mtp", epochs=3), "tiny", progress=False)
+    first, last = sum(res.losses[:10]) / 10, sum(res.losses[-10:]) / 10
+    assert last < first - 0.1, (first, last)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["num_nextn_predict_layers"] == 1 and cfg["hidden_size"] == llm.model.config.hidden_size
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompts = [r["token_ids"][:4] for r in fresh]
+    plain = llm.generate(prompts, params, use_tqdm=False)
+    spec = LLM(model=str(tiny_hf_folder), dtype="float32",
+               speculative_config={"method": "mtp", "model": str(out), "num_speculative_tokens": 3, "adaptive": False})
+    got = spec.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+    assert sum(o.metrics.spec.num_accepted_tokens for o in got) > 0

@@ -59,6 +59,24 @@ def write_head(folder: Path, tensors: dict[str, torch.Tensor], config: dict[str,
     return folder
 
 
+def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, own_k: Sequence[torch.Tensor], own_v: Sequence[torch.Tensor],
+                  causal: torch.Tensor, scale: float) -> torch.Tensor:
+    """Training-time-test attention of one draft step: queries q [B, T, nh, hd] (rotated) over
+    the step-0 keys k0 / v0 [B, T, kvh, hd] of positions <= i (causal [T, T]) and over index i's
+    own keys of steps 1..k (`own_k` / `own_v`, the draft chain so far). Returns [B, T, nh * hd]."""
+    b, t, nh, hd = q.shape
+    kvh = k0.shape[2]
+    qg = q.view(b, t, kvh, nh // kvh, hd)
+    s0 = torch.einsum("btgrd,bsgd->bgrts", qg, k0) * scale  # [B, kvh, rep, T, T]
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    diag = [torch.einsum("btgrd,btgd->bgrt", qg, kj).unsqueeze(-1) * scale for kj in own_k]  # [B, kvh, rep, T, 1]
+    probs = torch.cat([s0, *diag], dim=-1).softmax(dim=-1)
+    a = torch.einsum("bgrts,bsgd->btgrd", probs[..., :t], v0)
+    for j, vj in enumerate(own_v):
+        a = a + probs[..., t + j].permute(0, 3, 1, 2).unsqueeze(-1) * vj.unsqueeze(3)
+    return a.reshape(b, t, nh * hd)
+
+
 class TrainableEagle3(nn.Module):
     """The head's parameters (float32) and its TTT forward. The token embedding is the target's,
     frozen and never saved (the runtime shares it)."""
@@ -110,7 +128,6 @@ class TrainableEagle3(nn.Module):
         s = self.shape
         b, t, _ = aux.shape
         nh, kvh, hd = s.num_heads, s.num_kv_heads, s.head_dim
-        rep = nh // kvh
         feat = F.linear(aux, self.fc)  # [B, T, H]
         pad = torch.zeros(b, steps + 1, dtype=ids.dtype, device=ids.device)
         ids_ext = torch.cat([ids, pad], dim=1)
@@ -127,23 +144,15 @@ class TrainableEagle3(nn.Module):
             q = self._rope(F.linear(x, self.q_proj).view(b, t, nh, hd), pos)  # [B, T, nh, hd]
             kk = self._rope(F.linear(x, self.k_proj).view(b, t, kvh, hd), pos)
             vv = F.linear(x, self.v_proj).view(b, t, kvh, hd)
-            qg = q.view(b, t, kvh, rep, hd)
             if k == 0:
                 k0, v0 = kk, vv
             else:
                 own_k.append(kk)
                 own_v.append(vv)
             assert k0 is not None and v0 is not None
-            # scores over the step-0 keys (causal) and over this index's own keys of steps 1..k
-            s0 = torch.einsum("btgrd,bsgd->bgrts", qg, k0) * scale  # [B, kvh, rep, T, T]
-            s0 = s0.masked_fill(~causal, float("-inf"))
-            diag = [torch.einsum("btgrd,btgd->bgrt", qg, kj).unsqueeze(-1) * scale for kj in own_k]  # [B, kvh, rep, T, 1]
-            probs = torch.cat([s0, *diag], dim=-1).softmax(dim=-1)
-            a = torch.einsum("bgrts,bsgd->btgrd", probs[..., :t], v0)
-            for j, vj in enumerate(own_v):
-                a = a + probs[..., t + j].permute(0, 3, 1, 2).unsqueeze(-1) * vj.unsqueeze(3)
+            a = ttt_attention(q, k0, v0, own_k, own_v, causal, scale)
             residual = self._rms(feat, self.hidden_norm) if s.norm_before_residual else feat
-            hcur = residual + F.linear(a.reshape(b, t, nh * hd), self.o_proj)
+            hcur = residual + F.linear(a, self.o_proj)
             m = self._rms(hcur, self.post_attention_layernorm)
             hcur = hcur + F.linear(F.silu(F.linear(m, self.gate_proj)) * F.linear(m, self.up_proj), self.down_proj)
             outs.append(F.linear(self._rms(hcur, self.norm), self.lm_head))

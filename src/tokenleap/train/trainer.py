@@ -37,6 +37,7 @@ from tokenleap.errors import TokenleapError
 from tokenleap.train.data import DraftVocab, Example, Record, build_draft_vocab, load_records, tokenize
 from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
 from tokenleap.train.medusa_head import MedusaShape, TrainableMedusa
+from tokenleap.train.mtp_head import MtpShape, TrainableMtp, mtp_shape_for_target
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +45,13 @@ STATE_FILE = "trainer_state.pt"
 REGEN_FILE = "regenerated.jsonl"
 
 
-HEAD_TYPES = ("eagle3", "medusa")
+HEAD_TYPES = ("eagle3", "medusa", "mtp")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     output: Path
-    head_type: str = "eagle3"  # or "medusa" (Medusa-1 heads sharing the target's LM head)
+    head_type: str = "eagle3"  # or "medusa" (Medusa-1 heads sharing the target's LM head), "mtp" (a MiMo-layout MTP layer)
     medusa_heads: int = 4
     data: tuple[str, ...] = ("sharegpt",)
     max_samples: int | None = 2000
@@ -240,7 +241,7 @@ def make_batch(model: Any, examples: Sequence[Example], aux_layers: Sequence[int
     return Batch(aux, ids, logp, valid, amax, sum(len(e.ids) for e in examples))
 
 
-def ttt_loss(head: TrainableEagle3 | TrainableMedusa, batch: Batch, steps: int, decay: float, bf16: bool = False
+def ttt_loss(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, batch: Batch, steps: int, decay: float, bf16: bool = False
              ) -> tuple[torch.Tensor, list[float], list[int]]:
     """Weighted TTT loss; also the top-1 hits and counts per step."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -347,7 +348,7 @@ def _batches(examples: Sequence[Example], tokens_per_batch: int, rng: random.Ran
 
 
 @torch.no_grad()
-def heldout_accuracy(head: TrainableEagle3 | TrainableMedusa, model: Any, examples: Sequence[Example], vocab: DraftVocab,
+def heldout_accuracy(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, model: Any, examples: Sequence[Example], vocab: DraftVocab,
                      t2d_index: torch.Tensor, cfg: TrainConfig, aux_layers: Sequence[int],
                      cache: FeatureCache | None = None) -> list[float]:
     """Teacher-forced top-1 agreement with the target per draft step (EAGLE-3: TTT step;
@@ -425,8 +426,9 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
     out = cfg.output
     out.mkdir(parents=True, exist_ok=True)
     medusa = cfg.head_type == "medusa"
-    aux_layers: tuple[int, ...] = () if medusa else (cfg.aux_layers or default_aux_layers(tc.num_layers))
-    if not medusa and (len(aux_layers) != 3 or not all(0 <= l < tc.num_layers for l in aux_layers)):
+    full_vocab = cfg.head_type in ("medusa", "mtp")  # heads that read the target's LM head and its final hidden state
+    aux_layers: tuple[int, ...] = () if full_vocab else (cfg.aux_layers or default_aux_layers(tc.num_layers))
+    if not full_vocab and (len(aux_layers) != 3 or not all(0 <= l < tc.num_layers for l in aux_layers)):
         raise TokenleapError(f"aux layers {list(aux_layers)} must be 3 layer ids in [0, {tc.num_layers})")
     steps = _steps(cfg)
     state_path = out / STATE_FILE
@@ -451,7 +453,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
     heldout = [e for _, e in pairs[:n_eval]]
     train = [e for _, e in pairs[n_eval:]]
     eos = sorted(getattr(tok, "eos_token_ids", ()) or ())
-    if medusa:  # the heads share the target's LM head: the whole vocabulary
+    if full_vocab:  # the heads share the target's LM head: the whole vocabulary
         vocab = DraftVocab(tuple(range(tc.vocab_size)), tc.vocab_size, 1.0)
     elif state is not None:
         vocab = DraftVocab(tuple(state["draft_ids"]), tc.vocab_size, state["coverage"])
@@ -464,9 +466,12 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
     log(f"data: {len(train)} training sequences ({n_tok} tokens, {n_loss} assistant), {len(heldout)} held out; "
         f"draft vocabulary {vocab.size} of {tc.vocab_size} covers {vocab.coverage:.1%} of assistant tokens")
 
-    head: TrainableEagle3 | TrainableMedusa
-    shape: Eagle3Config | MedusaShape
-    if medusa:
+    head: TrainableEagle3 | TrainableMedusa | TrainableMtp
+    shape: Eagle3Config | MedusaShape | MtpShape
+    if cfg.head_type == "mtp":
+        shape = mtp_shape_for_target(tc)
+        head = TrainableMtp(shape, model.embed, model.lm_head, getattr(tc, "final_logit_softcap", None), seed=cfg.seed)
+    elif medusa:
         shape = MedusaShape(tc.hidden_size, tc.vocab_size, cfg.medusa_heads)
         head = TrainableMedusa(shape, model.lm_head, getattr(tc, "final_logit_softcap", None))
     else:
@@ -492,7 +497,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
         extra = {"steps": step, "tokens": tokens_seen, "seconds": round(elapsed, 1), "data": list(cfg.data),
                  "regenerated": cfg.regenerate, "draft_steps": steps, "draft_vocab_coverage": round(vocab.coverage, 4),
                  "target": model_name, "command": cfg.command}
-        if isinstance(head, TrainableMedusa):
+        if isinstance(head, (TrainableMedusa, TrainableMtp)):
             head.export(out, extra)
         else:
             head.export(out, vocab.d2t(), vocab.t2d(), extra)
