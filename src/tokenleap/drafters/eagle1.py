@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tokenleap.drafters.eagle3 import Eagle3Config, HeadKV
+from tokenleap.drafters.eagle3 import Eagle3Config, HeadKV, head_linear, head_rope
 from tokenleap.errors import TokenleapError
 
 FINAL_HIDDEN = -1  # `hidden_layers` id of the target's final (normed) hidden state
@@ -89,11 +89,7 @@ class Eagle1Head:
         self.embed = emb.to(dtype).contiguous() if emb is not None and tuple(emb.shape) == (c.vocab_size, h) else target.embed
 
         def lin(*names: str) -> Any:
-            w = torch.cat([weights[n] for n in names]).to(dtype).contiguous()
-            if self.kernels is not None:
-                packed = self.kernels.pack(w)
-                return packed if packed is not None else w
-            return w
+            return head_linear(weights, names, dtype, self.kernels)
 
         def bias(*names: str) -> torch.Tensor | None:
             if not any(n in weights for n in names):
@@ -108,11 +104,7 @@ class Eagle1Head:
         self.post_norm = weights[p + "post_attention_layernorm.weight"].float().contiguous()
         self.w_gate_up = lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
         self.w_down = lin(p + "mlp.down_proj.weight")
-        half = c.head_dim // 2
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
-        angles = torch.outer(torch.arange(max(c.max_position, tc.max_position) + 64, dtype=torch.float64), inv_freq)
-        self._cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()
-        self._sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()
+        self._cos, self._sin = head_rope(c.rope_theta, c.head_dim, max(c.max_position, tc.max_position) + 64)
         self.d2t_list: list[int] = list(range(c.vocab_size))
         self.hidden_layers = (FINAL_HIDDEN,)
 

@@ -69,6 +69,23 @@ class TreeShape:
     depth: int = 6
 
 
+def head_rope(theta: float, head_dim: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin `[positions, head_dim]` (NeoX half-split layout, float64 angles) of a draft head."""
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+    angles = torch.outer(torch.arange(positions, dtype=torch.float64), inv_freq)
+    return torch.cat([angles.cos(), angles.cos()], dim=-1).float(), torch.cat([angles.sin(), angles.sin()], dim=-1).float()
+
+
+def head_linear(weights: dict[str, torch.Tensor], names: Sequence[str], dtype: torch.dtype, kernels: Any) -> Any:
+    """The (fused) weight of a draft head's linear in the target's dtype, packed for the kernels when they take it."""
+    w = torch.cat([weights[n] for n in names]).to(dtype).contiguous()
+    if kernels is not None:
+        packed = kernels.pack(w)
+        return packed if packed is not None else w
+    return w
+
+
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     """The reference choice: the inputs of layers 2, N//2 and N-3."""
     return (2, num_layers // 2, num_layers - 3)
@@ -190,11 +207,7 @@ class Eagle3Head:
             return weights[name].float().contiguous()
 
         def lin(*names: str) -> Any:
-            w = torch.cat([weights[n] for n in names]).to(dtype).contiguous()
-            if self.kernels is not None:
-                packed = self.kernels.pack(w)
-                return packed if packed is not None else w
-            return w
+            return head_linear(weights, names, dtype, self.kernels)
 
         p = "midlayer."
         self.fc = lin("fc.weight")
@@ -207,11 +220,7 @@ class Eagle3Head:
         self.w_down = lin(p + "mlp.down_proj.weight")
         self.norm = f32("norm.weight")
         self.lm_head = lin("lm_head.weight")
-        half = c.head_dim // 2
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
-        angles = torch.outer(torch.arange(max(c.max_position, tc.max_position) + 64, dtype=torch.float64), inv_freq)
-        self._cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # [P, hd]
-        self._sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()
+        self._cos, self._sin = head_rope(c.rope_theta, c.head_dim, max(c.max_position, tc.max_position) + 64)  # [P, hd]
         # the target hidden states the engine must capture: output of layer l-1 = input of layer l
         self.hidden_layers = tuple(sorted({l - 1 for l in c.aux_layers if l > 0})) or (0,)  # never empty: it turns `observe` on
 

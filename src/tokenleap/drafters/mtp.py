@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.drafters.eagle1 import FINAL_HIDDEN, Eagle1Head
-from tokenleap.drafters.eagle3 import Eagle3Config, HeadKV
+from tokenleap.drafters.eagle3 import Eagle3Config, HeadKV, head_linear, head_rope
 from tokenleap.errors import TokenleapError
 
 MIMO_PREFIX = "model.mtp_layers."
@@ -118,11 +118,7 @@ class MtpHead(Eagle1Head):
         self.embed = target.embed  # shared, not copied
 
         def lin(*names: str) -> Any:
-            w = torch.cat([weights[n] for n in names]).to(dtype).contiguous()
-            if self.kernels is not None:
-                packed = self.kernels.pack(w)
-                return packed if packed is not None else w
-            return w
+            return head_linear(weights, names, dtype, self.kernels)
 
         def norm(name: str) -> torch.Tensor:
             return weights[name].float().contiguous()
@@ -137,11 +133,7 @@ class MtpHead(Eagle1Head):
         self.wo = lin("self_attn.o_proj.weight")
         self.w_gate_up = lin("mlp.gate_proj.weight", "mlp.up_proj.weight")
         self.w_down = lin("mlp.down_proj.weight")
-        half = c.head_dim // 2
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
-        angles = torch.outer(torch.arange(max(c.max_position, tc.max_position) + 64, dtype=torch.float64), inv_freq)
-        self._cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()
-        self._sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()
+        self._cos, self._sin = head_rope(c.rope_theta, c.head_dim, max(c.max_position, tc.max_position) + 64)
         self.d2t_list: list[int] = list(range(c.vocab_size))
         self.hidden_layers = (FINAL_HIDDEN,)
 

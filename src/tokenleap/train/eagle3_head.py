@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenleap.drafters.eagle3 import Eagle3Config
+from tokenleap.drafters.eagle3 import Eagle3Config, head_rope
 
 
 def shape_for_target(target_config: Any, draft_vocab_size: int, aux_layers: Sequence[int],
@@ -106,11 +106,9 @@ class TrainableEagle3(nn.Module):
         self.lm_head = nn.Parameter(init_lm_head.detach().float().clone() if init_lm_head is not None
                                     else torch.randn(s.draft_vocab_size, h, generator=g) * 0.02)
         self.register_buffer("embed", embed.detach(), persistent=False)
-        half = s.head_dim // 2
-        inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
-        angles = torch.outer(torch.arange(s.max_position + 64, dtype=torch.float64), inv_freq)
-        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1).float(), persistent=False)
-        self.register_buffer("sin", torch.cat([angles.sin(), angles.sin()], dim=-1).float(), persistent=False)
+        cos, sin = head_rope(s.rope_theta, s.head_dim, s.max_position + 64)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x.float(), (x.shape[-1],), w, self.shape.rms_norm_eps)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenleap.drafters.eagle3 import head_rope
 from tokenleap.train.eagle3_head import ttt_attention, write_head
 
 
@@ -74,11 +75,9 @@ class TrainableMtp(nn.Module):
         self.register_buffer("embed", embed.detach(), persistent=False)
         self.register_buffer("lm_head", lm_head.detach(), persistent=False)
         self.softcap = final_logit_softcap
-        half = s.head_dim // 2
-        inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
-        angles = torch.outer(torch.arange(s.max_position + 64, dtype=torch.float64), inv_freq)
-        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1).float(), persistent=False)
-        self.register_buffer("sin", torch.cat([angles.sin(), angles.sin()], dim=-1).float(), persistent=False)
+        cos, sin = head_rope(s.rope_theta, s.head_dim, s.max_position + 64)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def _p(self, name: str) -> torch.Tensor:
         return self.params[name.replace(".", "_")]
