@@ -1,5 +1,6 @@
-"""`tokenleap train-drafter`: trains an EAGLE-3 head (or Medusa-1 heads, `head_type="medusa"`, with
-the same data, features, loss and loop) for a target tokenleap runs, on the CPU.
+"""`tokenleap train-drafter`: trains an EAGLE-3 head (or Medusa-1 heads, `head_type="medusa"`, or a
+MiMo-layout MTP layer, `head_type="mtp"`, with the same data, features, loss and loop) for a target
+tokenleap runs, on the CPU.
 
 The pipeline (EAGLE-3 / SpecForge's online recipe): records -> optional self-distillation (the
 target answers each first user turn again, batched through `LLM.chat`, cached in
