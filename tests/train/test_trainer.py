@@ -231,11 +231,11 @@ def test_mtp_ttt_forward_is_the_runtime_layer(tiny_model, tmp_path: Path) -> Non
     """The trainable MTP layer's TTT steps equal the runtime's chained drafting (drafters/mtp.py)
     on the same target features, once exported in MiMo's layout and loaded back."""
     from tokenleap.drafters.mtp import load_mtp
-    from tokenleap.train.mtp_head import TrainableMtp, mtp_shape_for_target
+    from tokenleap.train.mtp_head import TrainableMtp
     from tokenleap.train.trainer import forward_features
 
     model = tiny_model
-    head = TrainableMtp(mtp_shape_for_target(model.config), model.embed, model.lm_head, seed=3)
+    head = TrainableMtp(shape_for_target(model.config, model.config.vocab_size, ()), model.embed, model.lm_head, seed=3)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # weights of a realistic scale, random norms (each matters), in the bf16 values export keeps
         for name, p in head.params.items():

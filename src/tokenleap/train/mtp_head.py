@@ -7,14 +7,14 @@ test: step k at index i reads step k-1's (normed) output and the embedding of x_
 rotary position i+k, and attends to the step-0 keys of positions <= i plus its own chain
 (`eagle3_head.ttt_attention`), so chained drafting at inference is what training saw.
 
-`export` writes `model.mtp_layers.0.*` and a config.json with the target's shape, which
+Its shape is the runtime's `Eagle3Config` of the target (`eagle3_head.shape_for_target(config,
+vocab_size, ())`: no aux layers, the full vocabulary). `export` writes `model.mtp_layers.0.*` and a config.json with the target's shape, which
 `speculative_config={"method": "mtp", "model": DIR}` loads.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenleap.drafters.eagle3 import head_rope
+from tokenleap.drafters.eagle3 import Eagle3Config, head_rope
 from tokenleap.train.eagle3_head import ttt_attention, write_head
-
-
-@dataclass(frozen=True)
-class MtpShape:
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position: int
-
-
-def mtp_shape_for_target(c: Any) -> MtpShape:
-    return MtpShape(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, c.rms_norm_eps,
-                    c.rope_theta, c.max_position)
 
 
 _NAMES = ("token_layernorm", "hidden_layernorm", "input_proj", "input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
@@ -53,7 +35,7 @@ class TrainableMtp(nn.Module):
     """The MTP layer's parameters (float32) and its TTT forward; the target's embedding and LM
     head are frozen buffers, never saved (the runtime shares them)."""
 
-    def __init__(self, shape: MtpShape, embed: torch.Tensor, lm_head: torch.Tensor, final_logit_softcap: float | None = None,
+    def __init__(self, shape: Eagle3Config, embed: torch.Tensor, lm_head: torch.Tensor, final_logit_softcap: float | None = None,
                  seed: int = 0) -> None:
         super().__init__()
         self.shape = s = shape

@@ -38,7 +38,7 @@ from tokenleap.errors import TokenleapError
 from tokenleap.train.data import DraftVocab, Example, Record, build_draft_vocab, load_records, tokenize
 from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
 from tokenleap.train.medusa_head import MedusaShape, TrainableMedusa
-from tokenleap.train.mtp_head import MtpShape, TrainableMtp, mtp_shape_for_target
+from tokenleap.train.mtp_head import TrainableMtp
 
 logger = logging.getLogger(__name__)
 
@@ -468,9 +468,9 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
         f"draft vocabulary {vocab.size} of {tc.vocab_size} covers {vocab.coverage:.1%} of assistant tokens")
 
     head: TrainableEagle3 | TrainableMedusa | TrainableMtp
-    shape: Eagle3Config | MedusaShape | MtpShape
+    shape: Eagle3Config | MedusaShape
     if cfg.head_type == "mtp":
-        shape = mtp_shape_for_target(tc)
+        shape = shape_for_target(tc, tc.vocab_size, ())  # the target's layer shape, full vocabulary, no aux layers
         head = TrainableMtp(shape, model.embed, model.lm_head, getattr(tc, "final_logit_softcap", None), seed=cfg.seed)
     elif medusa:
         shape = MedusaShape(tc.hidden_size, tc.vocab_size, cfg.medusa_heads)
