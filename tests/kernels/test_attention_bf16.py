@@ -51,7 +51,7 @@ def _bf(x: torch.Tensor) -> torch.Tensor:
     return x.bfloat16().double()
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(4, 4, 16), (9, 3, 64), (4, 2, 32), (8, 2, 128)])
+@pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(4, 4, 16), (9, 3, 64), (4, 2, 32), (8, 2, 128), (4, 1, 256)])
 def test_matches_reference_and_never_reads_past_the_last_block(
     bf16_kernels: CpuKernels, heads: int, kv_heads: int, hd: int
 ) -> None:
@@ -77,11 +77,11 @@ def test_matches_reference_and_never_reads_past_the_last_block(
     torch.testing.assert_close(out, ref.reshape(rows, -1).float(), atol=2e-2, rtol=2e-2)
 
 
-def test_rows_are_invariant_to_the_rows_beside_them(bf16_kernels: CpuKernels) -> None:
+@pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(9, 3, 64), (4, 1, 256)])
+def test_rows_are_invariant_to_the_rows_beside_them(bf16_kernels: CpuKernels, heads: int, kv_heads: int, hd: int) -> None:
     """A row gives the same bits alone (decoding), among its draft's rows, in a 25-row chunk
-    split across jobs, and beside another sequence's rows."""
+    split across jobs, and beside another sequence's rows (256-wide heads: P.V in two halves)."""
     g = torch.Generator().manual_seed(3)
-    heads, kv_heads, hd = 9, 3, 64
     keys = torch.randn(kv_heads, 50, hd, generator=g)
     values = torch.randn(kv_heads, 50, hd, generator=g)
     qkv = torch.randn(25, (heads + 2 * kv_heads) * hd, generator=g)
@@ -99,9 +99,9 @@ def test_rows_are_invariant_to_the_rows_beside_them(bf16_kernels: CpuKernels) ->
     assert torch.equal(mixed[4:], alone[:5])
 
 
-def test_tree_rows_equal_their_paths_decoded_in_order(bf16_kernels: CpuKernels) -> None:
+@pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(4, 2, 32), (4, 1, 256)])
+def test_tree_rows_equal_their_paths_decoded_in_order(bf16_kernels: CpuKernels, heads: int, kv_heads: int, hd: int) -> None:
     g = torch.Generator().manual_seed(4)
-    heads, kv_heads, hd = 4, 2, 32
     start = 29  # the tree straddles a 16-slot block boundary
     keys = torch.randn(kv_heads, start, hd, generator=g)
     values = torch.randn(kv_heads, start, hd, generator=g)

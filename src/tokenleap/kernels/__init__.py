@@ -432,6 +432,11 @@ class CpuKernels:
         self.lib.tl_silu_mul(gate_up.contiguous().data_ptr(), y.data_ptr(), rows, width // 2)
         return y
 
+    def attention_head_dims(self, blocked: bool) -> tuple[int, ...]:
+        """Head dims the fused attention serves: 16..128 over fp32 caches; with blocked bf16
+        caches also 256 (Gemma 3), whose P.V runs in two 128-wide halves."""
+        return (16, 32, 64, 128, 256) if blocked and self.bf16_attention else (16, 32, 64, 128)
+
     def attention(
         self,
         qkv: torch.Tensor,  # [rows, (heads + 2 kv_heads) * hd] fp32, bias added
@@ -445,7 +450,7 @@ class CpuKernels:
     ) -> torch.Tensor:  # [rows, heads * hd]
         """Rotary embedding, K/V write to each row's cache slot and attention, for one layer."""
         rows = qkv.shape[0]
-        if head_dim not in (16, 32, 64, 128) or heads % kv_heads or qkv.dtype != torch.float32:
+        if head_dim not in self.attention_head_dims(plan.blocked) or heads % kv_heads or qkv.dtype != torch.float32:
             raise ValueError(f"kernel attention: unsupported heads {heads}/{kv_heads} x {head_dim}, {qkv.dtype}")
         if qkv.shape[1] != (heads + 2 * kv_heads) * head_dim or rows != plan.rows:
             raise ValueError(f"kernel attention: qkv {tuple(qkv.shape)} does not fit the plan ({plan.rows} rows)")

@@ -569,13 +569,16 @@ static inline __attribute__((always_inline)) void score_tile(
     }
 }
 
-/* P.V for QN queries: out[g][d] = sum over slot pairs p (in order) of probs[g][p] . V[p][d]. */
+/* P.V for QN queries: out[g][d] = sum over slot pairs p (in order) of probs[g][p] . V[p][d], for
+ * the ND 16-wide dim chunks d0 .. d0+ND-1 of a head of NT chunks (NT > 8: a 256-wide head runs in
+ * two halves, each dim's chain over the slot pairs unchanged). */
 static inline __attribute__((always_inline)) void pv_tile(
-        const uint32_t *const *pp, const kv_src *src, int64_t npairs, __m512 *o, const int QN, const int ND) {
+        const uint32_t *const *pp, const kv_src *src, int64_t npairs, __m512 *o, const int QN, const int ND,
+        const int64_t NT, const int64_t d0) {
     for (int i = 0; i < QN * ND; i++) o[i] = _mm512_setzero_ps();
     const int64_t psplit = src->split * 8;
     for (int64_t p = 0; p < npairs; p++) {
-        const uint16_t *vp = p < psplit ? src->v + p * 32 * ND : src->tv + (p - psplit) * 32 * ND;
+        const uint16_t *vp = (p < psplit ? src->v + p * 32 * NT : src->tv + (p - psplit) * 32 * NT) + d0 * 32;
         __m512bh vv[8];
         for (int d = 0; d < ND; d++) vv[d] = (__m512bh)_mm512_loadu_si512((const void *)(vp + d * 32));
         for (int g = 0; g < QN; g++) {
@@ -679,33 +682,36 @@ static void attn16_task(void *arg, int tid, int nthreads) {
             }
             /* pass 3: P.V, QV queries at a time */
             const int QV = ND >= 8 ? 3 : ND == 4 ? 6 : 8;
+            const int NH = ND > 8 ? 8 : ND; /* dim chunks per pass (a 256-wide head: two passes of 8) */
             for (int64_t q0 = 0; q0 < Q; q0 += QV) {
                 const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
                 const uint32_t *pp[8];
                 for (int g = 0; g < qn; g++) pp[g] = (const uint32_t *)(sc + (q0 + g) * a->max_slots);
-                __m512 o[24];
+                for (int64_t d0 = 0; d0 < ND; d0 += NH) {
+                    __m512 o[24];
 #define PV_ND(ND_, QMAX_)                                                                          \
-                switch (qn < QMAX_ ? qn : QMAX_) {                                                \
-                    case 1: pv_tile(pp, &src, nb * 8, o, 1, ND_); break;                          \
-                    case 2: pv_tile(pp, &src, nb * 8, o, 2, ND_); break;                          \
-                    case 3: pv_tile(pp, &src, nb * 8, o, 3, ND_); break;                          \
-                    case 4: pv_tile(pp, &src, nb * 8, o, 4 < QMAX_ ? 4 : QMAX_, ND_); break;      \
-                    case 5: pv_tile(pp, &src, nb * 8, o, 5 < QMAX_ ? 5 : QMAX_, ND_); break;      \
-                    case 6: pv_tile(pp, &src, nb * 8, o, 6 < QMAX_ ? 6 : QMAX_, ND_); break;      \
-                    case 7: pv_tile(pp, &src, nb * 8, o, 7 < QMAX_ ? 7 : QMAX_, ND_); break;      \
-                    default: pv_tile(pp, &src, nb * 8, o, 8 < QMAX_ ? 8 : QMAX_, ND_); break;     \
-                }
-                switch (ND) {
-                    case 1: PV_ND(1, 8) break;
-                    case 2: PV_ND(2, 8) break;
-                    case 4: PV_ND(4, 6) break;
-                    default: PV_ND(8, 3) break;
-                }
+                    switch (qn < QMAX_ ? qn : QMAX_) {                                            \
+                        case 1: pv_tile(pp, &src, nb * 8, o, 1, ND_, ND, d0); break;              \
+                        case 2: pv_tile(pp, &src, nb * 8, o, 2, ND_, ND, d0); break;              \
+                        case 3: pv_tile(pp, &src, nb * 8, o, 3, ND_, ND, d0); break;              \
+                        case 4: pv_tile(pp, &src, nb * 8, o, 4 < QMAX_ ? 4 : QMAX_, ND_, ND, d0); break; \
+                        case 5: pv_tile(pp, &src, nb * 8, o, 5 < QMAX_ ? 5 : QMAX_, ND_, ND, d0); break; \
+                        case 6: pv_tile(pp, &src, nb * 8, o, 6 < QMAX_ ? 6 : QMAX_, ND_, ND, d0); break; \
+                        case 7: pv_tile(pp, &src, nb * 8, o, 7 < QMAX_ ? 7 : QMAX_, ND_, ND, d0); break; \
+                        default: pv_tile(pp, &src, nb * 8, o, 8 < QMAX_ ? 8 : QMAX_, ND_, ND, d0); break; \
+                    }
+                    switch (NH) {
+                        case 1: PV_ND(1, 8) break;
+                        case 2: PV_ND(2, 8) break;
+                        case 4: PV_ND(4, 6) break;
+                        default: PV_ND(8, 3) break;
+                    }
 #undef PV_ND
-                for (int g = 0; g < qn; g++) {
-                    const int64_t qi = q0 + g;
-                    float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd;
-                    for (int d = 0; d < ND; d++) _mm512_storeu_ps(orow + d * 16, _mm512_mul_ps(o[g * ND + d], _mm512_set1_ps(inv[qi])));
+                    for (int g = 0; g < qn; g++) {
+                        const int64_t qi = q0 + g;
+                        float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd + d0 * 16;
+                        for (int d = 0; d < NH; d++) _mm512_storeu_ps(orow + d * 16, _mm512_mul_ps(o[g * NH + d], _mm512_set1_ps(inv[qi])));
+                    }
                 }
             }
         }
@@ -725,14 +731,14 @@ static void attn16_task(void *arg, int tid, int nthreads) {
  * what decoding the path token by token computes, bit for bit.
  * qb: rows * heads * hd/2 uint32; chunk: rows + 1 int64; scratch: (pool threads) * AQ *
  * max_slots floats (max_slots a multiple of 16, >= every slot_end). out: [rows, heads * hd].
- * hd 16, 32, 64 or 128. */
+ * hd 16, 32, 64, 128 or 256. */
 void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
                        const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
                        float *out, uint32_t *qb, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
                        const int64_t *slot_end, const int64_t *mask_start, const uint8_t *mask, int64_t mask_w,
                        uint16_t *tail, int64_t tail_slots, int64_t *chunk, float *scratch, int64_t max_slots) {
     const int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
-    float tmp[128];
+    float tmp[256];
     for (int64_t r = 0; r < rows; r++) {
         const float *row = qkv + r * width, *c = cos + pos[r] * hd, *sn = sin + pos[r] * hd;
         const int64_t plane = kv_heads * cap[r] * hd, s = wslot[r];

@@ -117,9 +117,11 @@ class LlamaModel:
         if kernels is None and dtype == torch.bfloat16 and not config.plain_llama:
             logger.warning("no tokenleap kernels: %s runs on torch ops (slower, not row-invariant)", config.architecture)
         self.kernels = kernels
-        # the kernels' fused attention serves head_dim 16..128; other head dims (Gemma 3: 256)
-        # attend with torch's row path beside the kernels' linears
-        self.kernel_attention = kernels is not None and config.head_dim in (16, 32, 64, 128)
+        # the kernels' fused attention serves head_dim 16..128, and 256 (Gemma 3) over bf16 caches;
+        # other head dims (256 in float32) attend with torch's row path beside the kernels' linears
+        self.kernel_attention = kernels is not None and config.head_dim in kernels.attention_head_dims(
+            dtype == torch.bfloat16
+        )
         # the fused Llama path, or the general one (the architectures' extras, torch attention)
         self.general = not config.plain_llama or (kernels is not None and not self.kernel_attention)
         # bf16 models on the kernels keep K/V in bf16, laid out for the kernel's bf16 attention
