@@ -425,6 +425,22 @@ class CpuKernels:
         self.lib.tl_rmsnorm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
         return y
 
+    def head_norm(self, qkv: torch.Tensor, offset: int, heads: int, head_dim: int, weight: torch.Tensor, eps: float,
+                  mult: float = 1.0) -> None:
+        """In place on contiguous fp32 `qkv` `[rows, width]`: RMSNorm of the `heads` head vectors
+        from column `offset` with `weight` `[head_dim]`, times `mult` (QK-norm, norms.h)."""
+        if not qkv.is_contiguous() or qkv.dtype != torch.float32 or offset + heads * head_dim > qkv.shape[1]:
+            raise ValueError("head_norm: needs a contiguous fp32 [rows, width] tensor holding the heads")
+        self.lib.tl_head_norm(qkv.data_ptr(), qkv.shape[0], qkv.shape[1], offset, heads, head_dim,
+                              weight.contiguous().data_ptr(), eps, mult)
+
+    def rmsnorm_add(self, x: torch.Tensor, o: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        """`x += RMSNorm(o) * weight` in place, fp32 `[rows, dim]` (a post-norm and its residual)."""
+        if not x.is_contiguous() or x.dtype != torch.float32 or x.shape != o.shape:
+            raise ValueError("rmsnorm_add: x must be contiguous fp32 of o's shape")
+        o = o.contiguous()
+        self.lib.tl_rmsnorm_add(x.data_ptr(), o.data_ptr(), weight.contiguous().data_ptr(), x.shape[0], x.shape[1], eps)
+
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """`silu(gate) * up` for fp32 `[rows, 2f]` = (gate | up), f a multiple of 16."""
         rows, width = gate_up.shape
@@ -568,6 +584,10 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_rmsnorm.restype = None
     lib.tl_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64]
     lib.tl_silu_mul.restype = None
+    lib.tl_head_norm.argtypes = [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, ctypes.c_float, ctypes.c_float]
+    lib.tl_head_norm.restype = None
+    lib.tl_rmsnorm_add.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float]
+    lib.tl_rmsnorm_add.restype = None
     lib.tl_init.argtypes = [ctypes.c_int]
     lib.tl_init.restype = ctypes.c_int
     threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)

@@ -7,6 +7,7 @@
  */
 #include "pool.h"
 #include "rope.h"
+#include "norms.h"
 
 #define RB 4 /* input rows per register block */
 #define OB 4 /* output rows per register block */

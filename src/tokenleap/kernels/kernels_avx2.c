@@ -14,6 +14,7 @@
  * There is no bf16 dot-product instruction here, so no blocked bf16 KV cache (tl_features). */
 #include "pool.h"
 #include "rope.h"
+#include "norms.h"
 
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "kernels_avx2.c needs AVX2 and FMA"

@@ -413,11 +413,16 @@ class LlamaModel:
             qkv = lin(x, layer, "wqkv", layer.attn_norm)
             if layer.bqkv is not None:
                 qkv = qkv + layer.bqkv
-            if layer.q_norm is not None:
-                qkv[:, :q_end] = self._rms_norm(qkv[:, :q_end].view(rows, nq, hd), layer.q_norm).view(rows, -1)
-                qkv[:, q_end:k_end] = self._rms_norm(qkv[:, q_end:k_end].view(rows, nkv, hd), layer.k_norm).view(rows, -1)
-            if q_mult is not None:
-                qkv[:, :q_end] *= q_mult
+            if on_kernels and layer.q_norm is not None and layer.k_norm is not None:  # one C call each (norms.h)
+                qkv = qkv.contiguous()
+                kernels.head_norm(qkv, 0, nq, hd, layer.q_norm, eps, q_mult if q_mult is not None else 1.0)
+                kernels.head_norm(qkv, q_end, nkv, hd, layer.k_norm, eps)
+            else:
+                if layer.q_norm is not None:
+                    qkv[:, :q_end] = self._rms_norm(qkv[:, :q_end].view(rows, nq, hd), layer.q_norm).view(rows, -1)
+                    qkv[:, q_end:k_end] = self._rms_norm(qkv[:, q_end:k_end].view(rows, nkv, hd), layer.k_norm).view(rows, -1)
+                if q_mult is not None:
+                    qkv[:, :q_end] *= q_mult
             local = c.is_sliding(idx)
             cos, sin = (self._cos_local, self._sin_local) if local else (self._cos, self._sin)
             if plans:
@@ -425,20 +430,26 @@ class LlamaModel:
             else:
                 a = self._attend_torch(qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or rows <= ROW_PATH_MAX_ROWS)
             o = lin(a, layer, "wo")
-            if layer.post_attn_norm is not None:
-                o = self._rms_norm(o, layer.post_attn_norm)
-            x = x + o
+            x = self._post_norm_add(x, o, layer.post_attn_norm, on_kernels)
             gate, up = lin(x, layer, "w_gate_up", layer.mlp_norm).chunk(2, dim=-1)
             act = F.gelu(gate, approximate="tanh") if c.activation == "gelu_tanh" else F.silu(gate)
             d = lin(act * up, layer, "w_down")
-            if layer.post_mlp_norm is not None:
-                d = self._rms_norm(d, layer.post_mlp_norm)
-            x = x + d
+            x = self._post_norm_add(x, d, layer.post_mlp_norm, on_kernels)
             if idx in return_hidden:
                 hidden_states[idx] = x.clone()
         for s in seqs:
             s.kv.commit(int(s.input_ids.shape[0]))
         return ModelOutput(self._rms_norm(x, self.norm), hidden_states)
+
+    def _post_norm_add(self, x: torch.Tensor, y: torch.Tensor, norm: torch.Tensor | None, on_kernels: bool) -> torch.Tensor:
+        """The residual stream plus a sublayer's output `y`, post-normed first when the
+        architecture has post-norms (Gemma 3; on the kernels: one fused C call, in place)."""
+        if norm is None:
+            return x + y
+        if on_kernels and self.kernels is not None and x.is_contiguous():
+            self.kernels.rmsnorm_add(x, y, norm, self.config.rms_norm_eps)
+            return x
+        return x + self._rms_norm(y, norm)
 
     def _attend_torch(
         self,
