@@ -382,6 +382,7 @@ class Engine:
         except Exception:
             roll_back(reqs, undo)
             raise
+        t_fwd = time.perf_counter() - t1
         row = 0
         for i in live:
             req, draft = reqs[i], drafts[i]
@@ -399,6 +400,10 @@ class Engine:
             if i not in failures:
                 reqs[i].metrics.spec.verify_seconds += t2 - t1
                 reqs[i].metrics.decode_seconds += t2 - t0
+        ctrl = reqs[0].controller
+        if len(reqs) == 1 and ctrl is not None and live and not failures:  # calibrate its cost model on this step
+            draft = drafts[0]
+            ctrl.observe_timing(t_fwd, t2 - t0, t1 - t0, len(draft) if draft is not None else 0, undo[0].kv_length)
         if failures:
             if len(reqs) == 1:
                 raise failures[0]

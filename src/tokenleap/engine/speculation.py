@@ -5,8 +5,14 @@ E(k) = (1 - alpha^(k+1)) / (1 - alpha) committed tokens per target forward (Levi
 2023), and that forward costs c(k) = t(k+1 rows) / t(1 row), measured once on this machine (the
 cost curve, at a short and a long context: at long contexts each extra row's attention costs
 more, so the curve is interpolated at the request's length). The controller keeps a decayed estimate of alpha per request and chooses
-k* = argmax E(k) / (c(k) + k d) over [draft_min, cap] (d: a drafter's own cost per draft
-token relative to a target step, `relative_draft_cost`; 0 for the model-free drafters), or 0 when no k beats plain decoding by a margin;
+k* = argmax E(k) (1 + w) / (c(k) + w + k d) over [draft_min, cap], or 0 when no k beats plain
+decoding by a margin. d is a drafter's own cost per draft token and w the engine's per-step work
+outside the target forward (sampling, verification, bookkeeping, a head's feature fusion), both
+relative to a one-row forward: d starts at the drafter's `relative_draft_cost` (0 for the
+model-free drafters) and both are then measured on the request's own steps (decayed averages of
+the step's timings), because a forward-only curve overstates what extra rows and draft steps
+cost next to a whole step (measured: a 2-token draft of an EAGLE-3 head costs 0.11 of a step,
+modelled 0.23 without w and d measured, so the controller drafted too little);
 while off it probes again every `probe_every` steps with a short draft, so a request whose text
 turns predictable (a quoted passage, code being repeated) gets speculation back.
 """
@@ -114,10 +120,36 @@ class DraftController:
     trials: float = 2.0
     steps_off: int = 0
     draft_cost: float = 0.0  # one draft token's drafting cost relative to a 1-row target forward (a head's step)
+    overhead: float = 0.0  # w: a step's work outside the target forward, relative to a 1-row forward
+    timing_decay: float = 0.8
+    _forward_s: float = 0.0  # decayed measurements (seconds): a 1-row forward, the work outside it,
+    _other_s: float = 0.0  # and drafting per draft token
+    _draft_s: float | None = None
 
     @property
     def alpha(self) -> float:
         return self.accepted / self.trials
+
+    def observe_timing(self, forward_s: float, step_s: float, draft_s: float, draft_len: int, context: int = 0) -> None:
+        """Fold in one single-request step's timings: its target forward over `draft_len` + 1
+        rows, the whole step, and the drafting part of it. Updates `overhead` and `draft_cost`."""
+        one_row = forward_s / self.curve.cost(draft_len, context)
+        other = max(0.0, step_s - forward_s - draft_s)
+        a = self.timing_decay
+        first = self._forward_s == 0.0
+        self._forward_s = one_row if first else a * self._forward_s + (1 - a) * one_row
+        self._other_s = other if first else a * self._other_s + (1 - a) * other
+        if draft_len > 0:
+            per = draft_s / draft_len
+            self._draft_s = per if self._draft_s is None else a * self._draft_s + (1 - a) * per
+        if self._forward_s > 0:
+            self.overhead = self._other_s / self._forward_s
+            if self._draft_s is not None:
+                self.draft_cost = self._draft_s / self._forward_s
+
+    def step_cost(self, k: int, context: int = 0) -> float:
+        """A step verifying a k-token draft, relative to a plain decoding step."""
+        return (self.curve.cost(k, context) + self.overhead + self.draft_cost * k) / (1.0 + self.overhead)
 
     def choose(self, budget: int, context: int = 0) -> int:
         top = min(self.cap, budget)
@@ -125,7 +157,7 @@ class DraftController:
             return 0
         best_k, best_gain = 0, 1.0
         for k in range(max(1, self.floor), top + 1):
-            gain = expected_tokens(self.alpha, k) / (self.curve.cost(k, context) + self.draft_cost * k)
+            gain = expected_tokens(self.alpha, k) / self.step_cost(k, context)
             if gain > best_gain:
                 best_k, best_gain = k, gain
         if best_k and best_gain >= self.min_gain:
