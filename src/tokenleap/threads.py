@@ -2,7 +2,7 @@
 
 The compiled kernels run the heavy ops of a forward on their own pool (`kernels/pool.h`: spin,
 then yield, then sleep). The general model path (Gemma 3, Qwen3, Mistral) runs many small torch
-ops between kernel calls (extra norms, rotary, attention rows for head_dim 256), and with more
+ops between kernel calls (norms, activations, float32 attention rows for head_dim 256), and with more
 than one torch thread each of them may open an OpenMP region whose workers must be woken while
 the kernels' pool still holds the cores: a softmax and a product beside a kernel linear took 17 us
 with one torch thread and 394 us with two on a busy 2-core machine. So those forwards run torch

@@ -214,6 +214,28 @@ def test_rmsnorm_and_silu_mul_match_torch(kernels: CpuKernels) -> None:
     torch.testing.assert_close(kernels.silu_mul(gu), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_head_norm_and_rmsnorm_add_match_torch(kernels: CpuKernels) -> None:
+    """Gemma 3's fused QK-norm (query scale folded in) and post-norm + residual (norms.h)."""
+    g = torch.Generator().manual_seed(7)
+    rows, nq, nkv, hd = 3, 4, 1, 256
+    qkv = torch.randn(rows, (nq + 2 * nkv) * hd, generator=g) * 3
+    wq, wk = torch.randn(hd, generator=g), torch.randn(hd, generator=g)
+    ref = qkv.clone()
+    ref[:, : nq * hd] = F.rms_norm(qkv[:, : nq * hd].view(rows, nq, hd), (hd,), wq, 1e-6).view(rows, -1) * 0.25
+    ref[:, nq * hd : (nq + nkv) * hd] = F.rms_norm(qkv[:, nq * hd : (nq + nkv) * hd].view(rows, nkv, hd), (hd,), wk, 1e-6).view(rows, -1)
+    ours = qkv.clone()
+    kernels.head_norm(ours, 0, nq, hd, wq, 1e-6, 0.25)
+    kernels.head_norm(ours, nq * hd, nkv, hd, wk, 1e-6)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(ours[:, (nq + nkv) * hd :], qkv[:, (nq + nkv) * hd :])  # the values are left alone
+    x, o, w = torch.randn(rows, 640, generator=g), torch.randn(rows, 640, generator=g) * 50, torch.randn(640, generator=g)
+    expect = x + F.rms_norm(o, (640,), w, 1e-6)
+    kernels.rmsnorm_add(x, o, w, 1e-6)
+    torch.testing.assert_close(x, expect, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        kernels.head_norm(qkv.t(), 0, 1, hd, wq, 1e-6)
+
+
 def test_packed_linear_accumulates_and_is_row_invariant(kernels: CpuKernels) -> None:
     if not kernels.packed:
         pytest.skip("no packed kernel on this machine")
