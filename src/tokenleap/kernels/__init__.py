@@ -295,7 +295,8 @@ class CpuKernels:
 
     @staticmethod
     def supports(*widths_then_head_dim: int) -> bool:
-        """Whether linear input widths (multiples of 32) and head_dim (16, 32, 64 or 128) fit the kernels."""
+        """Whether linear input widths (multiples of 32) and head_dim (16, 32, 64 or 128) fit every
+        kernel path (the bf16 attention also serves 256: `attention_head_dims`)."""
         *widths, head_dim = widths_then_head_dim
         return all(w % 32 == 0 for w in widths) and head_dim in (16, 32, 64, 128)
 
