@@ -266,3 +266,29 @@ def test_batched_rows_equal_rows_alone(pair):
     seqs = [SeqInput(torch.tensor([50, 51]), torch.arange(len(p), len(p) + 2), kv) for p, kv in zip(prompts, caches)]
     batched = model.forward_batch(seqs).hidden
     assert torch.equal(batched, torch.cat(alone)), name
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_bf16_kernel_attention_keeps_the_sliding_window_over_cached_slots(name: str, tmp_path: Path, kernels) -> None:
+    """bf16 on the kernels (blocked caches): once a row's window excludes cached slots, its
+    sliding layers must attend over the window only. The same model with torch attention over
+    the same blocked cache is the reference (they differ by bf16 rounding of queries and
+    probabilities alone); attending past the window put the decode logits off by ~30-85 %."""
+    if not kernels.bf16_attention:
+        pytest.skip("no AVX512-BF16: bf16 models keep plain caches")
+    _make(name, tmp_path)
+    config, weights = load_hf_folder(tmp_path)
+    fused = LlamaModel(config, weights, torch.bfloat16, kernels)
+    reference = LlamaModel(config, weights, torch.bfloat16, kernels)
+    reference.kernel_attention = False  # torch attention over the same blocked bf16 cache
+    assert fused.kv_blocked and reference.kv_blocked
+    ids = (torch.arange(14) * 7) % 160
+    logits = []
+    for model in (fused, reference):
+        kv = model.new_kv_cache()
+        model.forward(ids[:4], torch.arange(4), kv)  # inside the window: the kernel's fast path
+        steps = [model.compute_logits(model.forward(ids[i : i + 1], torch.tensor([i]), kv).hidden) for i in range(4, 12)]
+        steps.append(model.compute_logits(model.forward(ids[12:14], torch.arange(12, 14), kv).hidden))  # a 2-row verify
+        logits.append(torch.cat(steps))
+    scale = float(logits[1].abs().max())
+    assert float((logits[0] - logits[1]).abs().max()) < 0.05 * scale

@@ -392,9 +392,12 @@ class LlamaModel:
         plans = {}
         if on_kernels and self.kernel_attention:
             plans[False] = plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, masks)])
-            plans[True] = plans[False] if local_masks is masks else plan_rows(
-                [RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, local_masks)]
-            )
+            if local_masks is masks or int(positions.max()) < (c.sliding_window or 0):  # no row reaches past the window
+                plans[True] = plans[False]
+            elif not self.kv_blocked:  # fp32 caches: each row's slot list honours the window
+                plans[True] = plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, local_masks)])
+            # blocked bf16 caches: the kernel lets a row see every cached slot before its own new
+            # rows, so once the window binds, the sliding layers attend in torch (row path)
 
         def lin(x: torch.Tensor, layer: _Layer, name: str, norm: torch.Tensor | None = None) -> torch.Tensor:
             dense = getattr(layer, name)
@@ -425,8 +428,9 @@ class LlamaModel:
                     qkv[:, :q_end] *= q_mult
             local = c.is_sliding(idx)
             cos, sin = (self._cos_local, self._sin_local) if local else (self._cos, self._sin)
-            if plans:
-                a = kernels.attention(qkv.contiguous(), plans[local], idx, nq, nkv, hd, cos, sin)
+            plan = plans.get(local)
+            if plan is not None:
+                a = kernels.attention(qkv.contiguous(), plan, idx, nq, nkv, hd, cos, sin)
             else:
                 a = self._attend_torch(qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or rows <= ROW_PATH_MAX_ROWS)
             o = lin(a, layer, "wo")
