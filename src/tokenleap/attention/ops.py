@@ -71,6 +71,7 @@ class RowGroup:
     start: int
     positions: torch.Tensor  # [n] int64
     mask: AttentionMask
+    window: int | None = None  # blocked caches, chains only: a row at position p sees positions > p - window
 
 
 def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
@@ -114,9 +115,15 @@ def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
         slot_idx = torch.cat(lists).to(torch.int64).contiguous()
         slot_end = None
         max_slots = int(sizes.max())
+    slot_lo = None
+    if any(g.window is not None for g in groups):
+        if not blocked or trees:
+            raise ValueError("plan_rows: a window bound is for chains over blocked caches (else pass a window mask)")
+        lo = [(g.positions - g.window + 1).clamp(min=0) if g.window is not None else torch.zeros_like(g.positions) for g in groups]
+        slot_lo = torch.cat(lo).to(torch.int64)  # cached slot i holds position i
     return RowPlan(
         positions, kv_base, capacity, write_slot, slot_end, slot_off, slot_idx, -(-max_slots // 16) * 16,
-        blocked=blocked, mask_start=mask_start, mask=mask,
+        blocked=blocked, mask_start=mask_start, mask=mask, slot_lo=slot_lo,
     )
 
 

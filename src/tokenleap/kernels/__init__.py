@@ -517,6 +517,7 @@ class CpuKernels:
         self.lib.tl_attention_bf16(
             *lead,
             plan.slot_end.data_ptr(),
+            plan.slot_lo.data_ptr() if plan.slot_lo is not None else None,
             plan.mask_start.data_ptr() if mask is not None else None,
             mask.data_ptr() if mask is not None else None,
             mask.shape[1] if mask is not None else 0,
@@ -553,6 +554,7 @@ class RowPlan:
     blocked: bool = False
     mask_start: torch.Tensor | None = None
     mask: torch.Tensor | None = None  # [rows, width] uint8
+    slot_lo: torch.Tensor | None = None  # bf16 blocked caches: row r sees no slot below slot_lo[r] (sliding window)
     work: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -604,7 +606,7 @@ def load_kernels() -> CpuKernels | None:
     if bf16_attention:
         lib.tl_attention_bf16.argtypes = [
             _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
-            _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64,
+            _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64,
         ]
         lib.tl_attention_bf16.restype = None
     logger.info("tokenleap kernels: %s variant, %d threads", variant, threads)

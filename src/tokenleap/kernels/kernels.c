@@ -542,7 +542,7 @@ typedef struct {
     tl_counter ctr;
     const uint32_t *qb; /* [rows, heads, hd/2] bf16 pairs of the rotated queries */
     float *out;
-    const int64_t *kv_base, *cap, *slot_end, *mask_start, *chunk;
+    const int64_t *kv_base, *cap, *slot_end, *slot_lo, *mask_start, *chunk;
     const uint16_t *tail;
     int64_t tail_slots;
     float *scratch; /* AQ * max_slots floats per pool thread */
@@ -654,10 +654,11 @@ static void attn16_task(void *arg, int tid, int nthreads) {
                     }
 #undef SCORE
                     for (int g = 0; g < qn; g++) {
-                        const int64_t qi = q0 + g, r = qrow[qi], send = a->slot_end[r];
+                        const int64_t qi = q0 + g, r = qrow[qi], send = a->slot_end[r], lo = a->slot_lo ? a->slot_lo[r] : 0;
                         for (int b = 0; b < bn; b++) {
                             const int64_t j0 = (b0 + b) * 16;
-                            const uint32_t valid = send - j0 >= 16 ? 0xffffu : send > j0 ? (1u << (send - j0)) - 1u : 0u;
+                            uint32_t valid = send - j0 >= 16 ? 0xffffu : send > j0 ? (1u << (send - j0)) - 1u : 0u;
+                            if (lo > j0) valid &= lo - j0 >= 16 ? 0u : ~((1u << (lo - j0)) - 1u); /* below a sliding window */
                             __m512 sv = _mm512_mul_ps(acc[g * BT + b], _mm512_set1_ps(a->scale));
                             sv = _mm512_mask_blend_ps((__mmask16)valid, _mm512_set1_ps(-FLT_MAX), sv);
                             _mm512_storeu_ps(sc + qi * a->max_slots + j0, sv);
@@ -732,11 +733,13 @@ static void attn16_task(void *arg, int tid, int nthreads) {
  * what decoding the path token by token computes, bit for bit.
  * qb: rows * heads * hd/2 uint32; chunk: rows + 1 int64; scratch: (pool threads) * AQ *
  * max_slots floats (max_slots a multiple of 16, >= every slot_end). out: [rows, heads * hd].
+ * slot_lo (optional): row r sees no slot below slot_lo[r] (a sliding window; probability 0, as
+ * for every slot it may not see).
  * hd 16, 32, 64, 128 or 256. */
 void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
                        const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
                        float *out, uint32_t *qb, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
-                       const int64_t *slot_end, const int64_t *mask_start, const uint8_t *mask, int64_t mask_w,
+                       const int64_t *slot_end, const int64_t *slot_lo, const int64_t *mask_start, const uint8_t *mask, int64_t mask_w,
                        uint16_t *tail, int64_t tail_slots, int64_t *chunk, float *scratch, int64_t max_slots) {
     const int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
     float tmp[256];
@@ -794,7 +797,7 @@ void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, c
      * per kv head, reading K and V once for the heads that share them (unless more than AQ
      * heads share one). Same arithmetic. */
     const int64_t span = nchunks * kv_heads < 2 * pool.n || group > AQ ? 1 : group;
-    attn16_ctx ctx = {{0, nchunks * heads / span, 1}, qb, out, kv_base, cap, slot_end, mask ? mask_start : NULL, chunk,
+    attn16_ctx ctx = {{0, nchunks * heads / span, 1}, qb, out, kv_base, cap, slot_end, slot_lo, mask ? mask_start : NULL, chunk,
                       tail, tail_slots, scratch, layer, heads, kv_heads, hd, span, max_slots,
                       1.0f / sqrtf((float)hd)};
     tl_parallel(attn16_task, &ctx);

@@ -396,8 +396,10 @@ class LlamaModel:
                 plans[True] = plans[False]
             elif not self.kv_blocked:  # fp32 caches: each row's slot list honours the window
                 plans[True] = plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, local_masks)])
-            # blocked bf16 caches: the kernel lets a row see every cached slot before its own new
-            # rows, so once the window binds, the sliding layers attend in torch (row path)
+            elif all(m.mask is None for m in masks):  # chains over blocked caches: a lower slot bound per row
+                plans[True] = plan_rows([RowGroup(s.kv, st, s.positions, m, c.sliding_window) for s, st, m in zip(seqs, starts, masks)])
+            # token trees over blocked caches: the kernel lets a tree row see every cached slot,
+            # so once the window binds, their sliding layers attend in torch (row path)
 
         def lin(x: torch.Tensor, layer: _Layer, name: str, norm: torch.Tensor | None = None) -> torch.Tensor:
             dense = getattr(layer, name)
