@@ -14,7 +14,8 @@ per weight format at 1, 4 and 8 rows (30 distinct weights, cold). With `--llama-
 on the same GGUF file runs before and after tokenleap, and tokenleap's own tg128 (128 forced tokens after a
 one-token prompt, decode steps only, as llama-bench times them) is the comparable figure; decode
 tokens/s on Spec-Bench prompts (contexts up to ~900 tokens) is reported beside it. JSON to
-`benchmarks/results/quant_decode.json`.
+`benchmarks/results/quant_decode.json`. `--prefill-only` measures prompt tokens/s of one forward
+over 64 / 256 / 700 tokens per engine (and, with `--llama-bench`, llama-bench's pp64/256/512).
 
     .venv/bin/python benchmarks/quant_decode.py --llama-bench benchmarks/.peer/llama.cpp/build/bin/llama-bench
 """
@@ -53,8 +54,10 @@ def spec_bench_prompts(path: Path, per_group: int) -> list[str]:
     return [p for g in sorted(groups) for p in groups[g]]
 
 
-def llama_bench(binary: str, model: Path, threads: int) -> float | None:
-    cmd = [binary, "-m", str(model), "-p", "0", "-n", "128", "-t", str(threads), "-r", "3", "-o", "json"]
+def llama_bench(binary: str, model: Path, threads: int, prompt: str = "0", gen: str = "128") -> float | dict[int, float] | None:
+    """llama-bench's tokens/s: tg128 by default; with `prompt` lengths (e.g. "64,256,512") and
+    `gen` "0", its pp figures as {prompt length: tokens/s}."""
+    cmd = [binary, "-m", str(model), "-p", prompt, "-n", gen, "-t", str(threads), "-r", "3", "-o", "json"]
     # tokenleap sets OMP_WAIT_POLICY=passive for torch; llama.cpp's OpenMP threads would inherit it
     # and run at ~55 % of their speed (measured: 72-77 against 129-134 tok/s from a shell)
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
@@ -63,6 +66,8 @@ def llama_bench(binary: str, model: Path, threads: int) -> float | None:
         print(f"llama-bench failed ({proc.returncode}): {proc.stderr[-500:]}", file=sys.stderr)
         return None
     rows = json.loads(proc.stdout)
+    if prompt != "0":
+        return {int(r["n_prompt"]): float(r["avg_ts"]) for r in rows}
     return float(rows[0]["avg_ts"])
 
 
@@ -145,8 +150,10 @@ def main() -> int:
     if args.prefill_only:
         rounds = [{n: prefill_speed(e) for n, e in engines.items()} for _ in range(2)]
         best = {n: {k: max(r[n][k] for r in rounds) for k in rounds[0][n]} for n in engines}
+        if args.llama_bench:  # llama.cpp's prompt processing (pp) on the same file, after tokenleap's
+            best["llama.cpp pp"] = llama_bench(args.llama_bench, engines["bf16"].source.path, args.threads, "64,256,512", "0") or {}
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"date": result["date"], "prefill_tok_s": best}, indent=1))
+        args.out.write_text(json.dumps({"date": result["date"], "cpu_flags_avx512": result["cpu_flags_avx512"], "prefill_tok_s": best}, indent=1))
         for n, by_len in best.items():
             print(f"prefill {n}: " + ", ".join(f"{k} tokens {v:.0f} tok/s" for k, v in by_len.items()))
         return 0
