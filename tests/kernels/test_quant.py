@@ -3,6 +3,8 @@ the weights and quantizes the activations as the kernel does, and row invariance
 
 from __future__ import annotations
 
+import threading
+
 import gguf
 import numpy as np
 import pytest
@@ -78,6 +80,25 @@ def test_quant_linear_row_invariant_and_accumulates(kernels: CpuKernels, qtype: 
     acc = base.clone()
     kernels.linear(x, w, out=acc)
     assert torch.equal(acc, base + y)
+
+
+def test_reused_scratch_gives_the_same_bits_across_sizes_and_threads(kernels: CpuKernels) -> None:
+    """The linears reuse a per-thread scratch buffer: a small call after a large one (stale
+    bytes past its end), the buffer's growth, and a call from another thread give the bits of
+    a fresh buffer."""
+    w = _quant_weight(3, 64, 1536, seed=11)
+    g = torch.Generator().manual_seed(11)
+    big, small, norm = torch.randn(40, 1536, generator=g), torch.randn(2, 1536, generator=g), torch.rand(1536, generator=g) + 0.5
+    fresh_small = kernels.linear(small, w)  # before the big call grows this thread's buffer
+    fresh_big = kernels.linear(big, w, norm=(norm, 1e-5))
+    assert torch.equal(kernels.linear(small, w), fresh_small)
+    assert torch.equal(kernels.linear(big, w, norm=(norm, 1e-5)), fresh_big)
+    seen: list[torch.Tensor] = []
+    worker = threading.Thread(target=lambda: seen.append(kernels.linear(big, w, norm=(norm, 1e-5))))
+    worker.start()
+    worker.join()
+    assert torch.equal(seen[0], fresh_big)
+    assert torch.equal(kernels.linear(big[:1], w, norm=(norm, 1e-5)), fresh_big[:1])
 
 
 def test_quant_weight_validates_and_fuses() -> None:
