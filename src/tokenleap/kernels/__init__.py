@@ -477,66 +477,81 @@ class CpuKernels:
     ) -> torch.Tensor:  # [rows, heads * hd]
         """Rotary embedding, K/V write to each row's cache slot and attention, for one layer."""
         rows = qkv.shape[0]
-        if head_dim not in self.attention_head_dims(plan.blocked) or heads % kv_heads or qkv.dtype != torch.float32:
-            raise ValueError(f"kernel attention: unsupported heads {heads}/{kv_heads} x {head_dim}, {qkv.dtype}")
+        if qkv.dtype != torch.float32:
+            raise ValueError(f"kernel attention: qkv must be float32, got {qkv.dtype}")
         if qkv.shape[1] != (heads + 2 * kv_heads) * head_dim or rows != plan.rows:
             raise ValueError(f"kernel attention: qkv {tuple(qkv.shape)} does not fit the plan ({plan.rows} rows)")
         qkv = qkv.contiguous()
         out = torch.empty(rows, heads * head_dim, dtype=torch.float32)
-        work = plan.work
-        if "q" not in work:  # the layers of one forward share the scratch buffers
-            work["q"] = torch.empty(rows * heads * head_dim // (2 if plan.blocked else 1), dtype=torch.int32 if plan.blocked else torch.float32)
-            work["scratch"] = torch.empty(self.threads * (32 if plan.blocked else 4) * plan.max_slots, dtype=torch.float32)
-        qbuf, scratch = work["q"], work["scratch"]
+        work = self.attention_work(plan, heads, kv_heads, head_dim)
         # arguments both kernels take first: rows, their caches, the layer, output and query buffers
         lead = (
             qkv.data_ptr(), plan.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), plan.kv_base.data_ptr(),
-            plan.capacity.data_ptr(), plan.write_slot.data_ptr(), layer, out.data_ptr(), qbuf.data_ptr(),
+            plan.capacity.data_ptr(), plan.write_slot.data_ptr(), layer, out.data_ptr(), work.q.data_ptr(),
             rows, heads, kv_heads, head_dim,
         )
         if plan.blocked:
-            self._attention_bf16(lead, plan, kv_heads, head_dim, scratch)
+            mask = work.mask
+            self.lib.tl_attention_bf16(
+                *lead,
+                plan.slot_end.data_ptr(),
+                plan.slot_lo.data_ptr() if plan.slot_lo is not None else None,
+                plan.mask_start.data_ptr() if mask is not None else None,
+                mask.data_ptr() if mask is not None else None,
+                mask.shape[1] if mask is not None else 0,
+                work.tail.data_ptr() if work.tail is not None else None,
+                work.tail_slots,
+                work.chunk.data_ptr(),
+                work.scratch.data_ptr(),
+                plan.max_slots,
+            )
             return out
         self.lib.tl_attention(
             *lead,
             plan.slot_end.data_ptr() if plan.slot_end is not None else None,
             plan.slot_off.data_ptr() if plan.slot_off is not None else None,
             plan.slot_idx.data_ptr() if plan.slot_idx is not None else None,
-            scratch.data_ptr(),
+            work.scratch.data_ptr(),
             plan.max_slots,
         )
         return out
 
-    def _attention_bf16(self, lead: tuple[int, ...], plan: RowPlan, kv_heads: int, head_dim: int, scratch: torch.Tensor) -> None:
-        """`attention` over blocked bf16 caches (`tl_attention_bf16`): the queries rounded to bf16
-        pairs into the query buffer, rows of one sequence attended together, tree rows over
-        their own path (`tail`)."""
-        if not self.bf16_attention or plan.slot_end is None:
+    def attention_work(self, plan: RowPlan, heads: int, kv_heads: int, head_dim: int) -> AttentionWork:
+        """The attention kernel's buffers for a forward over `plan`, made by its first layer and
+        kept in `plan.work` for the others. Over blocked bf16 caches (`tl_attention_bf16`) the
+        queries are rounded to bf16 pairs into the query buffer, rows of one sequence attend
+        together (`chunk`), and tree rows read their own path from `tail`."""
+        if head_dim not in self.attention_head_dims(plan.blocked) or heads % kv_heads:
+            raise ValueError(f"kernel attention: unsupported heads {heads}/{kv_heads} x {head_dim}")
+        if plan.blocked and (not self.bf16_attention or plan.slot_end is None):
             raise ValueError("kernel attention: blocked bf16 caches need AVX512-BF16 and slot_end")
-        rows, work = plan.rows, plan.work
+        work, rows = plan.work, plan.rows
+        if "q" not in work:  # the layers of one forward share the scratch buffers
+            work["q"] = torch.empty(rows * heads * head_dim // (2 if plan.blocked else 1), dtype=torch.int32 if plan.blocked else torch.float32)
+            work["scratch"] = torch.empty(self.threads * (32 if plan.blocked else 4) * plan.max_slots, dtype=torch.float32)
+        if not plan.blocked:
+            return AttentionWork(work["q"], work["scratch"])
         if "chunk" not in work:
             work["chunk"] = torch.empty(rows + 1, dtype=torch.int64)
-        chunk = work["chunk"]
         mask = plan.mask.contiguous() if plan.mask is not None else None
-        tail_slots = -(-(15 + mask.shape[1]) // 16) * 16 if mask is not None else 0
-        tail = None
-        if mask is not None:
-            if "tail" not in work:  # zeroed once: slots past a path are read with probability 0
-                work["tail"] = torch.zeros(rows * kv_heads * 2 * tail_slots * head_dim, dtype=torch.bfloat16)
-            tail = work["tail"]
-        self.lib.tl_attention_bf16(
-            *lead,
-            plan.slot_end.data_ptr(),
-            plan.slot_lo.data_ptr() if plan.slot_lo is not None else None,
-            plan.mask_start.data_ptr() if mask is not None else None,
-            mask.data_ptr() if mask is not None else None,
-            mask.shape[1] if mask is not None else 0,
-            tail.data_ptr() if tail is not None else None,
-            tail_slots,
-            chunk.data_ptr(),
-            scratch.data_ptr(),
-            plan.max_slots,
-        )
+        if mask is None:
+            return AttentionWork(work["q"], work["scratch"], work["chunk"])
+        tail_slots = -(-(15 + mask.shape[1]) // 16) * 16
+        if "tail" not in work:  # zeroed once: slots past a path are read with probability 0
+            work["tail"] = torch.zeros(rows * kv_heads * 2 * tail_slots * head_dim, dtype=torch.bfloat16)
+        return AttentionWork(work["q"], work["scratch"], work["chunk"], mask, work["tail"], tail_slots)
+
+
+@dataclass(frozen=True)
+class AttentionWork:
+    """A forward's buffers for the attention kernel (`CpuKernels.attention_work`)."""
+
+    q: torch.Tensor  # rotated queries (fp32, or bf16 pairs over blocked caches)
+    scratch: torch.Tensor  # per-thread scores
+    chunk: torch.Tensor | None = None  # blocked caches: row runs attended together
+    mask: torch.Tensor | None = None  # blocked caches, token trees: the plan's mask, contiguous
+    tail: torch.Tensor | None = None  # and each tree row's own path of K/V
+    tail_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -608,6 +623,8 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_linear_q.restype = None
     lib.tl_quant_vnni.argtypes = [ctypes.c_int]
     lib.tl_quant_vnni.restype = ctypes.c_int
+    lib.tl_forward_layers.argtypes = [_ptr]
+    lib.tl_forward_layers.restype = ctypes.c_int
     features = int(lib.tl_features())
     packed, bf16_attention = bool(features & 1), bool(features & 2)
     if packed:

@@ -806,3 +806,9 @@ void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, c
 
 #define TLQ_ALLOW_VNNI 1 /* this variant may use AVX-512 VNNI in quant.h */
 #include "quant.h"
+
+#ifdef __AVX512BF16__
+#define TL_HAS_PACKED 1    /* forward.h may call tl_linear_packed */
+#define TL_HAS_ATTN_BF16 1 /* and tl_attention_bf16 */
+#endif
+#include "forward.h"

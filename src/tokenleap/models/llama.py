@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask, plan_rows
 from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight
+from tokenleap.kernels.fused import FusedLayers
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.config import ModelConfig, RopeScaling
@@ -189,6 +190,24 @@ class LlamaModel:
                 raise TokenleapError(f"{config.architecture}: layer {i} has no post-attention / post-MLP norm weights")
             layer.packed.update({name: prepared for name, (_, prepared) in fused.items() if prepared is not None})
             self.layers.append(layer)
+        # the fused path's layers as one kernel call (kernels/fused.py; None: a call per op)
+        self.fused: FusedLayers | None = None
+        if kernels is not None and not self.general:
+            self.fused = FusedLayers(
+                kernels,
+                [
+                    {
+                        "wqkv": layer.packed.get("wqkv", layer.wqkv), "bqkv": layer.bqkv,
+                        "wo": layer.packed.get("wo", layer.wo),
+                        "w_gate_up": layer.packed.get("w_gate_up", layer.w_gate_up),
+                        "w_down": layer.packed.get("w_down", layer.w_down),
+                        "attn_norm": layer.attn_norm, "mlp_norm": layer.mlp_norm,
+                    }
+                    for layer in self.layers
+                ],
+                dim=config.hidden_size, inter=config.intermediate_size, heads=config.num_heads,
+                kv_heads=config.num_kv_heads, head_dim=config.head_dim, eps=config.rms_norm_eps,
+            )  # fmt: skip
         table = min(config.max_position, MAX_ROPE_TABLE)
         if table < config.max_position:
             logger.info("context limited to %d positions (the model allows %d)", table, config.max_position)
@@ -293,7 +312,12 @@ class LlamaModel:
             raise TokenleapError(f"positions must be in [0, {self._cos.shape[0]})")
         eps = c.rms_norm_eps
         x = F.embedding(torch.cat([s.input_ids for s in seqs]), self.embed).float()  # [rows, D]
-        hidden_states: dict[int, torch.Tensor] = {}
+        if self.fused is not None:
+            hidden_states = self.fused.run(x, plan, self._cos, self._sin, layers=len(self.layers), return_hidden=return_hidden)
+            for s in seqs:
+                s.kv.commit(int(s.input_ids.shape[0]))
+            return ModelOutput(kernels.rmsnorm(x, self.norm, eps), hidden_states)
+        hidden_states = {}
         for idx, layer in enumerate(self.layers):
             pk = layer.packed
             qkv = kernels.linear(x, pk.get("wqkv", layer.wqkv), layer.bqkv, norm=(layer.attn_norm, eps))

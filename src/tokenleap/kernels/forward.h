@@ -1,0 +1,146 @@
+/* tokenleap kernels: a whole forward's decoder layers in one C call (the fused Llama path).
+ *
+ * A decode step of the default model makes ~150 kernel calls (per layer: the fused QKV linear,
+ * attention, the output linear, the gate/up linear and the down linear); from Python each costs
+ * ~4-10 us outside the kernel (argument conversion by ctypes, checks, output allocation), ~0.7-1.2
+ * ms of a 3.5-8 ms step. `tl_forward_layers` runs the same sequence of the same kernel calls
+ * on the same inputs in C, so its bits are exactly those of the per-call loop in
+ * `LlamaModel.forward_batch` (tests/kernels/test_forward_layers.py compares them).
+ *
+ * Included once per variant after quant.h; the variant defines TL_HAS_PACKED (tl_linear_packed)
+ * and TL_HAS_ATTN_BF16 (tl_attention_bf16) when it has them. */
+#pragma once
+#include "pool.h"
+
+#define TL_LIN_F32 0    /* dense fp32 [out, in] (tl_linear, wbits 32) */
+#define TL_LIN_BF16 1   /* dense bf16 [out, in] (tl_linear, wbits 16) */
+#define TL_LIN_PACKED 2 /* PackedWeight (tl_linear_packed) */
+#define TL_LIN_QUANT 3  /* QuantWeight blocks (tl_linear_q) */
+
+typedef struct {
+    const void *w;
+    const float *bias; /* fp32 [out] or NULL */
+    int64_t out_dim;
+    int32_t kind;   /* TL_LIN_* */
+    int32_t format; /* TL_LIN_QUANT: the blocks' TLQ_* format */
+} tl_lin_desc;
+
+typedef struct {
+    tl_lin_desc qkv, wo, gate_up, down;
+    const float *attn_norm, *mlp_norm; /* fp32 [dim] */
+} tl_layer_desc;
+
+typedef struct {
+    float *x; /* fp32 [rows, dim], the residual stream, updated in place */
+    int64_t rows, dim, inter; /* inter: the MLP's width (gate_up has 2 * inter outputs) */
+    float eps;
+    int64_t n_layers;
+    const tl_layer_desc *layers;
+    float **hidden_out; /* per layer: where to copy x after it (NULL entries: none), or NULL */
+    /* work buffers: qkv [rows, qkv out], a [rows, heads * hd], gu [rows, 2 inter], tmp (the
+     * formed input of a non-quantized linear, rows * max(dim, inter) floats), acc (a dense
+     * linear's result before it is added, rows * dim floats), scratch (the linears' own) */
+    float *qkv, *a, *gu, *tmp, *acc;
+    uint8_t *scratch;
+    /* attention: the arguments of tl_attention / tl_attention_bf16 (see there) */
+    int32_t attn_bf16;
+    const int64_t *pos;
+    const float *cos, *sin;
+    const int64_t *kv_base, *cap, *wslot;
+    void *qbuf;
+    int64_t heads, kv_heads, hd;
+    const int64_t *slot_end, *slot_off, *slot_idx, *slot_lo, *mask_start;
+    const uint8_t *mask;
+    int64_t mask_w;
+    uint16_t *tail;
+    int64_t tail_slots;
+    int64_t *chunk;
+    float *attn_scratch;
+    int64_t max_slots;
+} tl_forward_desc;
+
+/* y (+)= linear(input) where the input is x, RMSNorm(x) * norm_w (norm_w set) or
+ * silu(gate) * up of x = (gate | up) (glu; then in_dim is the half width): what
+ * CpuKernels.linear does for each kind of weight, call for call. Returns 0, or -1 for a kind
+ * this build lacks. */
+static int fwd_linear(const tl_forward_desc *f, const tl_lin_desc *l, const float *x, const float *norm_w, int glu,
+                      float *y, int accumulate, int64_t in_dim) {
+    const int64_t rows = f->rows;
+    if (l->kind == TL_LIN_QUANT) {
+        tl_linear_q(x, glu ? NULL : norm_w, f->eps, glu, f->scratch, (const uint8_t *)l->w, l->format, l->bias, y, rows,
+                    in_dim, l->out_dim, accumulate);
+        return 0;
+    }
+    if (glu) {
+        tl_silu_mul(x, f->tmp, rows, in_dim);
+        x = f->tmp;
+    } else if (norm_w) {
+        tl_rmsnorm(x, norm_w, f->tmp, rows, in_dim, f->eps);
+        x = f->tmp;
+    }
+    if (l->kind == TL_LIN_PACKED) {
+#ifdef TL_HAS_PACKED
+        tl_linear_packed(x, (const uint16_t *)l->w, l->bias, y, (uint16_t *)f->scratch, rows, in_dim, l->out_dim, accumulate);
+        return 0;
+#else
+        return -1;
+#endif
+    }
+    if (l->kind != TL_LIN_F32 && l->kind != TL_LIN_BF16) return -1;
+    const int wbits = l->kind == TL_LIN_BF16 ? 16 : 32;
+    if (!accumulate) {
+        tl_linear(x, l->w, l->bias, y, (float *)f->scratch, rows, in_dim, l->out_dim, wbits);
+        return 0;
+    }
+    tl_linear(x, l->w, l->bias, f->acc, (float *)f->scratch, rows, in_dim, l->out_dim, wbits);
+    for (int64_t i = 0; i < rows * l->out_dim; i++) y[i] += f->acc[i]; /* as torch's add_: one rounding each */
+    return 0;
+}
+
+static int fwd_attention(const tl_forward_desc *f, int64_t layer) {
+    if (f->attn_bf16) {
+#ifdef TL_HAS_ATTN_BF16
+        tl_attention_bf16(f->qkv, f->pos, f->cos, f->sin, f->kv_base, f->cap, f->wslot, layer, f->a, (uint32_t *)f->qbuf,
+                          f->rows, f->heads, f->kv_heads, f->hd, f->slot_end, f->slot_lo, f->mask_start, f->mask, f->mask_w,
+                          f->tail, f->tail_slots, f->chunk, f->attn_scratch, f->max_slots);
+        return 0;
+#else
+        return -1;
+#endif
+    }
+    tl_attention(f->qkv, f->pos, f->cos, f->sin, f->kv_base, f->cap, f->wslot, layer, f->a, (float *)f->qbuf, f->rows,
+                 f->heads, f->kv_heads, f->hd, f->slot_end, f->slot_off, f->slot_idx, f->attn_scratch, f->max_slots);
+    return 0;
+}
+
+/* Every decoder layer of the fused Llama path over x (in place):
+ *   qkv = linear(RMSNorm(x), wqkv); a = attention(qkv); x += linear(a, wo);
+ *   gu = linear(RMSNorm(x), w_gate_up); x += linear(silu(gate) * up, w_down).
+ * Returns 0, or -1 (before any work) when a layer needs a kernel this build lacks. */
+int tl_forward_layers(const tl_forward_desc *f) {
+    for (int64_t i = 0; i < f->n_layers; i++) {
+        const tl_layer_desc *l = &f->layers[i];
+        const tl_lin_desc *lins[4] = {&l->qkv, &l->wo, &l->gate_up, &l->down};
+        for (int k = 0; k < 4; k++) {
+            const int kind = lins[k]->kind;
+#ifndef TL_HAS_PACKED
+            if (kind == TL_LIN_PACKED) return -1;
+#endif
+            if (kind < TL_LIN_F32 || kind > TL_LIN_QUANT) return -1;
+        }
+#ifndef TL_HAS_ATTN_BF16
+        if (f->attn_bf16) return -1;
+#endif
+    }
+    const int64_t q_width = f->heads * f->hd;
+    for (int64_t i = 0; i < f->n_layers; i++) {
+        const tl_layer_desc *l = &f->layers[i];
+        fwd_linear(f, &l->qkv, f->x, l->attn_norm, 0, f->qkv, 0, f->dim);
+        fwd_attention(f, i);
+        fwd_linear(f, &l->wo, f->a, NULL, 0, f->x, 1, q_width);
+        fwd_linear(f, &l->gate_up, f->x, l->mlp_norm, 0, f->gu, 0, f->dim);
+        fwd_linear(f, &l->down, f->gu, NULL, 1, f->x, 1, f->inter);
+        if (f->hidden_out && f->hidden_out[i]) memcpy(f->hidden_out[i], f->x, (size_t)(f->rows * f->dim) * sizeof(float));
+    }
+    return 0;
+}

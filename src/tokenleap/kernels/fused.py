@@ -1,0 +1,174 @@
+"""A whole forward's decoder layers in one kernel call (`tl_forward_layers`, forward.h).
+
+The fused Llama path makes five kernel calls per layer (QKV linear with its RMSNorm, attention,
+output linear with the residual add, gate/up linear with its RMSNorm, down linear with SwiGLU and
+the residual add): ~150 a decode step of the default model, each paying ~4-10 us of Python and
+ctypes outside the kernel. `FusedLayers` describes a model's layers once, as C structs of weight
+addresses, kinds and formats; `FusedLayers.run` then fills one struct with a forward's buffers
+and its attention plan and makes a single call, in which C makes the same kernel calls in the
+same order on the same inputs, so the result is bit-identical to the per-call loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight, RowPlan
+
+_p = ctypes.c_void_p
+_i64 = ctypes.c_int64
+_i32 = ctypes.c_int32
+
+LIN_F32, LIN_BF16, LIN_PACKED, LIN_QUANT = 0, 1, 2, 3
+
+
+class LinDesc(ctypes.Structure):
+    _fields_ = [("w", _p), ("bias", _p), ("out_dim", _i64), ("kind", _i32), ("format", _i32)]
+
+
+class LayerDesc(ctypes.Structure):
+    _fields_ = [("qkv", LinDesc), ("wo", LinDesc), ("gate_up", LinDesc), ("down", LinDesc), ("attn_norm", _p), ("mlp_norm", _p)]
+
+
+class ForwardDesc(ctypes.Structure):
+    _fields_ = [
+        ("x", _p), ("rows", _i64), ("dim", _i64), ("inter", _i64), ("eps", ctypes.c_float),
+        ("n_layers", _i64), ("layers", _p), ("hidden_out", _p),
+        ("qkv", _p), ("a", _p), ("gu", _p), ("tmp", _p), ("acc", _p), ("scratch", _p),
+        ("attn_bf16", _i32), ("pos", _p), ("cos", _p), ("sin", _p), ("kv_base", _p), ("cap", _p), ("wslot", _p),
+        ("qbuf", _p), ("heads", _i64), ("kv_heads", _i64), ("hd", _i64),
+        ("slot_end", _p), ("slot_off", _p), ("slot_idx", _p), ("slot_lo", _p), ("mask_start", _p),
+        ("mask", _p), ("mask_w", _i64), ("tail", _p), ("tail_slots", _i64), ("chunk", _p),
+        ("attn_scratch", _p), ("max_slots", _i64),
+    ]  # fmt: skip
+
+
+def _addr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
+class FusedLayers:
+    """The C description of a model's decoder layers (weights stay owned by the model; this
+    keeps references to every tensor it points at). Build once, `run` per forward; a model made
+    of the first n layers (`LlamaModel.with_layers`) runs with `layers=n`."""
+
+    def __init__(
+        self,
+        kernels: CpuKernels,
+        layers: Sequence[Mapping[str, object]],
+        *,
+        dim: int,
+        inter: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+    ) -> None:
+        """`layers`: per layer a mapping with "wqkv", "wo", "w_gate_up", "w_down" (each a
+        `QuantWeight`, `PackedWeight` or contiguous bf16 / fp32 `[out, in]` tensor), "bqkv"
+        (fp32 `[qkv out]` or None), "attn_norm" and "mlp_norm" (fp32 `[dim]`)."""
+        if kernels.lib is None or not hasattr(kernels.lib, "tl_forward_layers"):
+            raise ValueError("these kernels have no tl_forward_layers")
+        self.kernels = kernels
+        self.dim, self.inter, self.heads, self.kv_heads, self.head_dim, self.eps = dim, inter, heads, kv_heads, head_dim, eps
+        self.qkv_out = (heads + 2 * kv_heads) * head_dim
+        self._keep: list[torch.Tensor] = []
+        self._descs = (LayerDesc * len(layers))()
+        self.dense = False  # whether some linear is a plain tensor (needs the `acc` buffer)
+        for desc, layer in zip(self._descs, layers):
+            bias = layer.get("bqkv")
+            desc.qkv = self._lin(layer["wqkv"], bias, self.qkv_out, dim)
+            desc.wo = self._lin(layer["wo"], None, dim, heads * head_dim)
+            desc.gate_up = self._lin(layer["w_gate_up"], None, 2 * inter, dim)
+            desc.down = self._lin(layer["w_down"], None, dim, inter)
+            desc.attn_norm = self._hold(layer["attn_norm"], dim)
+            desc.mlp_norm = self._hold(layer["mlp_norm"], dim)
+
+    def _hold(self, t: object, size: int) -> int:
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.shape != (size,):
+            raise ValueError(f"fused layers: expected an fp32 [{size}] tensor")
+        t = t.contiguous()
+        self._keep.append(t)
+        return t.data_ptr()
+
+    def _lin(self, w: object, bias: object, out_dim: int, in_dim: int) -> LinDesc:
+        d = LinDesc(out_dim=out_dim, bias=self._hold(bias, out_dim) if bias is not None else None)
+        if isinstance(w, QuantWeight):
+            if (w.out_dim, w.in_dim) != (out_dim, in_dim):
+                raise ValueError(f"fused layers: {w.name} weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]")
+            d.kind, d.format, d.w = LIN_QUANT, w.format, w.data.data_ptr()
+            self._keep.append(w.data)
+        elif isinstance(w, PackedWeight):
+            if (w.out_dim, w.in_dim) != (out_dim, in_dim):
+                raise ValueError(f"fused layers: packed weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]")
+            d.kind, d.w = LIN_PACKED, w.data.data_ptr()
+            self._keep.append(w.data)
+        elif isinstance(w, torch.Tensor) and w.dtype in (torch.bfloat16, torch.float32) and w.shape == (out_dim, in_dim):
+            w = w.contiguous()
+            d.kind, d.w = (LIN_BF16 if w.dtype == torch.bfloat16 else LIN_F32), w.data_ptr()
+            self._keep.append(w)
+            self.dense = True
+        else:
+            raise ValueError(f"fused layers: unsupported weight for [{out_dim}, {in_dim}]: {type(w).__name__}")
+        return d
+
+    def run(
+        self,
+        x: torch.Tensor,
+        plan: RowPlan,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        layers: int | None = None,
+        return_hidden: Sequence[int] = (),
+    ) -> dict[int, torch.Tensor]:
+        """Every layer (or the first `layers`) over the fp32 residual stream `x` `[rows, dim]`,
+        in place; K/V go to the plan's cache slots (not committed). Returns the residual stream
+        after each layer in `return_hidden` (copies)."""
+        n_layers = len(self._descs) if layers is None else layers
+        rows = int(x.shape[0])
+        if not x.is_contiguous() or x.dtype != torch.float32 or x.shape[1] != self.dim or rows != plan.rows:
+            raise ValueError(f"fused layers: x {tuple(x.shape)} {x.dtype} does not fit [{plan.rows}, {self.dim}] fp32")
+        if not 0 < n_layers <= len(self._descs):
+            raise ValueError(f"fused layers: {n_layers} layers of {len(self._descs)}")
+        kernels = self.kernels
+        hd = self.head_dim
+        wide = max(self.dim, self.inter, self.heads * hd)
+        f = ForwardDesc(x=x.data_ptr(), rows=rows, dim=self.dim, inter=self.inter, eps=self.eps, n_layers=n_layers)
+        f.layers = ctypes.addressof(self._descs)
+        qkv = torch.empty(rows, self.qkv_out, dtype=torch.float32)
+        a = torch.empty(rows, self.heads * hd, dtype=torch.float32)
+        gu = torch.empty(rows, 2 * self.inter, dtype=torch.float32)
+        tmp = torch.empty(rows * wide, dtype=torch.float32)
+        acc = torch.empty(rows * self.dim if self.dense else 0, dtype=torch.float32)
+        f.qkv, f.a, f.gu, f.tmp, f.acc = qkv.data_ptr(), a.data_ptr(), gu.data_ptr(), tmp.data_ptr(), acc.data_ptr()
+        # the largest of the linears' scratch needs (tl_linear_q fusing its input: 5 bytes an
+        # input plus 8 per block of 32; tl_linear's bf16 copy: 4 bytes an input)
+        f.scratch = kernels._scratch(rows * wide * 5 + 8 * rows * (wide // 32))
+        hidden: dict[int, torch.Tensor] = {}
+        if return_hidden:
+            outs = (_p * n_layers)()
+            for i in return_hidden:
+                if 0 <= i < n_layers:
+                    hidden[i] = torch.empty(rows, self.dim, dtype=torch.float32)
+                    outs[i] = hidden[i].data_ptr()
+            f.hidden_out = ctypes.addressof(outs)
+        work = kernels.attention_work(plan, self.heads, self.kv_heads, hd)
+        f.attn_bf16 = int(plan.blocked)
+        f.pos, f.cos, f.sin = plan.positions.data_ptr(), cos.data_ptr(), sin.data_ptr()
+        f.kv_base, f.cap, f.wslot = plan.kv_base.data_ptr(), plan.capacity.data_ptr(), plan.write_slot.data_ptr()
+        f.heads, f.kv_heads, f.hd = self.heads, self.kv_heads, hd
+        f.qbuf, f.attn_scratch, f.max_slots = work.q.data_ptr(), work.scratch.data_ptr(), plan.max_slots
+        f.slot_end, f.slot_off, f.slot_idx = _addr(plan.slot_end), _addr(plan.slot_off), _addr(plan.slot_idx)
+        f.slot_lo = _addr(plan.slot_lo)
+        if plan.blocked:
+            f.chunk = work.chunk.data_ptr()
+            if work.mask is not None:
+                f.mask_start, f.mask, f.mask_w = plan.mask_start.data_ptr(), work.mask.data_ptr(), work.mask.shape[1]
+                f.tail, f.tail_slots = work.tail.data_ptr(), work.tail_slots
+        if kernels.lib.tl_forward_layers(ctypes.byref(f)) != 0:
+            raise ValueError("fused layers: a layer needs a kernel this build lacks")
+        return hidden

@@ -1,0 +1,130 @@
+"""`FusedLayers` (one kernel call for a forward's layers) is bit-identical to the per-call loop it
+replaces, for every kind of weight the fused path reads (GGUF blocks, packed bf16, dense fp32
+with a QKV bias), every kind of forward (prefill, decode, verify, token tree, a batch of
+sequences, a model cut to its first layers), and hands back the asked-for hidden states."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from tiny_models import TINY_CONFIG, make_tiny_weights
+from tokenleap import LLM
+from tokenleap.attention.ops import tree_mask
+from tokenleap.kernels import CpuKernels, QuantWeight
+from tokenleap.kernels.fused import FusedLayers
+from tokenleap.models.llama import LlamaModel, SeqInput
+
+
+def _loop(model: LlamaModel) -> LlamaModel:
+    """The same model (same weights) with the per-call loop instead of the fused call."""
+    ref = copy.copy(model)
+    ref.fused = None
+    return ref
+
+
+def _session(model: LlamaModel, vocab: int) -> list[torch.Tensor]:
+    """Logits and hidden states of a prefill, decode steps, an 8-row verify, a rejected suffix
+    rolled back, a token tree and a batch of two sequences."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (80,), generator=g)
+    out: list[torch.Tensor] = []
+
+    def fwd(kv, lo: int, hi: int, attn=None) -> None:  # noqa: ANN001
+        o = model.forward(ids[lo:hi], torch.arange(lo, hi), kv, attn, return_hidden=(0, model.config.num_layers - 1))
+        out.extend([model.compute_logits(o.hidden), *o.hidden_states.values()])
+
+    kv = model.new_kv_cache(128)
+    fwd(kv, 0, 40)
+    fwd(kv, 40, 41)
+    fwd(kv, 41, 49)
+    kv.truncate(44)  # a rejected suffix
+    fwd(kv, 44, 45)
+    # a token tree: root 45 with two children, one grandchild
+    parents = [-1, 0, 0, 1]
+    tree_ids = ids[45:49]
+    o = model.forward(tree_ids, torch.tensor([45, 46, 46, 47]), kv, tree_mask(parents, kv.length))
+    out.append(model.compute_logits(o.hidden))
+    kv.truncate(45)
+    other = model.new_kv_cache(128)
+    model.forward(ids[50:70], torch.arange(20), other)
+    batch = model.forward_batch([SeqInput(ids[45:48], torch.arange(45, 48), kv), SeqInput(ids[70:75], torch.arange(20, 25), other)])
+    out.append(model.compute_logits(batch.hidden))
+    return out
+
+
+def _assert_same(model: LlamaModel, vocab: int) -> None:
+    assert model.fused is not None, "the fused Llama path should describe its layers for one call"
+    fused, loop = _session(model, vocab), _session(_loop(model), vocab)
+    assert len(fused) == len(loop)
+    for a, b in zip(fused, loop):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_gguf_blocks_fused_equals_per_call(llm: LLM) -> None:
+    model = llm.model
+    assert model.quantization == "gguf" and isinstance(model.layers[0].packed["wqkv"], QuantWeight)
+    _assert_same(model, model.config.vocab_size)
+
+
+@pytest.mark.slow
+def test_bf16_fused_equals_per_call(model_bf16: LlamaModel) -> None:
+    _assert_same(model_bf16, model_bf16.config.vocab_size)
+
+
+def test_dense_fp32_with_qkv_bias_fused_equals_per_call(kernels: CpuKernels) -> None:
+    config = TINY_CONFIG
+    w = make_tiny_weights(config)
+    g = torch.Generator().manual_seed(3)
+    for i in range(config.num_layers):
+        for n, size in (("q", config.q_size), ("k", config.kv_size), ("v", config.kv_size)):
+            w[f"layers.{i}.{n}_bias"] = torch.randn(size, generator=g)
+    model = LlamaModel(config, w, torch.float32, kernels)
+    assert model.layers[0].bqkv is not None and model.fused is not None and model.fused.dense
+    _assert_same(model, config.vocab_size)
+
+
+def test_tiny_bf16_fused_equals_per_call(tiny_model_bf16: LlamaModel) -> None:
+    _assert_same(tiny_model_bf16, TINY_CONFIG.vocab_size)
+
+
+def test_first_layers_only(tiny_model: LlamaModel) -> None:
+    """A model cut to its first layer (self-speculation's draft) runs that layer only."""
+    cut = tiny_model.with_layers(1)
+    _assert_same(cut, TINY_CONFIG.vocab_size)
+    ids = torch.arange(5)
+    full = tiny_model.forward(ids, torch.arange(5), tiny_model.new_kv_cache(16)).hidden
+    assert not torch.equal(cut.forward(ids, torch.arange(5), cut.new_kv_cache(16)).hidden, full)
+
+
+def test_rejects_what_it_cannot_run(tiny_model: LlamaModel, kernels: CpuKernels) -> None:
+    layer = tiny_model.layers[0]
+    good = {
+        "wqkv": layer.wqkv, "bqkv": None, "wo": layer.wo, "w_gate_up": layer.w_gate_up, "w_down": layer.w_down,
+        "attn_norm": layer.attn_norm, "mlp_norm": layer.mlp_norm,
+    }  # fmt: skip
+    c = TINY_CONFIG
+    make: Callable[[dict], FusedLayers] = lambda layer_map: FusedLayers(  # noqa: E731
+        kernels, [layer_map], dim=c.hidden_size, inter=c.intermediate_size, heads=c.num_heads,
+        kv_heads=c.num_kv_heads, head_dim=c.head_dim, eps=c.rms_norm_eps,
+    )  # fmt: skip
+    make(good)
+    with pytest.raises(ValueError, match="unsupported weight"):
+        make({**good, "wo": layer.wo.t()})  # transposed shape
+    with pytest.raises(ValueError, match="unsupported weight"):
+        make({**good, "w_down": layer.w_down.half()})
+    with pytest.raises(ValueError, match="fp32"):
+        make({**good, "attn_norm": layer.attn_norm[:10]})
+    fused = make(good)
+    plan_model = _loop(tiny_model)
+    with pytest.raises(ValueError, match="does not fit"):
+        from tokenleap.attention.ops import RowGroup, causal_mask, plan_rows
+
+        kv = plan_model.new_kv_cache(16)
+        kv.reserve(2)
+        plan = plan_rows([RowGroup(kv, 0, torch.arange(2), causal_mask())])
+        fused.run(torch.zeros(3, c.hidden_size), plan, tiny_model._cos, tiny_model._sin)
