@@ -82,9 +82,10 @@ def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
         raise ValueError("plan_rows: caches of one forward must share a layout")
     positions = torch.cat([g.positions for g in groups]).to(torch.int64)
     counts = [int(g.positions.shape[0]) for g in groups]
-    kv_base = torch.tensor([g.kv.storage().data_ptr() for g in groups], dtype=torch.int64).repeat_interleave(torch.tensor(counts))
-    capacity = torch.tensor([g.kv.capacity for g in groups], dtype=torch.int64).repeat_interleave(torch.tensor(counts))
-    write_slot = torch.cat([torch.arange(g.start, g.start + n, dtype=torch.int64) for g, n in zip(groups, counts)])
+    # per row, from Python lists (a decode step's few rows: cheaper than repeat_interleave)
+    kv_base = torch.tensor([g.kv.storage().data_ptr() for g, n in zip(groups, counts) for _ in range(n)], dtype=torch.int64)
+    capacity = torch.tensor([g.kv.capacity for g, n in zip(groups, counts) for _ in range(n)], dtype=torch.int64)
+    write_slot = torch.tensor([s for g, n in zip(groups, counts) for s in range(g.start, g.start + n)], dtype=torch.int64)
     slot_end = write_slot + 1  # a row's own slot is the last it sees (tree: ancestors precede it)
     slot_off = slot_idx = mask_start = mask = None
     max_slots = int(slot_end.max())

@@ -452,7 +452,7 @@ class Engine:
             tokens, accepted, depth, path = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents)), tree.path
         # the row each committed token came from: row 0, then the row after each accepted node
         rows = [0, *((path[j] + 1) if path is not None else (j + 1) for j in range(len(tokens) - 1))]
-        entries = self._logprobs(req, raw[rows], tokens)
+        entries = self._logprobs(req, raw[rows], tokens) if req.params.logprobs is not None else None  # a copy only when asked
         if req.drafter is not None:
             req.drafter.accept(req.request_id, tokens, accepted)
             if hidden:  # the committed positions' target features: row 0 and the accepted rows
