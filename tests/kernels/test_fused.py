@@ -6,6 +6,7 @@ sequences, a model cut to its first layers), and hands back the asked-for hidden
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -86,6 +87,23 @@ def test_dense_fp32_with_qkv_bias_fused_equals_per_call(kernels: CpuKernels) -> 
     model = LlamaModel(config, w, torch.float32, kernels)
     assert model.layers[0].bqkv is not None and model.fused is not None and model.fused.dense
     _assert_same(model, config.vocab_size)
+
+
+def test_qk_norm_fused_equals_per_call(kernels: CpuKernels) -> None:
+    """Qwen3's blocks (QK-norm before RoPE) take the fused path too."""
+    config = dataclasses.replace(TINY_CONFIG, architecture="qwen3", qk_norm=True)
+    w = make_tiny_weights(config)
+    g = torch.Generator().manual_seed(4)
+    for i in range(config.num_layers):
+        w[f"layers.{i}.q_norm"] = 1.0 + 0.3 * torch.randn(config.head_dim, generator=g)
+        w[f"layers.{i}.k_norm"] = 1.0 + 0.3 * torch.randn(config.head_dim, generator=g)
+    model = LlamaModel(config, w, torch.float32, kernels)
+    assert not model.general and model.layers[0].q_norm is not None
+    _assert_same(model, config.vocab_size)
+    plain = LlamaModel(TINY_CONFIG, make_tiny_weights(TINY_CONFIG), torch.float32, kernels)
+    ids = torch.arange(5)
+    assert not torch.equal(model.forward(ids, torch.arange(5), model.new_kv_cache(16)).hidden,
+                           plain.forward(ids, torch.arange(5), plain.new_kv_cache(16)).hidden)
 
 
 def test_tiny_bf16_fused_equals_per_call(tiny_model_bf16: LlamaModel) -> None:

@@ -28,6 +28,7 @@ typedef struct {
 typedef struct {
     tl_lin_desc qkv, wo, gate_up, down;
     const float *attn_norm, *mlp_norm; /* fp32 [dim] */
+    const float *q_norm, *k_norm;      /* QK-norm (Qwen3): fp32 [hd] each, or NULL */
 } tl_layer_desc;
 
 typedef struct {
@@ -114,7 +115,8 @@ static int fwd_attention(const tl_forward_desc *f, int64_t layer) {
 }
 
 /* Every decoder layer of the fused Llama path over x (in place):
- *   qkv = linear(RMSNorm(x), wqkv); a = attention(qkv); x += linear(a, wo);
+ *   qkv = linear(RMSNorm(x), wqkv) (then each head of Q and K RMSNormed when the layer has
+ *   QK-norm); a = attention(qkv); x += linear(a, wo);
  *   gu = linear(RMSNorm(x), w_gate_up); x += linear(silu(gate) * up, w_down).
  * Returns 0, or -1 (before any work) when a layer needs a kernel this build lacks. */
 int tl_forward_layers(const tl_forward_desc *f) {
@@ -136,6 +138,11 @@ int tl_forward_layers(const tl_forward_desc *f) {
     for (int64_t i = 0; i < f->n_layers; i++) {
         const tl_layer_desc *l = &f->layers[i];
         fwd_linear(f, &l->qkv, f->x, l->attn_norm, 0, f->qkv, 0, f->dim);
+        if (l->q_norm && l->k_norm) {
+            const int64_t width = l->qkv.out_dim;
+            tl_head_norm(f->qkv, f->rows, width, 0, f->heads, f->hd, l->q_norm, f->eps, 1.0f);
+            tl_head_norm(f->qkv, f->rows, width, q_width, f->kv_heads, f->hd, l->k_norm, f->eps, 1.0f);
+        }
         fwd_attention(f, i);
         fwd_linear(f, &l->wo, f->a, NULL, 0, f->x, 1, q_width);
         fwd_linear(f, &l->gate_up, f->x, l->mlp_norm, 0, f->gu, 0, f->dim);

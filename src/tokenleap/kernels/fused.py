@@ -1,6 +1,7 @@
 """A whole forward's decoder layers in one kernel call (`tl_forward_layers`, forward.h).
 
-The fused Llama path makes five kernel calls per layer (QKV linear with its RMSNorm, attention,
+The fused Llama path (plain Llama blocks, and Qwen3's with QK-norm) makes five kernel calls per
+layer (QKV linear with its RMSNorm, QK-norm when the model has it, attention,
 output linear with the residual add, gate/up linear with its RMSNorm, down linear with SwiGLU and
 the residual add): ~150 a decode step of the default model, each paying ~4-10 us of Python and
 ctypes outside the kernel. `FusedLayers` describes a model's layers once, as C structs of weight
@@ -30,7 +31,10 @@ class LinDesc(ctypes.Structure):
 
 
 class LayerDesc(ctypes.Structure):
-    _fields_ = [("qkv", LinDesc), ("wo", LinDesc), ("gate_up", LinDesc), ("down", LinDesc), ("attn_norm", _p), ("mlp_norm", _p)]
+    _fields_ = [
+        ("qkv", LinDesc), ("wo", LinDesc), ("gate_up", LinDesc), ("down", LinDesc), ("attn_norm", _p), ("mlp_norm", _p),
+        ("q_norm", _p), ("k_norm", _p),
+    ]  # fmt: skip
 
 
 class ForwardDesc(ctypes.Structure):
@@ -69,7 +73,8 @@ class FusedLayers:
     ) -> None:
         """`layers`: per layer a mapping with "wqkv", "wo", "w_gate_up", "w_down" (each a
         `QuantWeight`, `PackedWeight` or contiguous bf16 / fp32 `[out, in]` tensor), "bqkv"
-        (fp32 `[qkv out]` or None), "attn_norm" and "mlp_norm" (fp32 `[dim]`)."""
+        (fp32 `[qkv out]` or None), "attn_norm" and "mlp_norm" (fp32 `[dim]`), and optionally
+        "q_norm" and "k_norm" (QK-norm, fp32 `[head_dim]`: both or neither)."""
         if kernels.lib is None or not hasattr(kernels.lib, "tl_forward_layers"):
             raise ValueError("these kernels have no tl_forward_layers")
         self.kernels = kernels
@@ -86,6 +91,11 @@ class FusedLayers:
             desc.down = self._lin(layer["w_down"], None, dim, inter)
             desc.attn_norm = self._hold(layer["attn_norm"], dim)
             desc.mlp_norm = self._hold(layer["mlp_norm"], dim)
+            q_norm, k_norm = layer.get("q_norm"), layer.get("k_norm")
+            if (q_norm is None) != (k_norm is None):
+                raise ValueError("fused layers: QK-norm needs both q_norm and k_norm")
+            if q_norm is not None:
+                desc.q_norm, desc.k_norm = self._hold(q_norm, head_dim), self._hold(k_norm, head_dim)
 
     def _hold(self, t: object, size: int) -> int:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.shape != (size,):

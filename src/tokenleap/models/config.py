@@ -97,6 +97,15 @@ class ModelConfig:
         return True if self.sliding_layers is None else self.sliding_layers[layer]
 
     @property
+    def fused_layers(self) -> bool:
+        """Whether the fused kernel path serves the model: a plain Llama block, or one with
+        QK-norm and nothing else new (Qwen3)."""
+        return self.plain_llama or (
+            self.qk_norm and self.sliding_window is None and not self.post_norms and self.activation == "silu"
+            and self.embed_scale == 1.0 and self.query_scale is None
+        )
+
+    @property
     def plain_llama(self) -> bool:
         """Whether the model is a plain Llama block (the fused kernel path serves it as is)."""
         return not (

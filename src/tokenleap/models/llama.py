@@ -23,8 +23,9 @@ requests does not change their output. bfloat16 models run their prefill on the 
 cannot change it); longer forwards
 of fp32 models (prompt prefill, shared by both paths) use torch's GEMM and SDPA.
 
-Plain Llama blocks take the fused path above. The descendants' extras (Qwen3 / Gemma 3 QK-norm,
-Gemma 3's scaled embeddings, post-norms, GeGLU and attention scale, sliding-window layers with
+Plain Llama blocks, and Qwen3's (QK-norm, one more kernel call on the kernels), take the fused
+path above, whose layers are one C call (`kernels/fused.py`). The other extras (Gemma 3's QK-norm,
+scaled embeddings, post-norms, GeGLU and attention scale, sliding-window layers with
 their own rope base) take `_forward_general`, which keeps the same row-invariant pieces (the
 kernels' linears; attention on the kernels when head_dim fits them, else torch's row path) and
 adds the extras as per-row torch ops. Sliding-window attention (Beltagy et al., 2020; Mistral,
@@ -124,7 +125,10 @@ class LlamaModel:
             dtype == torch.bfloat16
         )
         # the fused Llama path, or the general one (the architectures' extras, torch attention)
-        self.general = not config.plain_llama or (kernels is not None and not self.kernel_attention)
+        # (Qwen3's QK-norm takes the fused path on the kernels only: the torch path has no QK-norm)
+        self.general = not (config.plain_llama or (config.fused_layers and kernels is not None)) or (
+            kernels is not None and not self.kernel_attention
+        )
         # bf16 models on the kernels keep K/V in bf16, laid out for the kernel's bf16 attention
         # (half the bytes, dot products without horizontal sums); fp32 models keep fp32 K/V
         self.kv_blocked = self.kernel_attention and kernels.bf16_attention and dtype == torch.bfloat16
@@ -202,6 +206,7 @@ class LlamaModel:
                         "w_gate_up": layer.packed.get("w_gate_up", layer.w_gate_up),
                         "w_down": layer.packed.get("w_down", layer.w_down),
                         "attn_norm": layer.attn_norm, "mlp_norm": layer.mlp_norm,
+                        "q_norm": layer.q_norm, "k_norm": layer.k_norm,
                     }
                     for layer in self.layers
                 ],
@@ -279,6 +284,8 @@ class LlamaModel:
             return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden)
         if self.kernels is not None and (input_ids.shape[0] <= ROW_PATH_MAX_ROWS or self.kernel_prefill):
             return self.forward_batch([SeqInput(input_ids, positions, kv, attn)], return_hidden=return_hidden)
+        if not self.config.plain_llama:  # a long fp32 prefill of a QK-norm model: the general path's torch GEMM
+            return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden)
         with torch_threads(self._prefill_threads()):
             return self._forward_torch(input_ids, positions, kv, attn or causal_mask(), return_hidden)
 
@@ -321,6 +328,9 @@ class LlamaModel:
         for idx, layer in enumerate(self.layers):
             pk = layer.packed
             qkv = kernels.linear(x, pk.get("wqkv", layer.wqkv), layer.bqkv, norm=(layer.attn_norm, eps))
+            if layer.q_norm is not None and layer.k_norm is not None:  # QK-norm (Qwen3)
+                kernels.head_norm(qkv, 0, c.num_heads, c.head_dim, layer.q_norm, eps)
+                kernels.head_norm(qkv, c.q_size, c.num_kv_heads, c.head_dim, layer.k_norm, eps)
             a = kernels.attention(qkv, plan, idx, c.num_heads, c.num_kv_heads, c.head_dim, self._cos, self._sin)
             kernels.linear(a, pk.get("wo", layer.wo), None, out=x)  # x += a @ wo.T
             gate_up = kernels.linear(x, pk.get("w_gate_up", layer.w_gate_up), norm=(layer.mlp_norm, eps))
