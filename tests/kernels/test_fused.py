@@ -1,6 +1,6 @@
 """`FusedLayers` (one kernel call for a forward's layers) is bit-identical to the per-call loop it
 replaces, for every kind of weight the fused path reads (GGUF blocks, packed bf16, dense fp32
-with a QKV bias), every kind of forward (prefill, decode, verify, token tree, a batch of
+with a QKV bias, QK-norm), every kind of forward (prefill, decode, verify, token tree, a batch of
 sequences, a model cut to its first layers), and hands back the asked-for hidden states."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from tiny_models import TINY_CONFIG, make_tiny_weights
 from tokenleap import LLM
-from tokenleap.attention.ops import tree_mask
+from tokenleap.attention.ops import RowGroup, causal_mask, plan_rows, tree_mask
 from tokenleap.kernels import CpuKernels, QuantWeight
 from tokenleap.kernels.fused import FusedLayers
 from tokenleap.models.llama import LlamaModel, SeqInput
@@ -138,11 +138,10 @@ def test_rejects_what_it_cannot_run(tiny_model: LlamaModel, kernels: CpuKernels)
     with pytest.raises(ValueError, match="fp32"):
         make({**good, "attn_norm": layer.attn_norm[:10]})
     fused = make(good)
-    plan_model = _loop(tiny_model)
-    with pytest.raises(ValueError, match="does not fit"):
-        from tokenleap.attention.ops import RowGroup, causal_mask, plan_rows
-
-        kv = plan_model.new_kv_cache(16)
-        kv.reserve(2)
-        plan = plan_rows([RowGroup(kv, 0, torch.arange(2), causal_mask())])
+    kv = tiny_model.new_kv_cache(16)
+    kv.reserve(2)
+    plan = plan_rows([RowGroup(kv, 0, torch.arange(2), causal_mask())])
+    with pytest.raises(ValueError, match="does not fit"):  # 3 rows for a plan of 2
         fused.run(torch.zeros(3, c.hidden_size), plan, tiny_model._cos, tiny_model._sin)
+    with pytest.raises(ValueError, match="layers of"):
+        fused.run(torch.zeros(2, c.hidden_size), plan, tiny_model._cos, tiny_model._sin, layers=2)
