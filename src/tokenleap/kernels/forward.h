@@ -62,15 +62,15 @@ typedef struct {
 
 /* y (+)= linear(input) where the input is x, RMSNorm(x) * norm_w (norm_w set) or
  * silu(gate) * up of x = (gate | up) (glu; then in_dim is the half width): what
- * CpuKernels.linear does for each kind of weight, call for call. Returns 0, or -1 for a kind
- * this build lacks. */
-static int fwd_linear(const tl_forward_desc *f, const tl_lin_desc *l, const float *x, const float *norm_w, int glu,
+ * CpuKernels.linear does for each kind of weight, call for call (kinds this build lacks are
+ * refused by tl_forward_layers before any work). */
+static void fwd_linear(const tl_forward_desc *f, const tl_lin_desc *l, const float *x, const float *norm_w, int glu,
                       float *y, int accumulate, int64_t in_dim) {
     const int64_t rows = f->rows;
     if (l->kind == TL_LIN_QUANT) {
         tl_linear_q(x, glu ? NULL : norm_w, f->eps, glu, f->scratch, (const uint8_t *)l->w, l->format, l->bias, y, rows,
                     in_dim, l->out_dim, accumulate);
-        return 0;
+        return;
     }
     if (glu) {
         tl_silu_mul(x, f->tmp, rows, in_dim);
@@ -82,36 +82,29 @@ static int fwd_linear(const tl_forward_desc *f, const tl_lin_desc *l, const floa
     if (l->kind == TL_LIN_PACKED) {
 #ifdef TL_HAS_PACKED
         tl_linear_packed(x, (const uint16_t *)l->w, l->bias, y, (uint16_t *)f->scratch, rows, in_dim, l->out_dim, accumulate);
-        return 0;
-#else
-        return -1;
 #endif
+        return;
     }
-    if (l->kind != TL_LIN_F32 && l->kind != TL_LIN_BF16) return -1;
     const int wbits = l->kind == TL_LIN_BF16 ? 16 : 32;
     if (!accumulate) {
         tl_linear(x, l->w, l->bias, y, (float *)f->scratch, rows, in_dim, l->out_dim, wbits);
-        return 0;
+        return;
     }
     tl_linear(x, l->w, l->bias, f->acc, (float *)f->scratch, rows, in_dim, l->out_dim, wbits);
     for (int64_t i = 0; i < rows * l->out_dim; i++) y[i] += f->acc[i]; /* as torch's add_: one rounding each */
-    return 0;
 }
 
-static int fwd_attention(const tl_forward_desc *f, int64_t layer) {
+static void fwd_attention(const tl_forward_desc *f, int64_t layer) {
     if (f->attn_bf16) {
 #ifdef TL_HAS_ATTN_BF16
         tl_attention_bf16(f->qkv, f->pos, f->cos, f->sin, f->kv_base, f->cap, f->wslot, layer, f->a, (uint32_t *)f->qbuf,
                           f->rows, f->heads, f->kv_heads, f->hd, f->slot_end, f->slot_lo, f->mask_start, f->mask, f->mask_w,
                           f->tail, f->tail_slots, f->chunk, f->attn_scratch, f->max_slots);
-        return 0;
-#else
-        return -1;
 #endif
+        return;
     }
     tl_attention(f->qkv, f->pos, f->cos, f->sin, f->kv_base, f->cap, f->wslot, layer, f->a, (float *)f->qbuf, f->rows,
                  f->heads, f->kv_heads, f->hd, f->slot_end, f->slot_off, f->slot_idx, f->attn_scratch, f->max_slots);
-    return 0;
 }
 
 /* Every decoder layer of the fused Llama path over x (in place):
@@ -120,6 +113,9 @@ static int fwd_attention(const tl_forward_desc *f, int64_t layer) {
  *   gu = linear(RMSNorm(x), w_gate_up); x += linear(silu(gate) * up, w_down).
  * Returns 0, or -1 (before any work) when a layer needs a kernel this build lacks. */
 int tl_forward_layers(const tl_forward_desc *f) {
+#ifndef TL_HAS_ATTN_BF16
+    if (f->attn_bf16) return -1;
+#endif
     for (int64_t i = 0; i < f->n_layers; i++) {
         const tl_layer_desc *l = &f->layers[i];
         const tl_lin_desc *lins[4] = {&l->qkv, &l->wo, &l->gate_up, &l->down};
@@ -130,9 +126,6 @@ int tl_forward_layers(const tl_forward_desc *f) {
 #endif
             if (kind < TL_LIN_F32 || kind > TL_LIN_QUANT) return -1;
         }
-#ifndef TL_HAS_ATTN_BF16
-        if (f->attn_bf16) return -1;
-#endif
     }
     const int64_t q_width = f->heads * f->hd;
     for (int64_t i = 0; i < f->n_layers; i++) {

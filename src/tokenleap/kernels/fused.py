@@ -75,7 +75,7 @@ class FusedLayers:
         `QuantWeight`, `PackedWeight` or contiguous bf16 / fp32 `[out, in]` tensor), "bqkv"
         (fp32 `[qkv out]` or None), "attn_norm" and "mlp_norm" (fp32 `[dim]`), and optionally
         "q_norm" and "k_norm" (QK-norm, fp32 `[head_dim]`: both or neither)."""
-        if kernels.lib is None or not hasattr(kernels.lib, "tl_forward_layers"):
+        if not hasattr(kernels.lib, "tl_forward_layers"):
             raise ValueError("these kernels have no tl_forward_layers")
         self.kernels = kernels
         self.dim, self.inter, self.heads, self.kv_heads, self.head_dim, self.eps = dim, inter, heads, kv_heads, head_dim, eps
@@ -83,6 +83,7 @@ class FusedLayers:
         self._keep: list[torch.Tensor] = []
         self._descs = (LayerDesc * len(layers))()
         self.dense = False  # whether some linear is a plain tensor (needs the `acc` buffer)
+        self.formed = False  # whether some linear forms its input outside its call (needs `tmp`)
         for desc, layer in zip(self._descs, layers):
             bias = layer.get("bqkv")
             desc.qkv = self._lin(layer["wqkv"], bias, self.qkv_out, dim)
@@ -116,11 +117,12 @@ class FusedLayers:
                 raise ValueError(f"fused layers: packed weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]")
             d.kind, d.w = LIN_PACKED, w.data.data_ptr()
             self._keep.append(w.data)
+            self.formed = True
         elif isinstance(w, torch.Tensor) and w.dtype in (torch.bfloat16, torch.float32) and w.shape == (out_dim, in_dim):
             w = w.contiguous()
             d.kind, d.w = (LIN_BF16 if w.dtype == torch.bfloat16 else LIN_F32), w.data_ptr()
             self._keep.append(w)
-            self.dense = True
+            self.dense = self.formed = True
         else:
             raise ValueError(f"fused layers: unsupported weight for [{out_dim}, {in_dim}]: {type(w).__name__}")
         return d
@@ -152,7 +154,7 @@ class FusedLayers:
         qkv = torch.empty(rows, self.qkv_out, dtype=torch.float32)
         a = torch.empty(rows, self.heads * hd, dtype=torch.float32)
         gu = torch.empty(rows, 2 * self.inter, dtype=torch.float32)
-        tmp = torch.empty(rows * wide, dtype=torch.float32)
+        tmp = torch.empty(rows * wide if self.formed else 0, dtype=torch.float32)
         acc = torch.empty(rows * self.dim if self.dense else 0, dtype=torch.float32)
         f.qkv, f.a, f.gu, f.tmp, f.acc = qkv.data_ptr(), a.data_ptr(), gu.data_ptr(), tmp.data_ptr(), acc.data_ptr()
         # the largest of the linears' scratch needs (tl_linear_q fusing its input: 5 bytes an
