@@ -37,7 +37,9 @@ def _quant_weight(qtype: int, out_dim: int, in_dim: int, seed: int) -> QuantWeig
         dense = (rng.standard_normal((out_dim, in_dim)) * 0.05).astype(np.float32)
         blocks = gguf.quants.quantize(dense, gguf.GGMLQuantizationType(qtype))
     w = QuantWeight.from_blocks(blocks, qtype, out_dim, in_dim)
-    # the repacked weight holds exactly the file's values (gguf's reference dequantizer)
+    # the C repack writes the numpy reference's bytes, and they hold exactly the file's values
+    # (gguf's reference dequantizer)
+    assert torch.equal(w.data, QuantWeight.from_blocks_numpy(blocks, qtype, out_dim, in_dim).data)
     ref = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType(qtype)).reshape(out_dim, in_dim)
     assert torch.equal(w.dequantize(), torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32)))
     return w
@@ -106,8 +108,8 @@ def test_quant_weight_validates_and_fuses() -> None:
     fused = QuantWeight.cat([a, b])
     assert (fused.out_dim, fused.in_dim, fused.name) == (24, 64, "Q4_1")
     torch.testing.assert_close(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
-    with pytest.raises(ValueError, match="one quantization format"):
-        QuantWeight.cat([a, _quant_weight(8, 8, 64, 2)])
+    with pytest.raises(ValueError, match="one input width"):
+        QuantWeight.cat([a, _quant_weight(8, 8, 96, 2)])
     with pytest.raises(ValueError, match="does not fit"):
         QuantWeight(a.data[:, :-1].contiguous(), 3, 16, 64)
     with pytest.raises(ValueError, match="unsupported"):
@@ -131,19 +133,43 @@ def test_fused_norm_and_gate_give_the_same_bits(kernels: CpuKernels, qtype: int)
 
 
 def test_mixed_type_stacks_fuse_by_kernel_format(kernels: CpuKernels) -> None:
-    """Gemma 3's Q4_K_M files stack Q5_0 Q/K with a Q8_0 V (one Q8X8 format: fused); Q4_K with
-    Q6_K have different formats and are refused (the model keeps them as separate linears)."""
+    """Gemma 3's Q4_K_M files stack Q5_0 Q/K with a Q8_0 V (one Q8X8 format: fused in one run);
+    three runs of formats are refused (the model then keeps them dense)."""
     q, k, v = _quant_weight(6, 32, 256, 1), _quant_weight(6, 16, 256, 2), _quant_weight(8, 16, 256, 3)
     qkv = QuantWeight.cat([q, k, v])
-    assert qkv.name == "Q5_0+Q8_0" and qkv.out_dim == 64
+    assert qkv.name == "Q5_0+Q8_0" and qkv.out_dim == 64 and not qkv.split
     assert torch.equal(qkv.dequantize(), torch.cat([q.dequantize(), k.dequantize(), v.dequantize()]))
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4))
     assert torch.equal(kernels.linear(x, qkv), torch.cat([kernels.linear(x, p) for p in (q, k, v)], dim=1))
-    assert QuantWeight.cat([_quant_weight(2, 8, 64, 4), _quant_weight(3, 8, 64, 5)]).name == "Q4_0+Q4_1"
-    with pytest.raises(ValueError, match="one quantization format"):
-        QuantWeight.cat([_quant_weight(12, 8, 256, 6), _quant_weight(14, 8, 256, 7)])
+    with pytest.raises(ValueError, match="two runs"):
+        QuantWeight.cat([_quant_weight(12, 8, 256, 6), _quant_weight(14, 8, 256, 7), _quant_weight(12, 8, 256, 8)])
     with pytest.raises(ValueError, match="cannot keep"):
         QuantWeight.from_blocks(np.zeros(8 * 144, np.uint8), 12, 8, 128)  # Q4_K needs in % 256
+
+
+@pytest.mark.parametrize(("first", "second"), [(12, 14), (14, 12), (12, 8), (2, 3), (8, 12)],
+                         ids=["Q4_K+Q6_K", "Q6_K+Q4_K", "Q4_K+Q8_0", "Q4_0+Q4_1", "Q8_0+Q4_K"])
+def test_two_format_stacks_equal_their_parts(kernels: CpuKernels, first: int, second: int) -> None:
+    """A stack of two kernel formats (Llama Q4_K_M's Q4_K Q/K with a Q6_K V) is one call whose
+    outputs are each part's alone, bit for bit, with and without VNNI (whose int8 forms differ
+    between the parts), fused norms included; dequantized it is the parts'."""
+    q, k, v = _quant_weight(first, 48, 512, 1), _quant_weight(first, 16, 512, 2), _quant_weight(second, 24, 512, 3)
+    qkv = QuantWeight.cat([q, k, v])
+    assert (qkv.split, qkv.out_dim, qkv.nbytes) == (64, 88, q.nbytes + k.nbytes + v.nbytes)
+    assert torch.equal(qkv.dequantize(), torch.cat([q.dequantize(), k.dequantize(), v.dequantize()]))
+    g = torch.Generator().manual_seed(5)
+    x, nw = torch.randn(9, 512, generator=g) * 2, torch.rand(512, generator=g) + 0.5
+    default = kernels.quant_vnni()
+    try:
+        for vnni in (False, True):
+            if kernels.quant_vnni(vnni) != vnni:
+                continue
+            for rows in (1, 4, 9):
+                y = kernels.linear(x[:rows], qkv, norm=(nw, 1e-5))
+                parts = torch.cat([kernels.linear(x[:rows], p, norm=(nw, 1e-5)) for p in (q, k, v)], dim=1)
+                assert torch.equal(y, parts), (vnni, rows)
+    finally:
+        kernels.quant_vnni(default)
 
 
 _AVX2_SCRIPT = r"""
@@ -197,3 +223,16 @@ def test_vnni_and_avx2_integer_sums_give_the_same_bits(kernels: CpuKernels) -> N
             assert torch.equal(singles, y_vnni), QUANT_TYPES[qtype][0]
     finally:
         kernels.quant_vnni(default)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[QUANT_TYPES[t][0] for t in TYPES])
+def test_weights_keep_the_files_bytes(qtype: int) -> None:
+    """One row streams the file's bytes per weight: every type but Q5_0 (widened to Q8_0's int8
+    form, 8.5 bits for the file's 5.5) is repacked into exactly as many bytes as the file holds."""
+    w = _quant_weight(qtype, 16, 512, seed=qtype)
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+    file_bytes = w.out_dim * w.in_dim // block[0] * block[1]
+    if qtype == 6:
+        assert w.nbytes == w.out_dim * w.in_dim // 32 * 34
+    else:
+        assert w.nbytes == file_bytes, (w.nbytes, file_bytes)

@@ -100,5 +100,8 @@ def test_kept_blocks_hold_the_dequantized_values(model_path, weights) -> None:  
     for name in ("layers.0.q", "layers.0.k", "layers.0.v", "layers.7.down", "layers.29.gate"):
         assert isinstance(kept[name], QuantWeight)
         assert torch.equal(kept[name].dequantize(), dense[name]), name
-    assert isinstance(kept["lm_head"], QuantWeight) and torch.equal(kept["embed"], dense["embed"])
+    # the tied token table is one QuantWeight for both: lookups decode just their rows
+    assert isinstance(kept["lm_head"], QuantWeight) and kept["embed"] is kept["lm_head"]
     assert torch.equal(kept["lm_head"].dequantize(), dense["embed"])
+    ids = torch.tensor([0, 7, 8, 49151, 7, 1234])
+    assert torch.equal(kept["embed"].rows(ids), dense["embed"][ids])

@@ -122,40 +122,17 @@ QUANT_TYPES: dict[int, tuple[str, int]] = {
     2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 14: ("Q6_K", 26)
 }
 _SUPERBLOCK = {12: (256, 144), 14: (256, 210)}  # inputs and bytes per superblock
-_Q4X8, _Q8X8, _Q4X8F, _Q8X8S = 1, 2, 3, 4  # the kernels' interleaved formats (quant.h)
-_FORMAT = {2: _Q4X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4X8F, 14: _Q8X8S}
-_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q4X8F: 192, _Q8X8S: 320}  # per 8 outputs x 32 inputs
+_Q4X8, _Q8X8, _Q40X8, _Q4K, _Q6K = 1, 2, 3, 5, 6  # the kernels' interleaved formats (quant.h)
+_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 14: _Q6K}
+# per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 8 x 210 per superblock)
+_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _Q4K: 144, _Q6K: 210}
 
 
 def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """A GGUF tensor's blocks as integer weights and per-block scales: (q `[out, nb, 32]` (uint8
-    0..15 for the Q4 formats, int8 otherwise), d `[out, nb]` or `[out, nb, 2]` (per 16 inputs, Q6_K),
-    m `[out, nb]` or None) with w = d q + m, d and m f16 (fp32 for the K-quants, where they are
-    exact products d * sub-scale)."""
+    """A 32-block GGUF tensor's blocks as integer weights and per-block scales: (q `[out, nb, 32]`
+    (uint8 0..15 for the Q4 formats, int8 otherwise), d `[out, nb]` f16, m `[out, nb]` f16 or None)
+    with w = d q + m."""
     nb = in_dim // 32
-    if qtype in _SUPERBLOCK:
-        blk = raw.reshape(out_dim, in_dim // 256, _SUPERBLOCK[qtype][1])
-        if qtype == 12:  # Q4_K: f16 d, dmin; 12 bytes of 6-bit scales / mins; 128 bytes of nibbles
-            d = np.ascontiguousarray(blk[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
-            dmin = np.ascontiguousarray(blk[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
-            sc8 = blk[..., 4:16].astype(np.uint8)
-            sc = np.concatenate([sc8[..., 0:4] & 63, (sc8[..., 8:12] & 15) | ((sc8[..., 0:4] >> 6) << 4)], axis=-1)
-            mn = np.concatenate([sc8[..., 4:8] & 63, (sc8[..., 8:12] >> 4) | ((sc8[..., 4:8] >> 6) << 4)], axis=-1)
-            qs = blk[..., 16:144].reshape(out_dim, -1, 4, 32)  # 4 chunks of 64 inputs: low nibbles, then high
-            q = np.stack([qs & 15, qs >> 4], axis=3).reshape(out_dim, nb, 32)
-            dj = (d[..., None] * sc.astype(np.float32)).reshape(out_dim, nb)
-            mj = -(dmin[..., None] * mn.astype(np.float32)).reshape(out_dim, nb)
-            return q, dj, mj
-        # Q6_K: ql[128], qh[64], int8 scales[16], f16 d; two halves of 128 inputs
-        ql, qh = blk[..., 0:128].reshape(out_dim, -1, 2, 64), blk[..., 128:192].reshape(out_dim, -1, 2, 32)
-        scales = blk[..., 192:208].view(np.int8).astype(np.float32)
-        d = np.ascontiguousarray(blk[..., 208:210]).view(np.float16)[..., 0].astype(np.float32)
-        q1 = (ql[..., 0:32] & 15) | ((qh & 3) << 4)
-        q2 = (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4)
-        q3 = (ql[..., 0:32] >> 4) | (((qh >> 4) & 3) << 4)
-        q4 = (ql[..., 32:64] >> 4) | (((qh >> 6) & 3) << 4)
-        q = (np.stack([q1, q2, q3, q4], axis=3).astype(np.int16) - 32).astype(np.int8).reshape(out_dim, nb, 32)
-        return q, (d[..., None] * scales).reshape(out_dim, nb, 2), None
     blocks = raw.reshape(out_dim, nb, QUANT_TYPES[qtype][1])
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [out, nb]
     if qtype == 8:
@@ -168,39 +145,112 @@ def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.
         return (low | (high << 4)) - 16, d, None
     if qtype == 3:
         m, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], blocks[..., 4:20]
-    else:  # Q4_0: d (q - 8) = d q + m with m = -8 d (exact in fp16 unless it overflows)
-        m, qs = (d * np.float16(-8)).astype(np.float16), blocks[..., 2:18]
-        if not np.isfinite(m).all():
-            raise ValueError("Q4_0 scale too large to repack")
+    else:  # Q4_0: d (q - 8) = d q + m with m = -8 d (the kernel forms it in fp32: exact)
+        m, qs = d.astype(np.float32) * np.float32(-8), blocks[..., 2:18]
     return np.concatenate([qs & 15, qs >> 4], axis=-1), d, m
+
+
+def _nibbles(q: np.ndarray, groups: int) -> np.ndarray:
+    """uint8 `[out, nb, 32]` values 0..15 -> Q4X8's nibble bytes `[G, nb, 128]`: byte (t, o, i)
+    holds q[o][4t + i] low and q[o][16 + 4t + i] high."""
+    nb = q.shape[1]
+    lo, hi = q[..., :16].reshape(groups, 8, nb, 4, 4), q[..., 16:].reshape(groups, 8, nb, 4, 4)  # [G, o, nb, t, i]
+    return (lo | (hi << 4)).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 128)
+
+
+def _by_output(a: np.ndarray, groups: int) -> np.ndarray:
+    """`[out, nsb, k]` bytes -> `[G, nsb, 8 k]`: a group's eight outputs side by side."""
+    nsb, k = a.shape[1], a.shape[2]
+    return a.reshape(groups, 8, nsb, k).transpose(0, 2, 1, 3).reshape(groups, nsb, 8 * k)
+
+
+def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
+    """Q4_K / Q6_K superblocks -> quant.h's Q4K / Q6K groups (the file's bytes, interleaved)."""
+    groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
+    blk = raw.reshape(out_dim, nsb, _SUPERBLOCK[qtype][1])
+    if qtype == 12:
+        sc8 = blk[..., 4:16]
+        sc = np.concatenate([sc8[..., 0:4] & 63, (sc8[..., 8:12] & 15) | ((sc8[..., 0:4] >> 6) << 4)], axis=-1)
+        mn = np.concatenate([sc8[..., 4:8] & 63, (sc8[..., 8:12] >> 4) | ((sc8[..., 4:8] >> 6) << 4)], axis=-1)
+        by_j = lambda a: a.reshape(groups, 8, nsb, 8).transpose(0, 2, 3, 1).reshape(groups, nsb, 64)  # noqa: E731
+        sc, mn = by_j(sc), by_j(mn)
+        hi = (sc >> 4) | ((mn >> 4) << 2)
+        qs = blk[..., 16:144].reshape(out_dim, nsb, 4, 32)  # 4 chunks of 64 inputs: low nibbles, then high
+        q = np.stack([qs & 15, qs >> 4], axis=3).reshape(out_dim, nb, 32)
+        parts = [_by_output(blk[..., 0:2], groups), _by_output(blk[..., 2:4], groups), (sc & 15) | ((mn & 15) << 4),
+                 hi[..., :32] | (hi[..., 32:] << 4), _nibbles(q, groups).reshape(groups, nsb, 1024)]
+        return np.concatenate(parts, axis=-1).reshape(groups, -1)
+    ql, qh = blk[..., 0:128].reshape(out_dim, nsb, 2, 64), blk[..., 128:192].reshape(out_dim, nsb, 2, 32)
+    q = np.stack([(ql[..., 0:32] & 15) | ((qh & 3) << 4), (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4),
+                  (ql[..., 0:32] >> 4) | (((qh >> 4) & 3) << 4), (ql[..., 32:64] >> 4) | (((qh >> 6) & 3) << 4)],
+                 axis=3).reshape(out_dim, nb, 32)  # unsigned 0..63; w = d sc (q - 32)
+    h2 = (q >> 4).reshape(groups, 8, nb, 2, 4, 4)  # [G, o, nb, u, s, i]: input 4 (4 u + s) + i
+    hb = (h2[..., 0, :] | (h2[..., 1, :] << 2) | (h2[..., 2, :] << 4) | (h2[..., 3, :] << 6)).transpose(0, 2, 3, 1, 4)
+    body = np.concatenate([_nibbles(q & 15, groups), hb.reshape(groups, nb, 64)], axis=-1).reshape(groups, nsb, 1536)
+    scales = blk[..., 192:208].reshape(groups, 8, nsb, 16).transpose(0, 2, 3, 1).reshape(groups, nsb, 128)
+    return np.concatenate([_by_output(blk[..., 208:210], groups), scales, body], axis=-1).reshape(groups, -1)
+
+
+def _dequantize_k(g: np.ndarray, fmt: int, out_dim: int, in_dim: int) -> np.ndarray:
+    """quant.h's Q4K / Q6K groups `[G, in/32 * group bytes]` -> float32 `[out, in]`."""
+    groups, nsb = out_dim // 8, in_dim // 256
+    g = g.reshape(groups, nsb, -1)
+    d = np.ascontiguousarray(g[..., 0:16]).view(np.float16).astype(np.float32)  # [G, nsb, o]
+
+    def unnibble(nib: np.ndarray) -> np.ndarray:  # [G, nsb, j, 128] -> [G, o, nsb, j, 32]
+        p = nib.reshape(groups, nsb, 8, 4, 8, 4).transpose(0, 4, 1, 2, 3, 5).reshape(groups, 8, nsb, 8, 16)
+        return np.concatenate([p & 15, p >> 4], axis=-1)
+
+    if fmt == _Q4K:
+        dmin = np.ascontiguousarray(g[..., 16:32]).view(np.float16).astype(np.float32)
+        low, h = g[..., 32:96], g[..., 96:128]
+        hi = np.concatenate([h & 15, h >> 4], axis=-1)
+        sc = ((low & 15) | ((hi & 3) << 4)).reshape(groups, nsb, 8, 8).astype(np.float32)  # [G, nsb, j, o]
+        mn = ((low >> 4) | ((hi >> 2) << 4)).reshape(groups, nsb, 8, 8).astype(np.float32)
+        q = unnibble(g[..., 128:].reshape(groups, nsb, 8, 128)).astype(np.float32)
+        scale = (d[:, :, None, :] * sc).transpose(0, 3, 1, 2)[..., None]  # [G, o, nsb, j, 1]
+        shift = -(dmin[:, :, None, :] * mn).transpose(0, 3, 1, 2)[..., None]
+        w = q * scale + shift
+    else:
+        sc = g[..., 16:144].view(np.int8).reshape(groups, nsb, 16, 8).astype(np.float32)  # [G, nsb, k, o]
+        body = g[..., 144:].reshape(groups, nsb, 8, 192)
+        low = unnibble(body[..., :128])  # [G, o, nsb, j, 32]
+        hb = body[..., 128:].reshape(groups, nsb, 8, 2, 8, 4)  # [G, nsb, j, u, o, i]
+        h2 = np.stack([(hb >> (2 * s)) & 3 for s in range(4)], axis=4)  # [G, nsb, j, u, s, o, i]
+        h2 = h2.transpose(0, 5, 1, 2, 3, 4, 6).reshape(groups, 8, nsb, 8, 32)
+        q = (low | (h2 << 4)).astype(np.float32) - 32.0
+        scale = (d[:, :, None, :] * sc).transpose(0, 3, 1, 2).reshape(groups, 8, nsb, 8, 2, 1)
+        w = (q.reshape(groups, 8, nsb, 8, 2, 16) * scale)
+    return np.ascontiguousarray(w.reshape(out_dim, in_dim), dtype=np.float32)
 
 
 def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
     """GGUF blocks `[out, in/32 * block bytes]` -> quant.h's interleaved groups
     `[out/8, in/32 * group bytes]` (eight outputs' blocks of 32 inputs, four inputs at a time)."""
     nb, groups, fmt = in_dim // 32, out_dim // 8, _FORMAT[qtype]
+    if fmt in (_Q4K, _Q6K):
+        return _repack_k(raw, qtype, out_dim, in_dim)
     q, d, m = _decode(raw, qtype, out_dim, in_dim)
     out = np.empty((groups, nb, _GROUP_BYTES[fmt]), dtype=np.uint8)
 
     def by_group(a: np.ndarray) -> np.ndarray:  # [out, nb] -> [G, nb, 8 * itemsize] bytes
         return np.ascontiguousarray(a.reshape(groups, 8, nb).transpose(0, 2, 1)).view(np.uint8)
 
-    if fmt in (_Q8X8, _Q8X8S):  # byte (g, o, i) = q[o][4g + i]
-        if fmt == _Q8X8:
-            out[..., 0:16], start = by_group(d.astype(np.float16)), 16
-        else:
-            out[..., 0:32], out[..., 32:64], start = by_group(d[..., 0]), by_group(d[..., 1]), 64
+    out[..., 0:16] = by_group(d.astype(np.float16))
+    if fmt == _Q8X8:  # byte (g, o, i) = q[o][4g + i]
         qq = np.ascontiguousarray(q.astype(np.int8)).view(np.uint8).reshape(groups, 8, nb, 8, 4)
-        out[..., start:] = qq.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
+        out[..., 16:] = qq.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
         return out.reshape(groups, -1)
     assert m is not None
-    ftype = np.float16 if fmt == _Q4X8 else np.float32
-    half = 16 if fmt == _Q4X8 else 32
-    out[..., 0:half], out[..., half : 2 * half] = by_group(d.astype(ftype)), by_group(m.astype(ftype))
-    q = q.astype(np.uint8)
-    lo, hi = q[..., :16].reshape(groups, 8, nb, 4, 4), q[..., 16:].reshape(groups, 8, nb, 4, 4)  # [G, o, nb, t, i]
-    out[..., 2 * half :] = (lo | (hi << 4)).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 128)
+    if fmt == _Q4X8:
+        out[..., 16:32] = by_group(m.astype(np.float16))
+    out[..., -128:] = _nibbles(q.astype(np.uint8), groups)
     return out.reshape(groups, -1)
+
+
+def _distinct(types: tuple[int, ...]) -> tuple[int, ...]:
+    """A stack's part types, kept only when they differ (QuantWeight.types)."""
+    return types if len(set(types)) > 1 else ()
 
 
 @dataclass(frozen=True)
@@ -213,13 +263,24 @@ class QuantWeight:
     qtype: int
     out_dim: int
     in_dim: int
-    types: tuple[int, ...] = ()  # a fused stack's parts' types when they differ (one kernel format)
+    types: tuple[int, ...] = ()  # a fused stack's parts' types when they differ
+    # a stack of two kernel formats (a Q4_K QK with a Q6_K V): outputs [0, split) in qtype's
+    # format, then [split, out) in qtype2's, its bytes after the first's (`data` is then flat)
+    split: int = 0
+    qtype2: int = 0
 
     def __post_init__(self) -> None:
-        if self.qtype not in QUANT_TYPES:
-            raise ValueError(f"unsupported GGML quantization type {self.qtype}")
-        expect = (self.out_dim // 8, self.in_dim // 32 * _GROUP_BYTES[self.format])
-        if self.in_dim % 32 or self.out_dim % 8 or self.data.dtype != torch.uint8 or tuple(self.data.shape) != expect:
+        if self.qtype not in QUANT_TYPES or (self.split and self.qtype2 not in QUANT_TYPES):
+            raise ValueError(f"unsupported GGML quantization type {self.qtype if self.qtype not in QUANT_TYPES else self.qtype2}")
+        nb = self.in_dim // 32
+        if self.split:
+            if self.split % 8 or not 0 < self.split < self.out_dim or _FORMAT[self.qtype] == _FORMAT[self.qtype2]:
+                raise ValueError(f"bad stack split {self.split} of {self.out_dim} outputs ({self.name})")
+            fit = self.data.dim() == 1 and self.data.numel() == nb * (
+                self.split // 8 * _GROUP_BYTES[_FORMAT[self.qtype]] + (self.out_dim - self.split) // 8 * _GROUP_BYTES[_FORMAT[self.qtype2]])
+        else:
+            fit = tuple(self.data.shape) == (self.out_dim // 8, nb * _GROUP_BYTES[self.format])
+        if self.in_dim % 32 or self.out_dim % 8 or self.data.dtype != torch.uint8 or not fit:
             raise ValueError(f"quantized weight data {tuple(self.data.shape)} {self.data.dtype} does not fit [{self.out_dim}, {self.in_dim}] {self.name}")
 
     @classmethod
@@ -236,6 +297,18 @@ class QuantWeight:
         block, block_bytes = _SUPERBLOCK.get(qtype, (32, QUANT_TYPES[qtype][1]))
         if raw.size != out_dim * in_dim // block * block_bytes:
             raise ValueError(f"{raw.size} bytes are not a [{out_dim}, {in_dim}] {QUANT_TYPES[qtype][0]} tensor")
+        kernels = load_kernels()
+        if kernels is None:
+            return cls(torch.from_numpy(_repack(raw, qtype, out_dim, in_dim)), qtype, out_dim, in_dim)
+        data = torch.empty(out_dim // 8, in_dim // 32 * _GROUP_BYTES[_FORMAT[qtype]], dtype=torch.uint8)
+        if kernels.lib.tl_repack(raw.ctypes.data, data.data_ptr(), qtype, out_dim, in_dim) != 0:
+            raise ValueError(f"tl_repack refused [{out_dim}, {in_dim}] {QUANT_TYPES[qtype][0]}")
+        return cls(data, qtype, out_dim, in_dim)
+
+    @classmethod
+    def from_blocks_numpy(cls, raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> QuantWeight:
+        """`from_blocks` through numpy (the reference the C repack is tested against)."""
+        raw = np.ascontiguousarray(raw, dtype=np.uint8)
         return cls(torch.from_numpy(_repack(raw, qtype, out_dim, in_dim)), qtype, out_dim, in_dim)
 
     @property
@@ -244,7 +317,22 @@ class QuantWeight:
 
     @property
     def format(self) -> int:
+        """The kernels' format (quant.h), a TLQ_STACK of two for a stack."""
+        if self.split:
+            return _FORMAT[self.qtype] | _FORMAT[self.qtype2] << 4 | (self.split // 8) << 8
         return _FORMAT[self.qtype]
+
+    def parts(self) -> list[QuantWeight]:
+        """A stack's two single-format weights (views of `data`); [self] otherwise."""
+        if not self.split:
+            return [self]
+        head = self.split // 8 * (self.in_dim // 32) * _GROUP_BYTES[_FORMAT[self.qtype]]
+        a, b = self.data[:head], self.data[head:]
+        types = self.types or (self.qtype, self.qtype2)
+        n_a = next(i for i, t in enumerate(types) if _FORMAT[t] != _FORMAT[self.qtype])
+        return [QuantWeight(a.view(self.split // 8, -1), self.qtype, self.split, self.in_dim, _distinct(types[:n_a])),
+                QuantWeight(b.view((self.out_dim - self.split) // 8, -1), self.qtype2, self.out_dim - self.split, self.in_dim,
+                            _distinct(types[n_a:]))]
 
     @property
     def nbytes(self) -> int:
@@ -252,37 +340,52 @@ class QuantWeight:
 
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight:
-        """Stack weights of one kernel format and input width along the outputs (a fused QKV,
-        gate+up): Q4_0 with Q4_1, Q5_0 with Q8_0 (Gemma 3's Q4_K_M files mix them in QKV)."""
-        if len({(w.format, w.in_dim) for w in parts}) != 1:
-            raise ValueError("only weights of one quantization format and input width can be fused")
-        data = torch.cat([w.data for w in parts]).contiguous()
+        """Stack weights of one input width along the outputs (a fused QKV, gate+up) in one or two
+        runs of a kernel format: Q5_0 with Q8_0 (Gemma 3's Q4_K_M files mix them in QKV) is one
+        format; a Q4_K Q and K with a Q6_K V (Llama's Q4_K_M files) are a stack of two."""
+        if len({w.in_dim for w in parts}) != 1 or any(w.split for w in parts):
+            raise ValueError("only single-format weights of one input width can be fused")
+        runs = [i for i in range(1, len(parts)) if parts[i].format != parts[i - 1].format]
+        if len(runs) > 1:
+            raise ValueError("only weights in at most two runs of one quantization format can be fused")
         types = tuple(t for w in parts for t in (w.types or (w.qtype,)))
-        return QuantWeight(data, parts[0].qtype, sum(w.out_dim for w in parts), parts[0].in_dim,
-                           types if len(set(types)) > 1 else ())
+        out_dim, in_dim = sum(w.out_dim for w in parts), parts[0].in_dim
+        if not runs:
+            return QuantWeight(torch.cat([w.data for w in parts]).contiguous(), parts[0].qtype, out_dim, in_dim, _distinct(types))
+        data = torch.cat([w.data.reshape(-1) for w in parts]).contiguous()
+        split = sum(w.out_dim for w in parts[: runs[0]])
+        return QuantWeight(data, parts[0].qtype, out_dim, in_dim, _distinct(types), split=split, qtype2=parts[runs[0]].qtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 `[n, in]`: the dequantized rows `ids` (an embedding lookup in a quantized token
+        table, as llama.cpp's get_rows: only the groups of 8 rows that hold them are decoded)."""
+        if self.split:
+            raise ValueError("row lookups read single-format weights")
+        ids = ids.reshape(-1).long()
+        groups, inverse = torch.unique(torch.div(ids, 8, rounding_mode="floor"), return_inverse=True)
+        sub = QuantWeight(self.data[groups].contiguous(), self.qtype, 8 * int(groups.numel()), self.in_dim, self.types)
+        return sub.dequantize().view(-1, 8, self.in_dim)[inverse, ids % 8]
 
     def dequantize(self) -> torch.Tensor:
         """float32 `[out, in]`: the values the kernels multiply by (the file's, exactly)."""
+        if self.split:
+            return torch.cat([part.dequantize() for part in self.parts()])
         groups, nb, fmt = self.out_dim // 8, self.in_dim // 32, self.format
+        if fmt in (_Q4K, _Q6K):
+            return torch.from_numpy(_dequantize_k(self.data.numpy(), fmt, self.out_dim, self.in_dim))
         g = self.data.numpy().reshape(groups, nb, -1)
 
-        def scales(lo: int, hi: int) -> np.ndarray:  # [G, nb, 8] -> [G, 8, nb, 1] fp32
-            a = np.ascontiguousarray(g[..., lo:hi]).view(np.float16 if fmt in (_Q4X8, _Q8X8) else np.float32)
-            return a.astype(np.float32).transpose(0, 2, 1)[..., None]
+        def scales(lo: int, hi: int) -> np.ndarray:  # [G, nb, 8] f16 -> [G, 8, nb, 1] fp32
+            return np.ascontiguousarray(g[..., lo:hi]).view(np.float16).astype(np.float32).transpose(0, 2, 1)[..., None]
 
-        if fmt in (_Q8X8, _Q8X8S):
-            start = 16 if fmt == _Q8X8 else 64
-            q = g[..., start:].view(np.int8).reshape(groups, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 32)
-            q = q.astype(np.float32)
-            if fmt == _Q8X8:
-                w = q * scales(0, 16)
-            else:
-                w = np.concatenate([q[..., :16] * scales(0, 32), q[..., 16:] * scales(32, 64)], axis=-1)
+        if fmt == _Q8X8:
+            q = g[..., 16:].view(np.int8).reshape(groups, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 32)
+            w = q.astype(np.float32) * scales(0, 16)
         else:
-            half = 16 if fmt == _Q4X8 else 32
-            p = g[..., 2 * half :].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
+            p = g[..., -128:].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
             q = np.concatenate([p & 15, p >> 4], axis=-1).astype(np.float32)  # [G, o, nb, 32]
-            w = q * scales(0, half) + scales(half, 2 * half)
+            d = scales(0, 16)
+            w = q * d + (scales(16, 32) if fmt == _Q4X8 else d * np.float32(-8))
         return torch.from_numpy(np.ascontiguousarray(w.reshape(self.out_dim, self.in_dim)))
 
 
@@ -419,7 +522,7 @@ class CpuKernels:
         x = x.contiguous()
         fused = glu or norm is not None
         # int8 rows, block scales and sums, and the formed fp32 input when fusing
-        scratch = self._scratch(rows * in_dim * (5 if fused else 1) + 8 * rows * (in_dim // 32))
+        scratch = self._scratch(rows * in_dim * ((5 if fused else 1) + (1 if weight.split else 0)) + 8 * rows * (in_dim // 32))
         y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
         norm_w = norm[0].contiguous() if norm is not None and not glu else None
         self.lib.tl_linear_q(
@@ -623,6 +726,8 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_linear_q.restype = None
     lib.tl_quant_vnni.argtypes = [ctypes.c_int]
     lib.tl_quant_vnni.restype = ctypes.c_int
+    lib.tl_repack.argtypes = [_ptr, _ptr, ctypes.c_int, _i64, _i64]
+    lib.tl_repack.restype = ctypes.c_int
     lib.tl_forward_layers.argtypes = [_ptr]
     lib.tl_forward_layers.restype = ctypes.c_int
     features = int(lib.tl_features())

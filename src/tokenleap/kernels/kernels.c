@@ -806,6 +806,7 @@ void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, c
 
 #define TLQ_ALLOW_VNNI 1 /* this variant may use AVX-512 VNNI in quant.h */
 #include "quant.h"
+#include "repack.h"
 
 #ifdef __AVX512BF16__
 #define TL_HAS_PACKED 1    /* forward.h may call tl_linear_packed */

@@ -363,6 +363,7 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
 }
 
 #include "quant.h"
+#include "repack.h"
 
 #define TL_HAS_PACKED 1 /* forward.h may call tl_linear_packed (no tl_attention_bf16 here) */
 #include "forward.h"

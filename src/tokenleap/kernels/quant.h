@@ -1,5 +1,5 @@
 /* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks (Q4_0, Q4_1,
- * Q8_0; Q5_0, Q4_K, Q6_K widened to the same integer forms), row-invariant, on AVX2 integer dot
+ * Q8_0, Q4_K, Q6_K; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
  * products (included by both kernel variants).
  *
  * As llama.cpp does (ggml's vec_dot_q4_0_q8_0 / q4_1_q8_1 / q8_0_q8_0), the activations are
@@ -18,16 +18,11 @@
  * 32 inputs interleaved four inputs at a time, so one broadcast of four activations and one
  * vpmaddubsw advance eight outputs by four inputs, with no horizontal sums and the eight scales
  * loaded as one vector. Both exact formats, per group of 8 outputs and block of 32 inputs:
- *   Q4X8 (from Q4_0 with m = -8 d, and Q4_1): f16 d[8], f16 m[8], then 4 x 32 bytes: byte
+ *   Q4X8 (from Q4_1; Q40X8 from Q4_0: no m[8], m = -8 d): f16 d[8], f16 m[8], then 4 x 32 bytes: byte
  *        (t, o, i) holds q[o][4t + i] in its low nibble and q[o][16 + 4t + i] in its high one
  *        (160 bytes: the file's 5 bits per weight);
  *   Q8X8 (from Q8_0, and Q5_0 as int8 q - 16): f16 d[8], then 8 x 32 bytes: byte (g, o, i) =
  *        q[o][4g + i] (272 bytes);
- *   Q4X8F (from Q4_K: per sub-block of 32, d_j = d sc_j and m_j = -dmin min_j, exact in fp32):
- *        Q4X8 with fp32 d[8], m[8] (192 bytes: 6 bits per weight, the file's 4.5);
- *   Q8X8S (from Q6_K: int8 q - 32, d_j = d sc_j per 16 inputs, exact in fp32): fp32 d_lo[8]
- *        (inputs 0-15), d_hi[8] (16-31), then Q8X8's 256 bytes (320 bytes: 10 bits, the file's
- *        6.56); its two half-block integer sums are two fmas, lo then hi, in every tile.
  * A row's output o: per block, the exact integer sum (Q4: int16 sums of vpmaddubsw over the 8
  * groups, at most 8 * 2 * 15 * 127 = 30480; Q8: |w| x sign(x, w) pairs through vpmaddwd, or with
  * VNNI one vpdpbusd of (q_x + 128) as unsigned with w, less 128 sum(w) from one more per group),
@@ -38,8 +33,25 @@
 
 #define TLQ_Q4X8 1
 #define TLQ_Q8X8 2
-#define TLQ_Q4X8F 3 /* Q4X8 with fp32 d[8], m[8] (from Q4_K: d_j = d sc_j, m_j = -dmin m_j, exact in fp32) */
-#define TLQ_Q8X8S 4 /* Q8X8 with fp32 d_lo[8] (inputs 0-15), d_hi[8] (16-31) (from Q6_K: d sc_j, q - 32) */
+#define TLQ_Q40X8 3 /* Q4_0 in its own 144 bytes: f16 d[8], then Q4X8's nibbles; m = -8 d in registers (exact) */
+
+/* The K-quants in their own bytes, per group of 8 outputs and superblock of 256 inputs (the
+ * file's 144 / 210 bytes per output, so 1152 / 1680 per group: nothing widened). The kernel
+ * reads the superblock's header once, at its first block of 32, into per-block fp32 scales
+ * (d sc_j, -dmin m_j: exact products, the values the file means), then runs the Q4X8 / Q8X8
+ * integer sums on each block of 32 (Q6K: two, one per 16 inputs, each with its own scale):
+ *   Q4K (Q4_K): f16 d[8], f16 dmin[8]; 64 bytes: byte (j, o) = sc[j][o] & 15 | (m[j][o] & 15) << 4;
+ *        32 bytes: byte k = hi(k) | hi(k + 32) << 4 with hi(8 j + o) = sc >> 4 | (m >> 4) << 2; then
+ *        8 blocks of Q4X8's 128 nibble bytes (header 128 bytes);
+ *   Q6K (Q6_K): f16 d[8]; int8 sc[16][8] (per 16 inputs); then 8 blocks of 192 bytes: q's low 4
+ *        bits as Q4X8's 128 nibble bytes, then 2 x 32 bytes of high bits: in vector u, byte
+ *        (o, i) holds q[o][4 (4 u + s) + i] >> 4 at bits 2 s, 2 s + 1 (header 144 bytes);
+ *        w = d sc (q - 32), unpacked in registers to Q8X8's int8 form (q - 32). */
+#define TLQ_Q4K 5
+#define TLQ_Q6K 6
+
+/* a stack of two formats in one call (tl_linear_q): f1 for groups [0, split), then f2 */
+#define TLQ_STACK(f1, f2, split) ((f1) | (f2) << 4 | (split) << 8)
 
 #define TLQ_VNNI 16 /* or'ed into a format: the integer sums on vpdpbusd (bit-identical to vpmaddubsw + vpmaddwd) */
 
@@ -64,7 +76,46 @@ int tl_quant_vnni(int enable) {
 }
 
 static inline int64_t q_group_bytes(int format) {
-    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q4X8F ? 192 : 320;
+    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_Q4K ? 144 : 210; /* Q4K, Q6K: per 32 inputs on average */
+}
+
+/* Q6K: int8 (q - 32) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's vector g) from a block's
+ * 192 bytes: vector g & 3's low (g < 4) or high nibbles, and the high bits of vector g >> 2 */
+static inline __attribute__((always_inline)) __m256i q6_vector(const uint8_t *blk, int g) {
+    const __m256i lo4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    const int t = g & 3;
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
+    const __m256i lo = _mm256_and_si256(g < 4 ? raw : _mm256_srli_epi16(raw, 4), lo4);
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * (g >> 2)));
+    const __m256i hi = t == 0 ? _mm256_slli_epi16(hb, 4) : t == 1 ? _mm256_slli_epi16(hb, 2) : t == 2 ? hb : _mm256_srli_epi16(hb, 2);
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hi, m30)), _mm256_set1_epi8(32));
+}
+
+/* A superblock's header -> per block of 32 the 8 outputs' fp32 scales: Q4K d sc_j (dw) and
+ * -dmin m_j (mw); Q6K d sc (inputs 0-15: dw, 16-31: mw) */
+static inline __attribute__((always_inline)) void qk_scales(const uint8_t *sb, int format, float dw[8][8], float mw[8][8]) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
+    if (format == TLQ_Q4K) {
+        const __m256 nmin = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))), _mm256_set1_ps(-0.0f));
+        const __m256i m0f = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(sb + 96));
+        uint8_t sc[64], mn[64];
+        for (int k = 0; k < 2; k++) {
+            const __m256i l = _mm256_loadu_si256((const __m256i *)(sb + 32 + 32 * k));
+            const __m256i hk = _mm256_and_si256(k ? _mm256_srli_epi16(h, 4) : h, m0f);
+            _mm256_storeu_si256((__m256i *)(sc + 32 * k), _mm256_or_si256(_mm256_and_si256(l, m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 4), m30)));
+            _mm256_storeu_si256((__m256i *)(mn + 32 * k), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 2), m30)));
+        }
+        for (int j = 0; j < 8; j++) {
+            _mm256_storeu_ps(dw[j], _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j))))));
+            _mm256_storeu_ps(mw[j], _mm256_mul_ps(nmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 8 * j))))));
+        }
+    } else {
+        for (int j = 0; j < 8; j++) {
+            _mm256_storeu_ps(dw[j], _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 16 + 16 * j))))));
+            _mm256_storeu_ps(mw[j], _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 24 + 16 * j))))));
+        }
+    }
 }
 
 /* Activations: per row, per block of 32: d = max|x| / 127 (0 for an all-zero block), q =
@@ -128,17 +179,24 @@ static inline __attribute__((always_inline)) void q_tile(
     /* partial sums per row: enough chains in flight without spilling the 32 vector registers */
     const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1;
     const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const int superblocks = format == TLQ_Q4K || format == TLQ_Q6K, q6 = format == TLQ_Q6K;
+    const int halves = q6; /* two scales per block of 32 (16 inputs each) */
     __m256 acc[QR][QO];
+    float sdw[QO][8][8], smw[QO][8][8]; /* the superblock formats' per-block scales */
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < NO; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t bi = 0; bi < nb; bi++) {
         for (int j = 0; j < NO; j++) {
             const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb;
+            if (superblocks) {
+                const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * 8 * gb;
+                if ((bi & 7) == 0) qk_scales(sb, format, sdw[j], smw[j]);
+                blk = sb + (q6 ? 144 + 192 * (bi & 7) : 128 + 128 * (bi & 7));
+            }
             for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(blk + TLQ_PF * gb + pf), _MM_HINT_T0);
-            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q4X8F;
-            const int64_t qoff = format == TLQ_Q4X8 ? 32 : format == TLQ_Q8X8 ? 16 : 64;
-            const __m256 dw = format == TLQ_Q4X8 || format == TLQ_Q8X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk))
-                                                                       : _mm256_loadu_ps((const float *)blk);
+            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_Q4K;
+            const int64_t qoff = format == TLQ_Q4X8 ? 32 : format == TLQ_Q8X8 || format == TLQ_Q40X8 ? 16 : 0;
+            const __m256 dw = superblocks ? _mm256_loadu_ps(sdw[j][bi & 7]) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             __m256i isum[QR], isum_hi[QR];
             if (q4 && vnni) { /* vpdpbusd: the same exact integer sums, one instruction per 4 inputs */
                 /* NS independent partial sums per row (added at the end: integer, so the same
@@ -182,13 +240,13 @@ static inline __attribute__((always_inline)) void q_tile(
                 for (int r = 0; r < NR; r++)
                     for (int p = 0; p < NS; p++) part[r][p] = _mm256_setzero_si256();
                 for (int g = 0; g < 8; g++) {
-                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
+                    const __m256i wv = q6 ? q6_vector(blk, g) : _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
                     w128[g & 1] = tlq_dpbusd(w128[g & 1], u128, wv);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         part[r][g % NS] = tlq_dpbusd(part[r][g % NS], _mm256_set1_epi32(xr[g]), wv);
                     }
-                    if (format == TLQ_Q8X8S && g == 3) { /* the low half-block's sums are complete */
+                    if (halves && g == 3) { /* the low half-block's sums are complete */
                         for (int r = 0; r < NR; r++) {
                             isum[r] = part[r][0];
                             for (int p = 1; p < NS; p++) isum[r] = _mm256_add_epi32(isum[r], part[r][p]);
@@ -202,31 +260,31 @@ static inline __attribute__((always_inline)) void q_tile(
                     __m256i v = part[r][0];
                     for (int p = 1; p < NS; p++) v = _mm256_add_epi32(v, part[r][p]);
                     v = _mm256_sub_epi32(v, _mm256_add_epi32(w128[0], w128[1]));
-                    if (format == TLQ_Q8X8S) isum_hi[r] = v;
+                    if (halves) isum_hi[r] = v;
                     else isum[r] = v;
                 }
             } else {
                 for (int r = 0; r < NR; r++) isum[r] = isum_hi[r] = _mm256_setzero_si256();
                 for (int g = 0; g < 8; g++) {
-                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
+                    const __m256i wv = q6 ? q6_vector(blk, g) : _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
                     const __m256i wa = _mm256_sign_epi8(wv, wv);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
-                        __m256i *dst = format == TLQ_Q8X8S && g >= 4 ? &isum_hi[r] : &isum[r];
+                        __m256i *dst = halves && g >= 4 ? &isum_hi[r] : &isum[r];
                         *dst = _mm256_add_epi32(*dst, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
                     }
                 }
             }
-            const __m256 mw = format == TLQ_Q4X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
-                            : format == TLQ_Q4X8F ? _mm256_loadu_ps((const float *)(blk + 32))
-                            : format == TLQ_Q8X8S ? _mm256_loadu_ps((const float *)(blk + 32)) /* d_hi */
+            const __m256 mw = superblocks ? _mm256_loadu_ps(smw[j][bi & 7])
+                            : format == TLQ_Q40X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
+                            : format == TLQ_Q4X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
                                                   : _mm256_setzero_ps();
             for (int r = 0; r < NR; r++) {
                 const int64_t xi = (m0 + r) * nb + bi;
                 acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[xi])), acc[r][j]);
                 if (q4) acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[xi]), acc[r][j]);
-                if (format == TLQ_Q8X8S)
+                if (halves)
                     acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_hi[r]), _mm256_mul_ps(mw, _mm256_set1_ps(xd[xi])), acc[r][j]);
             }
         }
@@ -276,16 +334,35 @@ static inline __attribute__((always_inline)) void q_groups(
 
 typedef struct {
     tl_counter ctr;
-    const int8_t *xq;
+    const int8_t *xq, *xq2; /* the activations for each part's format (one buffer unless VNNI needs both forms) */
     const float *xd, *xs;
-    const uint8_t *w;
+    const uint8_t *w, *w2;  /* w2: based so that group g of the second part is at w2 + g * its group stride */
     const float *b;
     float *y;
-    int64_t rows, in_dim, out_dim;
-    int format, accumulate;
+    int64_t rows, in_dim, out_dim, split; /* split: the first group of the second part (out_dim / 8: none) */
+    int format, format2, accumulate;
 } q_job;
 
 #define Q_CHUNK 4 /* groups of 8 outputs per scheduling chunk */
+
+static void q_run(const q_job *j, const int8_t *xq, const uint8_t *w, int format, int64_t lo, int64_t hi) {
+    if (lo >= hi) return;
+#define Q_GROUPS(F) q_groups(xq, j->xd, j->xs, w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
+    switch (format) { /* one instantiation per format (and VNNI or not): the branches on it fold away */
+        case TLQ_Q4X8: Q_GROUPS(TLQ_Q4X8); break;
+        case TLQ_Q4X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8 | TLQ_VNNI); break;
+        case TLQ_Q40X8: Q_GROUPS(TLQ_Q40X8); break;
+        case TLQ_Q40X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q40X8 | TLQ_VNNI); break;
+        case TLQ_Q8X8: Q_GROUPS(TLQ_Q8X8); break;
+        case TLQ_Q8X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8 | TLQ_VNNI); break;
+        case TLQ_Q4K: Q_GROUPS(TLQ_Q4K); break;
+        case TLQ_Q4K | TLQ_VNNI: Q_GROUPS(TLQ_Q4K | TLQ_VNNI); break;
+        case TLQ_Q6K: Q_GROUPS(TLQ_Q6K); break;
+        case TLQ_Q6K | TLQ_VNNI: Q_GROUPS(TLQ_Q6K | TLQ_VNNI); break;
+        default: break;
+    }
+#undef Q_GROUPS
+}
 
 static void q_task(void *ctx, int tid, int nthreads) {
     q_job *j = (q_job *)ctx;
@@ -294,28 +371,20 @@ static void q_task(void *ctx, int tid, int nthreads) {
     for (int64_t c = tl_next(&j->ctr, &end); c < j->ctr.count; c = tl_next(&j->ctr, &end)) {
         const int64_t ngroups = j->out_dim / 8;
         const int64_t lo = c * Q_CHUNK, hi = end * Q_CHUNK < ngroups ? end * Q_CHUNK : ngroups;
-#define Q_GROUPS(F) q_groups(j->xq, j->xd, j->xs, j->w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
-        switch (j->format) { /* one instantiation per format (and VNNI or not): the branches on it fold away */
-            case TLQ_Q4X8: Q_GROUPS(TLQ_Q4X8); break;
-            case TLQ_Q4X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8 | TLQ_VNNI); break;
-            case TLQ_Q4X8F: Q_GROUPS(TLQ_Q4X8F); break;
-            case TLQ_Q4X8F | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8F | TLQ_VNNI); break;
-            case TLQ_Q8X8S: Q_GROUPS(TLQ_Q8X8S); break;
-            case TLQ_Q8X8S | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8S | TLQ_VNNI); break;
-            case TLQ_Q8X8: Q_GROUPS(TLQ_Q8X8); break;
-            case TLQ_Q8X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8 | TLQ_VNNI); break;
-            default: break;
-        }
-#undef Q_GROUPS
+        q_run(j, j->xq, j->w, j->format, lo, hi < j->split ? hi : j->split);
+        q_run(j, j->xq2, j->w2, j->format2, lo > j->split ? lo : j->split, hi);
     }
 }
 
-int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_Q8X8S ? (int)q_group_bytes(format) : 0; }
+int tl_quant_group_bytes(int format) { return (format >= TLQ_Q4X8 && format <= TLQ_Q40X8) || format == TLQ_Q4K || format == TLQ_Q6K ? (int)q_group_bytes(format) : 0; }
 
 /* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); x fp32 [rows, in_dim], quantized first into
  * `scratch` (rows * in_dim + 8 * rows * in_dim / 32 bytes, then 4 * rows * in_dim more when
- * fusing); in_dim a multiple of 32, out_dim of 8; w: out_dim / 8 groups of in_dim / 32 blocks in
- * `format`. Fused inputs (one call instead of two, the same bits): with `norm_w`, x is RMSNormed
+ * fusing, then rows * in_dim more for a stack of two formats); in_dim a multiple of 32, out_dim of 8; w: out_dim / 8 groups of in_dim / 32 blocks in
+ * `format`, or a stack of two formats (a fused QKV whose V has another type, as Q4_K_M files
+ * give: TLQ_STACK(f1, f2, split)): groups [0, split) in f1, then groups [split, out_dim / 8) in
+ * f2 (its bytes right after f1's), each output computed as it would be alone. Fused inputs (one
+ * call instead of two, the same bits): with `norm_w`, x is RMSNormed
  * first (tl_rmsnorm, `eps`); with `glu`, x is [rows, 2 in_dim] = (gate | up) and the input is
  * tl_silu_mul(x). */
 void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_t *scratch, const uint8_t *w,
@@ -329,14 +398,29 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
         x = tmp;
     }
     tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
-    const int64_t chunks = (out_dim / 8 + Q_CHUNK - 1) / Q_CHUNK;
+    const int64_t ngroups = out_dim / 8, chunks = (ngroups + Q_CHUNK - 1) / Q_CHUNK;
+    const int f1 = format & 15, f2 = (format >> 4) & 15;
+    const int64_t split = f2 ? (int64_t)(format >> 8) : ngroups;
     if (tlq_use_vnni < 0) tl_quant_vnni(-1);
-    if (tlq_use_vnni && (format == TLQ_Q8X8 || format == TLQ_Q8X8S)) { /* the VNNI int8 form reads q + 128 as unsigned */
+    /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
+     * when only one part of a stack wants it */
+    const int flip1 = tlq_use_vnni && (f1 == TLQ_Q8X8 || f1 == TLQ_Q6K), flip2 = tlq_use_vnni && (f2 == TLQ_Q8X8 || f2 == TLQ_Q6K);
+    int8_t *xq2 = xq;
+    if (f2 && flip1 != flip2) {
+        xq2 = (int8_t *)(scratch + rows * in_dim * ((norm_w || glu) ? 5 : 1) + 8 * rows * (in_dim / 32));
+        memcpy(xq2, xq, (size_t)(rows * in_dim));
+    }
+    int8_t *flipped = flip1 ? xq : flip2 ? xq2 : NULL;
+    if (flipped) {
         const __m256i flip = _mm256_set1_epi8((char)0x80);
         for (int64_t i = 0; i < rows * in_dim; i += 32)
-            _mm256_storeu_si256((__m256i *)(xq + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xq + i)), flip));
+            _mm256_storeu_si256((__m256i *)(flipped + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(flipped + i)), flip));
     }
     const int64_t grab = chunks / (TLQ_GRAB * pool.n) > 1 ? chunks / (TLQ_GRAB * pool.n) : 1;
-    q_job job = {{0, chunks, grab}, xq, xd, xs, w, b, y, rows, in_dim, out_dim, format | (tlq_use_vnni ? TLQ_VNNI : 0), accumulate};
+    const int64_t nb = in_dim / 32, gs1 = nb * q_group_bytes(f1), gs2 = f2 ? nb * q_group_bytes(f2) : 0;
+    const uint8_t *w2 = (const uint8_t *)((uintptr_t)w + (uintptr_t)(split * gs1) - (uintptr_t)(split * gs2));
+    const int vnni = tlq_use_vnni ? TLQ_VNNI : 0;
+    q_job job = {{0, chunks, grab}, xq, xq2, xd, xs, w, w2, b, y, rows, in_dim, out_dim, split,
+                 f1 | vnni, f2 ? f2 | vnni : 0, accumulate};
     tl_parallel(q_task, &job);
 }

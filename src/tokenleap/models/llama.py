@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import logging
@@ -152,19 +153,30 @@ class LlamaModel:
             return dense(weights[name]).float().contiguous()
 
         def linear(names: Sequence[str]) -> tuple[torch.Tensor | None, PackedWeight | QuantWeight | None]:
-            """A (fused) linear: its blocks when every part is quantized alike, else dense + packed."""
+            """A (fused) linear: its blocks when every part is quantized and they stack (one kernel
+            format, or two in runs: `QuantWeight.cat`), else dense + packed."""
             parts = [weights[n] for n in names]
-            if quantized and all(isinstance(x, QuantWeight) for x in parts) and len({(x.format, x.in_dim) for x in parts}) == 1:
-                return None, QuantWeight.cat(parts) if len(parts) > 1 else parts[0]
+            if quantized and all(isinstance(x, QuantWeight) for x in parts):
+                try:
+                    return None, QuantWeight.cat(parts) if len(parts) > 1 else parts[0]
+                except ValueError as exc:
+                    logger.info("%s: dequantized to %s (%s)", "+".join(names), dtype, exc)
             t = torch.cat([dense(x) for x in parts]).to(dtype).contiguous()
             return t, kernels.pack(t) if kernels is not None else None
 
-        self.embed = w("embed")  # [V, D]
-        head = weights.get("lm_head")
-        self.lm_head = self.embed if config.tie_word_embeddings else w("lm_head")
+        # the token table [V, D] and the LM head: dense in `dtype`, or kept in their blocks (the
+        # model's lookups decode only the rows they read; `embed` / `lm_head` decode the whole
+        # table on first use, for the heads and the trainer)
+        embed, head = weights["embed"], weights.get("lm_head")
+        self._embed_blocks = embed if quantized and isinstance(embed, QuantWeight) else None
+        self._head_blocks = head if quantized and isinstance(head, QuantWeight) else None
+        if self._embed_blocks is None:
+            self.embed = w("embed")
+        if self._head_blocks is None:
+            self.lm_head = self.embed if config.tie_word_embeddings else w("lm_head")
         self.lm_head_packed: PackedWeight | QuantWeight | None = None
         if kernels is not None:
-            self.lm_head_packed = head if quantized and isinstance(head, QuantWeight) else kernels.pack(self.lm_head)
+            self.lm_head_packed = self._head_blocks or kernels.pack(self.lm_head)
         self.norm = f32("norm")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
@@ -221,6 +233,26 @@ class LlamaModel:
         if config.rope_local_theta is not None and config.rope_local_theta != config.rope_theta:
             self._cos_local, self._sin_local = rope_tables(config, config.rope_local_theta, table, scaled=False)
 
+    @functools.cached_property
+    def embed(self) -> torch.Tensor:
+        """The dense token table `[V, D]` in `dtype` (decoded from its blocks on first use)."""
+        assert self._embed_blocks is not None
+        return self._embed_blocks.dequantize().to(self.dtype)
+
+    @functools.cached_property
+    def lm_head(self) -> torch.Tensor:
+        """The dense LM head `[V, D]` in `dtype` (decoded from its blocks on first use)."""
+        if self.config.tie_word_embeddings:
+            return self.embed
+        assert self._head_blocks is not None
+        return self._head_blocks.dequantize().to(self.dtype)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """fp32 `[n, D]` token embeddings (rounded to `dtype`, as the dense table holds them)."""
+        if self._embed_blocks is not None:
+            return self._embed_blocks.rows(ids).to(self.dtype).float()
+        return F.embedding(ids, self.embed).float()
+
     def with_layers(self, num_layers: int) -> LlamaModel:
         """A model made of this one's first `num_layers` layers, sharing its weights."""
         if not 1 <= num_layers <= self.config.num_layers:
@@ -253,13 +285,14 @@ class LlamaModel:
         if self.quantization is None:
             return self.config.bytes_per_token(self.embed.element_size())
 
-        def size(prepared: PackedWeight | QuantWeight | None, t: torch.Tensor | None) -> int:
+        def size(prepared: PackedWeight | QuantWeight | None, dense: Callable[[], torch.Tensor | None]) -> int:
             if isinstance(prepared, QuantWeight):
                 return prepared.nbytes
+            t = dense()
             return t.numel() * t.element_size() if t is not None else 0
 
-        total = sum(size(layer.packed.get(n), getattr(layer, n)) for layer in self.layers for n in ("wqkv", "wo", "w_gate_up", "w_down"))
-        return total + size(self.lm_head_packed, self.lm_head)
+        total = sum(size(layer.packed.get(n), lambda: getattr(layer, n)) for layer in self.layers for n in ("wqkv", "wo", "w_gate_up", "w_down"))
+        return total + size(self.lm_head_packed, lambda: self.lm_head)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
@@ -318,7 +351,7 @@ class LlamaModel:
         if int(plan.positions.max()) >= self._cos.shape[0] or int(plan.positions.min()) < 0:
             raise TokenleapError(f"positions must be in [0, {self._cos.shape[0]})")
         eps = c.rms_norm_eps
-        x = F.embedding(torch.cat([s.input_ids for s in seqs]), self.embed).float()  # [rows, D]
+        x = self.embed_tokens(torch.cat([s.input_ids for s in seqs]))  # [rows, D]
         if self.fused is not None:
             hidden_states = self.fused.run(x, plan, self._cos, self._sin, layers=len(self.layers), return_hidden=return_hidden)
             for s in seqs:
@@ -361,7 +394,7 @@ class LlamaModel:
         sin = self._sin[positions].unsqueeze(1)
         half = c.head_dim // 2
         nq, nkv = c.num_heads, c.num_kv_heads
-        x = F.embedding(input_ids, self.embed).float()  # [n, D]
+        x = self.embed_tokens(input_ids)  # [n, D]
         hidden_states: dict[int, torch.Tensor] = {}
         for idx, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
@@ -443,7 +476,7 @@ class LlamaModel:
                 x = self._rms_norm(x, norm)
             return self._linear(x, dense, None)
 
-        x = F.embedding(torch.cat([s.input_ids for s in seqs]), self.embed).float()  # [rows, D]
+        x = self.embed_tokens(torch.cat([s.input_ids for s in seqs]))  # [rows, D]
         if c.embed_scale != 1.0:
             x = x * torch.tensor(c.embed_scale, dtype=torch.float32)
         q_mult = c.query_scale * hd**0.5 if c.query_scale is not None else None

@@ -26,6 +26,7 @@ import torch
 
 from tokenleap.errors import ModelNotFoundError, TokenleapError
 from tokenleap.models.config import ModelConfig, RopeScaling
+from tokenleap.models.gguf_file import GgufFile
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +78,11 @@ def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
+    """A metadata value of a `GgufFile` (or of a `gguf.GGUFReader`)."""
     field = reader.fields.get(key)
     if field is None:
         return default
-    return field.contents()
+    return field.contents() if hasattr(field, "contents") else field
 
 
 _GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
@@ -167,8 +169,8 @@ _LINEARS = {"q", "k", "v", "o", "gate", "up", "down"}
 
 def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelConfig, dict[str, Any]]:
     """Read a GGUF file: config from its metadata, float32 weights under canonical names (with
-    `keep_quantized`, `QuantWeight`s for linear weights in a kernel-readable format, and for a
-    tied LM head a quantized `lm_head` beside the float `embed` used for lookups)."""
+    `keep_quantized`, `QuantWeight`s for the linears, the token table and the LM head in a
+    kernel-readable format; a tied LM head is the token table's `QuantWeight`)."""
     import gguf
 
     from tokenleap.kernels import QUANT_TYPES, QuantWeight
@@ -176,10 +178,7 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # the gguf package raises bare ValueErrors on bad files
-        raise TokenleapError(f"{path} is not a readable GGUF file: {exc}") from exc
+    reader = GgufFile(path)
     config = read_gguf_config(reader)
     weights: dict[str, Any] = {}
     dequantized: dict[str, int] = {}
@@ -193,11 +192,10 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
             if config.architecture == "llama" and short in ("q", "k"):
                 raw = unpermute_rope(raw, config.num_heads if short == "q" else config.num_kv_heads)
             qw = QuantWeight.from_blocks(raw, int(tensor.tensor_type), out_dim, in_dim)
-            if key != "embed":
-                weights[key] = qw
-                continue
-            if config.tie_word_embeddings:
-                weights["lm_head"] = qw  # the LM head reads the blocks; lookups read `embed`
+            weights[key] = qw  # the token table too: lookups decode its rows (QuantWeight.rows)
+            if key == "embed" and config.tie_word_embeddings:
+                weights["lm_head"] = qw  # one copy of the blocks for both
+            continue
         elif keep_quantized and key and len(tensor.shape) == 2 and tensor.tensor_type.name not in ("F32", "F16", "BF16"):
             dequantized[tensor.tensor_type.name] = dequantized.get(tensor.tensor_type.name, 0) + 1
         if key is None:
@@ -205,7 +203,7 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
             continue
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         array = np.array(array, dtype=np.float32, copy=True).reshape(
-            [int(d) for d in reversed(tensor.shape.tolist())]
+            [int(d) for d in reversed(list(tensor.shape))]
         )
         if config.architecture == "llama" and short in ("q", "k"):
             array = unpermute_rope(array, config.num_heads if short == "q" else config.num_kv_heads)

@@ -1,0 +1,167 @@
+/* tokenleap kernels: GGUF blocks -> quant.h's interleaved groups, at load (the C form of
+ * QuantWeight's numpy repack, which stays the tests' reference: the bytes must be equal).
+ *
+ * llama.cpp repacks its Q4_0 / Q4_K / Q8_0 tensors the same way at load
+ * (ggml-cpu/repack.cpp): eight outputs' blocks side by side so a vector lane is an output.
+ * Here each group of 8 outputs is rewritten independently (the pool's threads take runs of
+ * groups), reading the file's bytes once: ~1-3 GB/s a core where numpy's strided passes
+ * made 0.1-0.4 G weights/s, so an 8B file loads in seconds. Included once per variant after
+ * quant.h (formats and group sizes). */
+#pragma once
+#include "pool.h"
+
+/* GGML type ids of the blocks read here */
+#define RP_Q4_0 2
+#define RP_Q4_1 3
+#define RP_Q5_0 6
+#define RP_Q8_0 8
+#define RP_Q4_K 12
+#define RP_Q6_K 14
+
+static inline float rp_f16(const uint8_t *p) { /* exact f16 -> f32 (F16C) */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Q4X8's 128 nibble bytes of one block from 8 outputs' values q[o][0..31] in 0..15 */
+static inline void rp_nibbles(uint8_t q[8][32], uint8_t *dst) {
+    for (int t = 0; t < 4; t++)
+        for (int o = 0; o < 8; o++)
+            for (int i = 0; i < 4; i++) dst[t * 32 + o * 4 + i] = (uint8_t)(q[o][4 * t + i] | q[o][16 + 4 * t + i] << 4);
+}
+
+/* one group of 8 outputs: src rows 8 g .. 8 g + 7 (row_bytes each) -> dst (the group's bytes) */
+static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qtype, int64_t in_dim) {
+    const int64_t nb = in_dim / 32;
+    if (qtype == RP_Q4_0 || qtype == RP_Q4_1) { /* Q40X8 (144) / Q4X8 (160): d[8] (m[8]) nibbles */
+        const int bb = qtype == RP_Q4_0 ? 18 : 20, gb = qtype == RP_Q4_0 ? 144 : 160;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + b * gb;
+            for (int o = 0; o < 8; o++) {
+                const uint8_t *blk = src + o * row_bytes + b * bb;
+                memcpy(out + 2 * o, blk, 2);
+                if (qtype == RP_Q4_1) memcpy(out + 16 + 2 * o, blk + 2, 2);
+                const uint8_t *qs = blk + bb - 16; /* byte l: input l low, l + 16 high: one nibble byte as is */
+                for (int t = 0; t < 4; t++) memcpy(out + gb - 128 + t * 32 + o * 4, qs + 4 * t, 4);
+            }
+        }
+    } else if (qtype == RP_Q8_0 || qtype == RP_Q5_0) { /* Q8X8 (272): d[8], byte (g, o, i) = q[o][4 g + i] */
+        const int bb = qtype == RP_Q8_0 ? 34 : 22;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + b * 272;
+            for (int o = 0; o < 8; o++) {
+                const uint8_t *blk = src + o * row_bytes + b * bb;
+                memcpy(out + 2 * o, blk, 2);
+                int8_t q[32];
+                if (qtype == RP_Q8_0) memcpy(q, blk + 2, 32);
+                else {
+                    uint32_t qh;
+                    memcpy(&qh, blk + 2, 4);
+                    for (int i = 0; i < 16; i++) {
+                        q[i] = (int8_t)((blk[6 + i] & 15 | ((qh >> i) & 1) << 4) - 16);
+                        q[i + 16] = (int8_t)((blk[6 + i] >> 4 | ((qh >> (i + 16)) & 1) << 4) - 16);
+                    }
+                }
+                for (int g = 0; g < 8; g++) memcpy(out + 16 + g * 32 + o * 4, q + 4 * g, 4);
+            }
+        }
+    } else if (qtype == RP_Q4_K) { /* Q4K (1152 per superblock) */
+        for (int64_t s = 0; s < in_dim / 256; s++) {
+            uint8_t *out = dst + s * 1152, q[8][8][32], sc[8][8], mn[8][8]; /* [j][o] */
+            for (int o = 0; o < 8; o++) {
+                const uint8_t *blk = src + o * row_bytes + s * 144, *k = blk + 4;
+                memcpy(out + 2 * o, blk, 2);
+                memcpy(out + 16 + 2 * o, blk + 2, 2);
+                for (int j = 0; j < 4; j++) {
+                    sc[j][o] = k[j] & 63, mn[j][o] = k[j + 4] & 63;
+                    sc[j + 4][o] = (k[j + 8] & 15) | (k[j] >> 6) << 4;
+                    mn[j + 4][o] = (k[j + 8] >> 4) | (k[j + 4] >> 6) << 4;
+                }
+                for (int c = 0; c < 4; c++)
+                    for (int l = 0; l < 32; l++) {
+                        q[2 * c][o][l] = blk[16 + 32 * c + l] & 15;
+                        q[2 * c + 1][o][l] = blk[16 + 32 * c + l] >> 4;
+                    }
+            }
+            for (int p = 0; p < 64; p++) out[32 + p] = (uint8_t)((sc[p / 8][p % 8] & 15) | (mn[p / 8][p % 8] & 15) << 4);
+            for (int k = 0; k < 32; k++) {
+                const int a = k, b = k + 32;
+                const uint8_t ha = (uint8_t)(sc[a / 8][a % 8] >> 4 | (mn[a / 8][a % 8] >> 4) << 2);
+                const uint8_t hb = (uint8_t)(sc[b / 8][b % 8] >> 4 | (mn[b / 8][b % 8] >> 4) << 2);
+                out[96 + k] = (uint8_t)(ha | hb << 4);
+            }
+            for (int j = 0; j < 8; j++) rp_nibbles(q[j], out + 128 + 128 * j);
+        }
+    } else { /* RP_Q6_K -> Q6K (1680 per superblock) */
+        for (int64_t s = 0; s < in_dim / 256; s++) {
+            uint8_t *out = dst + s * 1680, q[8][8][32]; /* [j][o]: unsigned 0..63 */
+            for (int o = 0; o < 8; o++) {
+                const uint8_t *blk = src + o * row_bytes + s * 210;
+                memcpy(out + 2 * o, blk + 208, 2);
+                for (int k = 0; k < 16; k++) out[16 + k * 8 + o] = blk[192 + k];
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+                    for (int l = 0; l < 32; l++) {
+                        q[4 * h][o][l] = (uint8_t)((ql[l] & 15) | (qh[l] & 3) << 4);
+                        q[4 * h + 1][o][l] = (uint8_t)((ql[32 + l] & 15) | ((qh[l] >> 2) & 3) << 4);
+                        q[4 * h + 2][o][l] = (uint8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+                        q[4 * h + 3][o][l] = (uint8_t)((ql[32 + l] >> 4) | ((qh[l] >> 6) & 3) << 4);
+                    }
+                }
+            }
+            for (int j = 0; j < 8; j++) {
+                uint8_t lo[8][32], *body = out + 144 + 192 * j;
+                for (int o = 0; o < 8; o++)
+                    for (int l = 0; l < 32; l++) lo[o][l] = q[j][o][l] & 15;
+                rp_nibbles(lo, body);
+                for (int u = 0; u < 2; u++)
+                    for (int o = 0; o < 8; o++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t v = 0;
+                            for (int t = 0; t < 4; t++) v |= (uint8_t)((q[j][o][4 * (4 * u + t) + i] >> 4) << (2 * t));
+                            body[128 + u * 32 + o * 4 + i] = v;
+                        }
+            }
+        }
+    }
+}
+
+typedef struct {
+    tl_counter ctr;
+    const uint8_t *src;
+    uint8_t *dst;
+    int64_t row_bytes, group_bytes, in_dim;
+    int qtype;
+} rp_job;
+
+static void rp_task(void *ctx, int tid, int nthreads) {
+    rp_job *j = (rp_job *)ctx;
+    (void)tid; (void)nthreads;
+    int64_t end;
+    for (int64_t g = tl_next(&j->ctr, &end); g < j->ctr.count; g = tl_next(&j->ctr, &end))
+        for (; g < end && g < j->ctr.count; g++)
+            rp_group(j->src + 8 * g * j->row_bytes, j->row_bytes, j->dst + g * j->group_bytes, j->qtype, j->in_dim);
+}
+
+/* src: a GGUF tensor's bytes [out_dim rows of in_dim / block * block bytes]; dst: out_dim / 8
+ * groups of in_dim / 32 * (the format's bytes per 32 inputs). Returns 0, or -1 for a type or
+ * shape this cannot repack (out_dim % 8, in_dim % 32, or % 256 for the K-quants). */
+int tl_repack(const uint8_t *src, uint8_t *dst, int qtype, int64_t out_dim, int64_t in_dim) {
+    int format, bb, block = 32;
+    switch (qtype) {
+        case RP_Q4_0: format = TLQ_Q40X8, bb = 18; break;
+        case RP_Q4_1: format = TLQ_Q4X8, bb = 20; break;
+        case RP_Q5_0: format = TLQ_Q8X8, bb = 22; break;
+        case RP_Q8_0: format = TLQ_Q8X8, bb = 34; break;
+        case RP_Q4_K: format = TLQ_Q4K, bb = 144, block = 256; break;
+        case RP_Q6_K: format = TLQ_Q6K, bb = 210, block = 256; break;
+        default: return -1;
+    }
+    if (out_dim % 8 || in_dim % block) return -1;
+    const int64_t groups = out_dim / 8;
+    rp_job job = {{0, groups, groups / (8 * pool.n) > 1 ? groups / (8 * pool.n) : 1}, src, dst, in_dim / block * bb,
+                  in_dim / 32 * q_group_bytes(format), in_dim, qtype};
+    tl_parallel(rp_task, &job);
+    return 0;
+}
