@@ -520,9 +520,9 @@ class CpuKernels:
         if bias is not None:
             bias = bias.float().contiguous()
         x = x.contiguous()
-        fused = glu or norm is not None
-        # int8 rows, block scales and sums, and the formed fp32 input when fusing
-        scratch = self._scratch(rows * in_dim * ((5 if fused else 1) + (1 if weight.split else 0)) + 8 * rows * (in_dim // 32))
+        # int8 rows, block scales and sums, the formed fp32 input when fusing, a second int8 copy
+        # for a stack of two formats, Q6K's half-block sums (see tl_linear_q)
+        scratch = self._scratch(rows * in_dim * 7 + 8 * rows * (in_dim // 32))
         y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
         norm_w = norm[0].contiguous() if norm is not None and not glu else None
         self.lib.tl_linear_q(

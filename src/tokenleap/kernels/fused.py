@@ -157,10 +157,9 @@ class FusedLayers:
         tmp = torch.empty(rows * wide if self.formed else 0, dtype=torch.float32)
         acc = torch.empty(rows * self.dim if self.dense else 0, dtype=torch.float32)
         f.qkv, f.a, f.gu, f.tmp, f.acc = qkv.data_ptr(), a.data_ptr(), gu.data_ptr(), tmp.data_ptr(), acc.data_ptr()
-        # the largest of the linears' scratch needs (tl_linear_q fusing its input: 5 bytes an
-        # input plus 8 per block of 32, and 1 more for a stack of two formats; tl_linear's bf16
-        # copy: 4 bytes an input)
-        f.scratch = kernels._scratch(rows * wide * 6 + 8 * rows * (wide // 32))
+        # the largest of the linears' scratch needs (tl_linear_q: 7 bytes an input plus 8 per
+        # block of 32; tl_linear's bf16 copy: 4 bytes an input)
+        f.scratch = kernels._scratch(rows * wide * 7 + 8 * rows * (wide // 32))
         hidden: dict[int, torch.Tensor] = {}
         if return_hidden:
             outs = (_p * n_layers)()

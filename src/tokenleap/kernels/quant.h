@@ -46,7 +46,8 @@
  *   Q6K (Q6_K): f16 d[8]; int8 sc[16][8] (per 16 inputs); then 8 blocks of 192 bytes: q's low 4
  *        bits as Q4X8's 128 nibble bytes, then 2 x 32 bytes of high bits: in vector u, byte
  *        (o, i) holds q[o][4 (4 u + s) + i] >> 4 at bits 2 s, 2 s + 1 (header 144 bytes);
- *        w = d sc (q - 32), unpacked in registers to Q8X8's int8 form (q - 32). */
+ *        w = d sc (q - 32): q unpacked in registers (unsigned) against the signed activations,
+ *        less 32 times their sum per 16 inputs. */
 #define TLQ_Q4K 5
 #define TLQ_Q6K 6
 
@@ -79,8 +80,9 @@ static inline int64_t q_group_bytes(int format) {
     return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_Q4K ? 144 : 210; /* Q4K, Q6K: per 32 inputs on average */
 }
 
-/* Q6K: int8 (q - 32) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's vector g) from a block's
- * 192 bytes: vector g & 3's low (g < 4) or high nibbles, and the high bits of vector g >> 2 */
+/* Q6K: q (unsigned, 0..63; w = d sc (q - 32)) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's
+ * vector g) from a block's 192 bytes: vector g & 3's low (g < 4) or high nibbles, and the high
+ * bits of vector g >> 2 */
 static inline __attribute__((always_inline)) __m256i q6_vector(const uint8_t *blk, int g) {
     const __m256i lo4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     const int t = g & 3;
@@ -88,7 +90,7 @@ static inline __attribute__((always_inline)) __m256i q6_vector(const uint8_t *bl
     const __m256i lo = _mm256_and_si256(g < 4 ? raw : _mm256_srli_epi16(raw, 4), lo4);
     const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * (g >> 2)));
     const __m256i hi = t == 0 ? _mm256_slli_epi16(hb, 4) : t == 1 ? _mm256_slli_epi16(hb, 2) : t == 2 ? hb : _mm256_srli_epi16(hb, 2);
-    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hi, m30)), _mm256_set1_epi8(32));
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
 }
 
 /* A superblock's header -> per block of 32 the 8 outputs' fp32 scales: Q4K d sc_j (dw) and
@@ -171,7 +173,7 @@ void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows,
 
 /* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
 static inline __attribute__((always_inline)) void q_tile(
-        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
+        const int8_t *xq, const float *xd, const float *xs, const int32_t *xh, const uint8_t *w, const float *b, float *y,
         int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NO) {
     const int vnni = TLQ_HAS_VNNI && (format & TLQ_VNNI); /* a constant in each instantiation */
     format &= ~TLQ_VNNI;
@@ -204,6 +206,7 @@ static inline __attribute__((always_inline)) void q_tile(
                 __m256i part[QR][QS];
                 for (int r = 0; r < NR; r++)
                     for (int p = 0; p < NS; p++) part[r][p] = _mm256_setzero_si256();
+#pragma GCC unroll 4
                 for (int t = 0; t < 4; t++) {
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
                     const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
@@ -220,6 +223,7 @@ static inline __attribute__((always_inline)) void q_tile(
             } else if (q4) {
                 __m256i s16[QR];
                 for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
                 for (int t = 0; t < 4; t++) {
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
                     const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
@@ -230,6 +234,32 @@ static inline __attribute__((always_inline)) void q_tile(
                     }
                 }
                 for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(s16[r], ones);
+            } else if (q6) {
+                /* unsigned q (0..63) against signed activations: vpdpbusd, or vpmaddubsw (pairs at
+                 * most 2 * 63 * 127, no saturation) + vpmaddwd; then less 32 sum(q_x) per half
+                 * (xh): the exact integer sums of (q - 32) q_x. Two chains per half for 1-2 rows. */
+                const int NH = NR <= 2 ? 2 : 1;
+                __m256i part[QR][4];
+                for (int r = 0; r < NR; r++)
+                    for (int p = 0; p < 2 * NH; p++) part[r][p] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int g = 0; g < 8; g++) {
+                    const __m256i wv = q6_vector(blk, g);
+                    const int p = (g >> 2) * NH + (g & (NH - 1));
+                    for (int r = 0; r < NR; r++) {
+                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                        const __m256i xb = _mm256_set1_epi32(xr[g]);
+                        part[r][p] = vnni ? tlq_dpbusd(part[r][p], wv, xb)
+                                          : _mm256_add_epi32(part[r][p], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xb), ones));
+                    }
+                }
+                for (int r = 0; r < NR; r++) {
+                    const int32_t *h = xh + 2 * ((m0 + r) * nb + bi);
+                    const __m256i lo = NH == 2 ? _mm256_add_epi32(part[r][0], part[r][1]) : part[r][0];
+                    const __m256i hi = NH == 2 ? _mm256_add_epi32(part[r][2], part[r][3]) : part[r][1];
+                    isum[r] = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * h[0]));
+                    isum_hi[r] = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * h[1]));
+                }
             } else if (vnni) {
                 /* activations offset to unsigned (xq ^ 0x80 = q + 128, done once per call), so one
                  * vpdpbusd per row and 4 inputs: sum w (q + 128) - 128 sum w, all exact int32
@@ -239,40 +269,31 @@ static inline __attribute__((always_inline)) void q_tile(
                 __m256i part[QR][QS];
                 for (int r = 0; r < NR; r++)
                     for (int p = 0; p < NS; p++) part[r][p] = _mm256_setzero_si256();
+#pragma GCC unroll 8
                 for (int g = 0; g < 8; g++) {
-                    const __m256i wv = q6 ? q6_vector(blk, g) : _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
+                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
                     w128[g & 1] = tlq_dpbusd(w128[g & 1], u128, wv);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         part[r][g % NS] = tlq_dpbusd(part[r][g % NS], _mm256_set1_epi32(xr[g]), wv);
-                    }
-                    if (halves && g == 3) { /* the low half-block's sums are complete */
-                        for (int r = 0; r < NR; r++) {
-                            isum[r] = part[r][0];
-                            for (int p = 1; p < NS; p++) isum[r] = _mm256_add_epi32(isum[r], part[r][p]);
-                            isum[r] = _mm256_sub_epi32(isum[r], _mm256_add_epi32(w128[0], w128[1]));
-                            for (int p = 0; p < NS; p++) part[r][p] = _mm256_setzero_si256();
-                        }
-                        w128[0] = w128[1] = _mm256_setzero_si256();
                     }
                 }
                 for (int r = 0; r < NR; r++) {
                     __m256i v = part[r][0];
                     for (int p = 1; p < NS; p++) v = _mm256_add_epi32(v, part[r][p]);
                     v = _mm256_sub_epi32(v, _mm256_add_epi32(w128[0], w128[1]));
-                    if (halves) isum_hi[r] = v;
-                    else isum[r] = v;
+                    isum[r] = v;
                 }
             } else {
-                for (int r = 0; r < NR; r++) isum[r] = isum_hi[r] = _mm256_setzero_si256();
+                for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
                 for (int g = 0; g < 8; g++) {
-                    const __m256i wv = q6 ? q6_vector(blk, g) : _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
+                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
                     const __m256i wa = _mm256_sign_epi8(wv, wv);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
-                        __m256i *dst = halves && g >= 4 ? &isum_hi[r] : &isum[r];
-                        *dst = _mm256_add_epi32(*dst, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
                     }
                 }
             }
@@ -301,16 +322,16 @@ static inline __attribute__((always_inline)) void q_tile(
 
 #define Q_NO(NR_, MAXO)                                                                                   \
     switch (no < (MAXO) ? no : (MAXO)) {                                                                  \
-        case 4: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 4); break;    \
-        case 3: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 3); break;    \
-        case 2: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 2); break;    \
-        default: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 1); break;   \
+        case 4: q_tile(xq, xd, xs, xh, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 4); break;    \
+        case 3: q_tile(xq, xd, xs, xh, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 3); break;    \
+        case 2: q_tile(xq, xd, xs, xh, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 2); break;    \
+        default: q_tile(xq, xd, xs, xh, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 1); break;   \
     }
 
 /* Groups [g_lo, g_hi) for all rows, one group (one weight stream) per tile and up to 4 rows:
  * measured here, tiles over 2-4 groups ran a one-row call 2.4x slower. */
 static inline __attribute__((always_inline)) void q_groups(
-        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
+        const int8_t *xq, const float *xd, const float *xs, const int32_t *xh, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
     const int64_t tile_g = 1, tile_r = QR;
     for (int64_t g = g_lo; g < g_hi; g += tile_g) {
@@ -336,6 +357,7 @@ typedef struct {
     tl_counter ctr;
     const int8_t *xq, *xq2; /* the activations for each part's format (one buffer unless VNNI needs both forms) */
     const float *xd, *xs;
+    const int32_t *xh;      /* Q6K: per row and block, the sums of q_x over inputs 0-15 and 16-31 */
     const uint8_t *w, *w2;  /* w2: based so that group g of the second part is at w2 + g * its group stride */
     const float *b;
     float *y;
@@ -347,7 +369,7 @@ typedef struct {
 
 static void q_run(const q_job *j, const int8_t *xq, const uint8_t *w, int format, int64_t lo, int64_t hi) {
     if (lo >= hi) return;
-#define Q_GROUPS(F) q_groups(xq, j->xd, j->xs, w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
+#define Q_GROUPS(F) q_groups(xq, j->xd, j->xs, j->xh, w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
     switch (format) { /* one instantiation per format (and VNNI or not): the branches on it fold away */
         case TLQ_Q4X8: Q_GROUPS(TLQ_Q4X8); break;
         case TLQ_Q4X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8 | TLQ_VNNI); break;
@@ -362,6 +384,17 @@ static void q_run(const q_job *j, const int8_t *xq, const uint8_t *w, int format
         default: break;
     }
 #undef Q_GROUPS
+}
+
+/* Guided scheduling: a grab takes a share of what is left (at least ctr.chunk chunks), so the
+ * threads start with long contiguous runs and finish together on short ones. */
+static inline int64_t q_next(tl_counter *c, int64_t *end) {
+    const int64_t seen = atomic_load_explicit(&c->next, memory_order_relaxed);
+    int64_t take = (c->count - seen) / (2 * pool.n);
+    if (take < c->chunk) take = c->chunk;
+    const int64_t start = atomic_fetch_add(&c->next, take);
+    *end = start + take < c->count ? start + take : c->count;
+    return start;
 }
 
 static void q_task(void *ctx, int tid, int nthreads) {
@@ -380,7 +413,8 @@ int tl_quant_group_bytes(int format) { return (format >= TLQ_Q4X8 && format <= T
 
 /* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); x fp32 [rows, in_dim], quantized first into
  * `scratch` (rows * in_dim + 8 * rows * in_dim / 32 bytes, then 4 * rows * in_dim more when
- * fusing, then rows * in_dim more for a stack of two formats); in_dim a multiple of 32, out_dim of 8; w: out_dim / 8 groups of in_dim / 32 blocks in
+ * fusing, then rows * in_dim more for a stack of two formats and rows * in_dim / 4 for Q6K's
+ * half-block sums: 7 rows * in_dim in all is always enough); in_dim a multiple of 32, out_dim of 8; w: out_dim / 8 groups of in_dim / 32 blocks in
  * `format`, or a stack of two formats (a fused QKV whose V has another type, as Q4_K_M files
  * give: TLQ_STACK(f1, f2, split)): groups [0, split) in f1, then groups [split, out_dim / 8) in
  * f2 (its bytes right after f1's), each output computed as it would be alone. Fused inputs (one
@@ -404,10 +438,11 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
     if (tlq_use_vnni < 0) tl_quant_vnni(-1);
     /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
      * when only one part of a stack wants it */
-    const int flip1 = tlq_use_vnni && (f1 == TLQ_Q8X8 || f1 == TLQ_Q6K), flip2 = tlq_use_vnni && (f2 == TLQ_Q8X8 || f2 == TLQ_Q6K);
+    const int flip1 = tlq_use_vnni && f1 == TLQ_Q8X8, flip2 = tlq_use_vnni && f2 == TLQ_Q8X8;
+    uint8_t *extra = scratch + rows * in_dim * ((norm_w || glu) ? 5 : 1) + 8 * rows * (in_dim / 32);
     int8_t *xq2 = xq;
     if (f2 && flip1 != flip2) {
-        xq2 = (int8_t *)(scratch + rows * in_dim * ((norm_w || glu) ? 5 : 1) + 8 * rows * (in_dim / 32));
+        xq2 = (int8_t *)extra;
         memcpy(xq2, xq, (size_t)(rows * in_dim));
     }
     int8_t *flipped = flip1 ? xq : flip2 ? xq2 : NULL;
@@ -416,11 +451,20 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
         for (int64_t i = 0; i < rows * in_dim; i += 32)
             _mm256_storeu_si256((__m256i *)(flipped + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(flipped + i)), flip));
     }
+    int32_t *xh = (int32_t *)(extra + rows * in_dim); /* Q6K: sums of q_x per 16 inputs (from the signed xq) */
+    if (f1 == TLQ_Q6K || f2 == TLQ_Q6K) {
+        const int8_t *src = flip1 ? xq2 : xq; /* the unflipped copy (a Q6K part never flips) */
+        for (int64_t i = 0; i < rows * in_dim / 16; i++) {
+            int32_t sum = 0;
+            for (int k = 0; k < 16; k++) sum += src[16 * i + k];
+            xh[i] = sum;
+        }
+    }
     const int64_t grab = chunks / (TLQ_GRAB * pool.n) > 1 ? chunks / (TLQ_GRAB * pool.n) : 1;
     const int64_t nb = in_dim / 32, gs1 = nb * q_group_bytes(f1), gs2 = f2 ? nb * q_group_bytes(f2) : 0;
     const uint8_t *w2 = (const uint8_t *)((uintptr_t)w + (uintptr_t)(split * gs1) - (uintptr_t)(split * gs2));
     const int vnni = tlq_use_vnni ? TLQ_VNNI : 0;
-    q_job job = {{0, chunks, grab}, xq, xq2, xd, xs, w, w2, b, y, rows, in_dim, out_dim, split,
+    q_job job = {{0, chunks, grab}, xq, xq2, xd, xs, xh, w, w2, b, y, rows, in_dim, out_dim, split,
                  f1 | vnni, f2 ? f2 | vnni : 0, accumulate};
     tl_parallel(q_task, &job);
 }
