@@ -40,6 +40,7 @@ class GgufTensor:
     shape: tuple[int, ...]
     tensor_type: gguf.GGMLQuantizationType
     data: np.ndarray
+    offset: int  # of its bytes in the file
 
 
 class _Cursor:
@@ -118,4 +119,14 @@ class GgufFile:
         if raw.size != rows * row_bytes:
             raise ValueError(f"tensor {name} runs past the end of the file")
         view = raw.view(_FLOAT_DTYPES[qtype]).reshape(rows, cols) if qtype in _FLOAT_DTYPES else raw.reshape(rows, row_bytes)
-        return GgufTensor(name, dims, qtype, view)
+        return GgufTensor(name, dims, qtype, view, start + offset)
+
+    def release(self, tensor: GgufTensor) -> None:
+        """Drop a tensor's pages from this process's resident memory (the page cache keeps them;
+        reading the tensor again faults them back in): a loader that has copied a tensor calls
+        this, so a load's peak stays about the size of what it keeps, not that plus the file."""
+        page = mmap.PAGESIZE
+        start = tensor.offset // page * page
+        end = -(-(tensor.offset + tensor.data.nbytes) // page) * page
+        if hasattr(self._map, "madvise") and end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, min(end, len(self._map)) - start)

@@ -106,7 +106,11 @@ class LlamaModel:
         weights: dict[str, torch.Tensor],
         dtype: torch.dtype,
         kernels: CpuKernels | None = None,
+        *,
+        consume_weights: bool = False,
     ) -> None:
+        """`consume_weights`: the caller hands `weights` over, and the parts of a fused linear
+        are dropped from it once stacked (a load's peak memory is then about the model's)."""
         self.config = config
         self.dtype = dtype
         self.kv_dtype = torch.float32
@@ -158,7 +162,11 @@ class LlamaModel:
             parts = [weights[n] for n in names]
             if quantized and all(isinstance(x, QuantWeight) for x in parts):
                 try:
-                    return None, QuantWeight.cat(parts) if len(parts) > 1 else parts[0]
+                    stacked = QuantWeight.cat(parts) if len(parts) > 1 else parts[0]
+                    if consume_weights and len(parts) > 1:  # the parts were copied: free them now
+                        for n in names:
+                            weights[n] = stacked
+                    return None, stacked
                 except ValueError as exc:
                     logger.info("%s: dequantized to %s (%s)", "+".join(names), dtype, exc)
             t = torch.cat([dense(x) for x in parts]).to(dtype).contiguous()

@@ -192,6 +192,7 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
             if config.architecture == "llama" and short in ("q", "k"):
                 raw = unpermute_rope(raw, config.num_heads if short == "q" else config.num_kv_heads)
             qw = QuantWeight.from_blocks(raw, int(tensor.tensor_type), out_dim, in_dim)
+            reader.release(tensor)
             weights[key] = qw  # the token table too: lookups decode its rows (QuantWeight.rows)
             if key == "embed" and config.tie_word_embeddings:
                 weights["lm_head"] = qw  # one copy of the blocks for both
@@ -208,6 +209,7 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
         if config.architecture == "llama" and short in ("q", "k"):
             array = unpermute_rope(array, config.num_heads if short == "q" else config.num_kv_heads)
         weights[key] = torch.from_numpy(np.ascontiguousarray(array))  # owns its memory
+        reader.release(tensor)
     for name, count in dequantized.items():
         logger.info("%s: %d %s tensors dequantized at load (the kernels read %s blocks)", path.name, count, name,
                     ", ".join(n for n, _ in QUANT_TYPES.values()))

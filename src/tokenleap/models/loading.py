@@ -91,7 +91,8 @@ def load_model(
     else:
         config, weights = load_hf_folder(source.path)
         tokenizer = Tokenizer.from_folder(source.path)
-    model = LlamaModel(config, weights, dtype, kernels)
+    model = LlamaModel(config, weights, dtype, kernels, consume_weights=True)
+    del weights
     logger.info("loaded %s: %d layers, %.0fM parameters, %s%s", source.name, config.num_layers, config.num_parameters() / 1e6, dtype,
                 ", linears kept in their GGUF blocks" if model.quantization else "")
     return model, tokenizer
