@@ -13,7 +13,7 @@ import torch
 from tokenleap.kernels import QUANT_TYPES, CpuKernels, QuantWeight
 
 TYPES = sorted(QUANT_TYPES)
-K_TYPES = (12, 14)  # Q4_K, Q6_K: superblocks of 256 inputs, random blocks (gguf-py cannot quantize them)
+K_TYPES = (12, 13, 14)  # Q4_K, Q5_K, Q6_K: superblocks of 256 inputs, random blocks (gguf-py cannot quantize them)
 
 
 def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generator) -> np.ndarray:
@@ -21,7 +21,7 @@ def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generat
     block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
     raw = rng.integers(0, 256, size=(out_dim, in_dim // block, nbytes), dtype=np.uint8)
     scale = lambda hi: (rng.random((out_dim, in_dim // block, 1)) * hi).astype(np.float16).view(np.uint8)  # noqa: E731
-    if qtype == 12:  # Q4_K: d, dmin first
+    if qtype in (12, 13):  # Q4_K, Q5_K: d, dmin first
         raw[..., 0:2], raw[..., 2:4] = scale(0.002), scale(0.004)
     else:  # Q6_K: d last
         raw[..., 208:210] = scale(0.0005)
@@ -113,7 +113,7 @@ def test_quant_weight_validates_and_fuses() -> None:
     with pytest.raises(ValueError, match="does not fit"):
         QuantWeight(a.data[:, :-1].contiguous(), 3, 16, 64)
     with pytest.raises(ValueError, match="unsupported"):
-        QuantWeight(a.data, 13, 16, 64)  # Q5_K: not read
+        QuantWeight(a.data, 10, 16, 64)  # Q2_K: not read
     with pytest.raises(ValueError, match="cannot keep"):
         QuantWeight.from_blocks(np.zeros(20 * 12, np.uint8), 3, 12, 32)  # 12 outputs: not a multiple of 8
 

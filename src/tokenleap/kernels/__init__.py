@@ -119,13 +119,13 @@ class PackedWeight:
 # GGML quantization types the kernels read: type id -> (name, bytes per block of 32 in the file);
 # the K-quants' superblocks hold 256 inputs (144 / 210 bytes), listed here per 32
 QUANT_TYPES: dict[int, tuple[str, int]] = {
-    2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 14: ("Q6_K", 26)
+    2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 13: ("Q5_K", 22), 14: ("Q6_K", 26)
 }
-_SUPERBLOCK = {12: (256, 144), 14: (256, 210)}  # inputs and bytes per superblock
-_Q4X8, _Q8X8, _Q40X8, _Q4K, _Q6K = 1, 2, 3, 5, 6  # the kernels' interleaved formats (quant.h)
-_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 14: _Q6K}
+_SUPERBLOCK = {12: (256, 144), 13: (256, 176), 14: (256, 210)}  # inputs and bytes per superblock
+_Q4X8, _Q8X8, _Q40X8, _Q4K, _Q6K, _Q5K = 1, 2, 3, 5, 6, 7  # the kernels' interleaved formats (quant.h)
+_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K}
 # per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 8 x 210 per superblock)
-_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _Q4K: 144, _Q6K: 210}
+_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210}
 
 
 def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -168,18 +168,28 @@ def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndar
     """Q4_K / Q6_K superblocks -> quant.h's Q4K / Q6K groups (the file's bytes, interleaved)."""
     groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
     blk = raw.reshape(out_dim, nsb, _SUPERBLOCK[qtype][1])
-    if qtype == 12:
+    if qtype in (12, 13):
         sc8 = blk[..., 4:16]
         sc = np.concatenate([sc8[..., 0:4] & 63, (sc8[..., 8:12] & 15) | ((sc8[..., 0:4] >> 6) << 4)], axis=-1)
         mn = np.concatenate([sc8[..., 4:8] & 63, (sc8[..., 8:12] >> 4) | ((sc8[..., 4:8] >> 6) << 4)], axis=-1)
         by_j = lambda a: a.reshape(groups, 8, nsb, 8).transpose(0, 2, 3, 1).reshape(groups, nsb, 64)  # noqa: E731
         sc, mn = by_j(sc), by_j(mn)
         hi = (sc >> 4) | ((mn >> 4) << 2)
-        qs = blk[..., 16:144].reshape(out_dim, nsb, 4, 32)  # 4 chunks of 64 inputs: low nibbles, then high
-        q = np.stack([qs & 15, qs >> 4], axis=3).reshape(out_dim, nb, 32)
-        parts = [_by_output(blk[..., 0:2], groups), _by_output(blk[..., 2:4], groups), (sc & 15) | ((mn & 15) << 4),
-                 hi[..., :32] | (hi[..., 32:] << 4), _nibbles(q, groups).reshape(groups, nsb, 1024)]
-        return np.concatenate(parts, axis=-1).reshape(groups, -1)
+        q5 = qtype == 13
+        qs = blk[..., 48 if q5 else 16 :].reshape(out_dim, nsb, 4, 32)  # 4 chunks of 64 inputs: low nibbles, then high
+        q = np.stack([qs & 15, qs >> 4], axis=3).reshape(out_dim, nsb, 8, 32)  # [out, nsb, j, l]
+        head = [_by_output(blk[..., 0:2], groups), _by_output(blk[..., 2:4], groups), (sc & 15) | ((mn & 15) << 4),
+                hi[..., :32] | (hi[..., 32:] << 4)]
+        if not q5:
+            return np.concatenate([*head, _nibbles(q.reshape(out_dim, nb, 32), groups).reshape(groups, nsb, 1024)], axis=-1).reshape(groups, -1)
+        qh = blk[..., 16:48]  # [out, nsb, l]: bit j is sub-block j's 5th bit
+        h5 = ((qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1)  # [out, nsb, j, l]
+        nib = _nibbles(q.reshape(out_dim, nb, 32), groups)  # [G, nb, 128]
+        h = h5.reshape(groups, 8, nb, 2, 4, 4)  # [G, o, nb, half, t, i]
+        bits = sum((h[..., 0, t, :] << t) | (h[..., 1, t, :] << (4 + t)) for t in range(4))  # [G, o, nb, i]
+        hbytes = bits.astype(np.uint8).transpose(0, 2, 1, 3).reshape(groups, nb, 32)
+        body = np.concatenate([nib, hbytes], axis=-1).reshape(groups, nsb, 1280)
+        return np.concatenate([*head, body], axis=-1).reshape(groups, -1)
     ql, qh = blk[..., 0:128].reshape(out_dim, nsb, 2, 64), blk[..., 128:192].reshape(out_dim, nsb, 2, 32)
     q = np.stack([(ql[..., 0:32] & 15) | ((qh & 3) << 4), (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4),
                   (ql[..., 0:32] >> 4) | (((qh >> 4) & 3) << 4), (ql[..., 32:64] >> 4) | (((qh >> 6) & 3) << 4)],
@@ -201,13 +211,21 @@ def _dequantize_k(g: np.ndarray, fmt: int, out_dim: int, in_dim: int) -> np.ndar
         p = nib.reshape(groups, nsb, 8, 4, 8, 4).transpose(0, 4, 1, 2, 3, 5).reshape(groups, 8, nsb, 8, 16)
         return np.concatenate([p & 15, p >> 4], axis=-1)
 
-    if fmt == _Q4K:
+    if fmt in (_Q4K, _Q5K):
         dmin = np.ascontiguousarray(g[..., 16:32]).view(np.float16).astype(np.float32)
         low, h = g[..., 32:96], g[..., 96:128]
         hi = np.concatenate([h & 15, h >> 4], axis=-1)
         sc = ((low & 15) | ((hi & 3) << 4)).reshape(groups, nsb, 8, 8).astype(np.float32)  # [G, nsb, j, o]
         mn = ((low >> 4) | ((hi >> 2) << 4)).reshape(groups, nsb, 8, 8).astype(np.float32)
-        q = unnibble(g[..., 128:].reshape(groups, nsb, 8, 128)).astype(np.float32)
+        if fmt == _Q4K:
+            q = unnibble(g[..., 128:].reshape(groups, nsb, 8, 128)).astype(np.float32)
+        else:
+            body = g[..., 128:].reshape(groups, nsb, 8, 160)
+            hb = body[..., 128:].reshape(groups, nsb, 8, 8, 4)  # [G, nsb, j, o, i]
+            h = np.concatenate([np.stack([(hb >> t) & 1 for t in range(4)], axis=-2),
+                                np.stack([(hb >> (4 + t)) & 1 for t in range(4)], axis=-2)], axis=-2)  # [G, nsb, j, o, 8, i]
+            h = h.reshape(groups, nsb, 8, 8, 32).transpose(0, 3, 1, 2, 4)  # [G, o, nsb, j, 32]
+            q = (unnibble(body[..., :128]) | (h << 4)).astype(np.float32)
         scale = (d[:, :, None, :] * sc).transpose(0, 3, 1, 2)[..., None]  # [G, o, nsb, j, 1]
         shift = -(dmin[:, :, None, :] * mn).transpose(0, 3, 1, 2)[..., None]
         w = q * scale + shift
@@ -228,7 +246,7 @@ def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarra
     """GGUF blocks `[out, in/32 * block bytes]` -> quant.h's interleaved groups
     `[out/8, in/32 * group bytes]` (eight outputs' blocks of 32 inputs, four inputs at a time)."""
     nb, groups, fmt = in_dim // 32, out_dim // 8, _FORMAT[qtype]
-    if fmt in (_Q4K, _Q6K):
+    if fmt in (_Q4K, _Q5K, _Q6K):
         return _repack_k(raw, qtype, out_dim, in_dim)
     q, d, m = _decode(raw, qtype, out_dim, in_dim)
     out = np.empty((groups, nb, _GROUP_BYTES[fmt]), dtype=np.uint8)
@@ -371,7 +389,7 @@ class QuantWeight:
         if self.split:
             return torch.cat([part.dequantize() for part in self.parts()])
         groups, nb, fmt = self.out_dim // 8, self.in_dim // 32, self.format
-        if fmt in (_Q4K, _Q6K):
+        if fmt in (_Q4K, _Q5K, _Q6K):
             return torch.from_numpy(_dequantize_k(self.data.numpy(), fmt, self.out_dim, self.in_dim))
         g = self.data.numpy().reshape(groups, nb, -1)
 

@@ -47,9 +47,13 @@
  *        bits as Q4X8's 128 nibble bytes, then 2 x 32 bytes of high bits: in vector u, byte
  *        (o, i) holds q[o][4 (4 u + s) + i] >> 4 at bits 2 s, 2 s + 1 (header 144 bytes);
  *        w = d sc (q - 32): q unpacked in registers (unsigned) against the signed activations,
- *        less 32 times their sum per 16 inputs. */
+ *        less 32 times their sum per 16 inputs;
+ *   Q5K (Q5_K): Q4K's header; then 8 blocks of 160 bytes: Q4X8's 128 nibble bytes of q's low 4
+ *        bits, then 32 bytes whose byte (o, i) holds the 5th bit of q[o][4 t + i] at bit t and of
+ *        q[o][16 + 4 t + i] at bit 4 + t (header 128 bytes, 1408 in all: the file's 5.5 bits). */
 #define TLQ_Q4K 5
 #define TLQ_Q6K 6
+#define TLQ_Q5K 7
 
 /* a stack of two formats in one call (tl_linear_q): f1 for groups [0, split), then f2 */
 #define TLQ_STACK(f1, f2, split) ((f1) | (f2) << 4 | (split) << 8)
@@ -77,7 +81,7 @@ int tl_quant_vnni(int enable) {
 }
 
 static inline int64_t q_group_bytes(int format) {
-    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_Q4K ? 144 : 210; /* Q4K, Q6K: per 32 inputs on average */
+    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_Q4K ? 144 : format == TLQ_Q5K ? 176 : 210; /* the K-quants: per 32 inputs on average */
 }
 
 /* Q6K: q (unsigned, 0..63; w = d sc (q - 32)) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's
@@ -93,11 +97,21 @@ static inline __attribute__((always_inline)) __m256i q6_vector(const uint8_t *bl
     return _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
 }
 
+/* Q5K: the 5th bit of vector t's low (inputs 4 t + i: bit t) and high (16 + 4 t + i: bit 4 + t)
+ * nibbles, from the block's 32 bytes of high bits after its 128 nibble bytes */
+static inline __attribute__((always_inline)) void q5_high(const uint8_t *blk, int t, __m256i *wl, __m256i *wh) {
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128)), m10 = _mm256_set1_epi8(0x10);
+    const __m256i lo = t == 0 ? _mm256_slli_epi16(hb, 4) : t == 1 ? _mm256_slli_epi16(hb, 3) : t == 2 ? _mm256_slli_epi16(hb, 2) : _mm256_slli_epi16(hb, 1);
+    const __m256i hi = t == 0 ? hb : t == 1 ? _mm256_srli_epi16(hb, 1) : t == 2 ? _mm256_srli_epi16(hb, 2) : _mm256_srli_epi16(hb, 3);
+    *wl = _mm256_or_si256(*wl, _mm256_and_si256(lo, m10));
+    *wh = _mm256_or_si256(*wh, _mm256_and_si256(hi, m10));
+}
+
 /* A superblock's header -> per block of 32 the 8 outputs' fp32 scales: Q4K d sc_j (dw) and
  * -dmin m_j (mw); Q6K d sc (inputs 0-15: dw, 16-31: mw) */
 static inline __attribute__((always_inline)) void qk_scales(const uint8_t *sb, int format, float dw[8][8], float mw[8][8]) {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
-    if (format == TLQ_Q4K) {
+    if (format == TLQ_Q4K || format == TLQ_Q5K) {
         const __m256 nmin = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))), _mm256_set1_ps(-0.0f));
         const __m256i m0f = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
         const __m256i h = _mm256_loadu_si256((const __m256i *)(sb + 96));
@@ -181,7 +195,7 @@ static inline __attribute__((always_inline)) void q_tile(
     /* partial sums per row: enough chains in flight without spilling the 32 vector registers */
     const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1;
     const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    const int superblocks = format == TLQ_Q4K || format == TLQ_Q6K, q6 = format == TLQ_Q6K;
+    const int superblocks = format == TLQ_Q4K || format == TLQ_Q5K || format == TLQ_Q6K, q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
     const int halves = q6; /* two scales per block of 32 (16 inputs each) */
     __m256 acc[QR][QO];
     float sdw[QO][8][8], smw[QO][8][8]; /* the superblock formats' per-block scales */
@@ -193,10 +207,10 @@ static inline __attribute__((always_inline)) void q_tile(
             if (superblocks) {
                 const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * 8 * gb;
                 if ((bi & 7) == 0) qk_scales(sb, format, sdw[j], smw[j]);
-                blk = sb + (q6 ? 144 + 192 * (bi & 7) : 128 + 128 * (bi & 7));
+                blk = sb + (q6 ? 144 + 192 * (bi & 7) : q5 ? 128 + 160 * (bi & 7) : 128 + 128 * (bi & 7));
             }
             for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(blk + TLQ_PF * gb + pf), _MM_HINT_T0);
-            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_Q4K;
+            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_Q4K || q5;
             const int64_t qoff = format == TLQ_Q4X8 ? 32 : format == TLQ_Q8X8 || format == TLQ_Q40X8 ? 16 : 0;
             const __m256 dw = superblocks ? _mm256_loadu_ps(sdw[j][bi & 7]) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             __m256i isum[QR], isum_hi[QR];
@@ -209,7 +223,8 @@ static inline __attribute__((always_inline)) void q_tile(
 #pragma GCC unroll 4
                 for (int t = 0; t < 4; t++) {
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
-                    const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    if (q5) q5_high(blk, t, &wl, &wh);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         part[r][(2 * t) % NS] = tlq_dpbusd(part[r][(2 * t) % NS], wl, _mm256_set1_epi32(xr[t]));
@@ -226,14 +241,21 @@ static inline __attribute__((always_inline)) void q_tile(
 #pragma GCC unroll 8
                 for (int t = 0; t < 4; t++) {
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
-                    const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    if (q5) q5_high(blk, t, &wl, &wh);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(xr[t])));
                         s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(xr[t + 4])));
                     }
+                    if (q5 && t == 1) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 so far: widen */
+                        for (int r = 0; r < NR; r++) {
+                            isum[r] = _mm256_madd_epi16(s16[r], ones);
+                            s16[r] = _mm256_setzero_si256();
+                        }
                 }
-                for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(s16[r], ones);
+                for (int r = 0; r < NR; r++)
+                    isum[r] = q5 ? _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones)) : _mm256_madd_epi16(s16[r], ones);
             } else if (q6) {
                 /* unsigned q (0..63) against signed activations: vpdpbusd, or vpmaddubsw (pairs at
                  * most 2 * 63 * 127, no saturation) + vpmaddwd; then less 32 sum(q_x) per half
@@ -381,6 +403,8 @@ static void q_run(const q_job *j, const int8_t *xq, const uint8_t *w, int format
         case TLQ_Q4K | TLQ_VNNI: Q_GROUPS(TLQ_Q4K | TLQ_VNNI); break;
         case TLQ_Q6K: Q_GROUPS(TLQ_Q6K); break;
         case TLQ_Q6K | TLQ_VNNI: Q_GROUPS(TLQ_Q6K | TLQ_VNNI); break;
+        case TLQ_Q5K: Q_GROUPS(TLQ_Q5K); break;
+        case TLQ_Q5K | TLQ_VNNI: Q_GROUPS(TLQ_Q5K | TLQ_VNNI); break;
         default: break;
     }
 #undef Q_GROUPS
@@ -409,7 +433,7 @@ static void q_task(void *ctx, int tid, int nthreads) {
     }
 }
 
-int tl_quant_group_bytes(int format) { return (format >= TLQ_Q4X8 && format <= TLQ_Q40X8) || format == TLQ_Q4K || format == TLQ_Q6K ? (int)q_group_bytes(format) : 0; }
+int tl_quant_group_bytes(int format) { return (format >= TLQ_Q4X8 && format <= TLQ_Q40X8) || (format >= TLQ_Q4K && format <= TLQ_Q5K) ? (int)q_group_bytes(format) : 0; }
 
 /* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); x fp32 [rows, in_dim], quantized first into
  * `scratch` (rows * in_dim + 8 * rows * in_dim / 32 bytes, then 4 * rows * in_dim more when

@@ -16,6 +16,7 @@
 #define RP_Q5_0 6
 #define RP_Q8_0 8
 #define RP_Q4_K 12
+#define RP_Q5_K 13
 #define RP_Q6_K 14
 
 static inline float rp_f16(const uint8_t *p) { /* exact f16 -> f32 (F16C) */
@@ -66,11 +67,12 @@ static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qt
                 for (int g = 0; g < 8; g++) memcpy(out + 16 + g * 32 + o * 4, q + 4 * g, 4);
             }
         }
-    } else if (qtype == RP_Q4_K) { /* Q4K (1152 per superblock) */
+    } else if (qtype == RP_Q4_K || qtype == RP_Q5_K) { /* Q4K (1152 per superblock) / Q5K (1408) */
+        const int q5 = qtype == RP_Q5_K, bb = q5 ? 176 : 144, sub = q5 ? 160 : 128, qs0 = q5 ? 48 : 16;
         for (int64_t s = 0; s < in_dim / 256; s++) {
-            uint8_t *out = dst + s * 1152, q[8][8][32], sc[8][8], mn[8][8]; /* [j][o] */
+            uint8_t *out = dst + s * (128 + 8 * sub), q[8][8][32], sc[8][8], mn[8][8]; /* [j][o] */
             for (int o = 0; o < 8; o++) {
-                const uint8_t *blk = src + o * row_bytes + s * 144, *k = blk + 4;
+                const uint8_t *blk = src + o * row_bytes + s * bb, *k = blk + 4;
                 memcpy(out + 2 * o, blk, 2);
                 memcpy(out + 16 + 2 * o, blk + 2, 2);
                 for (int j = 0; j < 4; j++) {
@@ -79,9 +81,13 @@ static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qt
                     mn[j + 4][o] = (k[j + 8] >> 4) | (k[j + 4] >> 6) << 4;
                 }
                 for (int c = 0; c < 4; c++)
-                    for (int l = 0; l < 32; l++) {
-                        q[2 * c][o][l] = blk[16 + 32 * c + l] & 15;
-                        q[2 * c + 1][o][l] = blk[16 + 32 * c + l] >> 4;
+                    for (int l = 0; l < 32; l++) { /* Q5_K: qh[l] holds sub-block j's 5th bit at bit j */
+                        q[2 * c][o][l] = blk[qs0 + 32 * c + l] & 15;
+                        q[2 * c + 1][o][l] = blk[qs0 + 32 * c + l] >> 4;
+                        if (q5) {
+                            q[2 * c][o][l] |= (uint8_t)(((blk[16 + l] >> (2 * c)) & 1) << 4);
+                            q[2 * c + 1][o][l] |= (uint8_t)(((blk[16 + l] >> (2 * c + 1)) & 1) << 4);
+                        }
                     }
             }
             for (int p = 0; p < 64; p++) out[32 + p] = (uint8_t)((sc[p / 8][p % 8] & 15) | (mn[p / 8][p % 8] & 15) << 4);
@@ -91,7 +97,20 @@ static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qt
                 const uint8_t hb = (uint8_t)(sc[b / 8][b % 8] >> 4 | (mn[b / 8][b % 8] >> 4) << 2);
                 out[96 + k] = (uint8_t)(ha | hb << 4);
             }
-            for (int j = 0; j < 8; j++) rp_nibbles(q[j], out + 128 + 128 * j);
+            for (int j = 0; j < 8; j++) {
+                uint8_t lo[8][32], *body = out + 128 + sub * j;
+                for (int o = 0; o < 8; o++)
+                    for (int l = 0; l < 32; l++) lo[o][l] = q[j][o][l] & 15;
+                rp_nibbles(lo, body);
+                if (q5)
+                    for (int o = 0; o < 8; o++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t v = 0;
+                            for (int t = 0; t < 4; t++)
+                                v |= (uint8_t)((q[j][o][4 * t + i] >> 4) << t | (q[j][o][16 + 4 * t + i] >> 4) << (4 + t));
+                            body[128 + o * 4 + i] = v;
+                        }
+            }
         }
     } else { /* RP_Q6_K -> Q6K (1680 per superblock) */
         for (int64_t s = 0; s < in_dim / 256; s++) {
@@ -155,6 +174,7 @@ int tl_repack(const uint8_t *src, uint8_t *dst, int qtype, int64_t out_dim, int6
         case RP_Q5_0: format = TLQ_Q8X8, bb = 22; break;
         case RP_Q8_0: format = TLQ_Q8X8, bb = 34; break;
         case RP_Q4_K: format = TLQ_Q4K, bb = 144, block = 256; break;
+        case RP_Q5_K: format = TLQ_Q5K, bb = 176, block = 256; break;
         case RP_Q6_K: format = TLQ_Q6K, bb = 210, block = 256; break;
         default: return -1;
     }

@@ -6,6 +6,7 @@ cache (keyed by the file's path, size and mtime) and memory-mapped on later load
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -56,6 +57,16 @@ def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
     return config, weights
 
 
+def _release_free_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's `malloc_trim`). A load frees many
+    blocks of a few MB (a fused linear's parts once stacked) that malloc keeps below its
+    dynamic mmap threshold: without this they stay resident (measured: 0.3 GB at 3B)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
 def resolve_quantization(source: ModelSource, dtype: torch.dtype, kernels: Any, quantization: str | None) -> str | None:
     """What `quantization=None` (the default) means: keep a GGUF file's blocks ("gguf") when the
     model runs in bfloat16 on the kernels, since that measured faster end to end (BENCHMARKS.md,
@@ -93,6 +104,7 @@ def load_model(
         tokenizer = Tokenizer.from_folder(source.path)
     model = LlamaModel(config, weights, dtype, kernels, consume_weights=True)
     del weights
+    _release_free_heap()
     logger.info("loaded %s: %d layers, %.0fM parameters, %s%s", source.name, config.num_layers, config.num_parameters() / 1e6, dtype,
                 ", linears kept in their GGUF blocks" if model.quantization else "")
     return model, tokenizer
