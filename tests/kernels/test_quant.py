@@ -236,3 +236,13 @@ def test_weights_keep_the_files_bytes(qtype: int) -> None:
         assert w.nbytes == w.out_dim * w.in_dim // 32 * 34
     else:
         assert w.nbytes == file_bytes, (w.nbytes, file_bytes)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[QUANT_TYPES[t][0] for t in TYPES])
+def test_rows_are_the_dequantized_rows(kernels: CpuKernels, qtype: int) -> None:
+    """A token-table lookup (tl_quant_rows) gives the dequantized weight's rows, bit for bit."""
+    w = _quant_weight(qtype, 40, 512, seed=qtype + 5)
+    ids = torch.tensor([0, 7, 8, 39, 7, 21])
+    assert torch.equal(w.rows(ids), w.dequantize()[ids])
+    with pytest.raises(IndexError):
+        w.rows(torch.tensor([40]))

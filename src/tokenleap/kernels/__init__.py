@@ -266,6 +266,15 @@ def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarra
     return out.reshape(groups, -1)
 
 
+def _weight_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised uint8 tensor for weights, from numpy's allocator: it asks the kernel for
+    transparent huge pages on buffers of 4 MB and more (`madvise(MADV_HUGEPAGE)`; torch's does
+    not), and streaming a weight through 2 MB pages instead of 4 KB ones spares the TLB misses
+    (measured: the default model's step 3.1 ms with its 30 MB LM head on huge pages, 3.7-4.0 ms
+    without)."""
+    return torch.from_numpy(np.empty(shape, dtype=np.uint8))
+
+
 def _distinct(types: tuple[int, ...]) -> tuple[int, ...]:
     """A stack's part types, kept only when they differ (QuantWeight.types)."""
     return types if len(set(types)) > 1 else ()
@@ -318,7 +327,7 @@ class QuantWeight:
         kernels = load_kernels()
         if kernels is None:
             return cls(torch.from_numpy(_repack(raw, qtype, out_dim, in_dim)), qtype, out_dim, in_dim)
-        data = torch.empty(out_dim // 8, in_dim // 32 * _GROUP_BYTES[_FORMAT[qtype]], dtype=torch.uint8)
+        data = _weight_buffer((out_dim // 8, in_dim // 32 * _GROUP_BYTES[_FORMAT[qtype]]))
         if kernels.lib.tl_repack(raw.ctypes.data, data.data_ptr(), qtype, out_dim, in_dim) != 0:
             raise ValueError(f"tl_repack refused [{out_dim}, {in_dim}] {QUANT_TYPES[qtype][0]}")
         return cls(data, qtype, out_dim, in_dim)
@@ -369,8 +378,11 @@ class QuantWeight:
         types = tuple(t for w in parts for t in (w.types or (w.qtype,)))
         out_dim, in_dim = sum(w.out_dim for w in parts), parts[0].in_dim
         if not runs:
-            return QuantWeight(torch.cat([w.data for w in parts]).contiguous(), parts[0].qtype, out_dim, in_dim, _distinct(types))
-        data = torch.cat([w.data.reshape(-1) for w in parts]).contiguous()
+            data = _weight_buffer((sum(w.data.shape[0] for w in parts), parts[0].data.shape[1]))
+            torch.cat([w.data for w in parts], out=data)
+            return QuantWeight(data, parts[0].qtype, out_dim, in_dim, _distinct(types))
+        data = _weight_buffer((sum(w.nbytes for w in parts),))
+        torch.cat([w.data.reshape(-1) for w in parts], out=data)
         split = sum(w.out_dim for w in parts[: runs[0]])
         return QuantWeight(data, parts[0].qtype, out_dim, in_dim, _distinct(types), split=split, qtype2=parts[runs[0]].qtype)
 
@@ -379,7 +391,14 @@ class QuantWeight:
         table, as llama.cpp's get_rows: only the groups of 8 rows that hold them are decoded)."""
         if self.split:
             raise ValueError("row lookups read single-format weights")
-        ids = ids.reshape(-1).long()
+        ids = ids.reshape(-1).long().contiguous()
+        if int(ids.min()) < 0 or int(ids.max()) >= self.out_dim:
+            raise IndexError(f"row ids must be in [0, {self.out_dim})")
+        kernels = load_kernels()
+        if kernels is not None:
+            out = torch.empty(ids.numel(), self.in_dim, dtype=torch.float32)
+            kernels.lib.tl_quant_rows(self.data.data_ptr(), self.format, self.in_dim, ids.data_ptr(), ids.numel(), out.data_ptr())
+            return out
         groups, inverse = torch.unique(torch.div(ids, 8, rounding_mode="floor"), return_inverse=True)
         sub = QuantWeight(self.data[groups].contiguous(), self.qtype, 8 * int(groups.numel()), self.in_dim, self.types)
         return sub.dequantize().view(-1, 8, self.in_dim)[inverse, ids % 8]
@@ -746,6 +765,8 @@ def load_kernels() -> CpuKernels | None:
     lib.tl_quant_vnni.restype = ctypes.c_int
     lib.tl_repack.argtypes = [_ptr, _ptr, ctypes.c_int, _i64, _i64]
     lib.tl_repack.restype = ctypes.c_int
+    lib.tl_quant_rows.argtypes = [_ptr, ctypes.c_int, _i64, _ptr, _i64, _ptr]
+    lib.tl_quant_rows.restype = None
     lib.tl_forward_layers.argtypes = [_ptr]
     lib.tl_forward_layers.restype = ctypes.c_int
     features = int(lib.tl_features())

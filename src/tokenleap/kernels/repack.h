@@ -185,3 +185,70 @@ int tl_repack(const uint8_t *src, uint8_t *dst, int qtype, int64_t out_dim, int6
     tl_parallel(rp_task, &job);
     return 0;
 }
+
+/* Rows `ids` of a repacked weight, dequantized to fp32 `out` [n, in_dim] (a token-table lookup:
+ * llama.cpp's get_rows): the values QuantWeight.dequantize gives, computed in the same float
+ * steps (q * d + m; the K-quants' d * sc and -(dmin * m) first), so the bits are its bits. */
+void tl_quant_rows(const uint8_t *w, int format, int64_t in_dim, const int64_t *ids, int64_t n, float *out) {
+    const int64_t nb = in_dim / 32, group_stride = nb * q_group_bytes(format);
+    for (int64_t r = 0; r < n; r++) {
+        const int o = (int)(ids[r] % 8);
+        const uint8_t *base = w + ids[r] / 8 * group_stride;
+        float *y = out + r * in_dim;
+        if (format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_Q8X8) {
+            const int64_t gb = q_group_bytes(format);
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = base + b * gb;
+                const float d = rp_f16(blk + 2 * o);
+                float *yb = y + 32 * b;
+                if (format == TLQ_Q8X8) {
+                    for (int x = 0; x < 32; x++) yb[x] = (float)(int8_t)blk[16 + (x / 4) * 32 + o * 4 + x % 4] * d;
+                    continue;
+                }
+                const float m = format == TLQ_Q4X8 ? rp_f16(blk + 16 + 2 * o) : d * -8.0f;
+                const uint8_t *nib = blk + (format == TLQ_Q4X8 ? 32 : 16);
+                for (int t = 0; t < 4; t++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t v = nib[t * 32 + o * 4 + i];
+                        yb[4 * t + i] = (float)(v & 15) * d + m;
+                        yb[16 + 4 * t + i] = (float)(v >> 4) * d + m;
+                    }
+            }
+            continue;
+        }
+        const int64_t sb_bytes = 8 * q_group_bytes(format);
+        for (int64_t s = 0; s < in_dim / 256; s++) {
+            const uint8_t *sb = base + s * sb_bytes;
+            const float d = rp_f16(sb + 2 * o);
+            for (int j = 0; j < 8; j++) {
+                float *yb = y + 256 * s + 32 * j;
+                uint8_t q[32];
+                const uint8_t *body = sb + (format == TLQ_Q6K ? 144 + 192 * j : 128 + (format == TLQ_Q5K ? 160 : 128) * j);
+                for (int t = 0; t < 4; t++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t v = body[t * 32 + o * 4 + i];
+                        q[4 * t + i] = v & 15, q[16 + 4 * t + i] = v >> 4;
+                    }
+                if (format == TLQ_Q6K) {
+                    const float lo = d * (float)(int8_t)sb[16 + (2 * j) * 8 + o], hi = d * (float)(int8_t)sb[16 + (2 * j + 1) * 8 + o];
+                    for (int x = 0; x < 32; x++) {
+                        const int g = x / 4, h = (body[128 + (g / 4) * 32 + o * 4 + x % 4] >> (2 * (g % 4))) & 3;
+                        yb[x] = ((float)(q[x] | h << 4) - 32.0f) * (x < 16 ? lo : hi);
+                    }
+                    continue;
+                }
+                const int p = j * 8 + o, low = sb[32 + p], hi4 = (sb[96 + p % 32] >> (4 * (p / 32))) & 15;
+                const float scale = d * (float)((low & 15) | (hi4 & 3) << 4);
+                const float shift = -(rp_f16(sb + 16 + 2 * o) * (float)((low >> 4) | (hi4 >> 2) << 4));
+                if (format == TLQ_Q5K)
+                    for (int t = 0; t < 4; t++)
+                        for (int i = 0; i < 4; i++) {
+                            const uint8_t hb = body[128 + o * 4 + i];
+                            q[4 * t + i] |= (uint8_t)(((hb >> t) & 1) << 4);
+                            q[16 + 4 * t + i] |= (uint8_t)(((hb >> (4 + t)) & 1) << 4);
+                        }
+                for (int x = 0; x < 32; x++) yb[x] = (float)q[x] * scale + shift;
+            }
+        }
+    }
+}
