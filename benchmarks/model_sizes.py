@@ -61,13 +61,18 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "rss_gb": psutil.Proce
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            name = line.split(":", 1)[1].strip()
-            flags = Path("/proc/cpuinfo").read_text()
-            isa = "AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
-            return f"{name} ({isa})"
-    return platform.processor() or "unknown"
+    """The CPU as a benchmark row names it: model name, family / model, and the vector ISA the
+    kernels pick from (AMD family 25 model 1 is Zen 3 Milan, model 17 Zen 4 Genoa)."""
+    text = Path("/proc/cpuinfo").read_text()
+    info = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    flags = set(info.get("flags", "").split())
+    isa = "AVX2"
+    if "avx512f" in flags:
+        isa = "AVX-512" + "".join(f" {f}" for f, n in (("VNNI", "avx512_vnni"), ("BF16", "avx512_bf16")) if n in flags)
+    if "amx_tile" in flags:
+        isa += " AMX"
+    return f"{info.get('model name', platform.processor() or 'unknown')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}; {isa})"
 
 
 def load_in_fresh_process(path: Path) -> dict[str, float]:

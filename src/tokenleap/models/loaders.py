@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from tokenleap.errors import ModelNotFoundError, TokenleapError
 from tokenleap.models.config import ModelConfig, RopeScaling
@@ -182,7 +183,10 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
     config = read_gguf_config(reader)
     weights: dict[str, Any] = {}
     dequantized: dict[str, int] = {}
-    for tensor in reader.tensors:
+    # a progress bar for files that take seconds (on a terminal only: tqdm's disable=None)
+    tensors = tqdm(reader.tensors, desc=f"loading {path.name}", unit="tensor", leave=False,
+                   disable=None if path.stat().st_size > 1 << 30 else True)
+    for tensor in tensors:
         out_dim, in_dim = (int(tensor.shape[1]), int(tensor.shape[0])) if len(tensor.shape) == 2 else (0, 0)
         key = _gguf_key(tensor.name)
         short = key.rsplit(".", 1)[-1].removesuffix("_bias") if key else None  # q_bias unpermutes like q
