@@ -124,7 +124,7 @@ QUANT_TYPES: dict[int, tuple[str, int]] = {
 _SUPERBLOCK = {12: (256, 144), 13: (256, 176), 14: (256, 210)}  # inputs and bytes per superblock
 _Q4X8, _Q8X8, _Q40X8, _Q4K, _Q6K, _Q5K = 1, 2, 3, 5, 6, 7  # the kernels' interleaved formats (quant.h)
 _FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K}
-# per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 8 x 210 per superblock)
+# per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 176 / 210 per superblock)
 _GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210}
 
 
@@ -165,7 +165,8 @@ def _by_output(a: np.ndarray, groups: int) -> np.ndarray:
 
 
 def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
-    """Q4_K / Q6_K superblocks -> quant.h's Q4K / Q6K groups (the file's bytes, interleaved)."""
+    """Q4_K / Q5_K / Q6_K superblocks -> quant.h's Q4K / Q5K / Q6K groups (the file's bytes,
+    interleaved; the reference `tl_repack` is tested against)."""
     groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
     blk = raw.reshape(out_dim, nsb, _SUPERBLOCK[qtype][1])
     if qtype in (12, 13):
@@ -202,7 +203,7 @@ def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndar
 
 
 def _dequantize_k(g: np.ndarray, fmt: int, out_dim: int, in_dim: int) -> np.ndarray:
-    """quant.h's Q4K / Q6K groups `[G, in/32 * group bytes]` -> float32 `[out, in]`."""
+    """quant.h's Q4K / Q5K / Q6K groups `[G, in/32 * group bytes]` -> float32 `[out, in]`."""
     groups, nsb = out_dim // 8, in_dim // 256
     g = g.reshape(groups, nsb, -1)
     d = np.ascontiguousarray(g[..., 0:16]).view(np.float16).astype(np.float32)  # [G, nsb, o]
