@@ -1,5 +1,5 @@
 /* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks (Q4_0, Q4_1,
- * Q8_0, Q4_K, Q6_K; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
+ * Q8_0, Q4_K, Q5_K, Q6_K; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
  * products (included by both kernel variants).
  *
  * As llama.cpp does (ggml's vec_dot_q4_0_q8_0 / q4_1_q8_1 / q8_0_q8_0), the activations are
@@ -36,7 +36,7 @@
 #define TLQ_Q40X8 3 /* Q4_0 in its own 144 bytes: f16 d[8], then Q4X8's nibbles; m = -8 d in registers (exact) */
 
 /* The K-quants in their own bytes, per group of 8 outputs and superblock of 256 inputs (the
- * file's 144 / 210 bytes per output, so 1152 / 1680 per group: nothing widened). The kernel
+ * file's 144 / 176 / 210 bytes per output, so 1152 / 1408 / 1680 per group: nothing widened). The kernel
  * reads the superblock's header once, at its first block of 32, into per-block fp32 scales
  * (d sc_j, -dmin m_j: exact products, the values the file means), then runs the Q4X8 / Q8X8
  * integer sums on each block of 32 (Q6K: two, one per 16 inputs, each with its own scale):
