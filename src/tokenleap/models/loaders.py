@@ -1,12 +1,13 @@
-"""Weight loaders: GGUF (through the `gguf` package) and Hugging Face folders (safetensors).
+"""Weight loaders: GGUF (read by `models/gguf_file.py`) and Hugging Face folders (safetensors).
 
 GGUF files written by llama.cpp's converter store the Q and K projections of Llama-family
 models permuted for llama.cpp's interleaved ("GPT-J style") rotary embedding; we undo that
 permutation so every source ends in Hugging Face's layout (half-split, "GPT-NeoX style" RoPE)
 and one model implementation serves both. Quantized tensors (Q4_1, Q8_0, ...) are
 dequantized to float32 at load time with `gguf.quants.dequantize`, or, with `keep_quantized`,
-the linears' (and the LM head's) blocks in the formats the kernels read (`QUANT_TYPES`) are kept
-as they are in the file (`QuantWeight`); the others are dequantized with a log line.
+the linears', the token table's and the LM head's blocks in the formats the kernels read
+(`QUANT_TYPES`) are kept in the file's values and bytes (`QuantWeight`, repacked once; the mapped
+pages of each tensor are released once it is copied); the others are dequantized with a log line.
 
 Both loaders return a `ModelConfig` and a dict of float32 tensors under canonical names:
 `embed`, `norm`, `lm_head` (absent when tied) and `layers.{i}.{attn_norm, q, k, v, o,
