@@ -131,7 +131,7 @@ _GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _Q4K: 144, _Q5K: 176, _Q6K:
 def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """A 32-block GGUF tensor's blocks as integer weights and per-block scales: (q `[out, nb, 32]`
     (uint8 0..15 for the Q4 formats, int8 otherwise), d `[out, nb]` f16, m `[out, nb]` f16 or None)
-    with w = d q + m."""
+    with w = d q + m (Q4_0: m None, the kernel forms -8 d)."""
     nb = in_dim // 32
     blocks = raw.reshape(out_dim, nb, QUANT_TYPES[qtype][1])
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [out, nb]
@@ -145,8 +145,8 @@ def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.
         return (low | (high << 4)) - 16, d, None
     if qtype == 3:
         m, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], blocks[..., 4:20]
-    else:  # Q4_0: d (q - 8) = d q + m with m = -8 d (the kernel forms it in fp32: exact)
-        m, qs = d.astype(np.float32) * np.float32(-8), blocks[..., 2:18]
+    else:  # Q4_0: d (q - 8) = d q + m with m = -8 d, formed by the kernel in fp32 (no m stored)
+        m, qs = None, blocks[..., 2:18]
     return np.concatenate([qs & 15, qs >> 4], axis=-1), d, m
 
 
@@ -260,8 +260,8 @@ def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarra
         qq = np.ascontiguousarray(q.astype(np.int8)).view(np.uint8).reshape(groups, 8, nb, 8, 4)
         out[..., 16:] = qq.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
         return out.reshape(groups, -1)
-    assert m is not None
     if fmt == _Q4X8:
+        assert m is not None
         out[..., 16:32] = by_group(m.astype(np.float16))
     out[..., -128:] = _nibbles(q.astype(np.uint8), groups)
     return out.reshape(groups, -1)

@@ -196,7 +196,6 @@ static inline __attribute__((always_inline)) void q_tile(
     const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1;
     const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const int superblocks = format == TLQ_Q4K || format == TLQ_Q5K || format == TLQ_Q6K, q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
-    const int halves = q6; /* two scales per block of 32 (16 inputs each) */
     __m256 acc[QR][QO];
     float sdw[QO][8][8], smw[QO][8][8]; /* the superblock formats' per-block scales */
     for (int r = 0; r < NR; r++)
@@ -327,7 +326,7 @@ static inline __attribute__((always_inline)) void q_tile(
                 const int64_t xi = (m0 + r) * nb + bi;
                 acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[xi])), acc[r][j]);
                 if (q4) acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[xi]), acc[r][j]);
-                if (halves)
+                if (q6) /* two scales per block of 32 (16 inputs each) */
                     acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_hi[r]), _mm256_mul_ps(mw, _mm256_set1_ps(xd[xi])), acc[r][j]);
             }
         }
@@ -408,17 +407,6 @@ static void q_run(const q_job *j, const int8_t *xq, const uint8_t *w, int format
         default: break;
     }
 #undef Q_GROUPS
-}
-
-/* Guided scheduling: a grab takes a share of what is left (at least ctr.chunk chunks), so the
- * threads start with long contiguous runs and finish together on short ones. */
-static inline int64_t q_next(tl_counter *c, int64_t *end) {
-    const int64_t seen = atomic_load_explicit(&c->next, memory_order_relaxed);
-    int64_t take = (c->count - seen) / (2 * pool.n);
-    if (take < c->chunk) take = c->chunk;
-    const int64_t start = atomic_fetch_add(&c->next, take);
-    *end = start + take < c->count ? start + take : c->count;
-    return start;
 }
 
 static void q_task(void *ctx, int tid, int nthreads) {
