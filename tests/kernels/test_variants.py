@@ -33,7 +33,7 @@ sys.path.insert(0, "tests")
 from tiny_models import TINY_CONFIG, make_tiny_weights
 
 k = load_kernels()
-assert k is not None and k.variant == "avx2" and k.packed and not k.bf16_attention, k
+assert k is not None and k.variant == "avx2" and k.packed and k.bf16_attention, k
 g = torch.Generator().manual_seed(3)
 for rows in (1, 2, 3, 7, 13):
     x = torch.randn(rows, 96, generator=g)

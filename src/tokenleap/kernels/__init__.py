@@ -8,8 +8,8 @@ faster and exact for speculative verification. They run on their own small threa
 then yield, then sleep: an OpenMP runtime either pays a wake-up per call or hogs the cores from
 other processes). Two instruction-set variants keep the same contract: `kernels.c` (AVX-512, with
 AVX512-BF16 dot products, packed weights and a blocked bf16 KV cache where the CPU has them) and
-`kernels_avx2.c` (AVX2 + FMA: packed weights widened to fp32, an fp32 KV cache); the CPU's
-flags pick one at run time. It is compiled with the system C compiler (`-march=native`) into the
+`kernels_avx2.c` (AVX2 + FMA: packed weights and the blocked bf16 KV cache widened to fp32 in
+registers); the CPU's flags pick one at run time. It is compiled with the system C compiler (`-march=native`) into the
 user cache, keyed by the sources, flags and the CPU's feature flags, and loaded with ctypes;
 when no compiler or neither instruction set is present the model falls back to torch ops
 (correct, slower, and not row-invariant: greedy speculation may then drift from plain decoding).
@@ -665,7 +665,7 @@ class CpuKernels:
         if head_dim not in self.attention_head_dims(plan.blocked) or heads % kv_heads:
             raise ValueError(f"kernel attention: unsupported heads {heads}/{kv_heads} x {head_dim}")
         if plan.blocked and (not self.bf16_attention or plan.slot_end is None):
-            raise ValueError("kernel attention: blocked bf16 caches need AVX512-BF16 and slot_end")
+            raise ValueError("kernel attention: blocked bf16 caches need tl_attention_bf16 and slot_end")
         work, rows = plan.work, plan.rows
         if "q" not in work:  # the layers of one forward share the scratch buffers
             work["q"] = torch.empty(rows * heads * head_dim // (2 if plan.blocked else 1), dtype=torch.int32 if plan.blocked else torch.float32)

@@ -512,48 +512,14 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
 
 #ifdef __AVX512BF16__
 /* ---------------------------------------------------------------------------------------
- * Attention over a bf16 KV cache in a slot-blocked layout, several query rows at once.
- *
- * Per (layer, kv head) the cache holds cap * hd bf16 values:
- *   K: [cap/16][hd/2][16][2]  a block of 16 slots; for each pair of dims, the 16 slots' pairs.
- *      One 64-byte load and one vdpbf16ps per dim pair add that pair's contribution to 16
- *      slots' scores of a query: no horizontal sums.
- *   V: [cap/2][hd][2]         for each pair of slots, the pair's value of every dim: one
- *      vdpbf16ps adds two slots' probability-weighted values to 16 output dims.
- * Queries and probabilities are rounded to bf16 (as transformers does in bf16) and accumulate
- * in fp32. Rows of one sequence (a verified draft) are processed together, so its K and V are
- * read once for up to 32 (row, head) queries sharing a kv head instead of once per row; the
- * work per query is the same instruction sequence whatever the other queries are (the scores
- * of a slot: a fixed chain over dim pairs; softmax: 16-lane max and sum over the blocks in
- * order; P.V: a fixed chain over slot pairs). Slots a row may not see get probability 0, which
- * adds exact zeros, so a verified row equals the decoded one bit for bit. Storage must start
- * zeroed (0 x garbage could be NaN). */
-#define AQ 32 /* queries per job at most */
-
-static inline uint16_t bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-typedef struct {
-    tl_counter ctr;
-    const uint32_t *qb; /* [rows, heads, hd/2] bf16 pairs of the rotated queries */
-    float *out;
-    const int64_t *kv_base, *cap, *slot_end, *slot_lo, *mask_start, *chunk;
-    const uint16_t *tail;
-    int64_t tail_slots;
-    float *scratch; /* AQ * max_slots floats per pool thread */
-    int64_t layer, heads, kv_heads, hd, span, max_slots;
-    float scale;
-} attn16_ctx;
+ * Attention over a bf16 KV cache in a slot-blocked layout (attn16.h), several query rows at
+ * once: one 64-byte load and one vdpbf16ps per dim pair add that pair's contribution to 16
+ * slots' scores of a query; one vdpbf16ps adds two slots' probability-weighted values to 16
+ * output dims. */
+#include "attn16.h"
 
 /* Scores of QN queries over NB consecutive 16-slot blocks starting at block b0 (QN * NB
  * independent accumulator chains hide the vdpbf16ps latency). */
-typedef struct { const uint16_t *k, *v, *tk, *tv; int64_t split; } kv_src; /* blocks >= split: tail */
-
 static inline __attribute__((always_inline)) void score_tile(
         const uint32_t *const *qp, const kv_src *src, int64_t b0, int64_t hd, __m512 *acc, const int QN, const int NB) {
     for (int i = 0; i < QN * NB; i++) acc[i] = _mm512_setzero_ps();
@@ -570,63 +536,62 @@ static inline __attribute__((always_inline)) void score_tile(
     }
 }
 
-/* P.V for QN queries: out[g][d] = sum over slot pairs p (in order) of probs[g][p] . V[p][d], for
- * the ND 16-wide dim chunks d0 .. d0+ND-1 of a head of NT chunks (NT > 8: a 256-wide head runs in
- * two halves, each dim's chain over the slot pairs unchanged). */
+/* P.V for QN queries over slot pairs p0 .. p1-1, continuing the sums in o (query g's row at
+ * o + g * hd): o[g][d] += probs[g][p] . V[p][d] per pair, in order, for the ND 16-wide dim
+ * chunks d0 .. d0+ND-1 of a head of NT chunks (NT > 8: a 256-wide head runs in two halves,
+ * each dim's chain over the slot pairs unchanged). */
 static inline __attribute__((always_inline)) void pv_tile(
-        const uint32_t *const *pp, const kv_src *src, int64_t npairs, __m512 *o, const int QN, const int ND,
+        const uint32_t *const *pp, const kv_src *src, int64_t p0, int64_t p1, float *o, const int QN, const int ND,
         const int64_t NT, const int64_t d0) {
-    for (int i = 0; i < QN * ND; i++) o[i] = _mm512_setzero_ps();
+    __m512 t[24];
+    for (int g = 0; g < QN; g++)
+        for (int d = 0; d < ND; d++) t[g * ND + d] = _mm512_loadu_ps(o + g * NT * 16 + (d0 + d) * 16);
     const int64_t psplit = src->split * 8;
-    for (int64_t p = 0; p < npairs; p++) {
+    for (int64_t p = p0; p < p1; p++) {
         const uint16_t *vp = (p < psplit ? src->v + p * 32 * NT : src->tv + (p - psplit) * 32 * NT) + d0 * 32;
         __m512bh vv[8];
         for (int d = 0; d < ND; d++) vv[d] = (__m512bh)_mm512_loadu_si512((const void *)(vp + d * 32));
         for (int g = 0; g < QN; g++) {
             const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pp[g][p]);
-            for (int d = 0; d < ND; d++) o[g * ND + d] = _mm512_dpbf16_ps(o[g * ND + d], pv, vv[d]);
+            for (int d = 0; d < ND; d++) t[g * ND + d] = _mm512_dpbf16_ps(t[g * ND + d], pv, vv[d]);
         }
     }
+    for (int g = 0; g < QN; g++)
+        for (int d = 0; d < ND; d++) _mm512_storeu_ps(o + g * NT * 16 + (d0 + d) * 16, t[g * ND + d]);
 }
+
+/* K and V are read in runs that stay in L1/L2 while every query tile of a job passes over them
+ * (a verified draft of 5 rows has 20 queries per kv head, several tiles): BLK 16-slot blocks
+ * for the scores, PAIRS slot pairs for P.V. The order of the runs changes no sum: a score is
+ * its block's own chain, and a P.V sum continues from where the previous run stored it. */
+#define BLK 16
+#define PAIRS 64
 
 static void attn16_task(void *arg, int tid, int nthreads) {
     attn16_ctx *a = (attn16_ctx *)arg;
     (void)nthreads;
-    const int64_t hd = a->hd, group = a->heads / a->kv_heads, span = a->span, jobs_per_chunk = a->heads / span;
+    const int64_t hd = a->hd;
     const int ND = (int)(hd / 16);
     float *sc = a->scratch + (int64_t)tid * AQ * a->max_slots;
+    float obuf[AQ * 256];
     int64_t end;
     for (int64_t job = tl_next(&a->ctr, &end); job < a->ctr.count; job = tl_next(&a->ctr, &end))
         for (; job < end; job++) {
-            const int64_t c = job / jobs_per_chunk, h_first = (job % jobs_per_chunk) * span, kh = h_first / group;
-            const int64_t r0 = a->chunk[c], nrows = a->chunk[c + 1] - r0, Q = nrows * span;
-            const int64_t plane = a->kv_heads * a->cap[r0] * hd;
-            const uint16_t *kbase = (const uint16_t *)a->kv_base[r0] + a->layer * 2 * plane + kh * a->cap[r0] * hd;
-            kv_src src = {kbase, kbase + plane, NULL, NULL, INT64_MAX / 16};
-            if (a->mask_start && a->mask_start[r0] >= 0) { /* a tree row (its own chunk): tail from its path */
-                src.split = a->mask_start[r0] / 16;
-                src.tk = a->tail + (r0 * a->kv_heads + kh) * 2 * a->tail_slots * hd;
-                src.tv = src.tk + a->tail_slots * hd;
-            }
-            int64_t nmax = 0;
-            for (int64_t r = r0; r < r0 + nrows; r++) nmax = a->slot_end[r] > nmax ? a->slot_end[r] : nmax;
-            const int64_t nb = (nmax + 15) / 16;
+            kv_src src;
             const uint32_t *qp[AQ];
-            int64_t qrow[AQ], qhead[AQ];
+            int64_t qrow[AQ], qhead[AQ], nb;
+            const int64_t Q = attn16_job(a, job, &src, qrow, qhead, qp, &nb);
             __m512 mxv[AQ];
-            for (int64_t i = 0; i < Q; i++) {
-                qrow[i] = r0 + i / span;
-                qhead[i] = h_first + i % span;
-                qp[i] = a->qb + (qrow[i] * a->heads + qhead[i]) * (hd / 2);
-                mxv[i] = _mm512_set1_ps(-FLT_MAX);
-            }
+            for (int64_t i = 0; i < Q; i++) mxv[i] = _mm512_set1_ps(-FLT_MAX);
             /* pass 1: scaled, masked scores into sc[query][slot] */
             const int QT = Q >= 8 ? 8 : (int)Q;
+            for (int64_t run = 0; run < nb; run += BLK)
             for (int64_t q0 = 0; q0 < Q; q0 += QT) {
                 const int qn = (int)(Q - q0 < QT ? Q - q0 : QT);
                 const int BT = qn >= 5 ? 1 : qn >= 3 ? 2 : qn == 2 ? 4 : 8;
-                for (int64_t b0 = 0; b0 < nb; b0 += BT) {
-                    const int bn = (int)(nb - b0 < BT ? nb - b0 : BT);
+                const int64_t run_end = run + BLK < nb ? run + BLK : nb;
+                for (int64_t b0 = run; b0 < run_end; b0 += BT) {
+                    const int bn = (int)(run_end - b0 < BT ? run_end - b0 : BT);
                     __m512 acc[8];
 #define SCORE(QN_, NB_) score_tile(qp + q0, &src, b0, hd, acc, QN_, NB_)
                     if (bn == BT) {
@@ -657,8 +622,7 @@ static void attn16_task(void *arg, int tid, int nthreads) {
                         const int64_t qi = q0 + g, r = qrow[qi], send = a->slot_end[r], lo = a->slot_lo ? a->slot_lo[r] : 0;
                         for (int b = 0; b < bn; b++) {
                             const int64_t j0 = (b0 + b) * 16;
-                            uint32_t valid = send - j0 >= 16 ? 0xffffu : send > j0 ? (1u << (send - j0)) - 1u : 0u;
-                            if (lo > j0) valid &= lo - j0 >= 16 ? 0u : ~((1u << (lo - j0)) - 1u); /* below a sliding window */
+                            const uint32_t valid = attn16_valid(send, lo, j0);
                             __m512 sv = _mm512_mul_ps(acc[g * BT + b], _mm512_set1_ps(a->scale));
                             sv = _mm512_mask_blend_ps((__mmask16)valid, _mm512_set1_ps(-FLT_MAX), sv);
                             _mm512_storeu_ps(sc + qi * a->max_slots + j0, sv);
@@ -682,126 +646,47 @@ static void attn16_task(void *arg, int tid, int nthreads) {
                 }
                 inv[qi] = 1.0f / _mm512_reduce_add_ps(sum);
             }
-            /* pass 3: P.V, QV queries at a time */
+            /* pass 3: P.V, QV queries at a time, in runs of PAIRS slot pairs (sums kept in obuf) */
             const int QV = ND >= 8 ? 3 : ND == 4 ? 6 : 8;
             const int NH = ND > 8 ? 8 : ND; /* dim chunks per pass (a 256-wide head: two passes of 8) */
-            for (int64_t q0 = 0; q0 < Q; q0 += QV) {
-                const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
-                const uint32_t *pp[8];
-                for (int g = 0; g < qn; g++) pp[g] = (const uint32_t *)(sc + (q0 + g) * a->max_slots);
-                for (int64_t d0 = 0; d0 < ND; d0 += NH) {
-                    __m512 o[24];
+            for (int64_t i = 0; i < Q * hd; i++) obuf[i] = 0.0f;
+            for (int64_t run = 0; run < nb * 8; run += PAIRS) {
+                const int64_t run_end = run + PAIRS < nb * 8 ? run + PAIRS : nb * 8;
+                for (int64_t q0 = 0; q0 < Q; q0 += QV) {
+                    const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
+                    const uint32_t *pp[8];
+                    for (int g = 0; g < qn; g++) pp[g] = (const uint32_t *)(sc + (q0 + g) * a->max_slots);
+                    float *o = obuf + q0 * hd;
+                    for (int64_t d0 = 0; d0 < ND; d0 += NH) {
 #define PV_ND(ND_, QMAX_)                                                                          \
-                    switch (qn < QMAX_ ? qn : QMAX_) {                                            \
-                        case 1: pv_tile(pp, &src, nb * 8, o, 1, ND_, ND, d0); break;              \
-                        case 2: pv_tile(pp, &src, nb * 8, o, 2, ND_, ND, d0); break;              \
-                        case 3: pv_tile(pp, &src, nb * 8, o, 3, ND_, ND, d0); break;              \
-                        case 4: pv_tile(pp, &src, nb * 8, o, 4 < QMAX_ ? 4 : QMAX_, ND_, ND, d0); break; \
-                        case 5: pv_tile(pp, &src, nb * 8, o, 5 < QMAX_ ? 5 : QMAX_, ND_, ND, d0); break; \
-                        case 6: pv_tile(pp, &src, nb * 8, o, 6 < QMAX_ ? 6 : QMAX_, ND_, ND, d0); break; \
-                        case 7: pv_tile(pp, &src, nb * 8, o, 7 < QMAX_ ? 7 : QMAX_, ND_, ND, d0); break; \
-                        default: pv_tile(pp, &src, nb * 8, o, 8 < QMAX_ ? 8 : QMAX_, ND_, ND, d0); break; \
-                    }
-                    switch (NH) {
-                        case 1: PV_ND(1, 8) break;
-                        case 2: PV_ND(2, 8) break;
-                        case 4: PV_ND(4, 6) break;
-                        default: PV_ND(8, 3) break;
-                    }
+                        switch (qn < QMAX_ ? qn : QMAX_) {                                        \
+                            case 1: pv_tile(pp, &src, run, run_end, o, 1, ND_, ND, d0); break;    \
+                            case 2: pv_tile(pp, &src, run, run_end, o, 2, ND_, ND, d0); break;    \
+                            case 3: pv_tile(pp, &src, run, run_end, o, 3, ND_, ND, d0); break;    \
+                            case 4: pv_tile(pp, &src, run, run_end, o, 4 < QMAX_ ? 4 : QMAX_, ND_, ND, d0); break; \
+                            case 5: pv_tile(pp, &src, run, run_end, o, 5 < QMAX_ ? 5 : QMAX_, ND_, ND, d0); break; \
+                            case 6: pv_tile(pp, &src, run, run_end, o, 6 < QMAX_ ? 6 : QMAX_, ND_, ND, d0); break; \
+                            case 7: pv_tile(pp, &src, run, run_end, o, 7 < QMAX_ ? 7 : QMAX_, ND_, ND, d0); break; \
+                            default: pv_tile(pp, &src, run, run_end, o, 8 < QMAX_ ? 8 : QMAX_, ND_, ND, d0); break; \
+                        }
+                        switch (NH) {
+                            case 1: PV_ND(1, 8) break;
+                            case 2: PV_ND(2, 8) break;
+                            case 4: PV_ND(4, 6) break;
+                            default: PV_ND(8, 3) break;
+                        }
 #undef PV_ND
-                    for (int g = 0; g < qn; g++) {
-                        const int64_t qi = q0 + g;
-                        float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd + d0 * 16;
-                        for (int d = 0; d < NH; d++) _mm512_storeu_ps(orow + d * 16, _mm512_mul_ps(o[g * NH + d], _mm512_set1_ps(inv[qi])));
                     }
                 }
+            }
+            for (int64_t qi = 0; qi < Q; qi++) {
+                float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd;
+                for (int64_t d = 0; d < hd; d += 16)
+                    _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(obuf + qi * hd + d), _mm512_set1_ps(inv[qi])));
             }
         }
 }
 
-/* One decoder layer's attention for `rows` new tokens (of one or several sequences) over bf16
- * caches in the layout above. qkv: [rows, (heads + 2 kv_heads) * hd] fp32 (bias added); row r
- * is position pos[r] of the sequence whose cache ([layers, 2, kv_heads, cap[r] * hd] bf16,
- * zero-initialised, cap a multiple of 16) starts at kv_base[r]. Row r's rotated key and value
- * go to slot wslot[r] of `layer`, and the row attends to slots 0 .. slot_end[r]-1. Rows of one
- * sequence must be consecutive.
- * Token trees: when `mask` is given, a row with mask_start[r] = m >= 0 is a tree row: it sees
- * slots 0 .. m-1 and the tree slots m + j with mask[r * mask_w + j] != 0 (its ancestors and
- * itself, in order), and slot_end[r] = m + their count. Its attention runs over a virtual cache
- * whose slots from m on are exactly that path, copied to `tail` (rows * kv_heads * 2 *
- * tail_slots * hd halves, tail_slots a multiple of 16 >= 15 + mask_w), so that it computes
- * what decoding the path token by token computes, bit for bit.
- * qb: rows * heads * hd/2 uint32; chunk: rows + 1 int64; scratch: (pool threads) * AQ *
- * max_slots floats (max_slots a multiple of 16, >= every slot_end). out: [rows, heads * hd].
- * slot_lo (optional): row r sees no slot below slot_lo[r] (a sliding window; probability 0, as
- * for every slot it may not see).
- * hd 16, 32, 64, 128 or 256. */
-void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
-                       const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
-                       float *out, uint32_t *qb, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
-                       const int64_t *slot_end, const int64_t *slot_lo, const int64_t *mask_start, const uint8_t *mask, int64_t mask_w,
-                       uint16_t *tail, int64_t tail_slots, int64_t *chunk, float *scratch, int64_t max_slots) {
-    const int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
-    float tmp[256];
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = qkv + r * width, *c = cos + pos[r] * hd, *sn = sin + pos[r] * hd;
-        const int64_t plane = kv_heads * cap[r] * hd, s = wslot[r];
-        uint16_t *kl = (uint16_t *)kv_base[r] + layer * 2 * plane, *vl = kl + plane;
-        for (int64_t h = 0; h < heads; h++) {
-            rope_head(row + h * hd, tmp, c, sn, hd);
-            uint32_t *dst = qb + (r * heads + h) * (hd / 2);
-            for (int64_t i = 0; i < hd / 2; i++) dst[i] = (uint32_t)bf16_round(tmp[2 * i]) | ((uint32_t)bf16_round(tmp[2 * i + 1]) << 16);
-        }
-        for (int64_t h = 0; h < kv_heads; h++) {
-            rope_head(row + (heads + h) * hd, tmp, c, sn, hd);
-            uint16_t *kh = kl + h * cap[r] * hd + (s / 16) * 16 * hd + (s % 16) * 2;
-            for (int64_t d = 0; d < hd; d++) kh[(d / 2) * 32 + (d & 1)] = bf16_round(tmp[d]);
-            const float *v = row + (heads + kv_heads + h) * hd;
-            uint16_t *vh = vl + h * cap[r] * hd + (s / 2) * 2 * hd + (s & 1);
-            for (int64_t d = 0; d < hd; d++) vh[d * 2] = bf16_round(v[d]);
-        }
-    }
-    /* tree rows: the cached part of the block holding slot m, then the row's path, in order */
-    for (int64_t r = 0; mask && r < rows; r++) {
-        const int64_t m = mask_start[r];
-        if (m < 0) continue;
-        const int64_t base = m / 16 * 16, plane = kv_heads * cap[r] * hd;
-        const uint16_t *kl = (const uint16_t *)kv_base[r] + layer * 2 * plane, *vl = kl + plane;
-        for (int64_t h = 0; h < kv_heads; h++) {
-            const uint16_t *kc = kl + h * cap[r] * hd, *vc = vl + h * cap[r] * hd;
-            uint16_t *tk = tail + (r * kv_heads + h) * 2 * tail_slots * hd, *tv = tk + tail_slots * hd;
-            memcpy(tk, kc + base * hd, (size_t)(16 * hd) * sizeof(uint16_t)); /* block of slots base..base+15 */
-            memcpy(tv, vc + base * hd, (size_t)(16 * hd) * sizeof(uint16_t)); /* their 8 value pairs */
-            int64_t t = m - base;
-            for (int64_t j = 0; j < mask_w; j++) {
-                if (!mask[r * mask_w + j]) continue;
-                const int64_t src = m + j;
-                for (int64_t d = 0; d < hd; d++) {
-                    tk[(t / 16) * 16 * hd + (d / 2) * 32 + (t % 16) * 2 + (d & 1)] = kc[(src / 16) * 16 * hd + (d / 2) * 32 + (src % 16) * 2 + (d & 1)];
-                    tv[(t / 2) * 2 * hd + d * 2 + (t & 1)] = vc[(src / 2) * 2 * hd + d * 2 + (src & 1)];
-                }
-                t++;
-            }
-        }
-    }
-    /* chunks: runs of consecutive rows of one sequence, at most AQ / group rows each; a tree
-     * row is a chunk of its own */
-    const int64_t max_rows = AQ / group > 0 ? AQ / group : 1;
-    int64_t nchunks = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        const int tree = mask && mask_start[r] >= 0, prev_tree = r > 0 && mask && mask_start[r - 1] >= 0;
-        if (r == 0 || tree || prev_tree || kv_base[r] != kv_base[r - 1] || r - chunk[nchunks - 1] >= max_rows) chunk[nchunks++] = r;
-    }
-    chunk[nchunks] = rows;
-    /* Few jobs (decoding one sequence): one per query head, so both threads get work; else one
-     * per kv head, reading K and V once for the heads that share them (unless more than AQ
-     * heads share one). Same arithmetic. */
-    const int64_t span = nchunks * kv_heads < 2 * pool.n || group > AQ ? 1 : group;
-    attn16_ctx ctx = {{0, nchunks * heads / span, 1}, qb, out, kv_base, cap, slot_end, slot_lo, mask ? mask_start : NULL, chunk,
-                      tail, tail_slots, scratch, layer, heads, kv_heads, hd, span, max_slots,
-                      1.0f / sqrtf((float)hd)};
-    tl_parallel(attn16_task, &ctx);
-}
 #endif
 
 #define TLQ_ALLOW_VNNI 1 /* this variant may use AVX-512 VNNI in quant.h */

@@ -11,7 +11,7 @@
  *                      (kernels.c's PackedWeight): a 32-byte load holds an input pair of 8
  *                      outputs, widened to fp32 by a shift and a mask; activations stay fp32
  *   tl_rmsnorm, tl_silu_mul, tl_attention (fp32 KV cache), tl_init
- * There is no bf16 dot-product instruction here, so no blocked bf16 KV cache (tl_features). */
+ *   tl_attention_bf16  the blocked bf16 KV cache of attn16.h, bf16 widened by a shift and a mask */
 #include "pool.h"
 #include "rope.h"
 #include "norms.h"
@@ -21,7 +21,7 @@
 #endif
 
 int tl_has_bf16_dot(void) { return 0; }
-int tl_features(void) { return 1; } /* 1: tl_linear_packed; no 2 (tl_attention_bf16) */
+int tl_features(void) { return 3; } /* 1: tl_linear_packed, 2: tl_attention_bf16 */
 
 /* Sum of 8 lanes by one fixed tree. */
 static inline float hsum8(__m256 v) {
@@ -362,8 +362,202 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
     tl_parallel(attn_task, &ctx);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Attention over a bf16 KV cache in the slot-blocked layout of attn16.h, without a bf16 dot
+ * product: 32 bytes of K hold one dim pair of 8 slots, widened to two fp32 vectors (the even
+ * dim by a shift, the odd one by a mask) for two FMAs into 8 slots' scores; 32 bytes of V hold
+ * two slots' values of 8 dims, two FMAs add them to 8 output dims. Half the bytes of the fp32
+ * cache, and a verified draft reads K and V once for all its rows. Per query the same chains
+ * as kernels.c (score: dim pairs in order, even then odd; P.V: slot pairs in order), so a
+ * verified row equals the decoded one bit for bit. */
+#include "attn16.h"
+
+static inline void bf16_split8(const uint16_t *p, __m256 *even, __m256 *odd) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)p);
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000)));
+}
+
+/* Scores of QN queries over NB 16-slot blocks from b0: acc[(g * NB + b) * 2 + h] holds slots
+ * h*8 .. h*8+7 of block b0+b. qf: the queries widened to fp32. */
+static inline __attribute__((always_inline)) void score_tile8(
+        const float *const *qf, const kv_src *src, int64_t b0, int64_t hd, __m256 *acc, const int QN, const int NB) {
+    __m256 t[8]; /* local, so that the accumulators stay in registers */
+    for (int i = 0; i < 2 * QN * NB; i++) t[i] = _mm256_setzero_ps();
+    const uint16_t *kp[4];
+    for (int b = 0; b < NB; b++)
+        kp[b] = b0 + b < src->split ? src->k + (b0 + b) * 16 * hd : src->tk + (b0 + b - src->split) * 16 * hd;
+    for (int64_t dp = 0; dp < hd / 2; dp++)
+        for (int b = 0; b < NB; b++) {
+            __m256 ke0, ko0, ke1, ko1;
+            bf16_split8(kp[b] + dp * 32, &ke0, &ko0);
+            bf16_split8(kp[b] + dp * 32 + 16, &ke1, &ko1);
+            for (int g = 0; g < QN; g++) {
+                const __m256 qe = _mm256_broadcast_ss(qf[g] + 2 * dp), qo = _mm256_broadcast_ss(qf[g] + 2 * dp + 1);
+                const int i = (g * NB + b) * 2;
+                t[i] = _mm256_fmadd_ps(qe, ke0, t[i]);
+                t[i + 1] = _mm256_fmadd_ps(qe, ke1, t[i + 1]);
+                t[i] = _mm256_fmadd_ps(qo, ko0, t[i]);
+                t[i + 1] = _mm256_fmadd_ps(qo, ko1, t[i + 1]);
+            }
+        }
+    for (int i = 0; i < 2 * QN * NB; i++) acc[i] = t[i];
+}
+
+/* P.V of QN queries for NC 8-dim chunks from chunk c0 over slot pairs p0 .. p1-1, continuing
+ * the sums in o (query g's row at o + g * hd): o[d] += p_even . V_even + p_odd . V_odd per pair,
+ * in order. pf: the probabilities (bf16 values as fp32). */
+static inline __attribute__((always_inline)) void pv_tile8(
+        const float *const *pf, const kv_src *src, int64_t p0, int64_t p1, int64_t hd, int64_t c0, float *o,
+        const int QN, const int NC) {
+    __m256 t[8]; /* local, so that the accumulators stay in registers */
+    for (int g = 0; g < QN; g++)
+        for (int c = 0; c < NC; c++) t[g * NC + c] = _mm256_loadu_ps(o + g * hd + (c0 + c) * 8);
+    const int64_t psplit = src->split * 8;
+    for (int64_t p = p0; p < p1; p++) {
+        const uint16_t *vp = (p < psplit ? src->v + p * 2 * hd : src->tv + (p - psplit) * 2 * hd) + c0 * 16;
+        for (int c = 0; c < NC; c++) {
+            __m256 ve, vo;
+            bf16_split8(vp + c * 16, &ve, &vo);
+            for (int g = 0; g < QN; g++) {
+                t[g * NC + c] = _mm256_fmadd_ps(_mm256_broadcast_ss(pf[g] + 2 * p), ve, t[g * NC + c]);
+                t[g * NC + c] = _mm256_fmadd_ps(_mm256_broadcast_ss(pf[g] + 2 * p + 1), vo, t[g * NC + c]);
+            }
+        }
+    }
+    for (int g = 0; g < QN; g++)
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(o + g * hd + (c0 + c) * 8, t[g * NC + c]);
+}
+
+/* K and V are read in runs that stay in L1/L2 while every query tile of a job passes over them
+ * (a 16-slot block of a 128-wide head is 4 KB): BLK blocks for the scores, PAIRS slot pairs
+ * for P.V. The order of the runs changes no sum: a score is one block's own chain, and a P.V
+ * sum continues from where the previous run stored it. */
+#define BLK 16
+#define PAIRS 64
+
+static void attn16_task(void *arg, int tid, int nthreads) {
+    attn16_ctx *a = (attn16_ctx *)arg;
+    (void)nthreads;
+    const int64_t hd = a->hd, nc_all = hd / 8;
+    float *sc = a->scratch + (int64_t)tid * AQ * a->max_slots;
+    float qbuf[AQ * 256], obuf[AQ * 256];
+    const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    int64_t end;
+    for (int64_t job = tl_next(&a->ctr, &end); job < a->ctr.count; job = tl_next(&a->ctr, &end))
+        for (; job < end; job++) {
+            kv_src src;
+            const uint32_t *qp[AQ];
+            int64_t qrow[AQ], qhead[AQ], nb;
+            const int64_t Q = attn16_job(a, job, &src, qrow, qhead, qp, &nb);
+            const float *qf[AQ];
+            __m256 mxv[AQ];
+            for (int64_t i = 0; i < Q; i++) {
+                float *dst = qbuf + i * hd;
+                for (int64_t dp = 0; dp < hd / 2; dp++) {
+                    const uint32_t lo = qp[i][dp] << 16, hi = qp[i][dp] & 0xffff0000u;
+                    memcpy(dst + 2 * dp, &lo, 4);
+                    memcpy(dst + 2 * dp + 1, &hi, 4);
+                }
+                qf[i] = dst;
+                mxv[i] = _mm256_set1_ps(-FLT_MAX);
+            }
+            /* pass 1: scaled, masked scores into sc[query][slot] */
+            for (int64_t run = 0; run < nb; run += BLK)
+            for (int64_t q0 = 0; q0 < Q; q0 += 4) {
+                const int qn = (int)(Q - q0 < 4 ? Q - q0 : 4);
+                const int BT = qn >= 3 ? 1 : qn == 2 ? 2 : 4;
+                const int64_t run_end = run + BLK < nb ? run + BLK : nb;
+                for (int64_t b0 = run; b0 < run_end; b0 += BT) {
+                    const int bn = (int)(run_end - b0 < BT ? run_end - b0 : BT);
+                    __m256 acc[8];
+                    if (bn == BT) {
+                        switch (qn) {
+                            case 1: score_tile8(qf + q0, &src, b0, hd, acc, 1, 4); break;
+                            case 2: score_tile8(qf + q0, &src, b0, hd, acc, 2, 2); break;
+                            case 3: score_tile8(qf + q0, &src, b0, hd, acc, 3, 1); break;
+                            default: score_tile8(qf + q0, &src, b0, hd, acc, 4, 1); break;
+                        }
+                    } else {
+                        for (int b = 0; b < bn; b++) {
+                            __m256 one[4];
+                            switch (qn) {
+                                case 1: score_tile8(qf + q0, &src, b0 + b, hd, one, 1, 1); break;
+                                default: score_tile8(qf + q0, &src, b0 + b, hd, one, 2, 1); break;
+                            }
+                            for (int g = 0; g < qn; g++) {
+                                acc[(g * BT + b) * 2] = one[g * 2];
+                                acc[(g * BT + b) * 2 + 1] = one[g * 2 + 1];
+                            }
+                        }
+                    }
+                    for (int g = 0; g < qn; g++) {
+                        const int64_t qi = q0 + g, r = qrow[qi];
+                        for (int b = 0; b < bn; b++) {
+                            const int64_t j0 = (b0 + b) * 16;
+                            const uint32_t valid = attn16_valid(a->slot_end[r], a->slot_lo ? a->slot_lo[r] : 0, j0);
+                            for (int h = 0; h < 2; h++) {
+                                const __m256i bits = _mm256_and_si256(_mm256_set1_epi32((int)(valid >> (8 * h))), lane_bit);
+                                const __m256 ok = _mm256_castsi256_ps(_mm256_cmpeq_epi32(bits, lane_bit));
+                                __m256 sv = _mm256_mul_ps(acc[(g * BT + b) * 2 + h], _mm256_set1_ps(a->scale));
+                                sv = _mm256_blendv_ps(_mm256_set1_ps(-FLT_MAX), sv, ok);
+                                _mm256_storeu_ps(sc + qi * a->max_slots + j0 + 8 * h, sv);
+                                mxv[qi] = _mm256_max_ps(mxv[qi], sv);
+                            }
+                        }
+                    }
+                }
+            }
+            /* pass 2: probabilities exp(s - max), rounded to bf16 (kept as fp32) in place; 1 / sum */
+            float inv[AQ];
+            for (int64_t qi = 0; qi < Q; qi++) {
+                float *s = sc + qi * a->max_slots;
+                const __m256 mx = _mm256_set1_ps(hmax8(mxv[qi]));
+                __m256 sum = _mm256_setzero_ps();
+                for (int64_t j = 0; j < nb * 16; j += 8) {
+                    const __m256 v = _mm256_loadu_ps(s + j);
+                    const __m256 ok = _mm256_cmp_ps(v, _mm256_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
+                    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, mx)), ok);
+                    sum = _mm256_add_ps(sum, e);
+                    __m256i u = _mm256_castps_si256(e); /* round to nearest even at bit 16 (e >= 0, finite) */
+                    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+                    _mm256_storeu_ps(s + j, _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000))));
+                }
+                inv[qi] = 1.0f / hsum8(sum);
+            }
+            /* pass 3: P.V in runs of PAIRS slot pairs, the sums kept in obuf between runs */
+            for (int64_t i = 0; i < Q * hd; i++) obuf[i] = 0.0f;
+            for (int64_t run = 0; run < nb * 8; run += PAIRS) {
+                const int64_t run_end = run + PAIRS < nb * 8 ? run + PAIRS : nb * 8;
+                for (int64_t q0 = 0; q0 < Q;) {
+                    const int qn = Q - q0 >= 4 ? 4 : Q - q0 >= 2 ? 2 : 1;
+                    const int64_t NC = qn == 4 ? 2 : qn == 2 ? 4 : 8;
+                    const float *pf[4];
+                    for (int g = 0; g < qn; g++) pf[g] = sc + (q0 + g) * a->max_slots;
+                    float *o = obuf + q0 * hd;
+                    for (int64_t c0 = 0; c0 < nc_all; c0 += NC) {
+                        const int nc = (int)(nc_all - c0 < NC ? nc_all - c0 : NC);
+                        if (qn == 4) pv_tile8(pf, &src, run, run_end, hd, c0, o, 4, 2);
+                        else if (qn == 2 && nc == 4) pv_tile8(pf, &src, run, run_end, hd, c0, o, 2, 4);
+                        else if (qn == 2) pv_tile8(pf, &src, run, run_end, hd, c0, o, 2, 2);
+                        else if (nc == 8) pv_tile8(pf, &src, run, run_end, hd, c0, o, 1, 8);
+                        else if (nc == 4) pv_tile8(pf, &src, run, run_end, hd, c0, o, 1, 4);
+                        else pv_tile8(pf, &src, run, run_end, hd, c0, o, 1, 2);
+                    }
+                    q0 += qn;
+                }
+            }
+            for (int64_t qi = 0; qi < Q; qi++) {
+                float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd;
+                for (int64_t d = 0; d < hd; d += 8)
+                    _mm256_storeu_ps(orow + d, _mm256_mul_ps(_mm256_loadu_ps(obuf + qi * hd + d), _mm256_set1_ps(inv[qi])));
+            }
+        }
+}
+
 #include "quant.h"
 #include "repack.h"
 
-#define TL_HAS_PACKED 1 /* forward.h may call tl_linear_packed (no tl_attention_bf16 here) */
+#define TL_HAS_PACKED 1    /* forward.h may call tl_linear_packed */
+#define TL_HAS_ATTN_BF16 1 /* and tl_attention_bf16 */
 #include "forward.h"
