@@ -17,7 +17,7 @@ from tokenleap.kv.cache import KVCache
 @pytest.fixture(scope="module")
 def bf16_kernels(kernels: CpuKernels) -> CpuKernels:
     if not kernels.bf16_attention:
-        pytest.skip("no AVX512-BF16 kernels on this machine")
+        pytest.skip("no bf16 attention kernels on this machine")
     return kernels
 
 

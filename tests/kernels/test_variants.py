@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,14 @@ def test_avx2_variant_is_row_invariant() -> None:
     env = {**os.environ, "TOKENLEAP_KERNELS": "avx2"}
     proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+def test_avx2_bf16_attention_matches_the_reference() -> None:
+    """The AVX2 variant's blocked bf16 attention against the same reference, row-invariance and
+    token-tree tests as the host's own variant (on an AVX-512 host they would not run it)."""
+    if not {"avx2", "fma", "f16c"} <= cpu_flags():
+        pytest.skip("no AVX2 + FMA on this machine")
+    env = {**os.environ, "TOKENLEAP_KERNELS": "avx2"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name("test_attention_bf16.py"))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
