@@ -9,422 +9,33 @@ then yield, then sleep: an OpenMP runtime either pays a wake-up per call or hogs
 other processes). Two instruction-set variants keep the same contract: `kernels.c` (AVX-512, with
 AVX512-BF16 dot products, packed weights and a blocked bf16 KV cache where the CPU has them) and
 `kernels_avx2.c` (AVX2 + FMA: packed weights and the blocked bf16 KV cache widened to fp32 in
-registers); the CPU's flags pick one at run time. It is compiled with the system C compiler (`-march=native`) into the
-user cache, keyed by the sources, flags and the CPU's feature flags, and loaded with ctypes;
-when no compiler or neither instruction set is present the model falls back to torch ops
-(correct, slower, and not row-invariant: greedy speculation may then drift from plain decoding).
+registers); the CPU's flags pick one at run time, the system C compiler builds it and ctypes
+loads it (`build.py`); when no compiler or neither instruction set is present the model falls
+back to torch ops (correct, slower, and not row-invariant: greedy speculation may then drift
+from plain decoding). The weight formats are in `formats.py`, the fused layer loop in
+`fused.py`; this module is the API: `CpuKernels` (linears, norms, attention) and `load_kernels`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 
-import numpy as np
 import torch
 
-from tokenleap.paths import cache_dir
+from tokenleap.kernels.build import bind, build_library, cpu_flags, kernel_variant
+from tokenleap.kernels.formats import QUANT_TYPES, PackedWeight, QuantWeight
+
+__all__ = ["QUANT_TYPES", "AttentionWork", "CpuKernels", "PackedWeight", "QuantWeight", "RowPlan", "cpu_flags",
+           "kernel_variant", "load_kernels"]
 
 logger = logging.getLogger(__name__)
-
-_DIR = Path(__file__).parent
-_SOURCES = {"avx512": _DIR / "kernels.c", "avx2": _DIR / "kernels_avx2.c"}
-_HEADERS = sorted(_DIR.glob("*.h"))  # every header is part of every build
-# -ffp-contract=off: a scalar a*b+c must not become an FMA in one inlined tile and stay a
-# multiply-add in another (the row-invariance contract); FMAs are written as intrinsics.
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
-_i64 = ctypes.c_int64
-_ptr = ctypes.c_void_p
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (from /proc/cpuinfo; empty when unreadable)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-def kernel_variant(flags: frozenset[str]) -> str | None:
-    """Which kernel source fits a CPU with these flags: "avx512", "avx2" or None (torch)."""
-    if os.environ.get("TOKENLEAP_KERNELS") in _SOURCES:  # tests and benchmarks: force a variant
-        return os.environ["TOKENLEAP_KERNELS"]
-    if "avx512f" in flags:
-        return "avx512"
-    if {"avx2", "fma", "f16c"} <= flags:
-        return "avx2"
-    return None
-
-
-def _compile(compiler: str, variant: str, flags: frozenset[str]) -> Path:
-    source = _SOURCES[variant]
-    parts = [source.read_bytes(), *(h.read_bytes() for h in _HEADERS), " ".join(_FLAGS).encode(), compiler.encode()]
-    parts.append(" ".join(sorted(flags)).encode())  # -march=native: a build for one CPU is no build for another
-    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"tokenleap_kernels_{variant}_{digest}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        tmp_out = Path(tmp) / target.name
-        subprocess.run(
-            [compiler, *_FLAGS, str(source), "-o", str(tmp_out), "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        os.replace(tmp_out, target)  # atomic: concurrent processes never see half a file
-    return target
-
-
-@dataclass(frozen=True)
-class PackedWeight:
-    """A bf16 `[out, in]` weight in the kernels' output-interleaved layout `[out/16, in/2, 16, 2]`.
-
-    One 64-byte load holds two inputs for 16 outputs, so the kernel needs no horizontal sums and
-    streams the weight front to back once per call, whatever the number of rows.
-    """
-
-    data: torch.Tensor
-    out_dim: int
-    in_dim: int
-
-    @staticmethod
-    def fits(weight: torch.Tensor) -> bool:
-        out_dim, in_dim = weight.shape
-        return weight.dtype == torch.bfloat16 and out_dim % 16 == 0 and in_dim % 32 == 0
-
-    @classmethod
-    def pack(cls, weight: torch.Tensor) -> PackedWeight:
-        if not cls.fits(weight):
-            raise ValueError(f"cannot pack weight {tuple(weight.shape)} {weight.dtype}: needs bf16, out % 16 == 0, in % 32 == 0")
-        out_dim, in_dim = weight.shape
-        data = weight.reshape(out_dim // 16, 16, in_dim // 2, 2).permute(0, 2, 1, 3).contiguous()
-        return cls(data=data, out_dim=out_dim, in_dim=in_dim)
-
-
-# GGML quantization types the kernels read: type id -> (name, bytes per block of 32 in the file);
-# the K-quants' superblocks hold 256 inputs (144 / 210 bytes), listed here per 32
-QUANT_TYPES: dict[int, tuple[str, int]] = {
-    2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 13: ("Q5_K", 22), 14: ("Q6_K", 26)
-}
-_SUPERBLOCK = {12: (256, 144), 13: (256, 176), 14: (256, 210)}  # inputs and bytes per superblock
-_Q4X8, _Q8X8, _Q40X8, _Q4K, _Q6K, _Q5K = 1, 2, 3, 5, 6, 7  # the kernels' interleaved formats (quant.h)
-_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K}
-# per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 176 / 210 per superblock)
-_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210}
-
-
-def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """A 32-block GGUF tensor's blocks as integer weights and per-block scales: (q `[out, nb, 32]`
-    (uint8 0..15 for the Q4 formats, int8 otherwise), d `[out, nb]` f16, m `[out, nb]` f16 or None)
-    with w = d q + m (Q4_0: m None, the kernel forms -8 d)."""
-    nb = in_dim // 32
-    blocks = raw.reshape(out_dim, nb, QUANT_TYPES[qtype][1])
-    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [out, nb]
-    if qtype == 8:
-        return blocks[..., 2:34].view(np.int8), d, None
-    if qtype == 6:  # Q5_0: u32 high bits, 16 bytes of nibbles; w = d (q - 16)
-        qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)  # [out, nb, 1]
-        qs = blocks[..., 6:22]
-        low = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int16)
-        high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16)
-        return (low | (high << 4)) - 16, d, None
-    if qtype == 3:
-        m, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], blocks[..., 4:20]
-    else:  # Q4_0: d (q - 8) = d q + m with m = -8 d, formed by the kernel in fp32 (no m stored)
-        m, qs = None, blocks[..., 2:18]
-    return np.concatenate([qs & 15, qs >> 4], axis=-1), d, m
-
-
-def _nibbles(q: np.ndarray, groups: int) -> np.ndarray:
-    """uint8 `[out, nb, 32]` values 0..15 -> Q4X8's nibble bytes `[G, nb, 128]`: byte (t, o, i)
-    holds q[o][4t + i] low and q[o][16 + 4t + i] high."""
-    nb = q.shape[1]
-    lo, hi = q[..., :16].reshape(groups, 8, nb, 4, 4), q[..., 16:].reshape(groups, 8, nb, 4, 4)  # [G, o, nb, t, i]
-    return (lo | (hi << 4)).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 128)
-
-
-def _by_output(a: np.ndarray, groups: int) -> np.ndarray:
-    """`[out, nsb, k]` bytes -> `[G, nsb, 8 k]`: a group's eight outputs side by side."""
-    nsb, k = a.shape[1], a.shape[2]
-    return a.reshape(groups, 8, nsb, k).transpose(0, 2, 1, 3).reshape(groups, nsb, 8 * k)
-
-
-def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
-    """Q4_K / Q5_K / Q6_K superblocks -> quant.h's Q4K / Q5K / Q6K groups (the file's bytes,
-    interleaved; the reference `tl_repack` is tested against)."""
-    groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
-    blk = raw.reshape(out_dim, nsb, _SUPERBLOCK[qtype][1])
-    if qtype in (12, 13):
-        sc8 = blk[..., 4:16]
-        sc = np.concatenate([sc8[..., 0:4] & 63, (sc8[..., 8:12] & 15) | ((sc8[..., 0:4] >> 6) << 4)], axis=-1)
-        mn = np.concatenate([sc8[..., 4:8] & 63, (sc8[..., 8:12] >> 4) | ((sc8[..., 4:8] >> 6) << 4)], axis=-1)
-        by_j = lambda a: a.reshape(groups, 8, nsb, 8).transpose(0, 2, 3, 1).reshape(groups, nsb, 64)  # noqa: E731
-        sc, mn = by_j(sc), by_j(mn)
-        hi = (sc >> 4) | ((mn >> 4) << 2)
-        q5 = qtype == 13
-        qs = blk[..., 48 if q5 else 16 :].reshape(out_dim, nsb, 4, 32)  # 4 chunks of 64 inputs: low nibbles, then high
-        q = np.stack([qs & 15, qs >> 4], axis=3).reshape(out_dim, nsb, 8, 32)  # [out, nsb, j, l]
-        head = [_by_output(blk[..., 0:2], groups), _by_output(blk[..., 2:4], groups), (sc & 15) | ((mn & 15) << 4),
-                hi[..., :32] | (hi[..., 32:] << 4)]
-        if not q5:
-            return np.concatenate([*head, _nibbles(q.reshape(out_dim, nb, 32), groups).reshape(groups, nsb, 1024)], axis=-1).reshape(groups, -1)
-        qh = blk[..., 16:48]  # [out, nsb, l]: bit j is sub-block j's 5th bit
-        h5 = ((qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1)  # [out, nsb, j, l]
-        nib = _nibbles(q.reshape(out_dim, nb, 32), groups)  # [G, nb, 128]
-        h = h5.reshape(groups, 8, nb, 2, 4, 4)  # [G, o, nb, half, t, i]
-        bits = sum((h[..., 0, t, :] << t) | (h[..., 1, t, :] << (4 + t)) for t in range(4))  # [G, o, nb, i]
-        hbytes = bits.astype(np.uint8).transpose(0, 2, 1, 3).reshape(groups, nb, 32)
-        body = np.concatenate([nib, hbytes], axis=-1).reshape(groups, nsb, 1280)
-        return np.concatenate([*head, body], axis=-1).reshape(groups, -1)
-    ql, qh = blk[..., 0:128].reshape(out_dim, nsb, 2, 64), blk[..., 128:192].reshape(out_dim, nsb, 2, 32)
-    q = np.stack([(ql[..., 0:32] & 15) | ((qh & 3) << 4), (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4),
-                  (ql[..., 0:32] >> 4) | (((qh >> 4) & 3) << 4), (ql[..., 32:64] >> 4) | (((qh >> 6) & 3) << 4)],
-                 axis=3).reshape(out_dim, nb, 32)  # unsigned 0..63; w = d sc (q - 32)
-    h2 = (q >> 4).reshape(groups, 8, nb, 2, 4, 4)  # [G, o, nb, u, s, i]: input 4 (4 u + s) + i
-    hb = (h2[..., 0, :] | (h2[..., 1, :] << 2) | (h2[..., 2, :] << 4) | (h2[..., 3, :] << 6)).transpose(0, 2, 3, 1, 4)
-    body = np.concatenate([_nibbles(q & 15, groups), hb.reshape(groups, nb, 64)], axis=-1).reshape(groups, nsb, 1536)
-    scales = blk[..., 192:208].reshape(groups, 8, nsb, 16).transpose(0, 2, 3, 1).reshape(groups, nsb, 128)
-    return np.concatenate([_by_output(blk[..., 208:210], groups), scales, body], axis=-1).reshape(groups, -1)
-
-
-def _dequantize_k(g: np.ndarray, fmt: int, out_dim: int, in_dim: int) -> np.ndarray:
-    """quant.h's Q4K / Q5K / Q6K groups `[G, in/32 * group bytes]` -> float32 `[out, in]`."""
-    groups, nsb = out_dim // 8, in_dim // 256
-    g = g.reshape(groups, nsb, -1)
-    d = np.ascontiguousarray(g[..., 0:16]).view(np.float16).astype(np.float32)  # [G, nsb, o]
-
-    def unnibble(nib: np.ndarray) -> np.ndarray:  # [G, nsb, j, 128] -> [G, o, nsb, j, 32]
-        p = nib.reshape(groups, nsb, 8, 4, 8, 4).transpose(0, 4, 1, 2, 3, 5).reshape(groups, 8, nsb, 8, 16)
-        return np.concatenate([p & 15, p >> 4], axis=-1)
-
-    if fmt in (_Q4K, _Q5K):
-        dmin = np.ascontiguousarray(g[..., 16:32]).view(np.float16).astype(np.float32)
-        low, h = g[..., 32:96], g[..., 96:128]
-        hi = np.concatenate([h & 15, h >> 4], axis=-1)
-        sc = ((low & 15) | ((hi & 3) << 4)).reshape(groups, nsb, 8, 8).astype(np.float32)  # [G, nsb, j, o]
-        mn = ((low >> 4) | ((hi >> 2) << 4)).reshape(groups, nsb, 8, 8).astype(np.float32)
-        if fmt == _Q4K:
-            q = unnibble(g[..., 128:].reshape(groups, nsb, 8, 128)).astype(np.float32)
-        else:
-            body = g[..., 128:].reshape(groups, nsb, 8, 160)
-            hb = body[..., 128:].reshape(groups, nsb, 8, 8, 4)  # [G, nsb, j, o, i]
-            h = np.concatenate([np.stack([(hb >> t) & 1 for t in range(4)], axis=-2),
-                                np.stack([(hb >> (4 + t)) & 1 for t in range(4)], axis=-2)], axis=-2)  # [G, nsb, j, o, 8, i]
-            h = h.reshape(groups, nsb, 8, 8, 32).transpose(0, 3, 1, 2, 4)  # [G, o, nsb, j, 32]
-            q = (unnibble(body[..., :128]) | (h << 4)).astype(np.float32)
-        scale = (d[:, :, None, :] * sc).transpose(0, 3, 1, 2)[..., None]  # [G, o, nsb, j, 1]
-        shift = -(dmin[:, :, None, :] * mn).transpose(0, 3, 1, 2)[..., None]
-        w = q * scale + shift
-    else:
-        sc = g[..., 16:144].view(np.int8).reshape(groups, nsb, 16, 8).astype(np.float32)  # [G, nsb, k, o]
-        body = g[..., 144:].reshape(groups, nsb, 8, 192)
-        low = unnibble(body[..., :128])  # [G, o, nsb, j, 32]
-        hb = body[..., 128:].reshape(groups, nsb, 8, 2, 8, 4)  # [G, nsb, j, u, o, i]
-        h2 = np.stack([(hb >> (2 * s)) & 3 for s in range(4)], axis=4)  # [G, nsb, j, u, s, o, i]
-        h2 = h2.transpose(0, 5, 1, 2, 3, 4, 6).reshape(groups, 8, nsb, 8, 32)
-        q = (low | (h2 << 4)).astype(np.float32) - 32.0
-        scale = (d[:, :, None, :] * sc).transpose(0, 3, 1, 2).reshape(groups, 8, nsb, 8, 2, 1)
-        w = (q.reshape(groups, 8, nsb, 8, 2, 16) * scale)
-    return np.ascontiguousarray(w.reshape(out_dim, in_dim), dtype=np.float32)
-
-
-def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
-    """GGUF blocks `[out, in/32 * block bytes]` -> quant.h's interleaved groups
-    `[out/8, in/32 * group bytes]` (eight outputs' blocks of 32 inputs, four inputs at a time)."""
-    nb, groups, fmt = in_dim // 32, out_dim // 8, _FORMAT[qtype]
-    if fmt in (_Q4K, _Q5K, _Q6K):
-        return _repack_k(raw, qtype, out_dim, in_dim)
-    q, d, m = _decode(raw, qtype, out_dim, in_dim)
-    out = np.empty((groups, nb, _GROUP_BYTES[fmt]), dtype=np.uint8)
-
-    def by_group(a: np.ndarray) -> np.ndarray:  # [out, nb] -> [G, nb, 8 * itemsize] bytes
-        return np.ascontiguousarray(a.reshape(groups, 8, nb).transpose(0, 2, 1)).view(np.uint8)
-
-    out[..., 0:16] = by_group(d.astype(np.float16))
-    if fmt == _Q8X8:  # byte (g, o, i) = q[o][4g + i]
-        qq = np.ascontiguousarray(q.astype(np.int8)).view(np.uint8).reshape(groups, 8, nb, 8, 4)
-        out[..., 16:] = qq.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
-        return out.reshape(groups, -1)
-    if fmt == _Q4X8:
-        assert m is not None
-        out[..., 16:32] = by_group(m.astype(np.float16))
-    out[..., -128:] = _nibbles(q.astype(np.uint8), groups)
-    return out.reshape(groups, -1)
-
-
-def _weight_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor for weights, from numpy's allocator: it asks the kernel for
-    transparent huge pages on buffers of 4 MB and more (`madvise(MADV_HUGEPAGE)`; torch's does
-    not), and streaming a weight through 2 MB pages instead of 4 KB ones spares the TLB misses
-    (measured: the default model's step 3.1-3.4 ms with its 30 MB LM head on huge pages, 3.5-4.0 ms
-    without)."""
-    return torch.from_numpy(np.empty(shape, dtype=np.uint8))
-
-
-def _distinct(types: tuple[int, ...]) -> tuple[int, ...]:
-    """A stack's part types, kept only when they differ (QuantWeight.types)."""
-    return types if len(set(types)) > 1 else ()
-
-
-@dataclass(frozen=True)
-class QuantWeight:
-    """A GGUF-quantized `[out, in]` weight (GGML type `qtype`, `QUANT_TYPES`) in the kernels'
-    interleaved groups (`data` uint8 `[out/8, in/32 * group bytes]`, see quant.h): the file's
-    exact values and bytes per weight, laid out so a vector lane is an output."""
-
-    data: torch.Tensor
-    qtype: int
-    out_dim: int
-    in_dim: int
-    types: tuple[int, ...] = ()  # a fused stack's parts' types when they differ
-    # a stack of two kernel formats (a Q4_K QK with a Q6_K V): outputs [0, split) in qtype's
-    # format, then [split, out) in qtype2's, its bytes after the first's (`data` is then flat)
-    split: int = 0
-    qtype2: int = 0
-
-    def __post_init__(self) -> None:
-        if self.qtype not in QUANT_TYPES or (self.split and self.qtype2 not in QUANT_TYPES):
-            raise ValueError(f"unsupported GGML quantization type {self.qtype if self.qtype not in QUANT_TYPES else self.qtype2}")
-        nb = self.in_dim // 32
-        if self.split:
-            if self.split % 8 or not 0 < self.split < self.out_dim or _FORMAT[self.qtype] == _FORMAT[self.qtype2]:
-                raise ValueError(f"bad stack split {self.split} of {self.out_dim} outputs ({self.name})")
-            fit = self.data.dim() == 1 and self.data.numel() == nb * (
-                self.split // 8 * _GROUP_BYTES[_FORMAT[self.qtype]] + (self.out_dim - self.split) // 8 * _GROUP_BYTES[_FORMAT[self.qtype2]])
-        else:
-            fit = tuple(self.data.shape) == (self.out_dim // 8, nb * _GROUP_BYTES[self.format])
-        if self.in_dim % 32 or self.out_dim % 8 or self.data.dtype != torch.uint8 or not fit:
-            raise ValueError(f"quantized weight data {tuple(self.data.shape)} {self.data.dtype} does not fit [{self.out_dim}, {self.in_dim}] {self.name}")
-
-    @classmethod
-    def fits(cls, qtype: int, out_dim: int, in_dim: int) -> bool:
-        block = _SUPERBLOCK.get(qtype, (32, 0))[0]
-        return qtype in QUANT_TYPES and out_dim % 8 == 0 and in_dim % block == 0
-
-    @classmethod
-    def from_blocks(cls, raw: np.ndarray | torch.Tensor, qtype: int, out_dim: int, in_dim: int) -> QuantWeight:
-        """From a GGUF tensor's bytes, `[out, in/32 * block bytes]` uint8 (rows = outputs)."""
-        if not cls.fits(qtype, out_dim, in_dim):
-            raise ValueError(f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized ({'/'.join(n for n, _ in QUANT_TYPES.values())}, out % 8, in % 32 (256 for K-quants))")
-        raw = np.ascontiguousarray(raw.numpy() if isinstance(raw, torch.Tensor) else raw, dtype=np.uint8)
-        block, block_bytes = _SUPERBLOCK.get(qtype, (32, QUANT_TYPES[qtype][1]))
-        if raw.size != out_dim * in_dim // block * block_bytes:
-            raise ValueError(f"{raw.size} bytes are not a [{out_dim}, {in_dim}] {QUANT_TYPES[qtype][0]} tensor")
-        kernels = load_kernels()
-        if kernels is None:
-            return cls(torch.from_numpy(_repack(raw, qtype, out_dim, in_dim)), qtype, out_dim, in_dim)
-        data = _weight_buffer((out_dim // 8, in_dim // 32 * _GROUP_BYTES[_FORMAT[qtype]]))
-        if kernels.lib.tl_repack(raw.ctypes.data, data.data_ptr(), qtype, out_dim, in_dim) != 0:
-            raise ValueError(f"tl_repack refused [{out_dim}, {in_dim}] {QUANT_TYPES[qtype][0]}")
-        return cls(data, qtype, out_dim, in_dim)
-
-    @classmethod
-    def from_blocks_numpy(cls, raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> QuantWeight:
-        """`from_blocks` through numpy (the reference the C repack is tested against)."""
-        raw = np.ascontiguousarray(raw, dtype=np.uint8)
-        return cls(torch.from_numpy(_repack(raw, qtype, out_dim, in_dim)), qtype, out_dim, in_dim)
-
-    @property
-    def name(self) -> str:
-        return "+".join(dict.fromkeys(QUANT_TYPES[t][0] for t in self.types or (self.qtype,)))
-
-    @property
-    def format(self) -> int:
-        """The kernels' format (quant.h), a TLQ_STACK of two for a stack."""
-        if self.split:
-            return _FORMAT[self.qtype] | _FORMAT[self.qtype2] << 4 | (self.split // 8) << 8
-        return _FORMAT[self.qtype]
-
-    def parts(self) -> list[QuantWeight]:
-        """A stack's two single-format weights (views of `data`); [self] otherwise."""
-        if not self.split:
-            return [self]
-        head = self.split // 8 * (self.in_dim // 32) * _GROUP_BYTES[_FORMAT[self.qtype]]
-        a, b = self.data[:head], self.data[head:]
-        types = self.types or (self.qtype, self.qtype2)
-        n_a = next(i for i, t in enumerate(types) if _FORMAT[t] != _FORMAT[self.qtype])
-        return [QuantWeight(a.view(self.split // 8, -1), self.qtype, self.split, self.in_dim, _distinct(types[:n_a])),
-                QuantWeight(b.view((self.out_dim - self.split) // 8, -1), self.qtype2, self.out_dim - self.split, self.in_dim,
-                            _distinct(types[n_a:]))]
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
-
-    @staticmethod
-    def cat(parts: list[QuantWeight]) -> QuantWeight:
-        """Stack weights of one input width along the outputs (a fused QKV, gate+up) in one or two
-        runs of a kernel format: Q5_0 with Q8_0 (Gemma 3's Q4_K_M files mix them in QKV) is one
-        format; a Q4_K Q and K with a Q6_K V (Llama's Q4_K_M files) are a stack of two."""
-        if len({w.in_dim for w in parts}) != 1 or any(w.split for w in parts):
-            raise ValueError("only single-format weights of one input width can be fused")
-        runs = [i for i in range(1, len(parts)) if parts[i].format != parts[i - 1].format]
-        if len(runs) > 1:
-            raise ValueError("only weights in at most two runs of one quantization format can be fused")
-        types = tuple(t for w in parts for t in (w.types or (w.qtype,)))
-        out_dim, in_dim = sum(w.out_dim for w in parts), parts[0].in_dim
-        if not runs:
-            data = _weight_buffer((sum(w.data.shape[0] for w in parts), parts[0].data.shape[1]))
-            torch.cat([w.data for w in parts], out=data)
-            return QuantWeight(data, parts[0].qtype, out_dim, in_dim, _distinct(types))
-        data = _weight_buffer((sum(w.nbytes for w in parts),))
-        torch.cat([w.data.reshape(-1) for w in parts], out=data)
-        split = sum(w.out_dim for w in parts[: runs[0]])
-        return QuantWeight(data, parts[0].qtype, out_dim, in_dim, _distinct(types), split=split, qtype2=parts[runs[0]].qtype)
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """float32 `[n, in]`: the dequantized rows `ids` (an embedding lookup in a quantized token
-        table, as llama.cpp's get_rows: only the groups of 8 rows that hold them are decoded)."""
-        if self.split:
-            raise ValueError("row lookups read single-format weights")
-        ids = ids.reshape(-1).long().contiguous()
-        if int(ids.min()) < 0 or int(ids.max()) >= self.out_dim:
-            raise IndexError(f"row ids must be in [0, {self.out_dim})")
-        kernels = load_kernels()
-        if kernels is not None:
-            out = torch.empty(ids.numel(), self.in_dim, dtype=torch.float32)
-            kernels.lib.tl_quant_rows(self.data.data_ptr(), self.format, self.in_dim, ids.data_ptr(), ids.numel(), out.data_ptr())
-            return out
-        groups, inverse = torch.unique(torch.div(ids, 8, rounding_mode="floor"), return_inverse=True)
-        sub = QuantWeight(self.data[groups].contiguous(), self.qtype, 8 * int(groups.numel()), self.in_dim, self.types)
-        return sub.dequantize().view(-1, 8, self.in_dim)[inverse, ids % 8]
-
-    def dequantize(self) -> torch.Tensor:
-        """float32 `[out, in]`: the values the kernels multiply by (the file's, exactly)."""
-        if self.split:
-            return torch.cat([part.dequantize() for part in self.parts()])
-        groups, nb, fmt = self.out_dim // 8, self.in_dim // 32, self.format
-        if fmt in (_Q4K, _Q5K, _Q6K):
-            return torch.from_numpy(_dequantize_k(self.data.numpy(), fmt, self.out_dim, self.in_dim))
-        g = self.data.numpy().reshape(groups, nb, -1)
-
-        def scales(lo: int, hi: int) -> np.ndarray:  # [G, nb, 8] f16 -> [G, 8, nb, 1] fp32
-            return np.ascontiguousarray(g[..., lo:hi]).view(np.float16).astype(np.float32).transpose(0, 2, 1)[..., None]
-
-        if fmt == _Q8X8:
-            q = g[..., 16:].view(np.int8).reshape(groups, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 32)
-            w = q.astype(np.float32) * scales(0, 16)
-        else:
-            p = g[..., -128:].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
-            q = np.concatenate([p & 15, p >> 4], axis=-1).astype(np.float32)  # [G, o, nb, 32]
-            d = scales(0, 16)
-            w = q * d + (scales(16, 32) if fmt == _Q4X8 else d * np.float32(-8))
-        return torch.from_numpy(np.ascontiguousarray(w.reshape(self.out_dim, self.in_dim)))
 
 
 @dataclass(frozen=True)
@@ -727,7 +338,6 @@ class RowPlan:
     def rows(self) -> int:
         return int(self.positions.shape[0])
 
-
 @lru_cache(maxsize=1)
 def load_kernels() -> CpuKernels | None:
     """Compile (once, cached on disk) and load the kernels; None when this machine can't."""
@@ -740,46 +350,12 @@ def load_kernels() -> CpuKernels | None:
         logger.warning("no C compiler, or a CPU without AVX-512 or AVX2+FMA: using torch kernels (slower, not row-invariant)")
         return None
     try:
-        lib = ctypes.CDLL(str(_compile(compiler, variant, flags)))
+        lib = ctypes.CDLL(str(build_library(compiler, variant, flags)))
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or str(exc)
         logger.warning("could not build tokenleap kernels, using torch: %s", detail.strip()[:500])
         return None
-    lib.tl_linear.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
-    lib.tl_linear.restype = None
-    lib.tl_attention.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64]
-    lib.tl_attention.restype = None
-    lib.tl_rmsnorm.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float]
-    lib.tl_rmsnorm.restype = None
-    lib.tl_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64]
-    lib.tl_silu_mul.restype = None
-    lib.tl_head_norm.argtypes = [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, ctypes.c_float, ctypes.c_float]
-    lib.tl_head_norm.restype = None
-    lib.tl_rmsnorm_add.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float]
-    lib.tl_rmsnorm_add.restype = None
-    lib.tl_init.argtypes = [ctypes.c_int]
-    lib.tl_init.restype = ctypes.c_int
+    packed, bf16_attention = bind(lib)
     threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
-    lib.tl_linear_q.argtypes = [_ptr, _ptr, ctypes.c_float, ctypes.c_int, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
-    lib.tl_linear_q.restype = None
-    lib.tl_quant_vnni.argtypes = [ctypes.c_int]
-    lib.tl_quant_vnni.restype = ctypes.c_int
-    lib.tl_repack.argtypes = [_ptr, _ptr, ctypes.c_int, _i64, _i64]
-    lib.tl_repack.restype = ctypes.c_int
-    lib.tl_quant_rows.argtypes = [_ptr, ctypes.c_int, _i64, _ptr, _i64, _ptr]
-    lib.tl_quant_rows.restype = None
-    lib.tl_forward_layers.argtypes = [_ptr]
-    lib.tl_forward_layers.restype = ctypes.c_int
-    features = int(lib.tl_features())
-    packed, bf16_attention = bool(features & 1), bool(features & 2)
-    if packed:
-        lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
-        lib.tl_linear_packed.restype = None
-    if bf16_attention:
-        lib.tl_attention_bf16.argtypes = [
-            _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
-            _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64,
-        ]
-        lib.tl_attention_bf16.restype = None
     logger.info("tokenleap kernels: %s variant, %d threads", variant, threads)
     return CpuKernels(lib=lib, threads=threads, packed=packed, bf16_attention=bf16_attention, variant=variant)

@@ -1,0 +1,112 @@
+"""Building and binding the kernels: the CPU's flags pick a source (`kernels.c` for AVX-512,
+`kernels_avx2.c` for AVX2 + FMA), the system C compiler builds it once into the user cache
+(`-march=native`, keyed by the sources, the flags, the compiler and the CPU's feature flags),
+and `bind` declares the C signature of every entry point for ctypes (the kernels' ABI).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tokenleap.paths import cache_dir
+
+_DIR = Path(__file__).parent
+_SOURCES = {"avx512": _DIR / "kernels.c", "avx2": _DIR / "kernels_avx2.c"}
+_HEADERS = sorted(_DIR.glob("*.h"))  # every header is part of every build
+# -ffp-contract=off: a scalar a*b+c must not become an FMA in one inlined tile and stay a
+# multiply-add in another (the row-invariance contract); FMAs are written as intrinsics.
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
+_i64 = ctypes.c_int64
+_ptr = ctypes.c_void_p
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (from /proc/cpuinfo; empty when unreadable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def kernel_variant(flags: frozenset[str]) -> str | None:
+    """Which kernel source fits a CPU with these flags: "avx512", "avx2" or None (torch)."""
+    if os.environ.get("TOKENLEAP_KERNELS") in _SOURCES:  # tests and benchmarks: force a variant
+        return os.environ["TOKENLEAP_KERNELS"]
+    if "avx512f" in flags:
+        return "avx512"
+    if {"avx2", "fma", "f16c"} <= flags:
+        return "avx2"
+    return None
+
+
+def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
+    source = _SOURCES[variant]
+    parts = [source.read_bytes(), *(h.read_bytes() for h in _HEADERS), " ".join(_FLAGS).encode(), compiler.encode()]
+    parts.append(" ".join(sorted(flags)).encode())  # -march=native: a build for one CPU is no build for another
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"tokenleap_kernels_{variant}_{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        tmp_out = Path(tmp) / target.name
+        subprocess.run(
+            [compiler, *_FLAGS, str(source), "-o", str(tmp_out), "-lm"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        os.replace(tmp_out, target)  # atomic: concurrent processes never see half a file
+    return target
+
+
+
+def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
+    """Declare the argument and result types of the library's entry points; returns whether it
+    has `tl_linear_packed` (packed bf16 weights) and `tl_attention_bf16` (the blocked bf16 KV
+    cache)."""
+    lib.tl_linear.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
+    lib.tl_linear.restype = None
+    lib.tl_attention.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64]
+    lib.tl_attention.restype = None
+    lib.tl_rmsnorm.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float]
+    lib.tl_rmsnorm.restype = None
+    lib.tl_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64]
+    lib.tl_silu_mul.restype = None
+    lib.tl_head_norm.argtypes = [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, ctypes.c_float, ctypes.c_float]
+    lib.tl_head_norm.restype = None
+    lib.tl_rmsnorm_add.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float]
+    lib.tl_rmsnorm_add.restype = None
+    lib.tl_init.argtypes = [ctypes.c_int]
+    lib.tl_init.restype = ctypes.c_int
+    lib.tl_linear_q.argtypes = [_ptr, _ptr, ctypes.c_float, ctypes.c_int, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
+    lib.tl_linear_q.restype = None
+    lib.tl_quant_vnni.argtypes = [ctypes.c_int]
+    lib.tl_quant_vnni.restype = ctypes.c_int
+    lib.tl_repack.argtypes = [_ptr, _ptr, ctypes.c_int, _i64, _i64]
+    lib.tl_repack.restype = ctypes.c_int
+    lib.tl_quant_rows.argtypes = [_ptr, ctypes.c_int, _i64, _ptr, _i64, _ptr]
+    lib.tl_quant_rows.restype = None
+    lib.tl_forward_layers.argtypes = [_ptr]
+    lib.tl_forward_layers.restype = ctypes.c_int
+    features = int(lib.tl_features())
+    packed, bf16_attention = bool(features & 1), bool(features & 2)
+    if packed:
+        lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
+        lib.tl_linear_packed.restype = None
+    if bf16_attention:
+        lib.tl_attention_bf16.argtypes = [
+            _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
+            _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64,
+        ]
+        lib.tl_attention_bf16.restype = None
+    return packed, bf16_attention
