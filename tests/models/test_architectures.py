@@ -35,6 +35,11 @@ CASES = {
         num_hidden_layers=4, head_dim=32, sliding_window=5, tie_word_embeddings=True,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         final_logit_softcapping=30.0)),
+    # Gemma 3 4B+: linear rope scaling (factor 8) on the global layers only
+    "gemma3-linear": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        num_hidden_layers=4, head_dim=32, sliding_window=5, tie_word_embeddings=True, rope_theta=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
     "gemma3-hd48": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
         num_hidden_layers=3, head_dim=48, num_key_value_heads=1, sliding_window=4, tie_word_embeddings=True,
         query_pre_attn_scalar=64)),
@@ -47,7 +52,10 @@ GGUF_GEMMA = ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
 
 
 def _make(name: str, folder: Path) -> torch.nn.Module:
-    cfg_cls, model_cls, extra = GGUF_GEMMA if name == "gemma3-gguf" else CASES[name]
+    if name == "gemma3-linear-gguf":
+        cfg_cls, model_cls, extra = GGUF_GEMMA[0], GGUF_GEMMA[1], {**GGUF_GEMMA[2], "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    else:
+        cfg_cls, model_cls, extra = GGUF_GEMMA if name == "gemma3-gguf" else CASES[name]
     torch.manual_seed(0)
     cfg = getattr(transformers, cfg_cls)(**{**COMMON, **extra})
     hf = getattr(transformers, model_cls)(cfg).float().eval()
@@ -165,7 +173,7 @@ def test_torch_path_without_kernels(name: str, tmp_path: Path) -> None:
     assert _greedy(model, prompt, 12) == want.tolist()
 
 
-_GGUF_ARCH = {"llama3": "llama", "qwen3": "qwen3", "gemma3": "gemma3"}
+_GGUF_ARCH = {"llama3": "llama", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3-linear": "gemma3"}
 _TO_GGUF = {"attn_norm": "attn_norm", "q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
             "mlp_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down", "q_norm": "attn_q_norm",
             "k_norm": "attn_k_norm", "post_attn_norm": "post_attention_norm", "post_mlp_norm": "post_ffw_norm"}
@@ -198,6 +206,9 @@ def _write_gguf(name: str, folder: Path, path: Path) -> None:
         w.add_sliding_window(config.sliding_window)
     if config.final_logit_softcap:
         w.add_final_logit_softcapping(config.final_logit_softcap)
+    if config.rope_linear_factor != 1.0:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(config.rope_linear_factor)
     if config.rope_scaling is not None:  # llama.cpp's rope_freqs factors
         s = config.rope_scaling
         factors = []
@@ -231,11 +242,11 @@ def _write_gguf(name: str, folder: Path, path: Path) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma3"])
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma3", "gemma3-linear"])
 def test_gguf_matches_transformers(name: str, tmp_path: Path, kernels) -> None:
     from tokenleap.models.loaders import load_gguf
 
-    hf = _make("gemma3-gguf" if name == "gemma3" else name, tmp_path / "hf")
+    hf = _make(f"{name}-gguf" if name.startswith("gemma3") else name, tmp_path / "hf")
     _write_gguf(name, tmp_path / "hf", tmp_path / "m.gguf")
     config, weights = load_gguf(tmp_path / "m.gguf")
     model = LlamaModel(config, weights, torch.float32, kernels)

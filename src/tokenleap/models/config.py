@@ -45,6 +45,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     rope_scaling: RopeScaling | None = None
+    # linear rope scaling (transformers' "linear", GGUF rope.scaling.type linear): the rotary
+    # frequencies divided by this factor, on the layers with `rope_scaling` (Gemma 3 4B+: global layers only)
+    rope_linear_factor: float = 1.0
     # GGUF `rope_freqs`: per-frequency divisors of the rotary frequencies (llama.cpp's form of
     # Llama 3.x scaling), as a tuple of head_dim / 2 floats
     rope_freq_factors: tuple[float, ...] | None = None

@@ -238,7 +238,8 @@ class LlamaModel:
             logger.info("context limited to %d positions (the model allows %d)", table, config.max_position)
         self._cos, self._sin = rope_tables(config, config.rope_theta, table, scaled=True)  # [P, hd] each
         self._cos_local, self._sin_local = self._cos, self._sin
-        if config.rope_local_theta is not None and config.rope_local_theta != config.rope_theta:
+        scaled = config.rope_scaling is not None or config.rope_freq_factors is not None or config.rope_linear_factor != 1.0
+        if config.rope_local_theta is not None and (config.rope_local_theta != config.rope_theta or scaled):
             self._cos_local, self._sin_local = rope_tables(config, config.rope_local_theta, table, scaled=False)
 
     @functools.cached_property
@@ -592,14 +593,17 @@ MAX_ROPE_TABLE = 32768
 
 def rope_tables(config: ModelConfig, theta: float, positions: int, *, scaled: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin `[positions, head_dim]` (half-split layout) as transformers computes them:
-    float32 `inv_freq = 1 / theta ** (2i / d)`, scaled per Llama 3.x (`rope_scaling`) or divided
-    by GGUF's `rope_freqs` when `scaled`, angles = float32 position * inv_freq."""
+    float32 `inv_freq = 1 / theta ** (2i / d)`, scaled per Llama 3.x (`rope_scaling`), divided
+    by GGUF's `rope_freqs` and by a linear scaling factor when `scaled`, angles = float32
+    position * inv_freq."""
     hd = config.head_dim
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     if scaled and config.rope_scaling is not None:
         inv_freq = llama3_inv_freq(inv_freq, config.rope_scaling)
     if scaled and config.rope_freq_factors is not None:
         inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+    if scaled and config.rope_linear_factor != 1.0:
+        inv_freq = inv_freq / config.rope_linear_factor
     angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos().contiguous(), emb.sin().contiguous()

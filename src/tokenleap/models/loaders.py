@@ -115,8 +115,9 @@ def read_gguf_config(reader: Any) -> ModelConfig:
     head_dim = int(_field(reader, f"{arch}.attention.key_length", 0) or _field(reader, f"{arch}.rope.dimension_count", hidden // n_heads))
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-    if scaling not in (None, "none") and not (scaling == "linear" and factor == 1.0):
+    if scaling not in (None, "none", "linear"):
         raise TokenleapError(f"GGUF {arch}: rope scaling {scaling!r} (factor {factor}) is not supported by the native runtime")
+    linear_factor = factor if scaling == "linear" else 1.0
     freq_factors = None
     if "rope_freqs.weight" in names:  # Llama 3.x scaling, precomputed by llama.cpp's converter
         import gguf
@@ -135,7 +136,7 @@ def read_gguf_config(reader: Any) -> ModelConfig:
             qk_norm=True,
             sliding_window=int(window),
             sliding_layers=tuple((i + 1) % 6 != 0 for i in range(num_layers)),  # llama.cpp's fixed pattern
-            rope_local_theta=10000.0,  # llama.cpp's fixed local base for gemma3
+            rope_local_theta=float(_field(reader, f"{arch}.rope.freq_base_swa", 10000.0)),  # llama.cpp's default: 10k
             embed_scale=hidden**0.5,
             post_norms=True,
             activation="gelu_tanh",
@@ -162,6 +163,7 @@ def read_gguf_config(reader: Any) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         rope_freq_factors=freq_factors,
+        rope_linear_factor=linear_factor,
         **extra,
     )
 
@@ -264,9 +266,15 @@ def _rope_params(raw: dict[str, Any], layer_type: str | None = None) -> dict[str
     return rope
 
 
+def _rope_linear_factor(rope: dict[str, Any]) -> float:
+    """The factor of a "linear" rope scaling (1.0 for any other kind)."""
+    return float(rope.get("factor") or 1.0) if (rope.get("rope_type") or "default") == "linear" else 1.0
+
+
 def _rope_scaling(rope: dict[str, Any], model_type: str) -> RopeScaling | None:
+    """Llama 3.x scaling; None for none and for "linear" (`_rope_linear_factor`)."""
     kind = rope.get("rope_type") or "default"
-    if kind == "default":
+    if kind in ("default", "linear"):
         return None
     if kind == "llama3":
         return RopeScaling(
@@ -275,7 +283,7 @@ def _rope_scaling(rope: dict[str, Any], model_type: str) -> RopeScaling | None:
             high_freq_factor=float(rope["high_freq_factor"]),
             original_max_position=int(rope["original_max_position_embeddings"]),
         )
-    raise TokenleapError(f"{model_type}: rope scaling {kind!r} is not supported by the native runtime (supported: llama3)")
+    raise TokenleapError(f"{model_type}: rope scaling {kind!r} is not supported by the native runtime (supported: llama3, linear)")
 
 
 def _parse_hf_config(raw: dict[str, Any]) -> ModelConfig:
@@ -309,10 +317,13 @@ def _parse_hf_config(raw: dict[str, Any]) -> ModelConfig:
         if layer_types is None:
             pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6)
             layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
-        local = _rope_params(raw, "sliding_attention")
-        if _rope_scaling(local, model_type) is not None:
+        # transformers 5 keys rope parameters by layer type; 4.x's `rope_scaling` (Gemma 3 4B+:
+        # linear, factor 8) is the global layers' alone, the local ones use rope_local_base_freq
+        keyed = "sliding_attention" in (raw.get("rope_parameters") or {})
+        local = _rope_params(raw, "sliding_attention") if keyed else {"rope_type": "default"}
+        if _rope_scaling(local, model_type) is not None or _rope_linear_factor(local) != 1.0:
             raise TokenleapError("gemma3: rope scaling on the sliding-window layers is not supported")
-        local_theta = local["rope_theta"] if "sliding_attention" in (raw.get("rope_parameters") or {}) else raw.get("rope_local_base_freq", 10000.0)
+        local_theta = local["rope_theta"] if keyed else raw.get("rope_local_base_freq", 10000.0)
         qpas = raw.get("query_pre_attn_scalar")
         extra = dict(
             qk_norm=True,
@@ -345,6 +356,7 @@ def _parse_hf_config(raw: dict[str, Any]) -> ModelConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", tie_default)),
         attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
         rope_scaling=_rope_scaling(rope, model_type),
+        rope_linear_factor=_rope_linear_factor(rope),
         **extra,
     )
 
