@@ -536,36 +536,24 @@ static inline __attribute__((always_inline)) void score_tile(
     }
 }
 
-/* P.V for QN queries over slot pairs p0 .. p1-1, continuing the sums in o (query g's row at
- * o + g * hd): o[g][d] += probs[g][p] . V[p][d] per pair, in order, for the ND 16-wide dim
- * chunks d0 .. d0+ND-1 of a head of NT chunks (NT > 8: a 256-wide head runs in two halves,
- * each dim's chain over the slot pairs unchanged). */
+/* P.V for QN queries: out[g][d] = sum over slot pairs p (in order) of probs[g][p] . V[p][d], for
+ * the ND 16-wide dim chunks d0 .. d0+ND-1 of a head of NT chunks (NT > 8: a 256-wide head runs in
+ * two halves, each dim's chain over the slot pairs unchanged). */
 static inline __attribute__((always_inline)) void pv_tile(
-        const uint32_t *const *pp, const kv_src *src, int64_t p0, int64_t p1, float *o, const int QN, const int ND,
+        const uint32_t *const *pp, const kv_src *src, int64_t npairs, __m512 *o, const int QN, const int ND,
         const int64_t NT, const int64_t d0) {
-    __m512 t[24];
-    for (int g = 0; g < QN; g++)
-        for (int d = 0; d < ND; d++) t[g * ND + d] = _mm512_loadu_ps(o + g * NT * 16 + (d0 + d) * 16);
+    for (int i = 0; i < QN * ND; i++) o[i] = _mm512_setzero_ps();
     const int64_t psplit = src->split * 8;
-    for (int64_t p = p0; p < p1; p++) {
+    for (int64_t p = 0; p < npairs; p++) {
         const uint16_t *vp = (p < psplit ? src->v + p * 32 * NT : src->tv + (p - psplit) * 32 * NT) + d0 * 32;
         __m512bh vv[8];
         for (int d = 0; d < ND; d++) vv[d] = (__m512bh)_mm512_loadu_si512((const void *)(vp + d * 32));
         for (int g = 0; g < QN; g++) {
             const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pp[g][p]);
-            for (int d = 0; d < ND; d++) t[g * ND + d] = _mm512_dpbf16_ps(t[g * ND + d], pv, vv[d]);
+            for (int d = 0; d < ND; d++) o[g * ND + d] = _mm512_dpbf16_ps(o[g * ND + d], pv, vv[d]);
         }
     }
-    for (int g = 0; g < QN; g++)
-        for (int d = 0; d < ND; d++) _mm512_storeu_ps(o + g * NT * 16 + (d0 + d) * 16, t[g * ND + d]);
 }
-
-/* K and V are read in runs that stay in L1/L2 while every query tile of a job passes over them
- * (a verified draft of 5 rows has 20 queries per kv head, several tiles): BLK 16-slot blocks
- * for the scores, PAIRS slot pairs for P.V. The order of the runs changes no sum: a score is
- * its block's own chain, and a P.V sum continues from where the previous run stored it. */
-#define BLK 16
-#define PAIRS 64
 
 static void attn16_task(void *arg, int tid, int nthreads) {
     attn16_ctx *a = (attn16_ctx *)arg;
@@ -573,7 +561,6 @@ static void attn16_task(void *arg, int tid, int nthreads) {
     const int64_t hd = a->hd;
     const int ND = (int)(hd / 16);
     float *sc = a->scratch + (int64_t)tid * AQ * a->max_slots;
-    float obuf[AQ * 256];
     int64_t end;
     for (int64_t job = tl_next(&a->ctr, &end); job < a->ctr.count; job = tl_next(&a->ctr, &end))
         for (; job < end; job++) {
@@ -585,13 +572,11 @@ static void attn16_task(void *arg, int tid, int nthreads) {
             for (int64_t i = 0; i < Q; i++) mxv[i] = _mm512_set1_ps(-FLT_MAX);
             /* pass 1: scaled, masked scores into sc[query][slot] */
             const int QT = Q >= 8 ? 8 : (int)Q;
-            for (int64_t run = 0; run < nb; run += BLK)
             for (int64_t q0 = 0; q0 < Q; q0 += QT) {
                 const int qn = (int)(Q - q0 < QT ? Q - q0 : QT);
                 const int BT = qn >= 5 ? 1 : qn >= 3 ? 2 : qn == 2 ? 4 : 8;
-                const int64_t run_end = run + BLK < nb ? run + BLK : nb;
-                for (int64_t b0 = run; b0 < run_end; b0 += BT) {
-                    const int bn = (int)(run_end - b0 < BT ? run_end - b0 : BT);
+                for (int64_t b0 = 0; b0 < nb; b0 += BT) {
+                    const int bn = (int)(nb - b0 < BT ? nb - b0 : BT);
                     __m512 acc[8];
 #define SCORE(QN_, NB_) score_tile(qp + q0, &src, b0, hd, acc, QN_, NB_)
                     if (bn == BT) {
@@ -646,43 +631,39 @@ static void attn16_task(void *arg, int tid, int nthreads) {
                 }
                 inv[qi] = 1.0f / _mm512_reduce_add_ps(sum);
             }
-            /* pass 3: P.V, QV queries at a time, in runs of PAIRS slot pairs (sums kept in obuf) */
+            /* pass 3: P.V, QV queries at a time */
             const int QV = ND >= 8 ? 3 : ND == 4 ? 6 : 8;
             const int NH = ND > 8 ? 8 : ND; /* dim chunks per pass (a 256-wide head: two passes of 8) */
-            for (int64_t i = 0; i < Q * hd; i++) obuf[i] = 0.0f;
-            for (int64_t run = 0; run < nb * 8; run += PAIRS) {
-                const int64_t run_end = run + PAIRS < nb * 8 ? run + PAIRS : nb * 8;
-                for (int64_t q0 = 0; q0 < Q; q0 += QV) {
-                    const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
-                    const uint32_t *pp[8];
-                    for (int g = 0; g < qn; g++) pp[g] = (const uint32_t *)(sc + (q0 + g) * a->max_slots);
-                    float *o = obuf + q0 * hd;
-                    for (int64_t d0 = 0; d0 < ND; d0 += NH) {
+            for (int64_t q0 = 0; q0 < Q; q0 += QV) {
+                const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
+                const uint32_t *pp[8];
+                for (int g = 0; g < qn; g++) pp[g] = (const uint32_t *)(sc + (q0 + g) * a->max_slots);
+                for (int64_t d0 = 0; d0 < ND; d0 += NH) {
+                    __m512 o[24];
 #define PV_ND(ND_, QMAX_)                                                                          \
-                        switch (qn < QMAX_ ? qn : QMAX_) {                                        \
-                            case 1: pv_tile(pp, &src, run, run_end, o, 1, ND_, ND, d0); break;    \
-                            case 2: pv_tile(pp, &src, run, run_end, o, 2, ND_, ND, d0); break;    \
-                            case 3: pv_tile(pp, &src, run, run_end, o, 3, ND_, ND, d0); break;    \
-                            case 4: pv_tile(pp, &src, run, run_end, o, 4 < QMAX_ ? 4 : QMAX_, ND_, ND, d0); break; \
-                            case 5: pv_tile(pp, &src, run, run_end, o, 5 < QMAX_ ? 5 : QMAX_, ND_, ND, d0); break; \
-                            case 6: pv_tile(pp, &src, run, run_end, o, 6 < QMAX_ ? 6 : QMAX_, ND_, ND, d0); break; \
-                            case 7: pv_tile(pp, &src, run, run_end, o, 7 < QMAX_ ? 7 : QMAX_, ND_, ND, d0); break; \
-                            default: pv_tile(pp, &src, run, run_end, o, 8 < QMAX_ ? 8 : QMAX_, ND_, ND, d0); break; \
-                        }
-                        switch (NH) {
-                            case 1: PV_ND(1, 8) break;
-                            case 2: PV_ND(2, 8) break;
-                            case 4: PV_ND(4, 6) break;
-                            default: PV_ND(8, 3) break;
-                        }
+                    switch (qn < QMAX_ ? qn : QMAX_) {                                            \
+                        case 1: pv_tile(pp, &src, nb * 8, o, 1, ND_, ND, d0); break;              \
+                        case 2: pv_tile(pp, &src, nb * 8, o, 2, ND_, ND, d0); break;              \
+                        case 3: pv_tile(pp, &src, nb * 8, o, 3, ND_, ND, d0); break;              \
+                        case 4: pv_tile(pp, &src, nb * 8, o, 4 < QMAX_ ? 4 : QMAX_, ND_, ND, d0); break; \
+                        case 5: pv_tile(pp, &src, nb * 8, o, 5 < QMAX_ ? 5 : QMAX_, ND_, ND, d0); break; \
+                        case 6: pv_tile(pp, &src, nb * 8, o, 6 < QMAX_ ? 6 : QMAX_, ND_, ND, d0); break; \
+                        case 7: pv_tile(pp, &src, nb * 8, o, 7 < QMAX_ ? 7 : QMAX_, ND_, ND, d0); break; \
+                        default: pv_tile(pp, &src, nb * 8, o, 8 < QMAX_ ? 8 : QMAX_, ND_, ND, d0); break; \
+                    }
+                    switch (NH) {
+                        case 1: PV_ND(1, 8) break;
+                        case 2: PV_ND(2, 8) break;
+                        case 4: PV_ND(4, 6) break;
+                        default: PV_ND(8, 3) break;
+                    }
 #undef PV_ND
+                    for (int g = 0; g < qn; g++) {
+                        const int64_t qi = q0 + g;
+                        float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd + d0 * 16;
+                        for (int d = 0; d < NH; d++) _mm512_storeu_ps(orow + d * 16, _mm512_mul_ps(o[g * NH + d], _mm512_set1_ps(inv[qi])));
                     }
                 }
-            }
-            for (int64_t qi = 0; qi < Q; qi++) {
-                float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd;
-                for (int64_t d = 0; d < hd; d += 16)
-                    _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(obuf + qi * hd + d), _mm512_set1_ps(inv[qi])));
             }
         }
 }
