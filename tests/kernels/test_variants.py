@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenleap.kernels import cpu_flags, kernel_variant
+from tokenleap.kernels import cpu_flags, kernel_variant, load_kernels
 
 
 def test_variant_follows_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,3 +75,24 @@ def test_avx2_bf16_attention_matches_the_reference() -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name("test_attention_bf16.py"))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_kernels_build_wherever_they_can() -> None:
+    """A machine with a C compiler and AVX2 + FMA (or AVX-512) must get the kernels: a source
+    that fails to compile would otherwise turn every kernel test into a skip."""
+    import shutil
+
+    from tokenleap.kernels.build import build_library
+
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    flags = cpu_flags()
+    if compiler is None or os.environ.get("TOKENLEAP_NO_KERNELS"):
+        pytest.skip("no C compiler (or kernels switched off)")
+    for variant in ("avx512", "avx2"):
+        if variant == "avx512" and "avx512f" not in flags or variant == "avx2" and not {"avx2", "fma", "f16c"} <= flags:
+            continue
+        try:
+            build_library(compiler, variant, flags)
+        except subprocess.CalledProcessError as exc:
+            pytest.fail(f"kernels_{variant} does not compile:\n{exc.stderr[-3000:]}")
+    assert kernel_variant(flags) is None or load_kernels() is not None
