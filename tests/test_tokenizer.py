@@ -96,3 +96,32 @@ def test_no_chat_template() -> None:
     assert tok.eos_token_ids == frozenset()
     with pytest.raises(TokenleapError, match="no chat template"):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_another_file_of_the_same_model_reuses_the_conversion(
+    model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The converted tokenizer is cached by the file and by its tokenizer's content: a second
+    file with the same `tokenizer.*` metadata (another quantization) is not converted again."""
+    import logging
+    import os
+    import shutil
+
+    monkeypatch.setenv("TOKENLEAP_CACHE", str(tmp_path / "cache"))
+    copies = []
+    for name in ("a.gguf", "b.gguf"):
+        dst = tmp_path / name
+        try:
+            os.link(model_path, dst)  # same bytes, another path
+        except OSError:
+            shutil.copyfile(model_path, dst)
+        copies.append(dst)
+    with caplog.at_level(logging.INFO, logger="tokenleap.tokenizer"):
+        first = Tokenizer.from_gguf(copies[0])
+        second = Tokenizer.from_gguf(copies[1])
+        again = Tokenizer.from_gguf(copies[1])
+    assert sum("converting the tokenizer" in r.getMessage() for r in caplog.records) == 1
+    text = "Speculative decoding, losslessly: ¿sí? 東京"
+    assert first.encode(text) == second.encode(text) == again.encode(text)
+    names = sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir())
+    assert len(names) == 3 and sum(n.startswith("content-") for n in names) == 1 and sum(n.endswith(".ref") for n in names) == 2, names
