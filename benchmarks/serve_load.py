@@ -9,8 +9,10 @@ per output token ((end - first token) / (tokens - 1), vLLM's TPOT) and the gaps 
 chunks (mean / p50 / p90), mean acceptance length, and whether every greedy answer matched the
 other mode's (speculation is lossless). Each concurrency level gets its own prompts (both modes
 the same ones), so a drafter that learns from earlier outputs is not handed the answers. `--mixed` instead sends N requests at concurrency 16, a
-mix of good, malformed and mid-stream-disconnecting clients, and checks that every good request
-completes with the text it gets alone, every bad one gets a 4xx error body, the server stays up,
+mix of good, malformed, explicit-null and mid-stream-disconnecting clients, and checks that every
+good request completes with the text it gets alone, every bad one (malformed, or a value the server
+must refuse) gets a 4xx error body, every body of OpenAI's explicit nulls and neutral values is
+answered, the server stays up,
 and its live-request count and resident memory return to their baseline.
 
 The server is started here (`tokenleap serve` on a free loopback port, stopped with SIGTERM)
@@ -270,16 +272,40 @@ def run_load(args: argparse.Namespace, url: str, headers: dict[str, str]) -> dic
 # --------------------------------------------------------------------------- mixed clients
 
 
+_HI = [{"role": "user", "content": "hi"}]
+
+# bodies that must get a 4xx error body: malformed, or values this server must still refuse
 BAD_BODIES: list[bytes] = [
     b"{not json",
-    json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}).encode(),
-    json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}).encode(),
-    json.dumps({"messages": [{"role": "user", "content": "hi"}], "top_p": 7}).encode(),
-    json.dumps({"messages": [{"role": "user", "content": "hi"}], "n": 2}).encode(),
-    json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+    json.dumps({"messages": _HI, "temperature": -1}).encode(),
+    json.dumps({"messages": _HI, "max_tokens": -5}).encode(),
+    json.dumps({"messages": _HI, "top_p": 7}).encode(),
+    json.dumps({"messages": _HI, "n": 0}).encode(),
+    json.dumps({"messages": _HI, "n": 1000}).encode(),
+    json.dumps({"messages": _HI, "stream": "yes"}).encode(),
+    json.dumps({"messages": _HI, "stream_options": {"include_usage": True}}).encode(),  # usage without a stream
+    json.dumps({"messages": _HI, "top_logprobs": 3}).encode(),  # without logprobs
+    json.dumps({"messages": _HI, "audio": {"voice": "alloy", "format": "wav"}}).encode(),  # unsupported fields (README)
+    json.dumps({"messages": _HI, "logit_bias": {"50": 10}}).encode(),
+    json.dumps({"messages": _HI, "web_search_options": {}}).encode(),
+    json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).encode(),
+    json.dumps({"messages": _HI, "tool_choice": "required"}).encode(),  # without tools
+    json.dumps({"model": "no-such-model", "messages": _HI}).encode(),
     json.dumps({"messages": "hello"}).encode(),
-    json.dumps({"messages": [{"role": "user", "content": "hi"}], "speculative": {"method": "bogus"}}).encode(),
+    json.dumps({"messages": None}).encode(),
+    json.dumps({"messages": _HI, "speculative": {"method": "bogus"}}).encode(),
     json.dumps({"messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode(),  # over the default body limit
+]
+
+# bodies that must be answered (200): OpenAI's explicit nulls ("unset") and neutral values
+NULL_BODIES: list[bytes] = [
+    json.dumps({"messages": _HI, "max_tokens": 4, "stream": None, "n": None, "stream_options": None, "temperature": None, "top_p": None,
+                "stop": None, "seed": None, "logprobs": None, "top_logprobs": None, "tools": None, "tool_choice": None,
+                "response_format": None, "audio": None, "modalities": None, "logit_bias": None, "user": None}).encode(),
+    json.dumps({"messages": _HI, "max_tokens": 4, "n": 2, "stream_options": {}, "modalities": ["text"], "logit_bias": {},
+                "store": False, "reasoning_effort": None, "service_tier": "auto"}).encode(),
+    json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": None}], "max_tokens": 4,
+                "max_completion_tokens": None, "parallel_tool_calls": None, "prediction": None, "metadata": None}).encode(),
 ]
 
 
@@ -305,8 +331,8 @@ def run_mixed(args: argparse.Namespace, url: str, headers: dict[str, str]) -> di
 
     expected = asyncio.run(references())
     baseline_rss = _rss(url, headers)
-    kinds = [rng.choice(("good", "good", "bad", "disconnect")) for _ in range(args.requests)]
-    outcome: dict[str, list[bool]] = {"good": [], "bad": [], "disconnect": []}
+    kinds = [rng.choice(("good", "good", "bad", "nulls", "disconnect")) for _ in range(args.requests)]
+    outcome: dict[str, list[bool]] = {"good": [], "bad": [], "nulls": [], "disconnect": []}
 
     async def mixed() -> None:
         sem = asyncio.Semaphore(16)
@@ -322,6 +348,11 @@ def run_mixed(args: argparse.Namespace, url: str, headers: dict[str, str]) -> di
                         await stream_chat(http, {**_body(args, prompts[k], False), "max_tokens": 512, "ignore_eos": True},
                                           disconnect_after=rng.randint(1, 5))
                         outcome["disconnect"].append(True)
+                    elif kind == "nulls":
+                        r = await http.post("/v1/chat/completions", content=rng.choice(NULL_BODIES), headers={"content-type": "application/json"})
+                        answer = r.json() if r.status_code == 200 else {}
+                        outcome["nulls"].append(r.status_code == 200 and isinstance(answer.get("system_fingerprint"), str)
+                                                and all(c["message"].get("refusal", 0) is None for c in answer.get("choices", [0])))
                     else:
                         try:
                             r = await http.post("/v1/chat/completions", content=rng.choice(BAD_BODIES), headers={"content-type": "application/json"})
@@ -344,11 +375,13 @@ def run_mixed(args: argparse.Namespace, url: str, headers: dict[str, str]) -> di
     checks = {
         "every_good_request_correct": all(outcome["good"]),
         "every_bad_request_4xx": all(outcome["bad"]),
+        "every_null_body_accepted": all(outcome["nulls"]),
         "server_up": health["status"] == "ok",
         "no_live_requests_left": health["live"] == 0 and health["running"] == 0 and health["waiting"] == 0,
         "rss_back_to_baseline": rss <= baseline_rss * 1.10 + 64e6,
     }
     return {"counts": {k: len(v) for k, v in outcome.items()}, "good_correct": sum(outcome["good"]), "bad_rejected": sum(outcome["bad"]),
+            "nulls_accepted": sum(outcome["nulls"]),
             "health_after": health, "rss_baseline_bytes": baseline_rss, "rss_after_bytes": rss, "checks": checks}
 
 

@@ -205,6 +205,7 @@ def _add_serve_parser(sub: Any) -> None:
     g.add_argument("--max-request-bytes", type=int, default=1 << 20, help="request body size limit; larger bodies get 413 (default: %(default)s)")
     g.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM (default: %(default)s)")
     g.add_argument("--max-num-speculative-tokens", type=int, default=None, help="largest num_speculative_tokens a request may ask for; the cost curve is measured for it at start (default: --draft-max with --spec-type, else 16)")
+    g.add_argument("--json-schema-mode", default="strict", choices=["strict", "lenient"], help="how JSON schemas (response_format, guided_json, tool arguments) are read: strict admits no property a schema does not declare unless it says additionalProperties, and bounds whitespace (vLLM's default backend, OpenAI's strict mode); lenient reads them as JSON Schema does. A request may name its own with \"json_schema_mode\" (default: %(default)s)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log level (default: %(default)s)")
     r = serve.add_argument_group("scale out on Ray (the 'ray' extra; without --replicas: one process, no Ray)")
     r.add_argument("--replicas", type=int, default=None, help="run N engine replicas on Ray Serve behind one ingress (the initial count when autoscaling)")
@@ -239,6 +240,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         max_num_speculative_tokens=args.max_num_speculative_tokens,
         log_requests=args.stats,
+        json_schema_mode=args.json_schema_mode,
         log_level=args.log_level,
     )
     cap = config.max_num_speculative_tokens

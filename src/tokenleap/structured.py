@@ -12,6 +12,12 @@ greedy constrained decoding and sampled verification compares against the constr
 distribution. Token trees are cut to their first path. Tokens the grammar forces (a fixed JSON
 key, closing brackets) are proposed as the draft themselves: the mask leaves them the only
 choice, so they are accepted and cost no guess.
+
+JSON schemas are read strictly by default (`json_mode`, as vLLM's default backend and OpenAI's
+strict mode do): an object schema that declares `properties` admits no others unless it says
+`additionalProperties`, and the whitespace between JSON tokens is bounded, so a small model
+cannot wander off into properties nobody asked for or pad forever; "lenient" reads a schema as
+JSON Schema does.
 """
 
 from __future__ import annotations
@@ -20,11 +26,61 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from tokenleap.errors import TokenleapError
+
+
+JsonMode = Literal["strict", "lenient"]
+JSON_MODES: tuple[str, ...] = ("strict", "lenient")
+# between JSON tokens: a few spaces, then at most one line break and an indent of at most 32
+WHITESPACE = r"[ \t]{0,4}(?:\r?\n[ \t]{0,32})?"
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMAS = ("additionalProperties", "items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames",
+               "unevaluatedItems", "unevaluatedProperties")
+
+
+def strict_schema(schema: Any) -> Any:
+    """A copy of a JSON schema read strictly: every object schema that declares `properties` and
+    says nothing of `additionalProperties` (nor `unevaluatedProperties`) gets
+    `additionalProperties: false`, except where a sibling `allOf` / `anyOf` / `oneOf` / `$ref`
+    or an enclosing `allOf` may add properties; and the top level gets bounded whitespace
+    (`"x-guidance"`, unless the schema sets its own)."""
+    out = _strict(schema, in_all_of=False)
+    if isinstance(out, dict):
+        out["x-guidance"] = {"whitespace_flexible": True, "whitespace_pattern": WHITESPACE, **(out.get("x-guidance") or {})}
+    return out
+
+
+def _strict(schema: Any, in_all_of: bool) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _strict(v, False) for k, v in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_strict(v, False) for v in out[key]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [_strict(v, len(out["allOf"]) > 1) for v in out["allOf"]]
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = _strict(out[key], False)
+    if isinstance(out.get("items"), list):  # draft-04 tuples
+        out["items"] = [_strict(v, False) for v in out["items"]]
+    open_ended = in_all_of or any(k in out for k in ("allOf", "anyOf", "oneOf", "$ref", "additionalProperties", "unevaluatedProperties"))
+    if isinstance(out.get("properties"), dict) and not open_ended:
+        out["additionalProperties"] = False
+    return out
+
+
+def json_grammar_schema(schema: Any, mode: str) -> Any:
+    """The schema llguidance compiles for `mode` ("strict" or "lenient")."""
+    return strict_schema(schema) if mode == "strict" else schema
 
 
 @dataclass(frozen=True)
@@ -36,8 +92,11 @@ class StructuredOutputsParams:
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # llguidance's Lark dialect, or GBNF (a grammar with `::=`)
     json_object: bool = False  # any JSON object
+    json_mode: JsonMode = "strict"  # how JSON schemas are read (the module's docstring)
 
     def __post_init__(self) -> None:
+        if self.json_mode not in JSON_MODES:
+            raise TokenleapError(f"json_mode must be 'strict' or 'lenient', got {self.json_mode!r}")
         if isinstance(self.json, dict):
             object.__setattr__(self, "json", json.dumps(self.json))  # key order kept: it is the order of the output's properties
         if self.choice is not None:
@@ -57,9 +116,9 @@ class StructuredOutputsParams:
         try:
             if self.json is not None:
                 schema = json.loads(self.json) if isinstance(self.json, str) else self.json
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(json_grammar_schema(schema, self.json_mode))
             elif self.json_object:
-                grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(json_grammar_schema({"type": "object"}, self.json_mode))
             elif self.regex is not None:
                 grammar = llguidance.LLMatcher.grammar_from_regex(self.regex)
             elif self.choice is not None:

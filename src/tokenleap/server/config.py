@@ -32,6 +32,11 @@ class ServerConfig:
     max_num_speculative_tokens: int | None = None
     max_spec_configs: int = 32  # drafters kept for per-request speculative configs (least recently used let go)
     log_requests: bool = False  # one INFO line per finished request, with speculation stats
+    # how JSON schemas (response_format, guided_json, tool arguments) are read: "strict" admits no
+    # property a schema does not declare (unless it says additionalProperties) and bounds
+    # whitespace; "lenient" reads them as JSON Schema does. A request may name its own
+    # (`json_schema_mode`).
+    json_schema_mode: str = "strict"
     log_level: str = "info"  # uvicorn's log level
 
     def __post_init__(self) -> None:
@@ -55,6 +60,8 @@ class ServerConfig:
             raise TokenleapError(f"max_num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.max_num_speculative_tokens}")
         if self.max_spec_configs < 1:
             raise TokenleapError(f"max_spec_configs must be >= 1, got {self.max_spec_configs}")
+        if self.json_schema_mode not in ("strict", "lenient"):
+            raise TokenleapError(f"json_schema_mode must be 'strict' or 'lenient', got {self.json_schema_mode!r}")
         levels = ("critical", "error", "warning", "info", "debug", "trace")
         if self.log_level not in levels:
             raise TokenleapError(f"log_level must be one of {', '.join(levels)}, got {self.log_level!r}")

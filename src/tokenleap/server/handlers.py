@@ -28,7 +28,7 @@ from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM, merge_samples
 from tokenleap.sampling import MAX_N, SamplingParams, check_token_ids
-from tokenleap.server.tools import encode_chat, plan_tools, tool_formatter
+from tokenleap.server.tools import encode_chat, legacy_tools, plan_tools, tool_formatter
 from tokenleap.structured import StructuredOutputsParams
 from tokenleap.server.config import ServerConfig
 from tokenleap.server.errors import APIError, bad_request
@@ -43,7 +43,7 @@ from tokenleap.server.protocol import (
     SpeculativeOverride,
     new_id,
 )
-from tokenleap.types import RequestOutput
+from tokenleap.types import CompletionOutput, RequestOutput
 
 M = TypeVar("M", bound=BaseModel)
 MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 16, 1000, 1024  # each is checked at every new token
@@ -116,11 +116,11 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
                     state: ServerState) -> SamplingParams:
     if not 1 <= body.n <= MAX_N:
         raise APIError(400, f"n must be in [1, {MAX_N}], got {body.n}", param="n")
-    bad = body.unsupported()
-    if bad:
-        raise APIError(400, f"not supported by this server: {', '.join(bad)}", param=bad[0])
-    if body.stream_options is not None and not body.stream:
-        raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+    refused = body.refusals()
+    if refused:
+        raise APIError(400, refused[0][1], param=refused[0][0])
+    if body.stream_options is not None and body.stream_options.include_usage and not body.stream:
+        raise APIError(400, "stream_options.include_usage is only allowed with stream=true", param="stream_options")
     try:
         num_logprobs = body.num_logprobs()
     except ValueError as exc:
@@ -136,7 +136,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
                        f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion). "
                        "Please reduce the length of the prompt or max_tokens.", param="max_tokens")
-    stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
+    stops = body.stops()
     if len(stops) > MAX_STOP_STRINGS or any(len(x) > MAX_STOP_CHARS for x in stops):
         raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters each", param="stop")
     if len(body.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
@@ -149,7 +149,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
     optional: dict[str, Any] = {"logprobs": num_logprobs} if num_logprobs is not None else {}
     optional["n"] = body.n
     try:
-        constraint = body.constraint()
+        constraint = body.constraint(state.config.json_schema_mode)
         if constraint is not None:
             optional["structured_outputs"] = StructuredOutputsParams(**constraint)
     except (ValueError, TypeError) as exc:
@@ -159,8 +159,10 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
     optional |= {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                                               "repetition_penalty", "min_tokens", "include_stop_str_in_output", "skip_special_tokens")
                 if getattr(body, k) is not None}
+    if optional.get("top_p") == 0:  # OpenAI's range is [0, 1]: 0 keeps only the most likely token
+        optional["top_p"] = 1e-12
     try:
-        return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=tuple(body.stop_token_ids or ()),
+        return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=stops or None, stop_token_ids=tuple(body.stop_token_ids or ()),
                               ignore_eos=body.ignore_eos, **optional)
     except TokenleapError as exc:
         raise bad_request(exc) from None
@@ -216,12 +218,24 @@ def _method_name(state: ServerState, spec: SpecConfig | bool) -> str | None:
 async def chat_completions(request: Request, state: ServerState) -> Response:
     body = parse_body(await read_body(request, state.config.max_request_bytes), ChatCompletionRequest)
     check_model(state, body.model)
+    tools, tool_choice, legacy = body.tools, body.tool_choice, False
+    if body.functions is not None or body.function_call is not None:  # deprecated: tools too when both are given
+        legacy = tools is None and tool_choice is None
+        more, choice = legacy_tools(body.functions or [], body.function_call)
+        tools, tool_choice = (tools or []) + more, (tool_choice if tool_choice is not None else choice)
+    json_mode = body.json_schema_mode or state.config.json_schema_mode
     try:
-        plan = plan_tools(body.tools, body.tool_choice)
+        plan = plan_tools(tools, tool_choice, parallel=body.parallel_tool_calls, json_mode=json_mode, legacy=legacy)
     except TokenleapError as exc:
-        raise bad_request(exc, "tool_choice" if body.tool_choice not in (None, "auto", "none") else "tools") from None
+        about_tools = str(exc).startswith(("tools[", "tool '")) or tool_choice in (None, "auto", "none")
+        param = ("functions" if legacy else "tools") if about_tools else ("function_call" if legacy else "tool_choice")
+        raise bad_request(exc, param) from None
     try:
-        ids = await run_in_threadpool(encode_chat, state.llm.tokenizer, body.conversation(), plan)
+        conversation = body.conversation()
+    except (ValueError, TokenleapError) as exc:
+        raise APIError(400, str(exc), param="messages") from None
+    try:
+        ids = await run_in_threadpool(encode_chat, state.llm.tokenizer, conversation, plan)
     except TokenleapError as exc:
         raise bad_request(exc, "messages") from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -235,88 +249,172 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     spec = speculative(state, body.speculative)
     request_id = new_id("chatcmpl")
     fmt_args = (request_id, body.model or state.model_name, _method_name(state, spec), params.logprobs or 0)
-    fmt = tool_formatter(ChatFormatter, plan, *fmt_args) if plan.active else ChatFormatter(*fmt_args)
-    return await _run(request, state, Job(request_id, ids, params, spec), fmt, body.stream,
-                      bool(body.stream_options and body.stream_options.include_usage))
+    fmt_kwargs: dict[str, Any] = {"service_tier": body.service_tier}
+    fmt = tool_formatter(ChatFormatter, plan, *fmt_args, **fmt_kwargs) if plan.active else ChatFormatter(*fmt_args, **fmt_kwargs)
+    jobs = _samples(Job(request_id, ids, params, spec), params.n)
+    return await _run(request, state, jobs, fmt, body.stream, bool(body.stream_options and body.stream_options.include_usage))
 
 
 async def completions(request: Request, state: ServerState) -> Response:
     body = parse_body(await read_body(request, state.config.max_request_bytes), CompletionRequest)
     check_model(state, body.model)
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise APIError(400, f"batched prompts are not supported: send one prompt per request (got {len(prompt)})", param="prompt")
-        prompt = prompt[0]  # type: ignore[assignment]
-    if not prompt:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    text = prompt if isinstance(prompt, str) else None
-    ids = await run_in_threadpool(state.llm.tokenizer.encode, prompt) if isinstance(prompt, str) else list(prompt)  # type: ignore[arg-type]
-    try:
-        check_token_ids(ids, state.llm.model.config.vocab_size)
-    except TokenleapError as exc:
-        raise bad_request(exc, "prompt") from None
-    params = sampling_params(body, body.max_tokens, len(ids), state)
+    prompts = body.prompts()
+    if not 1 <= body.n <= MAX_N:
+        raise APIError(400, f"n must be in [1, {MAX_N}], got {body.n}", param="n")
+    best_of = body.best_of if body.best_of not in (None, 0) else body.n
+    if best_of < body.n or best_of > MAX_N:
+        raise APIError(400, f"best_of must be in [n, {MAX_N}] (n = {body.n}), got {body.best_of}", param="best_of")
+    if best_of > body.n and body.stream:
+        raise APIError(400, "best_of > n cannot be streamed", param="best_of")
+    if len(prompts) * best_of > MAX_N:
+        raise APIError(400, f"at most {MAX_N} completions per request: {len(prompts)} prompts x {best_of} each", param="prompt")
+    tok = state.llm.tokenizer
+    ids_list: list[list[int]] = []
+    for p in prompts:
+        ids = [] if p is None else (await run_in_threadpool(tok.encode, p) if isinstance(p, str) else list(p))
+        ids = ids or [_document_start(tok.hf)]  # no prompt (or one that is no tokens): a new document
+        try:
+            check_token_ids(ids, state.llm.model.config.vocab_size)
+        except TokenleapError as exc:
+            raise bad_request(exc, "prompt") from None
+        ids_list.append(ids)
+    longest = max(len(ids) for ids in ids_list)
+    scoring = body.max_tokens == 0  # OpenAI: with echo, the prompt alone
+    params = sampling_params(body, 1 if scoring else body.max_tokens, longest, state)
+    best_of = body.n if scoring else best_of
+    if best_of > body.n:
+        params = dataclasses.replace(params, n=best_of, logprobs=params.logprobs or 0)  # ranked by mean log-probability
     spec = speculative(state, body.speculative)
     request_id = new_id("cmpl")
-    fmt = CompletionFormatter(request_id, body.model or state.model_name, _method_name(state, spec), params.logprobs or 0)
-    return await _run(request, state, Job(request_id, ids, params, spec, prompt=text), fmt, body.stream,
-                      bool(body.stream_options and body.stream_options.include_usage))
+    texts = [p if isinstance(p, str) else ("" if p is None else tok.decode(p)) for p in prompts]
+    echo = tuple(t for t in texts for _ in range(body.n)) if body.echo else ()
+    fmt = CompletionFormatter(request_id, body.model or state.model_name, _method_name(state, spec), body.logprobs or 0, echo=echo)
+    fmt.prompt_tokens = sum(len(ids) for ids in ids_list)
+    jobs = [job for i, (ids, text) in enumerate(zip(ids_list, texts))
+            for job in _samples(Job(f"{request_id}-p{i}" if len(prompts) > 1 else request_id, ids, params, spec,
+                                    prompt=text if isinstance(prompts[i], str) else None), params.n)]
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if scoring:
+        outs = [RequestOutput(j.request_id, j.prompt, j.prompt_ids, [CompletionOutput(0, "", [], "length")], True) for j in jobs]
+        return _answer(fmt, outs, body.stream, include_usage)
+    if best_of > body.n:
+        outs = await _collect_all(request, state, jobs)
+        if outs is None:
+            return Response(status_code=499)
+        return JSONResponse(fmt.response(_merge(_best(outs, best_of, body.n, body.logprobs is not None))))
+    return await _run(request, state, jobs, fmt, body.stream, include_usage)
 
 
-async def _run(request: Request, state: ServerState, job: Job, fmt: Formatter, stream: bool, include_usage: bool) -> Response:
-    if job.params.n > 1:
-        return await _run_samples(request, state, job, fmt, stream, include_usage)
-    try:
-        handle = state.loop.submit(job, asyncio.get_running_loop())
-    except QueueFull as exc:
-        raise APIError(429, str(exc)) from None
-    except ServerClosed as exc:
-        raise APIError(503, str(exc)) from None
-    if stream:
-        return AbortingStreamingResponse(_sse(handle, fmt, include_usage), on_close=handle.abort, media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    try:
-        out = await _until_disconnect(request, _collect(handle))
-    finally:
-        handle.abort()  # a no-op once finished; frees the request on a disconnect or cancellation
-    if out is None:
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(fmt.response(out))
+def _document_start(hf: Any) -> int:
+    """The token a prompt-less completion starts from: the document separator OpenAI names
+    (`<|endoftext|>`) where the vocabulary has it, else BOS, else EOS."""
+    sep = hf.convert_tokens_to_ids("<|endoftext|>")
+    if isinstance(sep, int) and sep != hf.unk_token_id:
+        return sep
+    return hf.bos_token_id if hf.bos_token_id is not None else hf.eos_token_id
 
 
-async def _run_samples(request: Request, state: ServerState, job: Job, fmt: Formatter, stream: bool, include_usage: bool) -> Response:
-    """n > 1: the samples as separate engine requests (sample i seeded seed + i, as the library
-    does), batched by the engine loop, answered together with one choice each; streamed, their
-    chunks interleave as they come, each with its choice index."""
+def _samples(job: Job, n: int) -> list[Job]:
+    """One prompt's n samples as separate engine requests (sample i seeded seed + i, as the
+    library does)."""
+    if n == 1:
+        return [job]
     p = job.params
+    return [dataclasses.replace(job, request_id=f"{job.request_id}-{i}", params=dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i))
+            for i in range(n)]
+
+
+def _best(outs: list[RequestOutput], best_of: int, n: int, keep_logprobs: bool) -> list[RequestOutput]:
+    """best_of: per prompt, the n samples of highest mean log-probability per token, in that order."""
+    kept = []
+    for k in range(0, len(outs), best_of):
+        group = outs[k : k + best_of]
+        group.sort(key=lambda o: -(o.outputs[0].cumulative_logprob or 0.0) / max(1, len(o.outputs[0].token_ids)))
+        kept += group[:n]
+    if not keep_logprobs:
+        for o in kept:
+            o.outputs[0].logprobs = None
+            o.outputs[0].cumulative_logprob = None
+    return kept
+
+
+def _merge(outs: list[RequestOutput]) -> RequestOutput:
+    """The engine requests' answers as one, each its choice in order."""
+    for i, o in enumerate(outs):
+        o.outputs[0].index = i
+    return merge_samples(outs)
+
+
+def _answer(fmt: Formatter, outs: list[RequestOutput], stream: bool, include_usage: bool) -> Response:
+    """An answer known without running the engine (max_tokens 0)."""
+    merged = _merge(outs)
+    if not stream:
+        return JSONResponse(fmt.response(merged))
+
+    async def chunks() -> AsyncIterator[str]:
+        for i, o in enumerate(outs):
+            f = copy.copy(fmt)
+            f.choice = i
+            for c in [*f.first_chunks(), *f.final_chunks(o)]:
+                for choice in c.get("choices", []):
+                    choice["index"] = i
+                if include_usage:
+                    c.setdefault("usage", None)
+                yield _data(c)
+        if include_usage:
+            yield _data(fmt.usage_chunk(merged))
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(chunks(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _submit_all(state: ServerState, jobs: list[Job]) -> list[RequestHandle]:
     handles: list[RequestHandle] = []
     try:
-        for i in range(p.n):
-            params = dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i)
-            handles.append(state.loop.submit(dataclasses.replace(job, request_id=f"{job.request_id}-{i}", params=params),
-                                             asyncio.get_running_loop()))
+        for job in jobs:
+            handles.append(state.loop.submit(job, asyncio.get_running_loop()))
     except (QueueFull, ServerClosed) as exc:
         for h in handles:
             h.abort()
         raise APIError(429 if isinstance(exc, QueueFull) else 503, str(exc)) from None
-    if stream:
-        def abort_all() -> None:
-            for h in handles:
-                h.abort()
+    return handles
 
-        return AbortingStreamingResponse(_sse_samples(handles, fmt, include_usage), on_close=abort_all, media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+async def _collect_all(request: Request, state: ServerState, jobs: list[Job]) -> list[RequestOutput] | None:
+    """Every job's answer (None: the client went away)."""
+    handles = _submit_all(state, jobs)
     try:
         outs = await _until_disconnect(request, asyncio.gather(*(_collect(h) for h in handles)))
     finally:
         for h in handles:
-            h.abort()
+            h.abort()  # a no-op once finished; frees the requests on a disconnect or cancellation
+    return None if outs is None else list(outs)
+
+
+async def _run(request: Request, state: ServerState, jobs: list[Job], fmt: Formatter, stream: bool, include_usage: bool) -> Response:
+    """Run the engine requests of one answer (n samples, several prompts: one choice each, in
+    order); streamed, their chunks interleave as they come, each with its choice index, and one
+    usage chunk over them all ends the stream."""
+    if len(jobs) == 1 and not stream:
+        outs = await _collect_all(request, state, jobs)
+        return Response(status_code=499) if outs is None else JSONResponse(fmt.response(outs[0]))
+    if stream:
+        handles = _submit_all(state, jobs)
+        if len(handles) == 1:
+            content = _sse(handles[0], fmt, include_usage)
+        else:
+            content = _sse_samples(handles, fmt, include_usage)
+
+        def abort_all() -> None:
+            for h in handles:
+                h.abort()
+
+        return AbortingStreamingResponse(content, on_close=abort_all, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    outs = await _collect_all(request, state, jobs)
     if outs is None:
-        return Response(status_code=499)
-    for i, o in enumerate(outs):
-        o.outputs[0].index = i
-    return JSONResponse(fmt.response(merge_samples(list(outs))))
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(fmt.response(_merge(outs)))
 
 
 async def _collect(handle: RequestHandle) -> RequestOutput:
@@ -394,6 +492,7 @@ async def _sse_samples(handles: list[RequestHandle], fmt: Formatter, include_usa
 
     async def pump(i: int, handle: RequestHandle) -> None:
         f = copy.copy(fmt)  # a formatter may hold per-answer state (tool calls)
+        f.choice = i
         out = None
         try:
             for c in f.first_chunks():
@@ -430,7 +529,7 @@ async def _sse_samples(handles: list[RequestHandle], fmt: Formatter, include_usa
             if out is not None:
                 outs.append(out)
         if include_usage and len(outs) == len(handles):
-            yield _data(fmt.usage_chunk(merge_samples(outs)))
+            yield _data(fmt.usage_chunk(merge_samples(sorted(outs, key=lambda o: o.outputs[0].index))))
         yield "data: [DONE]\n\n"
     finally:
         for t in tasks:

@@ -1,26 +1,33 @@
 """OpenAI wire protocol: request bodies (pydantic) and response / stream-chunk builders.
 
-Request models follow OpenAI's Chat Completions and (legacy) Completions APIs plus vLLM's
-sampling extensions (`top_k`, `min_p`, `stop_token_ids`, `ignore_eos`) and tokenleap's own
-per-request `speculative` override. Bodies are validated strictly from JSON (a string where a
-number belongs is an error, not a coercion); fields OpenAI defines but tokenleap does not
-implement are accepted only at their neutral value, so a client is never silently given
-something other than what it asked for. Unknown extra fields are ignored, as vLLM does. Python's
-JSON reader accepts `NaN` and `Infinity`; a number field holding one is a validation error.
+Request models follow OpenAI's `CreateChatCompletionRequest` and `CreateCompletionRequest` (its
+published OpenAPI spec) plus vLLM's sampling extensions (`top_k`, `min_p`, `stop_token_ids`,
+`ignore_eos`, `guided_*`, `structured_outputs`) and tokenleap's own `speculative` and
+`json_schema_mode`. An explicit JSON null means "unset" everywhere, as the spec's nullable fields
+and the clients and proxies that send them mean it. Every spec field is honoured, accepted because
+it cannot change the answer (`metadata`, `user`, `safety_identifier`, `prompt_cache_*`,
+`service_tier`, `prediction`), or refused with a 400 naming it unless it holds its neutral value
+(`REFUSED`: audio, web search, reasoning, ...), so a client is never silently given something other
+than what it asked for. Bodies are validated strictly from JSON (a string where a number belongs is
+an error, not a coercion). Unknown extra fields are ignored, as vLLM does. Python's JSON reader
+accepts `NaN` and `Infinity`; a number field holding one is a validation error.
 
-Responses are plain dicts in the shapes the official `openai` client parses: ids `chatcmpl-...`
-/ `cmpl-...`, `object`, `created`, `model`, `choices`, `usage`, and a `speculative` field with
-the request's speculation statistics.
+Responses are plain dicts in the shapes of the spec's `CreateChatCompletionResponse`,
+`CreateChatCompletionStreamResponse` and `CreateCompletionResponse` (`refusal`, a string
+`system_fingerprint`, `usage` with its details, finite log-probabilities), plus a `speculative`
+field with the request's speculation statistics.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+import math
 import time
 import uuid
+from importlib import metadata
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tokenleap.types import CompletionOutput, Logprob, RequestOutput
 
@@ -30,8 +37,16 @@ _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed t
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        """An explicit null means the field is unset (its default)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
-class SpeculativeOverride(BaseModel):
+
+class SpeculativeOverride(_Strict):
     """Per-request speculation: `{"method": "none"}` turns it off; any other method (with the
     knobs below) replaces the server's default config for this request."""
 
@@ -61,6 +76,22 @@ class SpeculativeOverride(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool = True  # accepted; tokenleap never pads its chunks
+
+
+# OpenAI fields tokenleap cannot honour: (field, its neutral values, why). A request holding
+# anything else there is refused with a 400 naming the field.
+REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("logit_bias", (None, {}), "logit_bias is not supported by this server"),
+    ("audio", (None,), "audio output is not supported by this server"),
+    ("modalities", (None, [], ["text"]), "only text output is supported: modalities must be null or [\"text\"]"),
+    ("web_search_options", (None,), "web search is not supported by this server"),
+    ("reasoning_effort", (None, "none"), "this model does not reason: reasoning_effort must be null or \"none\""),
+    ("verbosity", (None, "medium"), "verbosity is not supported by this server: it must be null or \"medium\""),
+    ("moderation", (None,), "moderation is not supported by this server"),
+    ("store", (None, False), "stored completions are not supported by this server: store must be null or false"),
+    ("suffix", (None, ""), "suffix (insertion) is not supported by this server"),
+)
 
 
 class _Sampling(_Strict):
@@ -80,6 +111,7 @@ class _Sampling(_Strict):
     ignore_eos: bool = False
     n: int = 1
     speculative: Optional[SpeculativeOverride] = None
+    json_schema_mode: Optional[Literal["strict", "lenient"]] = None  # tokenleap: how JSON schemas are read (structured.py)
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None  # vLLM's extension
@@ -91,12 +123,19 @@ class _Sampling(_Strict):
     guided_grammar: Optional[str] = None
     structured_outputs: Optional[dict[str, Any]] = None  # vLLM's current spelling
     skip_special_tokens: Optional[bool] = None  # vLLM's extension
-    # OpenAI fields accepted only at their neutral value
-    logit_bias: Optional[dict[str, float]] = None
+    # accepted, and cannot change the answer
     user: Optional[str] = None
+    # refused unless neutral (REFUSED)
+    logit_bias: Optional[dict[str, float]] = None
 
-    def constraint(self) -> dict[str, Any] | None:
-        """The structured-output constraint as `StructuredOutputsParams` fields (None: free text)."""
+    def stops(self) -> list[str]:
+        """The stop strings (an empty string can never end anything: dropped)."""
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return [s for s in stops if s]
+
+    def constraint(self, json_mode: str = "strict") -> dict[str, Any] | None:
+        """The structured-output constraint as `StructuredOutputsParams` fields (None: free text);
+        `json_mode` is the server's reading of JSON schemas unless the request names its own."""
         given = {k: v for k, v in (("json", self.guided_json), ("regex", self.guided_regex), ("choice", self.guided_choice),
                                    ("grammar", self.guided_grammar)) if v is not None}
         if self.structured_outputs:
@@ -108,52 +147,112 @@ class _Sampling(_Strict):
                 given["json_object"] = True
             elif kind == "json_schema":
                 spec = fmt.get("json_schema")
-                if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                if not isinstance(spec, dict):
                     raise ValueError("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}")
-                given["json"] = spec["schema"]
+                schema = spec.get("schema")
+                if schema is None:
+                    given["json_object"] = True  # the spec lets the schema out: any JSON object
+                elif isinstance(schema, dict):
+                    given["json"] = schema
+                else:
+                    raise ValueError("response_format json_schema.schema must be a JSON schema object")
             else:
                 raise ValueError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
-        return given or None
+        if not given:
+            return None
+        given.setdefault("json_mode", self.json_schema_mode or json_mode)
+        return given
 
-    def unsupported(self) -> list[str]:
-        """Names of set fields whose values tokenleap does not implement."""
-        bad = []
-        if self.logit_bias:
-            bad.append("logit_bias")
-        return bad
+    def refusals(self) -> list[tuple[str, str]]:
+        """(field, message) for each set field whose value tokenleap cannot honour."""
+        out = []
+        for name, neutral, why in REFUSED:
+            if name in type(self).model_fields and getattr(self, name) not in neutral:
+                out.append((name, f"{why}; send null or leave {name} out"))
+        return out
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
+class ContentPart(_Strict):
+    """A message content part; only text (and an assistant's refusal) can reach this model."""
+
+    type: str
+    text: Optional[str] = None
+    refusal: Optional[str] = None
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
+    refusal: Optional[str] = None  # an assistant's earlier refusal
     tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's earlier calls (server/tools.py renders them)
+    function_call: Optional[dict[str, Any]] = None  # the same, deprecated
     tool_call_id: Optional[str] = None  # a tool result's call
+    audio: Optional[dict[str, Any]] = None  # an assistant's earlier audio answer: refused
 
-    def text(self) -> str:
+    def text(self, where: str) -> str:
+        """The message's text (ValueError, naming `where`, for parts this server cannot read)."""
+        if self.audio is not None:
+            raise ValueError(f"{where}.audio: audio is not supported by this server")
         if self.content is None:
-            return ""
+            return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content)
+        texts = []
+        for j, part in enumerate(self.content):
+            if part.type == "text" and part.text is not None:
+                texts.append(part.text)
+            elif part.type == "refusal" and part.refusal is not None and self.role == "assistant":
+                texts.append(part.refusal)
+            else:
+                raise ValueError(f"{where}.content[{j}]: content parts of type {part.type!r} are not supported by this server "
+                                 "(text only)")
+        return "".join(texts)
+
+    def calls(self) -> list[dict[str, Any]] | None:
+        """An assistant's earlier calls, the deprecated `function_call` included."""
+        if self.function_call is not None:
+            return [*(self.tool_calls or []), {"type": "function", "function": self.function_call}]
+        return self.tool_calls
+
+
+class Prediction(_Strict):
+    """Predicted output: it can only make an answer faster, never different, so it is accepted."""
+
+    type: Literal["content"]
+    content: Union[str, list[ContentPart]]
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = None
-    logprobs: Optional[bool] = None
+    logprobs: bool = False
     top_logprobs: Optional[int] = None
     tools: Optional[list[Any]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: bool = True
+    functions: Optional[list[Any]] = None  # deprecated: tools
+    function_call: Optional[Union[str, dict[str, Any]]] = None  # deprecated: tool_choice
     response_format: Optional[dict[str, Any]] = None
-
-    def unsupported(self) -> list[str]:
-        return super().unsupported()  # tools / tool_choice: server/tools.py
+    # accepted, and cannot change the answer
+    metadata: Optional[dict[str, str]] = None
+    safety_identifier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    prompt_cache_retention: Optional[str] = None
+    prompt_cache_options: Optional[dict[str, Any]] = None
+    service_tier: Optional[str] = None  # answered "default": the only tier there is
+    prediction: Optional[Prediction] = None
+    # refused unless neutral (REFUSED)
+    audio: Optional[dict[str, Any]] = None
+    modalities: Optional[list[Literal["text", "audio"]]] = None
+    web_search_options: Optional[dict[str, Any]] = None
+    reasoning_effort: Optional[ReasoningEffort] = None
+    verbosity: Optional[Literal["low", "medium", "high"]] = None
+    moderation: Optional[dict[str, Any]] = None
+    store: bool = False
 
     def num_logprobs(self) -> int | None:
         """SamplingParams.logprobs: None when not asked; else the top count (0: the token's own)."""
@@ -164,32 +263,42 @@ class ChatCompletionRequest(_Sampling):
         return self.top_logprobs or 0
 
     def conversation(self) -> list[dict[str, str]]:
-        """Messages as the chat template takes them (`developer` is OpenAI's new `system`)."""
+        """Messages as the chat template takes them (`developer` is OpenAI's new `system`);
+        ValueError for content this server cannot read."""
         from tokenleap.server.tools import render_message
 
-        return [render_message(m.role, m.text(), m.tool_calls) for m in self.messages]
+        return [render_message(m.role, m.text(f"messages[{i}]"), m.calls()) for i, m in enumerate(self.messages)]
+
+
+Prompt = Union[str, list[int]]
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = 16  # OpenAI's and vLLM's default for completions
+    prompt: Optional[Union[str, list[str], list[int], list[list[int]]]] = None  # null: a new document
+    max_tokens: int = 16  # OpenAI's and vLLM's default for completions; 0 (with echo) scores the prompt only
     logprobs: Optional[int] = None
     echo: bool = False
-    best_of: Optional[int] = None
-    suffix: Optional[str] = None
+    best_of: Optional[int] = None  # 0 and 1 (and null) mean n
+    suffix: Optional[str] = None  # refused unless empty (REFUSED)
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
 
-    def unsupported(self) -> list[str]:
-        bad = super().unsupported()
-        if self.echo:
-            bad.append("echo")
-        if self.best_of not in (None, 1):
-            bad.append("best_of")
-        if self.suffix:
-            bad.append("suffix")
-        return bad
+    def prompts(self) -> list[Prompt | None]:
+        """Each prompt (a batch holds several); None where a prompt is empty or absent: the model
+        then writes from the start of a new document."""
+        p = self.prompt
+        if p is None or isinstance(p, str) or (p and isinstance(p[0], int)):
+            one: list[Any] = [p]
+        else:
+            one = list(p) or [None]
+        return [q if q else None for q in one]
+
+    def refusals(self) -> list[tuple[str, str]]:
+        out = super().refusals()
+        if self.echo and self.logprobs is not None:
+            out.append(("echo", "echo with logprobs is not supported by this server (prompt log-probabilities are not computed)"))
+        return out
 
 
 # --------------------------------------------------------------------------- responses
@@ -203,10 +312,29 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(out: RequestOutput) -> dict[str, int]:
-    prompt = len(out.prompt_token_ids)
+def _version() -> str:
+    try:
+        return metadata.version("tokenleap")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+SYSTEM_FINGERPRINT = f"tokenleap-{_version()}"
+LOWEST_LOGPROB = -9999.0  # what OpenAI reports for a token the model all but rules out (JSON has no -inf)
+
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else LOWEST_LOGPROB
+
+
+def usage(out: RequestOutput, prompt_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI `CompletionUsage` (`prompt_tokens`: the request's, when it held several prompts)."""
+    prompt = len(out.prompt_token_ids) if prompt_tokens is None else prompt_tokens
     completion = sum(len(c.token_ids) for c in out.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0,
+                                          "rejected_prediction_tokens": 0}}
 
 
 def speculative_stats(out: RequestOutput, method: str | None) -> dict[str, Any]:
@@ -236,7 +364,7 @@ def chat_logprobs(c: CompletionOutput, top: int) -> dict[str, Any] | None:
 
     def item(lp: Logprob) -> dict[str, Any]:
         text = lp.decoded_token or ""
-        return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": _finite(lp.logprob), "bytes": list(text.encode("utf-8"))}
 
     return {"content": [{**item(e[t]), "top_logprobs": [item(lp) for lp in _top(e, top)]} for t, e in zip(c.token_ids, c.logprobs)],
             "refusal": None}
@@ -251,8 +379,8 @@ def completion_logprobs(c: CompletionOutput, top: int) -> dict[str, Any] | None:
     for text in tokens:
         offsets.append(at)
         at += len(text)
-    return {"tokens": tokens, "token_logprobs": [e[t].logprob for t, e in zip(c.token_ids, c.logprobs)],
-            "top_logprobs": [{(lp.decoded_token or ""): lp.logprob for lp in _top(e, top)} for e in c.logprobs],
+    return {"tokens": tokens, "token_logprobs": [_finite(e[t].logprob) for t, e in zip(c.token_ids, c.logprobs)],
+            "top_logprobs": [{(lp.decoded_token or ""): _finite(lp.logprob) for lp in _top(e, top)} for e in c.logprobs],
             "text_offset": offsets}
 
 
@@ -262,15 +390,23 @@ class Formatter(ABC):
     object_name: str
     chunk_object_name: str
 
-    def __init__(self, request_id: str, model: str, spec_method: str | None, top_logprobs: int = 0) -> None:
+    def __init__(self, request_id: str, model: str, spec_method: str | None, top_logprobs: int = 0, *,
+                 service_tier: str | None = None, echo: tuple[str, ...] = ()) -> None:
         self.id = request_id
         self.top = top_logprobs
         self.model = model
         self.created = now()
         self.spec_method = spec_method
+        self.service_tier = service_tier  # sent when the request named one
+        self.echo = echo  # completions' echo: each choice's prompt text
+        self.choice = 0  # the choice this copy streams (server/handlers.py copies one per engine request)
+        self.prompt_tokens: int | None = None  # several prompts: their tokens together
 
     def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        head = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": SYSTEM_FINGERPRINT}
+        if self.service_tier is not None:
+            head["service_tier"] = "default"
+        return head
 
     def first_chunks(self) -> list[dict[str, Any]]:
         return []
@@ -286,7 +422,7 @@ class Formatter(ABC):
         return [self.final_chunk(out)]
 
     def usage_chunk(self, out: RequestOutput) -> dict[str, Any]:
-        return {**self._head(self.chunk_object_name), "choices": [], "usage": usage(out)}
+        return {**self._head(self.chunk_object_name), "choices": [], "usage": usage(out, self.prompt_tokens)}
 
     @abstractmethod
     def response(self, out: RequestOutput) -> dict[str, Any]: ...
@@ -298,10 +434,10 @@ class ChatFormatter(Formatter):
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._head(self.chunk_object_name), "system_fingerprint": None, "choices": [choice]}
+        return {**self._head(self.chunk_object_name), "choices": [choice]}
 
     def first_chunks(self) -> list[dict[str, Any]]:
-        return [self._chunk({"role": "assistant", "content": ""}, None)]
+        return [self._chunk({"role": "assistant", "content": "", "refusal": None}, None)]
 
     def delta_chunk(self, text: str) -> dict[str, Any]:
         return self._chunk({"content": text}, None)
@@ -313,13 +449,12 @@ class ChatFormatter(Formatter):
         return chunk
 
     def response(self, out: RequestOutput) -> dict[str, Any]:
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text}, "logprobs": chat_logprobs(c, self.top),
-                    "finish_reason": c.finish_reason} for c in out.outputs]
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text, "refusal": None},
+                    "logprobs": chat_logprobs(c, self.top), "finish_reason": c.finish_reason} for c in out.outputs]
         return {
             **self._head(self.object_name),
-            "system_fingerprint": None,
             "choices": choices,
-            "usage": usage(out),
+            "usage": usage(out, self.prompt_tokens),
             "speculative": speculative_stats(out, self.spec_method),
         }
 
@@ -330,7 +465,10 @@ class CompletionFormatter(Formatter):
 
     def _chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._head(self.chunk_object_name), "system_fingerprint": None, "choices": [choice]}
+        return {**self._head(self.chunk_object_name), "choices": [choice]}
+
+    def first_chunks(self) -> list[dict[str, Any]]:
+        return [self._chunk(self.echo[self.choice], None)] if self.echo and self.echo[self.choice] else []
 
     def delta_chunk(self, text: str) -> dict[str, Any]:
         return self._chunk(text, None)
@@ -342,12 +480,11 @@ class CompletionFormatter(Formatter):
         return chunk
 
     def response(self, out: RequestOutput) -> dict[str, Any]:
-        choices = [{"index": c.index, "text": c.text, "logprobs": completion_logprobs(c, self.top), "finish_reason": c.finish_reason}
-                   for c in out.outputs]
+        choices = [{"index": c.index, "text": (self.echo[c.index] if self.echo else "") + c.text,
+                    "logprobs": completion_logprobs(c, self.top), "finish_reason": c.finish_reason} for c in out.outputs]
         return {
             **self._head(self.object_name),
-            "system_fingerprint": None,
             "choices": choices,
-            "usage": usage(out),
+            "usage": usage(out, self.prompt_tokens),
             "speculative": speculative_stats(out, self.spec_method),
         }

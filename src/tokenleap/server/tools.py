@@ -9,9 +9,15 @@ The answer is generated under a grammar (llguidance Lark with `%json` schemas): 
 or more calls whose `name` is a declared function and whose `arguments` follow its `parameters`
 schema; a named function, one call of it; "auto", free text that never contains `<tool_call>`, or
 text followed by such calls. So calls always parse and are valid, exactly as any structured output,
-with or without speculation. "none" ignores the tools. A `response_format` / `guided_*` constraint
-given with "auto" wins (the tools are then only parsed); with "required" or a named function, 400. A message with calls is answered
-with `tool_calls` (arguments as a JSON string) and finish reason "tool_calls".
+with or without speculation. The arguments' schemas are read as `structured.py` reads any JSON
+schema (strictly by default: no undeclared property, bounded whitespace), so a call closes. "none"
+ignores the tools; `{"type": "allowed_tools", ...}` narrows the callable functions (the prompt still
+lists them all); `parallel_tool_calls: false` allows one call at most. A `response_format` /
+`guided_*` constraint given with "auto" wins (the tools are then only parsed); with "required" or a
+named function, 400. A message with calls is answered with `tool_calls` (arguments as a JSON
+string) and finish reason "tool_calls"; the deprecated `functions` / `function_call` with
+`message.function_call` and "function_call". An answer cut by `max_tokens` inside a call keeps
+finish reason "length" and never shows the unfinished call's text as content.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenleap.errors import TokenleapError
-from tokenleap.structured import StructuredOutputsParams
+from tokenleap.structured import StructuredOutputsParams, json_grammar_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -54,29 +60,45 @@ class ToolPlan:
     functions: tuple[Function, ...]
     choice: str  # "auto" | "required" | "named" | "none"
     named: str | None = None
+    allowed: tuple[str, ...] | None = None  # allowed_tools: the functions a call may name (None: all)
+    parallel: bool = True  # parallel_tool_calls: more than one call per answer
+    json_mode: str = "strict"  # how the arguments' schemas are read (structured.py)
+    legacy: bool = False  # the deprecated functions / function_call: answered with message.function_call
 
     @property
     def active(self) -> bool:
         return bool(self.functions) and self.choice != "none"
 
+    def callable(self) -> list[Function]:
+        """The functions a call may name."""
+        if self.choice == "named":
+            return [f for f in self.functions if f.name == self.named]
+        return [f for f in self.functions if self.allowed is None or f.name in self.allowed]
+
+    def call_schema(self) -> dict[str, Any]:
+        """The JSON schema of one call's `{"name": ..., "arguments": ...}` object."""
+        alternatives = [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+                         "required": ["name", "arguments"], "additionalProperties": False} for f in self.callable()]
+        schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+        return json_grammar_schema(schema, self.json_mode)
+
     def constraint(self) -> StructuredOutputsParams | None:
-        """The grammar of the answer (None for "none"): "required", one or more calls; a named
-        function, one call of it; "auto", either text that never contains `<tool_call>`, or text
-        followed by one or more calls (the tag's `suffix` rule: no backtracking)."""
+        """The grammar of the answer (None for "none"): "required", one or more calls (one without
+        parallel calls); a named function, one call of it; "auto", either text that never contains
+        `<tool_call>`, or text followed by one or more calls (the tag's `suffix` rule: no
+        backtracking)."""
         if not self.active:
             return None
-        funcs = [f for f in self.functions if self.choice != "named" or f.name == self.named]
-        alternatives = [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-                         "required": ["name", "arguments"], "additionalProperties": False} for f in funcs]
-        schema = json.dumps(alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives})
+        schema = json.dumps(self.call_schema())
         call = f'call: "<tool_call>\\n" %json {schema} "\\n</tool_call>"\n'
+        more = "call*" if self.parallel else ""
         if self.choice == "auto":
-            lark = ("start: PLAIN | text body call*\n"
+            lark = ("start: PLAIN | text body " + more + "\n"
                     "PLAIN: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n"
                     'text[suffix="<tool_call>"]: /(.|\\n)*/\n'
                     f'body: "\\n" %json {schema} "\\n</tool_call>"\n' + call)
         else:
-            lark = f"start: call{'+' if self.choice == 'required' else ''}\n" + call
+            lark = f"start: call{'+' if self.choice == 'required' and self.parallel else ''}\n" + call
         return StructuredOutputsParams(grammar=lark)
 
     def messages(self, conversation: list[dict[str, Any]], template_has_tools: bool) -> list[dict[str, Any]]:
@@ -94,10 +116,13 @@ class ToolPlan:
         return [f.as_tool() for f in self.functions]
 
 
-def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None) -> ToolPlan:
+def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None, *, parallel: bool = True,
+               json_mode: str = "strict", legacy: bool = False) -> ToolPlan:
     """Check `tools` and `tool_choice` (TokenleapError, with the offending field, on bad input)."""
     funcs: list[Function] = []
     for i, t in enumerate(tools or []):
+        if isinstance(t, dict) and t.get("type") == "custom":
+            raise TokenleapError(f"tools[{i}]: custom tools are not supported by this server (only type 'function')")
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
             raise TokenleapError(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}')
         fn = t["function"]
@@ -106,44 +131,87 @@ def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None
             raise TokenleapError(f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
         if any(f.name == name for f in funcs):
             raise TokenleapError(f"tools[{i}]: duplicate function name {name!r}")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
+        params = fn.get("parameters")
+        params = {"type": "object", "properties": {}} if params is None else params  # OpenAI: no parameters, no arguments
         if not isinstance(params, dict):
             raise TokenleapError(f"tools[{i}].function.parameters must be a JSON schema object")
         desc = fn.get("description", "")
         funcs.append(Function(name, desc if isinstance(desc, str) else "", params))
-    if tool_choice is None:
-        choice, named = ("auto" if funcs else "none"), None
-    elif isinstance(tool_choice, str):
-        if tool_choice not in ("none", "auto", "required"):
-            raise TokenleapError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {tool_choice!r}")
-        choice, named = tool_choice, None
-    else:
-        fn = tool_choice.get("function") if tool_choice.get("type") == "function" else None
-        named = fn.get("name") if isinstance(fn, dict) else None
-        if not isinstance(named, str):
-            raise TokenleapError('a named tool_choice must be {"type": "function", "function": {"name": ...}}')
-        if not any(f.name == named for f in funcs):
-            raise TokenleapError(f"tool_choice names {named!r}, which is not among the tools")
-        choice = "named"
+    choice, named, allowed = _choice(tool_choice, funcs)
     if choice in ("required", "named") and not funcs:
         raise TokenleapError(f"tool_choice {choice!r} needs tools")
-    plan = ToolPlan(tuple(funcs), choice, named)
+    plan = ToolPlan(tuple(funcs), choice, named, allowed, parallel and not legacy, json_mode, legacy)
     for f in funcs:  # a bad parameters schema is a 400 now, not a failure mid-generation
         try:
-            StructuredOutputsParams(json={"type": "object", "properties": {"arguments": f.parameters}})
+            StructuredOutputsParams(json={"type": "object", "properties": {"arguments": f.parameters}}, json_mode=json_mode)  # type: ignore[arg-type]
         except TokenleapError as exc:
             raise TokenleapError(f"tool {f.name!r}: {exc}") from None
     return plan
 
 
+def _named(spec: Any) -> str | None:
+    """The function a `{"type": "function", "function": {"name": ...}}` (or `{"type": "function",
+    "name": ...}`) names."""
+    if not isinstance(spec, dict) or spec.get("type") != "function":
+        return None
+    fn = spec.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else spec.get("name")
+    return name if isinstance(name, str) else None
+
+
+def _choice(tool_choice: str | dict[str, Any] | None, funcs: list[Function]) -> tuple[str, str | None, tuple[str, ...] | None]:
+    """(choice, named function, allowed functions) of a `tool_choice`."""
+    names = {f.name for f in funcs}
+    if tool_choice is None:
+        return ("auto" if funcs else "none"), None, None
+    if isinstance(tool_choice, str):
+        if tool_choice not in ("none", "auto", "required"):
+            raise TokenleapError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {tool_choice!r}")
+        return tool_choice, None, None
+    kind = tool_choice.get("type")
+    if kind == "custom":
+        raise TokenleapError("tool_choice: custom tools are not supported by this server (only type 'function')")
+    if kind == "allowed_tools":
+        spec = tool_choice.get("allowed_tools")
+        mode = spec.get("mode") if isinstance(spec, dict) else None
+        listed = spec.get("tools") if isinstance(spec, dict) else None
+        if mode not in ("auto", "required") or not isinstance(listed, list):
+            raise TokenleapError('tool_choice allowed_tools must be {"mode": "auto" | "required", "tools": [...]}')
+        allowed = tuple(dict.fromkeys(_named(t) for t in listed))
+        if not allowed or None in allowed:
+            raise TokenleapError('tool_choice allowed_tools.tools must list {"type": "function", "function": {"name": ...}} entries')
+        unknown = [n for n in allowed if n not in names]
+        if unknown:
+            raise TokenleapError(f"tool_choice allowed_tools names {unknown[0]!r}, which is not among the tools")
+        return mode, None, allowed  # type: ignore[return-value]
+    named = _named(tool_choice)
+    if named is None:
+        raise TokenleapError('a named tool_choice must be {"type": "function", "function": {"name": ...}}')
+    if named not in names:
+        raise TokenleapError(f"tool_choice names {named!r}, which is not among the tools")
+    return "named", named, None
+
+
+def legacy_tools(functions: list[Any], function_call: str | dict[str, Any] | None) -> tuple[list[Any], str | dict[str, Any] | None]:
+    """The deprecated `functions` / `function_call` as `tools` / `tool_choice`."""
+    tools = [{"type": "function", "function": f} for f in functions]
+    if isinstance(function_call, dict):
+        return tools, {"type": "function", "function": {"name": function_call.get("name")}}
+    return tools, function_call
+
+
 def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
     """(content before the first call or None, OpenAI `tool_calls`) from a Hermes-style answer.
-    Blocks that are not a JSON call of a declared function are left in the content."""
+    Blocks that are not a JSON call of a declared function are left in the content; an unfinished
+    call (the answer was cut) is dropped with everything after it."""
     if not plan.active:
         return text, []
     first, calls = _calls(text, plan)
     if not calls:
-        return text, []
+        cut = text.find(_OPEN)
+        if cut < 0:
+            return text, []
+        return (text[:cut].strip() or None), []
     content = text[:first].strip()
     return (content or None), calls
 
@@ -178,7 +246,7 @@ def render_message(role: str, content: str, tool_calls: list[dict[str, Any]] | N
     turn in `<tool_response>` tags (templates without a `tool` role render it)."""
     if role == "developer":
         return {"role": "system", "content": content}
-    if role == "tool":
+    if role in ("tool", "function"):  # "function": the deprecated spelling
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
     if role == "assistant" and tool_calls:
         blocks = []
@@ -188,7 +256,7 @@ def render_message(role: str, content: str, tool_calls: list[dict[str, Any]] | N
             try:
                 args = json.loads(args) if isinstance(args, str) else args
             except json.JSONDecodeError:
-                raise TokenleapError(f"tool_calls arguments must be a JSON string, got {args!r}") from None
+                pass  # not JSON: shown to the model as the string it is
             blocks.append("<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>")
         content = "\n".join(([content] if content else []) + blocks)
     return {"role": role, "content": content}
@@ -213,11 +281,13 @@ def with_tool_calls(response: dict[str, Any], plan: ToolPlan) -> dict[str, Any]:
     for choice in response.get("choices", []):
         message = choice["message"]
         content, calls = parse_tool_calls(message.get("content") or "", plan)
-        if calls:
-            message["content"] = content
+        message["content"] = content
+        if calls and plan.legacy:
+            message["function_call"] = calls[0]["function"]
+        elif calls:
             message["tool_calls"] = calls
-            if choice.get("finish_reason") == "stop":
-                choice["finish_reason"] = "tool_calls"
+        if calls and choice.get("finish_reason") == "stop":
+            choice["finish_reason"] = "function_call" if plan.legacy else "tool_calls"
     return response
 
 
@@ -258,15 +328,19 @@ def tool_formatter(base: type, plan: ToolPlan, *args: Any, **kwargs: Any) -> Any
         def final_chunks(self, out: Any) -> list[dict[str, Any]]:
             text = out.outputs[0].text
             first, calls = _calls(text, plan)
+            if not calls and _OPEN in text:
+                first = text.index(_OPEN)  # an unfinished call: never content
             chunks = []
             rest = text[self._sent : first]  # content not sent yet (all of it when there is no call)
             if rest:
                 chunks.append(super().delta_chunk(rest))
             final = super().final_chunk(out)
             if calls:
-                chunks.append(self._chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, None))
+                delta = ({"function_call": calls[0]["function"]} if plan.legacy
+                         else {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+                chunks.append(self._chunk(delta, None))
                 if final["choices"][0]["finish_reason"] == "stop":
-                    final["choices"][0]["finish_reason"] = "tool_calls"
+                    final["choices"][0]["finish_reason"] = "function_call" if plan.legacy else "tool_calls"
             return [*chunks, final]
 
     return ToolChatFormatter()
