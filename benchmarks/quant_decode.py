@@ -54,14 +54,18 @@ def spec_bench_prompts(path: Path, per_group: int) -> list[str]:
     return [p for g in sorted(groups) for p in groups[g]]
 
 
-def llama_bench(binary: str, model: Path, threads: int, prompt: str = "0", gen: str = "128") -> float | dict[int, float] | None:
+def llama_bench(binary: str, model: Path, threads: int, prompt: str = "0", gen: str = "128", depth: int = 0,
+                repeats: int = 3) -> float | dict[int, float] | None:
     """llama-bench's tokens/s: tg128 by default; with `prompt` lengths (e.g. "64,256,512") and
-    `gen` "0", its pp figures as {prompt length: tokens/s}."""
-    cmd = [binary, "-m", str(model), "-p", prompt, "-n", gen, "-t", str(threads), "-r", "3", "-o", "json"]
+    `gen` "0", its pp figures as {prompt length: tokens/s}; `depth`: decode after that many
+    tokens of context (`-d`)."""
+    cmd = [binary, "-m", str(model), "-p", prompt, "-n", gen, "-t", str(threads), "-r", str(repeats), "-o", "json"]
+    if depth:
+        cmd += ["-d", str(depth)]
     # tokenleap sets OMP_WAIT_POLICY=passive for torch; llama.cpp's OpenMP threads would inherit it
     # and run at ~55 % of their speed (measured: 72-77 against 129-134 tok/s from a shell)
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     if proc.returncode != 0:
         print(f"llama-bench failed ({proc.returncode}): {proc.stderr[-500:]}", file=sys.stderr)
         return None
