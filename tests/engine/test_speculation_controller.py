@@ -48,3 +48,34 @@ def test_measured_overhead_makes_a_costly_drafter_draft_again() -> None:
         timed.observe_timing(forward_s=5.3e-3, step_s=5.3e-3 + 2e-3 + 0.75e-3, draft_s=0.75e-3, draft_len=1)
     assert timed.overhead == pytest.approx(0.4)
     assert timed.choose(8) >= 1
+
+
+@pytest.mark.parametrize("p", [1.0, 0.8, 0.6, 0.3])
+def test_adaptive_length_nearly_matches_the_best_fixed_length(p: float) -> None:
+    """With its cost model right (a 1.7B target's curve, a draft model's 0.149 a token) and
+    Bernoulli acceptance p per token, the controller's choices over 256 tokens reach at least 93 %
+    of the best fixed draft length's speed-up (mean of 20 seeds), and never lose to plain decoding."""
+    import random
+    import statistics
+
+    curve = CostCurve(relative=(1.0, 1.16, 1.38, 1.63, 1.84, 2.12, 2.29, 2.63, 3.10))
+    d = 0.149
+
+    def speedup(fixed: int | None, seed: int) -> float:
+        rng = random.Random(seed)
+        ctl = DraftController(curve=curve, cap=6, draft_cost=d)
+        tokens, cost = 0, 0.0
+        while tokens < 256:
+            k = fixed if fixed is not None else ctl.choose(6, 300)
+            cost += curve.cost(k, 300) + d * k if k else 1.0
+            accepted = 0
+            while accepted < k and rng.random() < p:
+                accepted += 1
+            if k:
+                ctl.update(k, accepted)
+            tokens += accepted + 1
+        return tokens / cost
+
+    best = max(statistics.mean(speedup(k, s) for s in range(20)) for k in range(0, 7))
+    adaptive = statistics.mean(speedup(None, s) for s in range(20))
+    assert adaptive >= 0.93 * best and adaptive >= 0.97, (adaptive, best)
