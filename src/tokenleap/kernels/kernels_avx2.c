@@ -367,9 +367,10 @@ void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const 
  * product: 32 bytes of K hold one dim pair of 8 slots, widened to two fp32 vectors (the even
  * dim by a shift, the odd one by a mask) for two FMAs into 8 slots' scores; 32 bytes of V hold
  * two slots' values of 8 dims, two FMAs add them to 8 output dims. Half the bytes of the fp32
- * cache, and a verified draft reads K and V once for all its rows. Per query the same chains
- * as kernels.c (score: dim pairs in order, even then odd; P.V: slot pairs in order), so a
- * verified row equals the decoded one bit for bit. */
+ * cache, and a verified draft reads K and V once for all its rows. Per query one fixed chain
+ * whatever the other queries and tiles (score: dim pairs in order, even then odd; P.V: slot
+ * pairs in order), so a verified row equals the decoded one bit for bit (on this variant: its
+ * bits are not kernels.c's, whose vdpbf16ps and exp differ). */
 #include "attn16.h"
 
 static inline void bf16_split8(const uint16_t *p, __m256 *even, __m256 *odd) {
