@@ -37,7 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from model_sizes import cpu_name  # noqa: E402
+from model_sizes import cpu_name, csv_of  # noqa: E402
 
 from tokenleap import LLM, SamplingParams  # noqa: E402
 from tokenleap.config import SpecConfig  # noqa: E402
@@ -110,14 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("target", type=Path, help="SmolLM2-1.7B-shaped GGUF (benchmarks/make_gguf.py --shape smollm2-1.7b)")
     ap.add_argument("--draft", default="smollm2-135m-instruct", help="the draft model (default: the default model)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens decoded per run")
-    ap.add_argument("--lengths", default="2,4,6", help="fixed draft lengths to run")
-    ap.add_argument("--probs", default="1.0,0.8,0.6", help="replay acceptance probabilities to run")
+    ap.add_argument("--lengths", type=csv_of(int), default="2,4,6", help="fixed draft lengths to run")
+    ap.add_argument("--probs", type=csv_of(float), default="1.0,0.8,0.6", help="replay acceptance probabilities to run")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "draft_at_size.json")
     args = ap.parse_args(argv)
     if not args.target.is_file():
         ap.error(f"no such file: {args.target} (make it with benchmarks/make_gguf.py --shape smollm2-1.7b --types Q4_K_M)")
-    lengths = [int(k) for k in args.lengths.split(",")]
-    probs = [float(p) for p in args.probs.split(",")]
+    lengths, probs = args.lengths, args.probs
     target = LLM(model=str(args.target))
     draft = LLM(model=args.draft)
     if target.tokenizer.hf.get_vocab() != draft.tokenizer.hf.get_vocab():

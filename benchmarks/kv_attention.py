@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from model_sizes import cpu_name  # noqa: E402
+from model_sizes import cpu_name, csv_of  # noqa: E402
 
 
 def measure(depths: list[int], rows_list: list[int], repeats: int) -> dict[str, Any]:
@@ -69,22 +69,22 @@ def measure(depths: list[int], rows_list: list[int], repeats: int) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--depths", default="1024,8192")
-    ap.add_argument("--rows", default="1,5")
+    ap.add_argument("--depths", type=csv_of(int), default="1024,8192")
+    ap.add_argument("--rows", type=csv_of(int), default="1,5")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--variants", default="avx2,avx512", help="kernel variants to run (those the CPU has)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kv_attention.json")
     args = ap.parse_args(argv)
-    depths = [int(d) for d in args.depths.split(",")]
-    rows_list = [int(r) for r in args.rows.split(",")]
+    depths, rows_list = args.depths, args.rows
     if args.worker:
         print(json.dumps(measure(depths, rows_list, args.repeats)))
         return 0
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "command": " ".join(sys.argv), "variants": []}
     for variant in args.variants.split(","):
         env = {**os.environ, "TOKENLEAP_KERNELS": variant}
-        cmd = [sys.executable, __file__, "--worker", "--depths", args.depths, "--rows", args.rows, "--repeats", str(args.repeats)]
+        cmd = [sys.executable, __file__, "--worker", "--depths", ",".join(map(str, depths)), "--rows", ",".join(map(str, rows_list)),
+               "--repeats", str(args.repeats)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(f"{variant}: {proc.stderr.strip()[-300:]}", file=sys.stderr)

@@ -31,7 +31,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from model_sizes import cpu_name  # noqa: E402
+from model_sizes import cpu_name, csv_of  # noqa: E402
 from quant_decode import llama_bench  # noqa: E402
 
 from tokenleap import LLM, SamplingParams  # noqa: E402
@@ -62,7 +62,7 @@ def decode_at_depth(llm: LLM, depth: int, gen: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path, help="GGUF files (benchmarks/make_gguf.py)")
-    ap.add_argument("--depths", default="0,2048,8192", help="comma-separated context lengths")
+    ap.add_argument("--depths", type=csv_of(int), default="0,2048,8192", help="comma-separated context lengths")
     ap.add_argument("--gen", type=int, default=64, help="tokens decoded at each depth")
     ap.add_argument("--llama-bench", default=None, help="llama-bench binary (benchmarks/build_llamacpp.sh)")
     ap.add_argument("--threads", type=int, default=2)
@@ -71,10 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(f) for f in args.files if not f.is_file()]
     if missing:
         ap.error(f"no such file: {', '.join(missing)} (make them with benchmarks/make_gguf.py)")
-    try:
-        depths = [int(d) for d in args.depths.split(",")]
-    except ValueError:
-        ap.error(f"--depths: comma-separated integers, got {args.depths!r}")
+    depths = args.depths
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "threads": args.threads,
                               "command": " ".join(sys.argv), "rows": []}
     for path in args.files:

@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,18 @@ t2 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "rss_gb": psutil.Process().memory_info().rss / 1e9,
                   "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}))
 """
+
+
+def csv_of(kind: type) -> Callable[[str], list[Any]]:
+    """An argparse type: a comma-separated list of `kind` (a bad item is a usage error)."""
+
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"comma-separated {kind.__name__} values, got {text!r}") from None
+
+    return parse
 
 
 def cpu_name() -> str:
@@ -211,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-bench", default=None, help="llama-bench binary (benchmarks/build_llamacpp.sh)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--replay", action="store_true", help="also measure replay drafts (speculation at size)")
-    ap.add_argument("--replay-lengths", default="1,2,4,8")
+    ap.add_argument("--replay-lengths", type=csv_of(int), default="1,2,4,8")
     ap.add_argument("--replay-p", type=float, default=0.7)
     ap.add_argument("--replay-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "model_sizes.json")
@@ -225,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.files:
         row = measure(path, args.llama_bench, args.threads)
         if args.replay:
-            row["replay"] = replay(path, prompt, args.replay_tokens, [int(k) for k in args.replay_lengths.split(",")], args.replay_p)
+            row["replay"] = replay(path, prompt, args.replay_tokens, args.replay_lengths, args.replay_p)
         result["rows"].append(row)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
