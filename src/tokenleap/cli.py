@@ -151,12 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_train_parser(sub: Any) -> None:
     tr = sub.add_parser(
-        "train-drafter", help="train an EAGLE-3 draft head (or Medusa heads) for the model (CPU)",
+        "train-drafter", help="train an EAGLE-3 draft head (or Medusa heads) for the model (CPU, or --device cuda)",
         description="Train an EAGLE-3 head (one decoder layer over three of the target's layers, reduced draft vocabulary, "
                     "training-time test), or Medusa heads with --head-type medusa, on ShareGPT or your own chats, answered again by the target itself "
                     "(self-distillation). Writes OUTPUT/config.json + model.safetensors in the EAGLE-3 layout "
                     "(use: --spec-type eagle3 --model-draft OUTPUT) after every --save-every steps, so an interrupted "
-                    "run keeps its head; --resume continues from OUTPUT/trainer_state.pt.")
+                    "run keeps its head; --resume continues from OUTPUT/trainer_state.pt. With --device cuda (or mps) the "
+                    "self-distillation, the target's features and the head run on that device (Llama-family targets).")
     tr.add_argument("--output", "-o", required=True, help="directory for the head, its training state and eval.json")
     d = tr.add_argument_group("data")
     d.add_argument("--data", action="append", default=None,
@@ -181,6 +182,12 @@ def _add_train_parser(sub: Any) -> None:
     h.add_argument("--tokens-per-batch", type=int, default=2048, help="padded tokens per optimizer step (default: %(default)s)")
     h.add_argument("--cache-gb", type=float, default=6.0, help="memory for target features kept between epochs (default: %(default)s)")
     h.add_argument("--max-time", type=float, default=None, help="stop training after this many seconds and save (regeneration not counted)")
+    h.add_argument("--time-schedule", action="store_true",
+                   help="with --max-time: the learning rate decays over the time budget instead of the epochs, and training "
+                        "passes over the data again (up to --epochs passes) until the time is up")
+    h.add_argument("--device", default="cpu",
+                   help="where self-distillation, the target's features and the head run: cpu (the runtime's kernels; default), "
+                        "cuda, cuda:N or mps (a plain-PyTorch copy of the target in bfloat16)")
     h.add_argument("--max-steps", type=int, default=None, help="optimizer steps of this run at most (continue later with --resume)")
     h.add_argument("--save-every", type=int, default=100, help="steps between saves (default: %(default)s)")
     h.add_argument("--eval-every", type=int, default=100, help="steps between held-out accuracy reports (default: %(default)s)")
@@ -532,6 +539,7 @@ def _cmd_train_drafter(args: argparse.Namespace, argv: Sequence[str] | None = No
         draft_vocab_size=args.draft_vocab_size, aux_layers=aux, ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr,  # type: ignore[arg-type]
         tokens_per_batch=args.tokens_per_batch, max_time=args.max_time, max_steps=args.max_steps, cache_gb=args.cache_gb, save_every=args.save_every,
         eval_every=args.eval_every, eval_prompts=args.eval_prompts, seed=args.seed, resume=args.resume,
+        time_schedule=args.time_schedule, device=args.device,
         command="tokenleap " + shlex.join(argv) if argv is not None else None,
     )
     if args.threads:
@@ -548,7 +556,8 @@ def _cmd_train_drafter(args: argparse.Namespace, argv: Sequence[str] | None = No
     say(f"head written to {result.output} ({result.steps} steps, {result.tokens} tokens, {result.seconds:.0f} s"
         f"{', stopped early' if result.stopped_early else ''})")
     if result.eval_accuracy:
-        say("held-out top-1 agreement with the target per draft step: " + " ".join(f"{a:.3f}" for a in result.eval_accuracy))
+        say("held-out top-1 agreement with the target per draft step: " + " ".join(f"{a:.3f}" for a in result.eval_accuracy)
+            + (f"; chain acceptance length {result.eval_acceptance:.2f}" if result.eval_acceptance else ""))
     ev = result.engine_eval
     if ev:
         say(f"engine, {ev['prompts']} held-out prompts, greedy: {ev['tokens_per_forward']:.2f} tokens per target forward, "

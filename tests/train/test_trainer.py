@@ -18,7 +18,7 @@ from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab, Example
 from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
-from tokenleap.train.trainer import TrainConfig, make_batch, target_features, train_drafter, ttt_loss
+from tokenleap.train.trainer import RuntimeFeatures, TrainConfig, make_batch, target_features, train_drafter, ttt_loss
 
 AUX = (0, 1, 1)  # the tiny target has 2 layers
 
@@ -76,7 +76,7 @@ def test_ttt_loss_counts_only_valid_rows(tiny_model) -> None:  # type: ignore[no
     t2d = torch.full((256,), -1, dtype=torch.long)
     t2d[torch.tensor(vocab.ids)] = torch.arange(vocab.size)
     ex = Example(tuple(ids), tuple(i >= 20 for i in range(len(ids))))
-    batch = make_batch(model, [ex, Example(tuple(ids[:12]), (True,) * 12)], AUX, vocab, t2d)
+    batch = make_batch(RuntimeFeatures(model, AUX), [ex, Example(tuple(ids[:12]), (True,) * 12)], vocab, t2d)
     assert batch.ids.shape == (2, 30) and not batch.valid[1, 12:].any()  # padding never counts
     _, amax, _ = target_features(model, ids, AUX, torch.tensor(vocab.ids))
     expect = (amax % 2 == 0) & torch.tensor([i + 1 >= 20 and i + 1 < 30 for i in range(30)])

@@ -51,6 +51,7 @@ def write_head(folder: Path, tensors: dict[str, torch.Tensor], config: dict[str,
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}  # a head trained on a GPU
     tmp_w, tmp_c = folder / "model.safetensors.tmp", folder / "config.json.tmp"
     save_file(tensors, str(tmp_w))
     tmp_c.write_text(json.dumps(config, indent=2))

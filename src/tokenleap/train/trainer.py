@@ -39,6 +39,7 @@ from tokenleap.train.data import DraftVocab, Example, Record, build_draft_vocab,
 from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
 from tokenleap.train.medusa_head import MedusaShape, TrainableMedusa
 from tokenleap.train.mtp_head import TrainableMtp
+from tokenleap.train.torch_target import TorchTarget
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class TrainConfig:
     eval_every: int = 100
     save_every: int = 100
     max_time: float | None = None  # seconds of training (regeneration excluded)
+    # with max_time: the learning-rate schedule spans max_time (not the epochs), and training cycles
+    # through the data (reshuffled each pass, up to `epochs` passes) until the time is up
+    time_schedule: bool = False
     max_steps: int | None = None  # optimizer steps of this run at most (the schedule still spans every epoch)
     eval_prompts: int = 8  # held-out prompts the engine answers with and without the head at the end
     eval_max_tokens: int = 96
@@ -83,6 +87,9 @@ class TrainConfig:
     norm_before_residual: bool = True  # see eagle3_head.shape_for_target
     command: str | None = None  # the command line that made the head (recorded in its config.json)
     init_from_target: bool = False  # start lm_head / norm from the target's rows of the draft vocabulary
+    # where the target's features, self-distillation and the head run: "cpu" (the runtime's kernels),
+    # or a torch device ("cuda", "cuda:1", "mps") through `torch_target.TorchTarget` (Llama-family targets)
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         checks = [
@@ -98,14 +105,38 @@ class TrainConfig:
             (self.tokens_per_batch >= 8, "tokens_per_batch must be >= 8"),
             (self.max_time is None or self.max_time > 0, "max_time must be > 0 seconds"),
             (self.max_steps is None or self.max_steps >= 1, "max_steps must be >= 1"),
+            (not self.time_schedule or self.max_time is not None, "time_schedule needs max_time"),
             (self.eval_examples >= 0 and self.eval_prompts >= 0, "eval counts must be >= 0"),
             (self.regen_max_tokens >= 1, "regen_max_tokens must be >= 1"),
             (self.cache_gb >= 0, "cache_gb must be >= 0"),
             (self.save_every >= 1 and self.eval_every >= 1, "save_every and eval_every must be >= 1"),
+            (_device_ok(self.device), f"device must be cpu, cuda, cuda:N or mps, got {self.device!r}"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise TokenleapError(msg)
+
+
+def _device_ok(device: str) -> bool:
+    try:
+        return torch.device(device).type in ("cpu", "cuda", "mps")
+    except (RuntimeError, ValueError):
+        return False
+
+
+def open_device(device: str) -> torch.device:
+    """`device` as a torch device, with a clear error when this machine has no such device."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise TokenleapError(f"--device {device}: this machine has no CUDA GPU that torch can use "
+                             f"(torch {torch.__version__}); train with --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise TokenleapError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise TokenleapError(f"--device {device}: MPS is not available on this machine")
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # the target's float32 matmuls: TF32 (features are kept in bf16)
+    return dev
 
 
 @dataclass
@@ -119,6 +150,7 @@ class TrainResult:
     engine_eval: dict[str, Any] | None = None
     stopped_early: bool = False
     losses: list[float] = field(default_factory=list)  # training loss of each step of this run
+    eval_acceptance: float | None = None  # held-out chain acceptance length (teacher-forced, greedy)
 
 
 # --------------------------------------------------------------------------- target features
@@ -186,16 +218,82 @@ class FeatureCache:
         self._store: dict[int, Features] = {}
         self.hits = 0
 
-    def get(self, key: int, make: Callable[[], Features]) -> Features:
+    def lookup(self, key: int) -> Features | None:
         f = self._store.get(key)
-        if f is not None:
-            self.hits += 1
-            return f
-        f = make()
-        if self.bytes + f.nbytes <= self.max_bytes:
+        self.hits += f is not None
+        return f
+
+    def put(self, key: int, f: Features) -> None:
+        if key not in self._store and self.bytes + f.nbytes <= self.max_bytes:
             self._store[key] = f
             self.bytes += f.nbytes
+
+    def get(self, key: int, make: Callable[[], Features]) -> Features:
+        f = self.lookup(key)
+        if f is None:
+            f = make()
+            self.put(key, f)
         return f
+
+
+class RuntimeFeatures:
+    """Target features from the runtime's CPU model: one forward a sequence, kept in `cache`."""
+
+    def __init__(self, model: Any, aux_layers: Sequence[int], cache: FeatureCache | None = None) -> None:
+        self.model, self.aux_layers, self.cache = model, tuple(aux_layers), cache
+        self.config = model.config
+        self.device = torch.device("cpu")
+
+    @property
+    def embed(self) -> torch.Tensor:
+        return self.model.embed
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        return self.model.lm_head
+
+    @property
+    def norm(self) -> torch.Tensor:
+        return self.model.norm
+
+    def features(self, examples: Sequence[Example], keys: Sequence[int] | None) -> list[Features]:
+        def make(ex: Example) -> Features:
+            return forward_features(self.model, ex.ids, self.aux_layers)
+
+        if self.cache is None or keys is None:
+            return [make(ex) for ex in examples]
+        return [self.cache.get(k, lambda ex=ex: make(ex)) for ex, k in zip(examples, keys)]
+
+
+class TorchFeatures:
+    """Target features from a `TorchTarget` on its device: one padded forward over the sequences
+    a batch lacks, rows kept (bfloat16, on the device) in `cache`."""
+
+    def __init__(self, target: TorchTarget, aux_layers: Sequence[int], cache: FeatureCache | None = None) -> None:
+        self.target, self.aux_layers, self.cache = target, tuple(aux_layers), cache
+        self.config = target.config
+        self.device = target.device
+        self.embed, self.lm_head, self.norm = target.embed, target.lm_head, target.norm
+
+    def features(self, examples: Sequence[Example], keys: Sequence[int] | None) -> list[Features]:
+        cache = self.cache if keys is not None else None
+        out: list[Features | None] = [cache.lookup(k) if cache is not None else None for k in keys or [0] * len(examples)]
+        todo = [r for r, f in enumerate(out) if f is None]
+        if todo:
+            t = max(len(examples[r].ids) for r in todo)
+            ids = torch.zeros(len(todo), t, dtype=torch.long)
+            for j, r in enumerate(todo):
+                ids[j, : len(examples[r].ids)] = torch.tensor(examples[r].ids)
+            aux, hidden = self.target.features(ids.to(self.device), self.aux_layers)
+            argmax = self.target.logits(hidden).argmax(-1).to(torch.int32)
+            for j, r in enumerate(todo):
+                n = len(examples[r].ids)
+                h = hidden[j, :n].to(torch.bfloat16).clone()
+                f = Features(aux[j, :n].to(torch.bfloat16).clone() if self.aux_layers else h, h, argmax[j, :n].clone())
+                out[r] = f
+                if cache is not None and keys is not None:
+                    cache.put(keys[r], f)
+        return [f for f in out if f is not None]
 
 
 @dataclass
@@ -208,50 +306,48 @@ class Batch:
     tokens: int
 
 
-def make_batch(model: Any, examples: Sequence[Example], aux_layers: Sequence[int], vocab: DraftVocab,
-               t2d_index: torch.Tensor, cache: FeatureCache | None = None, keys: Sequence[int] | None = None) -> Batch:
-    """Padded batch of `examples`; features from `cache` under `keys` when given."""
-    draft_ids = torch.tensor(vocab.ids, dtype=torch.long)
-    lm_draft = model.lm_head if vocab.size == model.config.vocab_size else model.lm_head[draft_ids]
-    t = max(len(e.ids) for e in examples)
-    b = len(examples)
-    aux = ids = logp = valid = amax = None
-    for r, ex in enumerate(examples):
-        def make(ex: Example = ex) -> Features:
-            return forward_features(model, ex.ids, aux_layers)
-
-        f = cache.get(keys[r], make) if cache is not None and keys is not None else make()
+def make_batch(source: RuntimeFeatures | TorchFeatures, examples: Sequence[Example], vocab: DraftVocab,
+               t2d_index: torch.Tensor, keys: Sequence[int] | None = None) -> Batch:
+    """Padded batch of `examples` on the source's device; features kept in the source's cache under `keys`."""
+    dev = source.device
+    feats = source.features(examples, keys)
+    lm = source.lm_head
+    lm_draft = lm if vocab.size == source.config.vocab_size else lm[torch.tensor(vocab.ids, device=lm.device)]
+    b, t = len(examples), max(len(e.ids) for e in examples)
+    aux = torch.zeros(b, t, feats[0].aux.shape[1], device=dev)
+    hidden = torch.zeros(b, t, feats[0].hidden.shape[1], device=dev, dtype=torch.bfloat16)
+    ids = torch.zeros(b, t, dtype=torch.long)
+    nxt = torch.zeros(b, t, dtype=torch.bool)
+    am = torch.zeros(b, t, dtype=torch.long, device=dev)
+    for r, (ex, f) in enumerate(zip(examples, feats)):
         n = len(ex.ids)
-        with torch.inference_mode():
-            dl = _logits(model, f.hidden, lm_draft)
-        if aux is None:
-            aux = torch.zeros(b, t, f.aux.shape[1])
-            ids = torch.zeros(b, t, dtype=torch.long)
-            logp = torch.zeros(b, t, dl.shape[1])
-            valid = torch.zeros(b, t, dtype=torch.bool)
-            amax = torch.zeros(b, t, dtype=torch.long)
-        assert ids is not None and logp is not None and valid is not None and amax is not None
-        am = f.argmax.long()
         aux[r, :n] = f.aux.float()
+        hidden[r, :n] = f.hidden
+        am[r, :n] = f.argmax.long()
         ids[r, :n] = torch.tensor(ex.ids)
-        logp[r, :n] = torch.log_softmax(dl, dim=-1)
-        nxt_mask = torch.tensor(ex.mask[1:] + (False,))
-        valid[r, :n] = (t2d_index[am] >= 0) & nxt_mask
-        amax[r, :n] = t2d_index[am].clamp(min=0)
-    assert aux is not None and ids is not None and logp is not None and valid is not None and amax is not None
-    return Batch(aux, ids, logp, valid, amax, sum(len(e.ids) for e in examples))
+        nxt[r, : n - 1] = torch.tensor(ex.mask[1:], dtype=torch.bool)
+    with torch.inference_mode():
+        logp = torch.log_softmax(_logits(source, hidden, lm_draft), dim=-1)
+    t2d = t2d_index.to(dev)
+    valid = (t2d[am] >= 0) & nxt.to(dev)
+    return Batch(aux, ids.to(dev), logp.clone(), valid, t2d[am].clamp(min=0), sum(len(e.ids) for e in examples))
 
 
-def ttt_loss(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, batch: Batch, steps: int, decay: float, bf16: bool = False
-             ) -> tuple[torch.Tensor, list[float], list[int]]:
-    """Weighted TTT loss; also the top-1 hits and counts per step."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+def ttt_loss(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, batch: Batch, steps: int, decay: float, bf16: bool = False,
+             chain: list[float] | None = None) -> tuple[torch.Tensor, list[float], list[int]]:
+    """Weighted TTT loss; also the top-1 hits and counts per step. With `chain` ([drafts
+    accepted, positions]) it adds, for every position whose first label counts, how many of the
+    `steps` chained drafts a greedy verifier would accept there (the leading steps whose top-1 is
+    the target's)."""
+    with torch.autocast(batch.aux.device.type, dtype=torch.bfloat16, enabled=bf16):
         outs = head.ttt_logits(batch.aux, batch.ids, steps)
     outs = [o.float() for o in outs]
     t = batch.ids.shape[1]
-    total = torch.zeros(())
+    total = torch.zeros((), device=batch.aux.device)
     hits: list[float] = []
     counts: list[int] = []
+    run: torch.Tensor | None = None
+    accepted = torch.zeros((), device=batch.aux.device)
     for k, logits in enumerate(outs):
         # step k row i predicts x_{i+k+2}: the target's row i+k+1
         if k + 1 >= t:
@@ -263,22 +359,32 @@ def ttt_loss(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, batch: Batc
         m = batch.valid[:, k + 1 :]
         n = int(m.sum())
         counts.append(n)
+        with torch.no_grad():
+            match = (lg.argmax(-1) == batch.target_argmax_draft[:, k + 1 :]) & m
+            hits.append(float(match.sum()))
+            if chain is not None:
+                full = torch.zeros(batch.ids.shape[0], t - 1, dtype=torch.bool, device=match.device)
+                full[:, : t - k - 1] = match
+                run = full if run is None else run & full
+                accepted += run.sum()
         if n == 0:
-            hits.append(0.0)
             continue
         ce = -(tp.exp() * torch.log_softmax(lg, dim=-1)).sum(-1)
         total = total + (decay**k) * (ce * m).sum() / n
-        with torch.no_grad():
-            hits.append(float(((lg.argmax(-1) == batch.target_argmax_draft[:, k + 1 :]) & m).sum()))
+    if chain is not None:
+        chain[0] += float(accepted)
+        chain[1] += float(batch.valid[:, 1:].sum())
     return total, hits, counts
 
 
 # --------------------------------------------------------------------------- data preparation
 
 
-def _regenerate(llm: Any, records: list[Record], cfg: TrainConfig, progress: bool, log: Callable[[str], None]) -> list[Record]:
+def _regenerate(llm: Any, records: list[Record], cfg: TrainConfig, progress: bool, log: Callable[[str], None],
+                target: TorchTarget | None = None) -> list[Record]:
     """Self-distillation: each conversation's first user turn (with its system turn) answered by
-    the target, greedy. Answers already in OUTPUT/regenerated.jsonl are reused."""
+    the target, greedy (by the engine, or by `target` on its device in length-sorted batches).
+    Answers already in OUTPUT/regenerated.jsonl are reused."""
     from tokenleap.sampling import SamplingParams
 
     path = cfg.output / REGEN_FILE
@@ -310,16 +416,45 @@ def _regenerate(llm: Any, records: list[Record], cfg: TrainConfig, progress: boo
         params = SamplingParams(temperature=0.0, max_tokens=cfg.regen_max_tokens)
         convs = [[{"role": r, "content": c} for r, c in p] for p in todo]
         with path.open("a") as f:
-            for idx, res in llm.chat_iter(convs, params, use_tqdm=progress):
+            def keep(idx: int, text: str) -> None:
                 key = json.dumps(todo[idx])
-                done[key] = res.outputs[0].text
-                f.write(json.dumps({"key": key, "answer": done[key]}) + "\n")
+                done[key] = text
+                f.write(json.dumps({"key": key, "answer": text}) + "\n")
                 f.flush()
+
+            if target is None:
+                for idx, res in llm.chat_iter(convs, params, use_tqdm=progress):
+                    keep(idx, res.outputs[0].text)
+            else:
+                _regenerate_on(target, llm, convs, cfg.regen_max_tokens, keep, progress)
     for p in dict.fromkeys(prompts):  # a prompt asked twice gives the same greedy answer: once is enough
         answer = done.get(json.dumps(p), "")
         if answer.strip():
             out.append(Record(messages=(*p, ("assistant", answer))))
     return out
+
+
+def _regenerate_on(target: TorchTarget, llm: Any, convs: Sequence[Sequence[dict[str, str]]], max_tokens: int,
+                   keep: Callable[[int, str], None], progress: bool) -> None:
+    """The greedy answers of `convs` by `target` on its device, each passed to `keep` as text."""
+    eos = set(getattr(llm.tokenizer, "eos_token_ids", ()) or ())
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(convs), desc="self-distillation", unit="prompt", dynamic_ncols=True)
+
+    def on_batch(indices: list[int], answers: list[list[int]]) -> None:
+        for i, ids in zip(indices, answers):
+            keep(i, llm.tokenizer.decode([t for t in ids if t not in eos]))
+        if bar is not None:
+            bar.update(len(indices))
+
+    try:
+        target.generate([llm.chat_token_ids(list(c)) for c in convs], max_tokens, sorted(eos), on_batch=on_batch)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _batches(examples: Sequence[Example], tokens_per_batch: int, rng: random.Random) -> list[list[int]]:
@@ -348,21 +483,38 @@ def _batches(examples: Sequence[Example], tokens_per_batch: int, rng: random.Ran
 # --------------------------------------------------------------------------- evaluation
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    accuracy: list[float]  # teacher-forced top-1 agreement with the target per draft step
+    acceptance: float  # tokens per target forward of a greedy chain of all the steps' drafts (1 + mean drafts accepted)
+
+
 @torch.no_grad()
-def heldout_accuracy(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, model: Any, examples: Sequence[Example], vocab: DraftVocab,
-                     t2d_index: torch.Tensor, cfg: TrainConfig, aux_layers: Sequence[int],
-                     cache: FeatureCache | None = None) -> list[float]:
-    """Teacher-forced top-1 agreement with the target per draft step (EAGLE-3: TTT step;
-    Medusa: head) on held-out sequences."""
+def heldout_eval(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, source: RuntimeFeatures | TorchFeatures,
+                 examples: Sequence[Example], vocab: DraftVocab, t2d_index: torch.Tensor, cfg: TrainConfig,
+                 batch_tokens: int | None = None) -> HeldOut:
+    """Held-out sequences, teacher-forced: top-1 agreement per draft step (EAGLE-3: TTT step;
+    Medusa: head) and the chain acceptance length it implies where the data is the target's own
+    greedy text (self-distilled). Features are cached under keys -1, -2, ... (apart from training's)."""
     steps = _steps(cfg)
     hits = [0.0] * steps
     counts = [0] * steps
+    chain = [0.0, 0.0]
+    budget = batch_tokens or cfg.tokens_per_batch
+    groups: list[list[int]] = [[]]
     for i, ex in enumerate(examples):
-        batch = make_batch(model, [ex], aux_layers, vocab, t2d_index, cache, [i])
-        _, h, c = ttt_loss(head, batch, steps, cfg.ttt_decay, cfg.bf16)
+        longest = max([len(examples[j].ids) for j in groups[-1]] + [len(ex.ids)])
+        if groups[-1] and longest * (len(groups[-1]) + 1) > budget:
+            groups.append([])
+        groups[-1].append(i)
+    for g in groups:
+        if not g:
+            continue
+        batch = make_batch(source, [examples[i] for i in g], vocab, t2d_index, [-1 - i for i in g])
+        _, h, c = ttt_loss(head, batch, steps, cfg.ttt_decay, cfg.bf16, chain)
         hits = [a + b for a, b in zip(hits, h)]
         counts = [a + b for a, b in zip(counts, c)]
-    return [h / c if c else 0.0 for h, c in zip(hits, counts)]
+    return HeldOut([h / c if c else 0.0 for h, c in zip(hits, counts)], 1.0 + chain[0] / chain[1] if chain[1] else 1.0)
 
 
 def engine_eval(model_name: str, head_dir: Path, prompts: Sequence[Sequence[dict[str, str]]], max_tokens: int,
@@ -410,51 +562,96 @@ def _first_turn(rec: Record) -> list[dict[str, str]]:
     return msgs[: first_user + 1]
 
 
-def _lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+def _lr_at(step: int, total: int, cfg: TrainConfig, time_frac: float | None = None) -> float:
+    """Linear warmup over `warmup_steps`, then cosine decay to a tenth of `lr` at the last step
+    (or, with `time_frac`, at the end of the time budget)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+    frac = time_frac if time_frac is not None else (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def aux_layers_for(cfg: TrainConfig, num_layers: int) -> tuple[int, ...]:
+    """The head's aux layers (none for heads that read the final hidden state), checked."""
+    if cfg.head_type in ("medusa", "mtp"):
+        return ()
+    aux = tuple(cfg.aux_layers or default_aux_layers(num_layers))
+    if len(aux) != 3 or not all(0 <= layer < num_layers for layer in aux):
+        raise TokenleapError(f"aux layers {list(aux)} must be 3 layer ids in [0, {num_layers})")
+    return aux
 
 
 def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[str, Any] | None = None,
                   progress: bool = True, on_log: Callable[[str], None] | None = None) -> TrainResult:
     """Train (or resume training) an EAGLE-3 head or Medusa heads for `llm`'s target; see the
-    module docstring."""
+    module docstring. With `cfg.device` other than "cpu" the self-distillation, the target's
+    features and the head run there (`TorchTarget`); `llm` still tokenizes and evaluates."""
     log = on_log or logger.warning
-    model = llm.engine.model
-    tc = model.config
-    out = cfg.output
-    out.mkdir(parents=True, exist_ok=True)
-    medusa = cfg.head_type == "medusa"
-    full_vocab = cfg.head_type in ("medusa", "mtp")  # heads that read the target's LM head and its final hidden state
-    aux_layers: tuple[int, ...] = () if full_vocab else (cfg.aux_layers or default_aux_layers(tc.num_layers))
-    if not full_vocab and (len(aux_layers) != 3 or not all(0 <= l < tc.num_layers for l in aux_layers)):
-        raise TokenleapError(f"aux layers {list(aux_layers)} must be 3 layer ids in [0, {tc.num_layers})")
-    steps = _steps(cfg)
-    state_path = out / STATE_FILE
-    state = None
-    if cfg.resume:
-        if not state_path.is_file():
-            raise TokenleapError(f"nothing to resume: {state_path} does not exist")
-        state = torch.load(state_path, weights_only=False)
+    tc = llm.engine.model.config
+    cfg.output.mkdir(parents=True, exist_ok=True)
+    aux_layers = aux_layers_for(cfg, tc.num_layers)
+    state = _load_state(cfg)
+    target: TorchTarget | None = None
+    if cfg.device != "cpu":
+        dev = open_device(cfg.device)
+        log(f"loading the target onto {dev} (bfloat16)")
+        target = TorchTarget.load(llm.source, dev, torch.bfloat16, max_positions=max(cfg.max_len, 64) + 64)
 
     records = load_records(cfg.data, cfg.max_samples, cfg.seed)
     if cfg.regenerate:
-        records = _regenerate(llm, records, cfg, progress, log)
+        records = _regenerate(llm, records, cfg, progress, log, target)
     tok = llm.tokenizer
     max_len = min(cfg.max_len, llm.engine.max_context)
     pairs = [(r, e) for r, e in ((r, tokenize(tok, r, max_len)) for r in records) if e is not None]
-    bad = [t for _, e in pairs for t in e.ids if t >= tc.vocab_size]
-    if bad:
-        raise TokenleapError(f"training data holds token id {bad[0]} outside the target vocabulary ({tc.vocab_size})")
     if len(pairs) < 2:
         raise TokenleapError(f"only {len(pairs)} usable training sequences; need at least 2")
     n_eval = min(cfg.eval_examples, len(pairs) // 5)
     heldout = [e for _, e in pairs[:n_eval]]
     train = [e for _, e in pairs[n_eval:]]
     eos = sorted(getattr(tok, "eos_token_ids", ()) or ())
-    if full_vocab:  # the heads share the target's LM head: the whole vocabulary
+    cache = FeatureCache(int(cfg.cache_gb * 2**30) if cfg.epochs > 1 else 0)
+    cache.max_bytes += 1 << 30  # the held-out sequences' features (keys < 0)
+    source: RuntimeFeatures | TorchFeatures = (RuntimeFeatures(llm.engine.model, aux_layers, cache) if target is None
+                                               else TorchFeatures(target, aux_layers, cache))
+    result = fit_head(source, train, heldout, cfg, model_name, eos=eos, state=state, progress=progress, log=log)
+    steps = _steps(cfg)
+    prompts = [_first_turn(r) for r, _ in pairs[:n_eval] if r.example is None][: cfg.eval_prompts]
+    if prompts:
+        log(f"evaluating the head in the engine on {len(prompts)} held-out prompts (greedy, plain vs {cfg.head_type})")
+        result.engine_eval = engine_eval(model_name, cfg.output, prompts, cfg.eval_max_tokens,
+                                         steps if cfg.head_type == "medusa" else steps + 2, llm_kwargs or {}, cfg.head_type)
+        (cfg.output / "eval.json").write_text(json.dumps({"heldout_top1": result.eval_accuracy,
+                                                          "heldout_acceptance": result.eval_acceptance, **result.engine_eval}, indent=2))
+    return result
+
+
+def _load_state(cfg: TrainConfig) -> dict[str, Any] | None:
+    state_path = cfg.output / STATE_FILE
+    if not cfg.resume:
+        return None
+    if not state_path.is_file():
+        raise TokenleapError(f"nothing to resume: {state_path} does not exist")
+    return torch.load(state_path, weights_only=False, map_location="cpu")
+
+
+def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], heldout: Sequence[Example], cfg: TrainConfig,
+             model_name: str, *, eos: Sequence[int] = (), state: dict[str, Any] | None = None, progress: bool = True,
+             log: Callable[[str], None] = logger.warning) -> TrainResult:
+    """The training loop over tokenized `train` sequences on the source's device: the draft
+    vocabulary, the head, AdamW with warmup and cosine decay, held-out evaluation, saves (the
+    head in its layout and `trainer_state.pt`) every `save_every` steps and at the end."""
+    tc = source.config
+    dev = source.device
+    out = cfg.output
+    out.mkdir(parents=True, exist_ok=True)
+    aux_layers = aux_layers_for(cfg, tc.num_layers)
+    medusa = cfg.head_type == "medusa"
+    steps = _steps(cfg)
+    state_path = out / STATE_FILE
+    bad = [t for e in [*train, *heldout] for t in e.ids if t >= tc.vocab_size]
+    if bad:
+        raise TokenleapError(f"training data holds token id {bad[0]} outside the target vocabulary ({tc.vocab_size})")
+    if cfg.head_type in ("medusa", "mtp"):  # the heads share the target's LM head: the whole vocabulary
         vocab = DraftVocab(tuple(range(tc.vocab_size)), tc.vocab_size, 1.0)
     elif state is not None:
         vocab = DraftVocab(tuple(state["draft_ids"]), tc.vocab_size, state["coverage"])
@@ -469,17 +666,20 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
 
     head: TrainableEagle3 | TrainableMedusa | TrainableMtp
     shape: Eagle3Config | MedusaShape
+    softcap = getattr(tc, "final_logit_softcap", None)
     if cfg.head_type == "mtp":
         shape = shape_for_target(tc, tc.vocab_size, ())  # the target's layer shape, full vocabulary, no aux layers
-        head = TrainableMtp(shape, model.embed, model.lm_head, getattr(tc, "final_logit_softcap", None), seed=cfg.seed)
+        head = TrainableMtp(shape, source.embed, source.lm_head, softcap, seed=cfg.seed)
     elif medusa:
         shape = MedusaShape(tc.hidden_size, tc.vocab_size, cfg.medusa_heads)
-        head = TrainableMedusa(shape, model.lm_head, getattr(tc, "final_logit_softcap", None))
+        head = TrainableMedusa(shape, source.lm_head, softcap)
     else:
         shape = shape_for_target(tc, vocab.size, aux_layers, cfg.norm_before_residual)  # type: ignore[arg-type]
         init = cfg.init_from_target
-        head = TrainableEagle3(shape, model.embed, init_lm_head=model.lm_head[torch.tensor(vocab.ids)] if init else None,
-                               init_norm=model.norm if init else None, seed=cfg.seed)
+        rows = torch.tensor(vocab.ids, device=source.lm_head.device)
+        head = TrainableEagle3(shape, source.embed, init_lm_head=source.lm_head[rows].cpu() if init else None,
+                               init_norm=source.norm.cpu() if init else None, seed=cfg.seed)
+    head.to(dev)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     epoch_batches = [_batches(train, cfg.tokens_per_batch, random.Random(cfg.seed + e)) for e in range(cfg.epochs)]
@@ -497,7 +697,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
     def save() -> None:
         extra = {"steps": step, "tokens": tokens_seen, "seconds": round(elapsed, 1), "data": list(cfg.data),
                  "regenerated": cfg.regenerate, "draft_steps": steps, "draft_vocab_coverage": round(vocab.coverage, 4),
-                 "target": model_name, "command": cfg.command}
+                 "target": model_name, "command": cfg.command, "device": str(dev)}
         if isinstance(head, (TrainableMedusa, TrainableMtp)):
             head.export(out, extra)
         else:
@@ -509,30 +709,37 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
         tmp.replace(state_path)
 
     flat = [(e, b) for e, bs in enumerate(epoch_batches) for b in bs]
-    cache = FeatureCache(int(cfg.cache_gb * 2**30)) if cfg.epochs > 1 else None
-    heldout_cache = FeatureCache(1 << 30)
+    keep_keys = cfg.epochs > 1  # features kept between epochs only when a sequence comes back
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=total_steps, initial=step, desc="train-drafter", unit="step", dynamic_ncols=True)
     stopped_early = False
-    acc: list[float] = []
+    held: HeldOut | None = None
     start = time.perf_counter() - elapsed
     run_hits = [0.0] * steps
     run_counts = [0.0] * steps
     losses: list[float] = []
     last = total_steps if cfg.max_steps is None else min(total_steps, step + cfg.max_steps)
+
+    def evaluate() -> HeldOut:
+        h = heldout_eval(head, source, heldout, vocab, t2d_index, cfg)
+        log(f"step {step}: held-out top-1 per draft step " + " ".join(f"{a:.3f}" for a in h.accuracy)
+            + f"; chain acceptance {h.acceptance:.2f}")
+        return h
+
     try:
         while step < last:
             if cfg.max_time is not None and time.perf_counter() - start >= cfg.max_time:
-                stopped_early = True
+                stopped_early = not cfg.time_schedule  # a time-scheduled run ends here by design
                 log(f"--max-time reached after {step} steps; saving")
                 break
             _, idx = flat[step]
-            batch = make_batch(model, [train[i] for i in idx], aux_layers, vocab, t2d_index, cache, idx)
+            batch = make_batch(source, [train[i] for i in idx], vocab, t2d_index, idx if keep_keys else None)
+            frac = (time.perf_counter() - start) / cfg.max_time if cfg.time_schedule and cfg.max_time else None
             for g in opt.param_groups:
-                g["lr"] = _lr_at(step, total_steps, cfg)
+                g["lr"] = _lr_at(step, total_steps, cfg, frac)
             loss, hits, counts = ttt_loss(head, batch, steps, cfg.ttt_decay, cfg.bf16)
             opt.zero_grad(set_to_none=True)
             if loss.requires_grad:
@@ -547,11 +754,10 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
             run_counts = [0.9 * a + c for a, c in zip(run_counts, counts)]
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc0=f"{run_hits[0] / max(run_counts[0], 1):.2f}",
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", acc0=f"{run_hits[0] / max(run_counts[0], 1):.2f}",
                                 tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}")
             if heldout and (step % cfg.eval_every == 0 or step == total_steps):
-                acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg, aux_layers, heldout_cache)
-                log(f"step {step}: held-out top-1 per draft step " + " ".join(f"{a:.3f}" for a in acc))
+                held = evaluate()
             if step % cfg.save_every == 0:
                 save()
     except KeyboardInterrupt:
@@ -563,13 +769,7 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
         if bar is not None:
             bar.close()
     save()
-    if heldout and not acc:
-        acc = heldout_accuracy(head, model, heldout, vocab, t2d_index, cfg, aux_layers, heldout_cache)
-    result = TrainResult(out, step, tokens_seen, elapsed, vocab.coverage, acc, None, stopped_early or step < total_steps, losses)
-    prompts = [_first_turn(r) for r, _ in pairs[:n_eval] if r.example is None][: cfg.eval_prompts]
-    if prompts:
-        log(f"evaluating the head in the engine on {len(prompts)} held-out prompts (greedy, plain vs {cfg.head_type})")
-        result.engine_eval = engine_eval(model_name, out, prompts, cfg.eval_max_tokens, steps if medusa else steps + 2,
-                                         llm_kwargs or {}, cfg.head_type)
-        (out / "eval.json").write_text(json.dumps({"heldout_top1": acc, **result.engine_eval}, indent=2))
-    return result
+    if heldout and held is None:
+        held = evaluate()
+    return TrainResult(out, step, tokens_seen, elapsed, vocab.coverage, held.accuracy if held else [], None,
+                       stopped_early or (step < total_steps and not cfg.time_schedule), losses, held.acceptance if held else None)
