@@ -118,12 +118,12 @@ class Record:
     matched_plain: bool
 
 
-def parse_methods(spec: str, draft_max: int, model: str | None = None) -> dict[str, SpecConfig]:
+def parse_methods(spec: str, draft_max: int, model: str | None = None, adaptive: bool = True) -> dict[str, SpecConfig]:
     """"ngram,suffix+ngram" -> {label: config}; "a+b" is a chain (the first that proposes wins).
     `model`: the draft model or EAGLE-3 head of the methods that need one."""
     configs = {}
     for name in [m.strip() for m in spec.split(",") if m.strip()]:
-        raw: dict[str, object] = {"method": name, "num_speculative_tokens": draft_max}
+        raw: dict[str, object] = {"method": name, "num_speculative_tokens": draft_max, "adaptive": adaptive}
         if model is not None:
             raw["model"] = model
         cfg = SpecConfig.from_dict(raw)

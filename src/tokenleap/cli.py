@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, Spec-Bench's protocol (default: %(default)s)")
     bench.add_argument("--draft-max", type=int, default=16, help="draft length cap (default: %(default)s)")
+    bench.add_argument("--no-adaptive", action="store_true",
+                       help="draft exactly --draft-max tokens every step (no adaptive draft length): a drafter's acceptance, not the speed the controller would choose")
     bench.add_argument("--model-draft", "-md", default=None, help="the draft model (draft-model) or EAGLE-3 head directory (eagle3) of the methods that need one")
     bench.add_argument("--hf-baseline", action="store_true", help="also run transformers' generate and its prompt lookup (prompt_lookup_num_tokens=10) on the same GGUF; their speedups are relative to transformers' own plain decoding")
     bench.add_argument("--out", default="bench_results.json", help="JSON output (default: %(default)s)")
@@ -317,7 +319,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from tokenleap.sampling import SamplingParams
 
     SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)  # validate early
-    methods = parse_methods(args.methods, args.draft_max, args.model_draft)
+    methods = parse_methods(args.methods, args.draft_max, args.model_draft, adaptive=not args.no_adaptive)
     questions = load_questions(Path(args.input) if args.input else default_spec_bench(), args.questions_per_group)
     if not questions:
         raise TokenleapError(f"no questions in {args.input}")
@@ -339,7 +341,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     weights = f"{args.dtype}, GGUF blocks kept quantized" if llm.model.quantization else args.dtype
     meta = {"model": args.model, "dtype": args.dtype, "quantization": llm.model.quantization, "max_tokens": args.max_tokens, "temperature": args.temperature,
-            "questions_per_group": args.questions_per_group, "methods": list(methods), "draft_max": args.draft_max, "input": args.input,
+            "questions_per_group": args.questions_per_group, "methods": list(methods), "draft_max": args.draft_max, "adaptive": not args.no_adaptive, "input": args.input,
             "hf_baseline": bool(hf), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_json(out, meta, records, summary)
     table = Table(title=f"Spec-Bench, {args.model} {weights}, {args.max_tokens} new tokens, temperature {args.temperature}")

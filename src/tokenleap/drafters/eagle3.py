@@ -77,9 +77,22 @@ def head_rope(theta: float, head_dim: int, positions: int) -> tuple[torch.Tensor
     return torch.cat([angles.cos(), angles.cos()], dim=-1).float(), torch.cat([angles.sin(), angles.sin()], dim=-1).float()
 
 
-def head_linear(weights: dict[str, torch.Tensor], names: Sequence[str], dtype: torch.dtype, kernels: Any) -> Any:
-    """The (fused) weight of a draft head's linear in the target's dtype, packed for the kernels when they take it."""
+def head_linear(weights: dict[str, torch.Tensor], names: Sequence[str], dtype: torch.dtype, kernels: Any,
+                quantize: bool = False) -> Any:
+    """The (fused) weight of a draft head's linear in the target's dtype, packed for the kernels
+    when they take it; with `quantize` (a target whose linears are kept in their GGUF blocks),
+    in Q8_0 blocks instead: half the bytes a draft step reads, and a draft step on a CPU is as
+    memory-bound as the target's (drafts only propose: the output stays the target's)."""
     w = torch.cat([weights[n] for n in names]).to(dtype).contiguous()
+    if kernels is not None and quantize:
+        from tokenleap.kernels import QuantWeight
+
+        out_dim, in_dim = w.shape
+        if QuantWeight.fits(8, out_dim, in_dim):
+            import gguf
+
+            blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
+            return QuantWeight.from_blocks(blocks, 8, out_dim, in_dim)
     if kernels is not None:
         packed = kernels.pack(w)
         return packed if packed is not None else w
@@ -206,8 +219,10 @@ class Eagle3Head:
         def f32(name: str) -> torch.Tensor:
             return weights[name].float().contiguous()
 
+        quantize = bool(getattr(target, "quantization", None))
+
         def lin(*names: str) -> Any:
-            return head_linear(weights, names, dtype, self.kernels)
+            return head_linear(weights, names, dtype, self.kernels, quantize)
 
         p = "midlayer."
         self.fc = lin("fc.weight")
