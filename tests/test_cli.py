@@ -118,6 +118,38 @@ def test_tree_and_acceptance_flags_reach_the_speculative_config() -> None:
     assert plain is not None and (plain.sampled_tree, plain.acceptance) == ("full", "exact")
 
 
+def test_llama_cpp_spellings_flags_and_environment(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """What llama.cpp's speculative-decoding docs have users type: --draft / --draft-n / --draft-n-min,
+    LLAMA_ARG_DRAFT_MAX / _MIN, `draft` and underscore spellings; -md beside a draftless method is
+    a clear error, not silently ignored."""
+    from tokenleap.cli import _spec_dict, build_parser
+    from tokenleap.config import SpecConfig
+
+    def spec(*argv: str) -> SpecConfig:
+        out = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", *argv])))
+        assert out is not None
+        return out
+
+    s = spec("--spec-type", "ngram_simple", "--draft", "12", "--draft-n-min", "3")
+    assert (s.method, s.num_speculative_tokens, s.draft_min) == ("ngram-simple", 12, 3)
+    assert spec("--spec-type", "ngram_map_k", "--draft-n", "9").num_speculative_tokens == 9
+    s = spec("--spec-type", "draft", "-md", "smollm2-135m-instruct")
+    assert (s.method, s.model) == ("draft-model", "smollm2-135m-instruct")
+    monkeypatch.setenv("LLAMA_ARG_DRAFT_MAX", "7")
+    monkeypatch.setenv("LLAMA_ARG_DRAFT_MIN", "2")
+    s = spec("--spec-type", "ngram-mod")
+    assert (s.num_speculative_tokens, s.draft_min) == (7, 2)
+    assert spec("--spec-type", "ngram-mod", "--draft-max", "5").num_speculative_tokens == 5  # the flag wins
+    monkeypatch.setenv("LLAMA_ARG_DRAFT_MAX", "many")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "hi"])
+    assert "invalid int value: 'many'" in capsys.readouterr().err
+    monkeypatch.delenv("LLAMA_ARG_DRAFT_MAX")
+    assert main(["generate", "hi", "--spec-type", "ngram-simple", "-md", "x.gguf"]) == 2
+    err = capsys.readouterr().err
+    assert "--spec-type ngram-simple uses none" in err and "ngram-simple+draft-model" in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_speculative_config_json_and_penalties(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["generate", "Repeat after me: red green blue red green blue red green blue", "--temperature", "0", "-n", "24", "--json"]

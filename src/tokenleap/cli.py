@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -59,8 +60,11 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config as a JSON object (instead of the flags below), e.g. '{\"method\": \"ngram\"}'")
     g.add_argument("--draft-layers", type=int, default=None, help="use only the draft model's first N layers")
-    g.add_argument("--draft-max", type=int, default=16, help="draft tokens per step at most (default: %(default)s)")
-    g.add_argument("--draft-min", type=int, default=0, help="shorter drafts are not verified (default: %(default)s)")
+    # llama.cpp's spellings and environment variables (a string default goes through `type`: a bad value is a usage error)
+    g.add_argument("--draft-max", "--draft", "--draft-n", type=int, default=os.environ.get("LLAMA_ARG_DRAFT_MAX", "16"),
+                   help="draft tokens per step at most (env LLAMA_ARG_DRAFT_MAX; default: %(default)s)")
+    g.add_argument("--draft-min", "--draft-n-min", type=int, default=os.environ.get("LLAMA_ARG_DRAFT_MIN", "0"),
+                   help="shorter drafts are not verified (env LLAMA_ARG_DRAFT_MIN; default: %(default)s)")
     g.add_argument("--spec-ngram-size-n", type=int, default=None, help="n-gram key length (ngram: the longest n-gram looked up; default 3, ngram: 4)")
     g.add_argument("--spec-ngram-size-m", type=int, default=None, help="m-gram draft length of the llama.cpp n-gram types (default 16)")
     g.add_argument("--spec-ngram-min-hits", type=int, default=None, help="occurrences a key needs (ngram-map-k/-k4v; default 1)")
@@ -77,6 +81,14 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stats", action="store_true", help="print speculation statistics after each answer")
 
 
+_MODEL_METHODS = {"draft-model", "draft_model", "draft", "eagle3", "draft-eagle3", "eagle-3", "eagle", "medusa", "mtp", "mimo_mtp",
+                  "mimo-mtp", "deepseek_mtp", "custom"}  # the methods that read --model-draft
+
+
+def _chain_members(spec_type: str) -> list[str]:
+    return [m.strip() for m in spec_type.replace(",", "+").split("+") if m.strip()]
+
+
 def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
     raw = getattr(args, "speculative_config", None)
     if raw is not None:  # vLLM's flag: the whole config as JSON
@@ -91,6 +103,9 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
         return spec or None
     if args.spec_type in ("none", "off"):
         return None
+    if args.model_draft is not None and not any(m in _MODEL_METHODS for m in _chain_members(args.spec_type)):
+        raise TokenleapError(f"--model-draft is for a draft model or head ({', '.join(sorted(_MODEL_METHODS))}); --spec-type "
+                             f"{args.spec_type} uses none. To draft with both, chain them: --spec-type {args.spec_type}+draft-model")
     spec: dict[str, Any] = {"method": args.spec_type, "num_speculative_tokens": args.draft_max, "draft_min": args.draft_min}
     if args.spec_type in ("ngram", "ngram-tree"):
         if args.spec_ngram_size_n is not None:

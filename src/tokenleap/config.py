@@ -46,7 +46,8 @@ class EngineConfig:
 
 SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "eagle3", "eagle", "medusa", "mtp", "custom", "chain", "ngram-tree")
 _SPEC_ALIASES = {"draft_model": "draft-model", "draft-eagle3": "eagle3", "eagle-3": "eagle3", "prompt-lookup": "ngram", "prompt_lookup": "ngram",
-                 "mimo_mtp": "mtp", "mimo-mtp": "mtp", "deepseek_mtp": "mtp"}
+                 "mimo_mtp": "mtp", "mimo-mtp": "mtp", "deepseek_mtp": "mtp", "draft": "draft-model",  # llama.cpp's --spec-type draft
+                 **{m.replace("-", "_"): m for m in SPEC_METHODS if "-" in m}}  # llama.cpp's underscore spellings (ngram_simple)
 SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
 ACCEPTANCE_RULES = ("exact", "typical-lossy")  # sampled requests; "typical-lossy" changes the output distribution
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path

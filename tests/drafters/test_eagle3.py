@@ -321,6 +321,30 @@ def test_real_model_greedy_output_equals_plain(llm, tmp_path: Path) -> None:
         assert req.output_ids == want and req.metrics.spec.num_drafts > 0
 
 
+@pytest.mark.slow
+def test_shipped_head_drafts_the_default_model_losslessly(llm) -> None:  # noqa: ANN001
+    """The head in tokenleap/heads (trained on a GPU by benchmarks/gpu_head.py) loads with no path,
+    keeps greedy output identical to plain decoding and has most of its drafts accepted (a broken
+    head, wrong aux layers or a bad d2t map would accept next to none)."""
+    from tokenleap.heads import shipped_head
+
+    assert shipped_head("eagle3", "smollm2-135m-instruct") is not None
+    spec = SpecConfig(method="eagle3", num_speculative_tokens=5, adaptive=False)
+    drafter = default_registry().create("eagle3", spec, target=llm.model, target_name="smollm2-135m-instruct")
+    fast = Engine(llm.model, llm.tokenizer, spec=spec, drafter=drafter)
+    plain = Engine(llm.model, llm.tokenizer)
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    tokens = forwards = 0
+    for q in ("What are the benefits of regular exercise?", "Write a short poem about autumn leaves."):
+        ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": q}])
+        want = plain.run(plain.add_request(ids, params)).output_ids
+        req = fast.run(fast.add_request(ids, params))
+        assert req.output_ids == want
+        tokens += req.metrics.num_decode_tokens
+        forwards += req.metrics.num_forward_passes
+    assert tokens / forwards > 1.6, tokens / forwards
+
+
 class OracleEagle(Eagle3Drafter):
     """Runs the head as usual (state sync, KV rebuild) but proposes the known plain answer: a
     chain of the next 3 true tokens, or a tree whose first branch is a decoy. Keeps each
@@ -412,8 +436,9 @@ def test_cli_flags_and_clear_errors(capsys: pytest.CaptureFixture[str], tmp_path
                                       "--spec-tree-depth", "3", "--draft-max", "12"])
     spec = SpecConfig.from_dict(_spec_dict(args))
     assert spec is not None and (spec.method, spec.model, spec.eagle_tree_topk, spec.eagle_tree_depth) == ("eagle3", "/h", 4, 3)
-    assert main(["generate", "hi", "--spec-type", "eagle3"]) == 2
-    assert "no EAGLE-3 head ships for model 'smollm2-135m-instruct'" in capsys.readouterr().err
+    # the default model's shipped head needs no path (a model without one: test_bad_checkpoints_fail_clearly)
+    assert main(["generate", "hi", "--spec-type", "eagle3", "-n", "4", "--temperature", "0"]) == 0
+    capsys.readouterr()
     assert main(["generate", "hi", "--spec-type", "eagle3", "--model-draft", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "is not a directory" in err and "Traceback" not in err

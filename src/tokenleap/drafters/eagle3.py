@@ -28,7 +28,7 @@ import heapq
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -77,8 +77,11 @@ def head_rope(theta: float, head_dim: int, positions: int) -> tuple[torch.Tensor
     return torch.cat([angles.cos(), angles.cos()], dim=-1).float(), torch.cat([angles.sin(), angles.sin()], dim=-1).float()
 
 
+HEAD_QTYPE = 8  # GGML type of a head's linears beside a quantized target (Q8_0)
+
+
 def head_linear(weights: dict[str, torch.Tensor], names: Sequence[str], dtype: torch.dtype, kernels: Any,
-                quantize: bool = False) -> Any:
+                quantize: bool = False, qtype: int = HEAD_QTYPE) -> Any:
     """The (fused) weight of a draft head's linear in the target's dtype, packed for the kernels
     when they take it; with `quantize` (a target whose linears are kept in their GGUF blocks),
     in Q8_0 blocks instead: half the bytes a draft step reads, and a draft step on a CPU is as
@@ -88,11 +91,11 @@ def head_linear(weights: dict[str, torch.Tensor], names: Sequence[str], dtype: t
         from tokenleap.kernels import QuantWeight
 
         out_dim, in_dim = w.shape
-        if QuantWeight.fits(8, out_dim, in_dim):
+        if QuantWeight.fits(qtype, out_dim, in_dim):
             import gguf
 
-            blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
-            return QuantWeight.from_blocks(blocks, 8, out_dim, in_dim)
+            blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType(qtype))
+            return QuantWeight.from_blocks(blocks, qtype, out_dim, in_dim)
     if kernels is not None:
         packed = kernels.pack(w)
         return packed if packed is not None else w
@@ -417,25 +420,52 @@ def load_eagle3(path: str | Path, target: Any) -> Eagle3Head:
 
 @dataclass
 class _State:
-    feats: torch.Tensor | None = None  # [capacity, H]: the feature g of each featured position
+    """A request's head state. Target features arrive as raw aux rows (`observe`, every forward)
+    and are fused by the head's `fc` only when a draft needs them (`feature_rows`), in one call
+    over every row since the last draft: a request that drafts rarely (a chain whose free member
+    usually proposes, a controller keeping the head off) pays a copy per token, not a linear."""
+
+    fuse: Callable[[torch.Tensor], torch.Tensor] | None = None  # aux rows [n, 3H] -> features g [n, H]
+    feats: torch.Tensor | None = None  # [capacity, H]: the feature g of positions 0 .. n_fused-1
+    aux: torch.Tensor | None = None  # [capacity, 3H]: raw aux rows of positions n_fused .. len(feat_tokens)-1
+    n_fused: int = 0
     feat_tokens: list[int] = field(default_factory=list)  # input token of each featured position
     kv: HeadKV | None = None
     kv_tokens: list[int] = field(default_factory=list)  # x_0 .. x_{n_kv}: tokens the true KV was built from
     n_kv: int = 0  # head KV slots built from true features (positions 0 .. n_kv-1)
 
+    def truncate(self, length: int) -> None:
+        """Forget featured positions from `length` on."""
+        del self.feat_tokens[length:]
+        self.n_fused = min(self.n_fused, length)
+
     def feature_rows(self, start: int, end: int) -> torch.Tensor:
+        if end > self.n_fused:  # fuse the rows observed since the last draft, in one call
+            assert self.aux is not None and self.fuse is not None
+            with torch.inference_mode():
+                g = self.fuse(self.aux[self.n_fused : end])
+                if self.feats is None or self.feats.shape[0] < end:
+                    self.feats = _grown(self.feats, end, end, self.n_fused, g.shape[1])
+                self.feats[self.n_fused : end] = g
+            self.n_fused = end
         assert self.feats is not None
         return self.feats[start:end]
 
-    def append_features(self, g: torch.Tensor) -> None:
-        """Append rows after the featured positions (`feat_tokens` still excludes them)."""
-        n, have = g.shape[0], len(self.feat_tokens)
-        if self.feats is None or have + n > self.feats.shape[0]:
-            grown = torch.empty(max(256, 2 * have + n), g.shape[1])
-            if self.feats is not None:
-                grown[:have] = self.feats[:have]
-            self.feats = grown
-        self.feats[have : have + n] = g
+    def append_aux(self, rows: torch.Tensor) -> None:
+        """Raw aux rows of the positions after the featured ones (`feat_tokens` still excludes them)."""
+        n, have = rows.shape[0], len(self.feat_tokens)
+        if self.aux is None or have + n > self.aux.shape[0]:
+            self.aux = _grown(self.aux, have + n, have, have, rows.shape[1], rows.dtype)
+        self.aux[have : have + n] = rows
+
+
+def _grown(buf: torch.Tensor | None, need: int, size_hint: int, keep: int, width: int, dtype: torch.dtype = torch.float32
+           ) -> torch.Tensor:
+    """A buffer of at least `need` rows (doubling), its first `keep` rows copied over."""
+    grown = torch.empty(max(256, 2 * size_hint, need), width, dtype=dtype)
+    if buf is not None and keep:
+        grown[:keep] = buf[:keep]
+    return grown
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -469,7 +499,7 @@ class Eagle3Drafter:
 
     def begin(self, request: DraftRequest) -> None:
         c = self.head.config
-        self._states[request.request_id] = _State(kv=HeadKV(c.num_kv_heads, c.head_dim))
+        self._states[request.request_id] = _State(fuse=self.head.fuse, kv=HeadKV(c.num_kv_heads, c.head_dim))
 
     def end(self, request_id: str) -> None:
         self._states.pop(request_id, None)
@@ -484,12 +514,11 @@ class Eagle3Drafter:
         if st is None or start > len(st.feat_tokens):
             return  # a gap: the missing positions cannot be recovered, drafting stays off
         if start < len(st.feat_tokens):
-            del st.feat_tokens[start:]
+            st.truncate(start)
         if not len(token_ids):
             return
         with torch.inference_mode():
-            g = self.head.fuse(self.head.aux_from(token_ids, hidden))
-        st.append_features(g)
+            st.append_aux(self.head.aux_from(token_ids, hidden))
         st.feat_tokens.extend(int(t) for t in token_ids)
 
     # ---------------------------------------------------------------- drafting
@@ -499,7 +528,7 @@ class Eagle3Drafter:
         featured position. Returns L, the number of featured positions (0 = cannot draft)."""
         c = min(_common_prefix(st.feat_tokens, tokens), len(tokens) - 1)
         if c < len(st.feat_tokens):
-            del st.feat_tokens[c:]
+            st.truncate(c)
         L = len(st.feat_tokens)
         if L == 0 or L != len(tokens) - 1:
             return 0
