@@ -76,6 +76,21 @@ def test_generate_streams_text_and_stats(capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.slow
+def test_stats_print_llama_cpps_statistics_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--stats` ends with llama.cpp's per-implementation line, its counters consistent."""
+    import re
+
+    assert main(["generate", "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
+                 "--temperature", "0", "-n", "48", "--spec-type", "ngram_simple", "--draft-max", "8", "--stats"]) == 0
+    err = capsys.readouterr().err
+    m = re.search(r"statistics ngram_simple: #calls\(b,g,a\) = (\d+) (\d+) (\d+), #gen drafts = (\d+), #acc drafts = (\d+), "
+                  r"#gen tokens = (\d+), #acc tokens = (\d+), dur\(b,g,a\) = [\d.]+, [\d.]+, [\d.]+ ms", err)
+    assert m is not None, err
+    b, g, a, gen_d, acc_d, gen_t, acc_t = map(int, m.groups())
+    assert b == 1 and g >= gen_d >= acc_d > 0 and gen_t >= acc_t > 0 and a >= gen_d
+
+
+@pytest.mark.slow
 def test_chat_multi_turn_from_stdin() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tokenleap.cli", "chat", "--temperature", "0", "-n", "16"],

@@ -421,18 +421,35 @@ def _load(args: argparse.Namespace) -> Any:
         )
 
 
-def _spec_lines(out: Any) -> str:
-    """llama.cpp / vLLM style speculation statistics."""
+def _spec_lines(out: Any, method: str | None = None) -> str:
+    """llama.cpp / vLLM style speculation statistics; with `method`, llama.cpp's own line for it."""
     m = out.metrics
     s = m.spec
     per_pos = " ".join(f"{r:.2f}" for r in s.acceptance_rate_per_position()) or "-"
-    return (
+
+    def ms(total: float, calls: int) -> str:
+        return f"{1e3 * total / calls:.3f}" if calls else "0.000"
+
+    llama = "" if method is None else (
+        f"statistics {method.replace('-', '_')}: #calls(b,g,a) = {s.num_begin_calls} {s.num_propose_calls} {s.num_accept_calls}, "
+        f"#gen drafts = {s.num_drafts}, #acc drafts = {s.num_accepted_drafts}, #gen tokens = {s.num_draft_tokens}, "
+        f"#acc tokens = {s.num_accepted_tokens}, dur(b,g,a) = {ms(s.begin_seconds, s.num_begin_calls)}, "
+        f"{ms(s.draft_seconds, s.num_propose_calls)}, {ms(s.accept_seconds, s.num_accept_calls)} ms\n")
+    return llama + (
         f"[spec] target forwards {m.num_forward_passes}, mean acceptance length {m.mean_acceptance_length:.2f}\n"
         f"[spec] drafts generated {s.num_drafts}, draft tokens {s.num_draft_tokens}, accepted {s.num_accepted_tokens} "
         f"(acceptance rate {s.acceptance_rate:.2f})\n"
         f"[spec] acceptance rate per position: {per_pos}\n"
         f"[spec] time drafting {s.draft_seconds:.3f} s, verifying {s.verify_seconds:.3f} s"
     )
+
+
+def _method_label(llm: Any) -> str | None:
+    """The speculative method as llama.cpp names an implementation (a chain: its members joined by '+')."""
+    spec = getattr(llm, "spec_config", None)
+    if spec is None:
+        return None
+    return "+".join(spec.chain) if spec.chain else spec.method
 
 
 def _stats_line(out: Any) -> str:
@@ -489,7 +506,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if chunk is not None and chunk.output is not None:
         print(_stats_line(chunk.output), file=sys.stderr)
         if args.stats:
-            print(_spec_lines(chunk.output), file=sys.stderr)
+            print(_spec_lines(chunk.output, _method_label(llm)), file=sys.stderr)
     return 0
 
 
@@ -532,7 +549,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if chunk is not None and chunk.output is not None:
             print(_stats_line(chunk.output), file=sys.stderr)
             if args.stats:
-                print(_spec_lines(chunk.output), file=sys.stderr)
+                print(_spec_lines(chunk.output, _method_label(llm)), file=sys.stderr)
     return 0
 
 

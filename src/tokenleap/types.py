@@ -20,6 +20,14 @@ class SpecStats:
     drafted_per_position: list[int] = field(default_factory=list)  # drafts that reached position i
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    # llama.cpp's per-implementation counters: calls of begin (a new prompt), generation (propose)
+    # and accumulation (accept), their durations, and the drafts of which at least one token was kept
+    num_begin_calls: int = 0
+    num_propose_calls: int = 0
+    num_accept_calls: int = 0
+    begin_seconds: float = 0.0
+    accept_seconds: float = 0.0
+    num_accepted_drafts: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -36,6 +44,7 @@ class SpecStats:
         self.num_drafts += 1
         self.num_draft_tokens += draft_len
         self.num_accepted_tokens += num_accepted
+        self.num_accepted_drafts += num_accepted > 0
         reach = draft_len if depth is None else depth
         grow = reach - len(self.drafted_per_position)
         if grow > 0:

@@ -451,3 +451,32 @@ def test_bf16_prefill_runs_on_the_kernels_and_is_chunking_invariant(
         parts.append(model_bf16.forward(torch.tensor(chunk), torch.arange(i, i + len(chunk)), kv).hidden)
         i, size = i + len(chunk), size * 3 % 37 + 1
     assert torch.equal(torch.cat(parts), whole)
+
+
+@pytest.mark.parametrize("use_kernels", [False, True])
+def test_rotary_tables_grow_on_demand_to_the_same_values(monkeypatch: pytest.MonkeyPatch, use_kernels: bool) -> None:
+    """The rotary tables start short and grow as positions need them (a model's memory should not
+    hold 32k rows for a short chat); the grown rows equal a full table's, so logits do too, and the
+    context limit is the model's, not the table's current length."""
+    import tokenleap.models.llama as llama
+    from tiny_models import TINY_CONFIG, make_tiny_weights
+    from tokenleap.kernels import load_kernels
+
+    kernels = load_kernels() if use_kernels else None
+    if use_kernels and kernels is None:
+        pytest.skip("no kernels on this machine")
+    full = LlamaModel(TINY_CONFIG, make_tiny_weights(), torch.float32, kernels)
+    monkeypatch.setattr(llama, "ROPE_TABLE_START", 8)
+    short = LlamaModel(TINY_CONFIG, make_tiny_weights(), torch.float32, kernels)
+    assert short._cos.shape[0] == 8 and short.max_context == full.max_context == 128
+    ids = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(0))
+    outs = []
+    for m in (full, short):
+        kv = m.new_kv_cache()
+        m.forward(ids[:60], torch.arange(60), kv)  # prefill past the short table
+        out = [m.compute_logits(m.forward(ids[i : i + 1], torch.tensor([i]), kv).hidden) for i in range(60, 100)]
+        outs.append(torch.cat(out))
+    assert short._cos.shape[0] >= 100 and torch.equal(short._cos, full._cos[: short._cos.shape[0]])
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(Exception, match=r"positions must be in \[0, 128\)"):
+        short.forward(ids[:1], torch.tensor([128]), short.new_kv_cache())

@@ -317,6 +317,7 @@ class Engine:
         t0 = time.perf_counter()
         draft = req.drafter.propose(req.request_id, req.prompt_ids + req.output_ids, budget)
         req.metrics.spec.draft_seconds += time.perf_counter() - t0
+        req.metrics.spec.num_propose_calls += 1
         as_tree = (req.params.greedy or req.spec.sampled_tree == "full") and req.grammar is None
         shaped = _shape_draft(draft, budget, req.spec.draft_min, as_tree)
         if req.grammar is not None and len(shaped):  # never verify a token the grammar forbids
@@ -330,7 +331,10 @@ class Engine:
             use_curve = getattr(req.drafter, "use_cost_curve", None)
             if use_curve is not None and req.controller is not None:  # a chain weighing its members' drafts
                 use_curve(req.controller.curve)
+            t0 = time.perf_counter()
             req.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
+            req.metrics.spec.begin_seconds += time.perf_counter() - t0
+            req.metrics.spec.num_begin_calls += 1
 
     def start(self, req: Request) -> None:
         """Begin a request: register it with its drafter, run the prompt, sample a first token."""
@@ -454,7 +458,10 @@ class Engine:
         rows = [0, *((path[j] + 1) if path is not None else (j + 1) for j in range(len(tokens) - 1))]
         entries = self._logprobs(req, raw[rows], tokens) if req.params.logprobs is not None else None  # a copy only when asked
         if req.drafter is not None:
+            t0 = time.perf_counter()
             req.drafter.accept(req.request_id, tokens, accepted)
+            req.metrics.spec.accept_seconds += time.perf_counter() - t0
+            req.metrics.spec.num_accept_calls += 1
             if hidden:  # the committed positions' target features: row 0 and the accepted rows
                 rows = [0, *(i + 1 for i in (path if path is not None else range(accepted)))]
                 ids = [req.output_ids[-1], *tokens[:accepted]]
