@@ -19,7 +19,7 @@ from tiny_models import TINY_CONFIG
 from tokenleap import LLM
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
-from tokenleap.train.data import DraftVocab, Example, Record
+from tokenleap.train.data import Example, Record
 from tokenleap.train.torch_target import TorchTarget, check_supported
 from tokenleap.train.trainer import (
     Batch,
