@@ -141,6 +141,12 @@ def test_chain_acceptance_counts_leading_agreeing_steps() -> None:
     assert hits == [4.0, 2.0, 1.0] and counts == [5, 4, 3]
     # accepted drafts per position 0..4: 3, 1, 2, 0, 1 over 5 positions whose first label counts
     assert chain == [7.0, 5.0]
+    # the last token outside the draft vocabulary: nothing drafts it, and its position still counts
+    valid = torch.tensor([[True] * 5 + [False]])
+    batch = dataclasses.replace(batch, valid=valid, assistant=torch.ones(1, t, dtype=torch.bool))
+    chain = [0.0, 0.0]
+    ttt_loss(_FixedHead([step0, step1, step2], 10), batch, 3, 0.8, chain=chain)  # type: ignore[arg-type]
+    assert chain == [6.0, 5.0]
 
 
 def test_time_schedule_decays_over_the_time_budget(tmp_path: Path) -> None:

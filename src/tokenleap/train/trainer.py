@@ -304,6 +304,7 @@ class Batch:
     valid: torch.Tensor  # [B, T] bool: row r's label counts (assistant token x_{r+1}, target argmax in the draft vocabulary)
     target_argmax_draft: torch.Tensor  # [B, T] draft id of the target argmax (accuracy)
     tokens: int
+    assistant: torch.Tensor | None = None  # [B, T] bool: x_{r+1} is an assistant token (the chain acceptance's positions)
 
 
 def make_batch(source: RuntimeFeatures | TorchFeatures, examples: Sequence[Example], vocab: DraftVocab,
@@ -330,15 +331,15 @@ def make_batch(source: RuntimeFeatures | TorchFeatures, examples: Sequence[Examp
         logp = torch.log_softmax(_logits(source, hidden, lm_draft), dim=-1)
     t2d = t2d_index.to(dev)
     valid = (t2d[am] >= 0) & nxt.to(dev)
-    return Batch(aux, ids.to(dev), logp.clone(), valid, t2d[am].clamp(min=0), sum(len(e.ids) for e in examples))
+    return Batch(aux, ids.to(dev), logp.clone(), valid, t2d[am].clamp(min=0), sum(len(e.ids) for e in examples), nxt.to(dev))
 
 
 def ttt_loss(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, batch: Batch, steps: int, decay: float, bf16: bool = False,
              chain: list[float] | None = None) -> tuple[torch.Tensor, list[float], list[int]]:
     """Weighted TTT loss; also the top-1 hits and counts per step. With `chain` ([drafts
-    accepted, positions]) it adds, for every position whose first label counts, how many of the
-    `steps` chained drafts a greedy verifier would accept there (the leading steps whose top-1 is
-    the target's)."""
+    accepted, positions]) it adds, for every position whose next token is an assistant token, how
+    many of the `steps` chained drafts a greedy verifier would accept there (the leading steps whose
+    top-1 is the target's; none where the target's token is outside the draft vocabulary)."""
     with torch.autocast(batch.aux.device.type, dtype=torch.bfloat16, enabled=bf16):
         outs = head.ttt_logits(batch.aux, batch.ids, steps)
     outs = [o.float() for o in outs]
@@ -373,7 +374,8 @@ def ttt_loss(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, batch: Batc
         total = total + (decay**k) * (ce * m).sum() / n
     if chain is not None:
         chain[0] += float(accepted)
-        chain[1] += float(batch.valid[:, 1:].sum())
+        positions = batch.assistant if batch.assistant is not None else batch.valid
+        chain[1] += float(positions[:, 1:].sum())
     return total, hits, counts
 
 
