@@ -109,6 +109,14 @@ def test_models_and_health(client: openai.OpenAI, server: BackgroundServer) -> N
     assert client.models.retrieve(MODEL).id == MODEL
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["live"] == 0
+    # llama.cpp users read acceptance off /health: the finished requests' speculation so far
+    before = health["speculative"]
+    client.completions.create(model=MODEL, prompt="a b c a b c a b c a b c", max_tokens=16, temperature=0,
+                              extra_body={"speculative": {"method": "ngram"}})
+    spec = httpx.get(server.url + "/health").json()["speculative"]
+    assert spec["requests"] == before["requests"] + 1 and spec["draft_tokens"] > before["draft_tokens"]
+    assert 0 < spec["accepted_tokens"] <= spec["draft_tokens"] and spec["mean_acceptance_length"] > 1.0
+    assert spec["acceptance_rate"] == round(spec["accepted_tokens"] / spec["draft_tokens"], 4)
     # `model` may be left out (vLLM does the same)
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200 and r.json()["model"] == MODEL

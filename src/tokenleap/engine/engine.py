@@ -43,6 +43,7 @@ from tokenleap.drafters import drafter_key
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
+from tokenleap.engine.trace import SpecTrace
 from tokenleap.engine.undo import StepFailures, Undo, roll_back
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel, ModelOutput, SeqInput
@@ -89,6 +90,7 @@ class Engine:
         prefill_chunk: int = 256,
         cost_curve: CostCurve | None = None,
         max_drafters: int = 32,
+        trace: SpecTrace | None = None,
     ) -> None:
         if prefill_chunk < 1:
             raise TokenleapError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
@@ -115,6 +117,7 @@ class Engine:
         self._ids = itertools.count()
         self._grammar_tokenizer: GrammarTokenizer | None = None  # llguidance's view of the tokenizer, built on first use
         self._cost_curve = cost_curve  # measured on first need unless given (engines on one model can share one)
+        self._trace = trace if trace is not None else SpecTrace.from_env()  # TOKENLEAP_SPEC_TRACE=FILE: one line per verified draft
 
     def cost_curve(self, cap: int | None = None) -> CostCurve:
         """Relative cost of verifying k drafts. Measured once, on first need, for drafts up to
@@ -473,6 +476,9 @@ class Engine:
         kept = self._append(req, tokens, entries)  # fewer than committed when a stop came first
         req.metrics.num_decode_tokens += kept
         req.metrics.spec.record(len(draft), min(accepted, kept - 1), depth)
+        if self._trace is not None and len(draft) and spec is not None:
+            method = "+".join(spec.chain) if spec.chain else spec.method
+            self._trace.step(req.request_id, method, req.metrics.num_forward_passes, draft.tokens, draft.parents, min(accepted, kept - 1))
         if req.controller is not None:
             req.controller.update(depth, accepted)
         req.metrics.num_forward_passes += 1

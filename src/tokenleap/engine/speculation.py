@@ -19,7 +19,6 @@ turns predictable (a quoted passage, code being repeated) gets speculation back.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 

@@ -102,7 +102,8 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         body: dict[str, Any] = {"status": "ok" if loop.accepting else ("draining" if loop.alive else "down"),
-                                "running": loop.num_running, "waiting": loop.num_waiting, "live": loop.num_live}
+                                "running": loop.num_running, "waiting": loop.num_waiting, "live": loop.num_live,
+                                "speculative": metrics.speculation()}
         return JSONResponse(body, status_code=200 if loop.alive else 503)
 
     @app.get("/v1/models", dependencies=auth)

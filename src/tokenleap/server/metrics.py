@@ -53,6 +53,9 @@ class ServerMetrics:
         self._accepted_per_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each draft position.", label + ["position"], registry=r)
         for reason in ("stop", "length", "abort"):  # present (at 0) from the start, as in vLLM
             self._success.labels(model_name, reason)
+        # plain totals of the finished requests' speculation, for /health (a person reading it, not a scraper)
+        self._spec_totals = {"requests": 0, "target_forwards": 0, "decode_tokens": 0, "drafts": 0, "draft_tokens": 0,
+                             "accepted_tokens": 0}
 
     def on_tokens(self, num_tokens: int, seconds: float) -> None:
         """`num_tokens` new output tokens produced by a step of `seconds` (inter-token latency)."""
@@ -70,12 +73,26 @@ class ServerMetrics:
         if out is None:
             return
         s = out.metrics.spec
+        t = self._spec_totals
+        t["requests"] += 1
+        t["target_forwards"] += out.metrics.num_forward_passes
+        t["decode_tokens"] += out.metrics.num_decode_tokens
+        t["drafts"] += s.num_drafts
+        t["draft_tokens"] += s.num_draft_tokens
+        t["accepted_tokens"] += s.num_accepted_tokens
         if s.num_drafts:
             self.num_drafts.inc(s.num_drafts)
             self.num_draft_tokens.inc(s.num_draft_tokens)
             self.num_accepted_tokens.inc(s.num_accepted_tokens)
             for pos, n in enumerate(s.accepted_per_position):
                 self._accepted_per_pos.labels(self.model_name, str(pos)).inc(n)
+
+    def speculation(self) -> dict[str, float]:
+        """The finished requests' speculation so far: counts, the acceptance rate of draft tokens
+        and the mean acceptance length (tokens per target forward after prefill; 1.0 is plain decoding)."""
+        t = dict(self._spec_totals)
+        return {**t, "acceptance_rate": round(t["accepted_tokens"] / t["draft_tokens"], 4) if t["draft_tokens"] else 0.0,
+                "mean_acceptance_length": round(t["decode_tokens"] / t["target_forwards"], 4) if t["target_forwards"] else 0.0}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
