@@ -1,9 +1,10 @@
 """The default model's EAGLE-3 head (Li et al., 2025), trained on a CUDA GPU in one prepared run
 of a few minutes (issue 24), in three steps:
 
-1. `prepare` (here, on the CPU): ShareGPT's first user turns under the default model's chat
-   template, as token ids (held-out chats first), the model's GGUF split in parts a device call
-   can carry, and the `gguf` wheel the device lacks, all under `.gpu_carry/` (ignored by git).
+1. `prepare` (here, on the CPU): ShareGPT's user turns under the default model's chat template,
+   as token ids (held-out first turns first), the model's GGUF split in two parts a device call
+   can carry, and the `gguf` wheel the device lacks: `.gpu_carry0/` (part 0 + wheel) for a first
+   call, `.gpu_carry/` (part 1, prompts, wheel) for the second (both ignored by git).
 2. `run` (on the GPU machine): the target (`TorchTarget`, bfloat16) answers every prompt greedily
    in length-sorted batches until the generation budget is spent (self-distillation), then
    several training variants (learning rate, batch, unrolled steps) run side by side as separate
@@ -14,8 +15,11 @@ of a few minutes (issue 24), in three steps:
 3. `assemble` (here): the head's files joined into one EAGLE-3 folder (package data).
 
     .venv/bin/python benchmarks/gpu_head.py prepare
-    # device: python3 -m pip install --no-index --target /tmp/site .gpu_carry/*.whl; PYTHONPATH=src:/tmp/site \
-    #         python3 benchmarks/gpu_head.py run --budget 500 --out $OUT
+    # device call 1 (carry .gpu_carry0): mkdir -p /tmp/carry /tmp/site; cp .gpu_carry0/model.gguf.part0 /tmp/carry/;
+    #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu_carry0/gguf-*.whl;
+    #   PYTHONPATH=src:/tmp/site python3 benchmarks/gpu_head.py smoke
+    # device call 2 at once (carry .gpu_carry; /tmp lives 30 s after a call): the same pip install from
+    #   .gpu_carry, then PYTHONPATH=src:/tmp/site python3 benchmarks/gpu_head.py run --budget 530 --cache-gb 10 --out $OUT
     .venv/bin/python benchmarks/gpu_head.py assemble --from DIR --to src/tokenleap/heads/smollm2-135m-instruct-eagle3
 """
 
@@ -107,12 +111,14 @@ def prepare(args: argparse.Namespace) -> int:
     gguf_path = llm.source.path
     data = Path(gguf_path).read_bytes()
     half = args.first_part_mb << 20
-    for old in out.glob("model.gguf.part*"):
+    first = out.parent / (out.name + "0")  # what the first device call carries (the 64 MiB a call holds)
+    first.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("model.gguf.part*"), *first.glob("model.gguf.part*")]:
         old.unlink()
-    (out / "model.gguf.part0").write_bytes(data[:half])
+    (first / "model.gguf.part0").write_bytes(data[:half])
     (out / "model.gguf.part1").write_bytes(data[half:])
     print(f"{len(prompts)} prompts ({int(offsets[-1])} tokens, {args.heldout} held out), turn end {turn_end}, eos {eos}; "
-          f"{gguf_path.name} in two parts of {half >> 20} and {(len(data) - half) >> 20} MiB under {out}")
+          f"{gguf_path.name} in two parts: {half >> 20} MiB in {first}, {(len(data) - half) >> 20} MiB in {out}")
     if not any(out.glob("gguf-*.whl")):
         import gguf
 
@@ -120,6 +126,8 @@ def prepare(args: argparse.Namespace) -> int:
         spec = f"gguf=={ver}" if ver else "gguf"
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(out), spec],
                        check=True, capture_output=True)
+    for wheel in out.glob("gguf-*.whl"):
+        (first / wheel.name).write_bytes(wheel.read_bytes())
     return 0
 
 
