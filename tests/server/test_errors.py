@@ -83,7 +83,7 @@ CASES = [
     (COMPLETIONS, _completion(prompt=[1, 2, 10**7]), 400, "token ids out of range", "prompt"),
     (COMPLETIONS, _completion(prompt=[1, -2]), 400, "token ids out of range", "prompt"),
     (COMPLETIONS, _completion(model="other"), 404, "does not exist", "model"),
-    # OpenAI fields tokenleap cannot honour: a 400 naming the field unless neutral (README)
+    # OpenAI fields tokenleap cannot honour: a 400 naming the field unless neutral (docs/server.md)
     (COMPLETIONS, _completion(echo=True, logprobs=2), 400, "echo with logprobs", "echo"),
     (COMPLETIONS, _completion(n=2, best_of=1), 400, "best_of must be in [n, 128]", "best_of"),
     (COMPLETIONS, _completion(best_of=3, stream=True), 400, "cannot be streamed", "best_of"),

@@ -2,7 +2,7 @@
 `CreateChatCompletionRequest` and `CreateCompletionRequest` schemas (hypothesis-jsonschema), each
 answer checked against its response schemas (and parsed by the `openai` SDK's types, generated
 from the same spec). Never a 5xx; every 2xx body and every streamed chunk valid; every 4xx an
-OpenAI error body, and a 400 only for a reason the server documents (a field README lists as
+OpenAI error body, and a 400 only for a reason the server documents (a field docs/server.md lists as
 unsupported, or a value the server cannot serve: a token id outside the vocabulary, a function
 schema llguidance refuses, ...).
 
