@@ -81,8 +81,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stats", action="store_true", help="print speculation statistics after each answer")
 
 
-_MODEL_METHODS = {"draft-model", "draft_model", "draft", "eagle3", "draft-eagle3", "eagle-3", "eagle", "medusa", "mtp", "mimo_mtp",
-                  "mimo-mtp", "deepseek_mtp", "custom"}  # the methods that read --model-draft
+_MODEL_METHODS = ("draft-model", "eagle3", "eagle", "medusa", "mtp", "custom")  # the methods that read --model-draft
 
 
 def _chain_members(spec_type: str) -> list[str]:
@@ -103,8 +102,10 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
         return spec or None
     if args.spec_type in ("none", "off"):
         return None
-    if args.model_draft is not None and not any(m in _MODEL_METHODS for m in _chain_members(args.spec_type)):
-        raise TokenleapError(f"--model-draft is for a draft model or head ({', '.join(sorted(_MODEL_METHODS))}); --spec-type "
+    from tokenleap.config import canonical_method
+
+    if args.model_draft is not None and not any(canonical_method(m) in _MODEL_METHODS for m in _chain_members(args.spec_type)):
+        raise TokenleapError(f"--model-draft is for a draft model or head ({', '.join(_MODEL_METHODS)}); --spec-type "
                              f"{args.spec_type} uses none. To draft with both, chain them: --spec-type {args.spec_type}+draft-model")
     spec: dict[str, Any] = {"method": args.spec_type, "num_speculative_tokens": args.draft_max, "draft_min": args.draft_min}
     if args.spec_type in ("ngram", "ngram-tree"):

@@ -48,6 +48,13 @@ SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-
 _SPEC_ALIASES = {"draft_model": "draft-model", "draft-eagle3": "eagle3", "eagle-3": "eagle3", "prompt-lookup": "ngram", "prompt_lookup": "ngram",
                  "mimo_mtp": "mtp", "mimo-mtp": "mtp", "deepseek_mtp": "mtp", "draft": "draft-model",  # llama.cpp's --spec-type draft
                  **{m.replace("-", "_"): m for m in SPEC_METHODS if "-" in m}}  # llama.cpp's underscore spellings (ngram_simple)
+
+
+def canonical_method(name: str) -> str:
+    """A method's own name for any of its spellings (aliases, llama.cpp's underscores)."""
+    return _SPEC_ALIASES.get(name, name)
+
+
 SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
 ACCEPTANCE_RULES = ("exact", "typical-lossy")  # sampled requests; "typical-lossy" changes the output distribution
 MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
@@ -87,7 +94,7 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         method = str(self.method).strip().lower()
-        method = _SPEC_ALIASES.get(method, method)
+        method = canonical_method(method)
         if "+" in method:  # "suffix+ngram": a chain, the first that proposes wins
             object.__setattr__(self, "chain", tuple(method.split("+")))
             method = "chain"
@@ -134,7 +141,7 @@ class SpecConfig:
             )
         if isinstance(self.chain, str):
             object.__setattr__(self, "chain", tuple(m.strip() for m in self.chain.split(",") if m.strip()))
-        object.__setattr__(self, "chain", tuple(_SPEC_ALIASES.get(m, m) for m in self.chain))
+        object.__setattr__(self, "chain", tuple(canonical_method(m) for m in self.chain))
         if method == "chain":
             bad = [m for m in self.chain if m not in SPEC_METHODS or m in ("chain", "custom")]
             if not self.chain or bad:

@@ -81,7 +81,7 @@ HEAD_QTYPE = 8  # GGML type of a head's linears beside a quantized target (Q8_0)
 
 
 def head_linear(weights: dict[str, torch.Tensor], names: Sequence[str], dtype: torch.dtype, kernels: Any,
-                quantize: bool = False, qtype: int = HEAD_QTYPE) -> Any:
+                quantize: bool = False) -> Any:
     """The (fused) weight of a draft head's linear in the target's dtype, packed for the kernels
     when they take it; with `quantize` (a target whose linears are kept in their GGUF blocks),
     in Q8_0 blocks instead: half the bytes a draft step reads, and a draft step on a CPU is as
@@ -91,11 +91,11 @@ def head_linear(weights: dict[str, torch.Tensor], names: Sequence[str], dtype: t
         from tokenleap.kernels import QuantWeight
 
         out_dim, in_dim = w.shape
-        if QuantWeight.fits(qtype, out_dim, in_dim):
+        if QuantWeight.fits(HEAD_QTYPE, out_dim, in_dim):
             import gguf
 
-            blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType(qtype))
-            return QuantWeight.from_blocks(blocks, qtype, out_dim, in_dim)
+            blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType(HEAD_QTYPE))
+            return QuantWeight.from_blocks(blocks, HEAD_QTYPE, out_dim, in_dim)
     if kernels is not None:
         packed = kernels.pack(w)
         return packed if packed is not None else w
@@ -427,8 +427,8 @@ class _State:
 
     fuse: Callable[[torch.Tensor], torch.Tensor] | None = None  # aux rows [n, 3H] -> features g [n, H]
     feats: torch.Tensor | None = None  # [capacity, H]: the feature g of positions 0 .. n_fused-1
-    aux: torch.Tensor | None = None  # [capacity, 3H]: raw aux rows of positions n_fused .. len(feat_tokens)-1
     n_fused: int = 0
+    pending: list[torch.Tensor] = field(default_factory=list)  # raw aux rows of positions n_fused .., in order
     feat_tokens: list[int] = field(default_factory=list)  # input token of each featured position
     kv: HeadKV | None = None
     kv_tokens: list[int] = field(default_factory=list)  # x_0 .. x_{n_kv}: tokens the true KV was built from
@@ -437,35 +437,36 @@ class _State:
     def truncate(self, length: int) -> None:
         """Forget featured positions from `length` on."""
         del self.feat_tokens[length:]
-        self.n_fused = min(self.n_fused, length)
+        if length <= self.n_fused:
+            self.n_fused = length
+            self.pending.clear()
+            return
+        keep = length - self.n_fused  # the pending rows of the positions that stay
+        if sum(r.shape[0] for r in self.pending) > keep:
+            self.pending = [torch.cat(self.pending)[:keep]]
 
     def feature_rows(self, start: int, end: int) -> torch.Tensor:
         if end > self.n_fused:  # fuse the rows observed since the last draft, in one call
-            assert self.aux is not None and self.fuse is not None
+            assert self.fuse is not None
+            rows = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
+            n = end - self.n_fused
             with torch.inference_mode():
-                g = self.fuse(self.aux[self.n_fused : end])
+                g = self.fuse(rows[:n])
                 if self.feats is None or self.feats.shape[0] < end:
-                    self.feats = _grown(self.feats, end, end, self.n_fused, g.shape[1])
+                    grown = torch.empty(max(256, 2 * end), g.shape[1])
+                    if self.feats is not None:
+                        grown[: self.n_fused] = self.feats[: self.n_fused]
+                    self.feats = grown
                 self.feats[self.n_fused : end] = g
+            self.pending = [rows[n:]] if rows.shape[0] > n else []
             self.n_fused = end
         assert self.feats is not None
         return self.feats[start:end]
 
     def append_aux(self, rows: torch.Tensor) -> None:
-        """Raw aux rows of the positions after the featured ones (`feat_tokens` still excludes them)."""
-        n, have = rows.shape[0], len(self.feat_tokens)
-        if self.aux is None or have + n > self.aux.shape[0]:
-            self.aux = _grown(self.aux, have + n, have, have, rows.shape[1], rows.dtype)
-        self.aux[have : have + n] = rows
-
-
-def _grown(buf: torch.Tensor | None, need: int, size_hint: int, keep: int, width: int, dtype: torch.dtype = torch.float32
-           ) -> torch.Tensor:
-    """A buffer of at least `need` rows (doubling), its first `keep` rows copied over."""
-    grown = torch.empty(max(256, 2 * size_hint, need), width, dtype=dtype)
-    if buf is not None and keep:
-        grown[:keep] = buf[:keep]
-    return grown
+        """Raw aux rows of the positions after the featured ones (`feat_tokens` still excludes them);
+        kept only until the next draft fuses them."""
+        self.pending.append(rows)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
