@@ -28,6 +28,7 @@ from tokenleap.cli import main
         (["generate", "hi", "--speculative-config", "[1]"], "--speculative-config must be a JSON object"),
         (["generate", "hi", "--speculative-config", '{"method": "ngram"}', "--spec-type", "ngram"], "either --speculative-config or --spec-type"),
         (["generate", "hi", "--speculative-config", '{"method": "bogus"}'], "unknown speculative method 'bogus'"),
+        (["generate", "hi", "--spec-type", "ngram-mod", "--draft-max", "65"], "num_speculative_tokens must be in [1, 64], got 65"),
     ],
 )
 def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,6 +89,26 @@ def test_stats_print_llama_cpps_statistics_line(capsys: pytest.CaptureFixture[st
     assert m is not None, err
     b, g, a, gen_d, acc_d, gen_t, acc_t = map(int, m.groups())
     assert b == 1 and g >= gen_d >= acc_d > 0 and gen_t >= acc_t > 0 and a >= gen_d
+
+
+@pytest.mark.slow
+def test_llama_cpp_ngram_mod_example_is_lossless_with_statistics(capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp's ngram-mod example (`--spec-ngram-size-n 24 --draft-min 48 --draft-max 64`)
+    runs, prints what plain decoding prints and llama.cpp's statistics line."""
+    import re
+
+    base = ["generate", "Repeat this list exactly three times: apple, banana, cherry, date, elderberry, fig, grape, honeydew, "
+            "kiwi, lemon, mango, nectarine, orange, papaya, quince.", "--temperature", "0", "-n", "160"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    assert main([*base, "--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64", "--stats"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == plain
+    m = re.search(r"statistics ngram_mod: #calls\(b,g,a\) = (\d+) (\d+) (\d+), #gen drafts = (\d+), #acc drafts = (\d+), "
+                  r"#gen tokens = (\d+), #acc tokens = (\d+), dur\(b,g,a\) = [\d.]+, [\d.]+, [\d.]+ ms", captured.err)
+    assert m is not None, captured.err
+    b, g, a, gen_d, acc_d, gen_t, acc_t = map(int, m.groups())
+    assert b == 1 and g >= gen_d >= acc_d > 0 and gen_t >= 48 * gen_d and gen_t <= 64 * gen_d and acc_t > 0
 
 
 @pytest.mark.slow

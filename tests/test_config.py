@@ -73,6 +73,15 @@ def test_num_speculative_tokens_bounds_are_inclusive(k: int) -> None:
     assert spec is not None and spec.num_speculative_tokens == k
 
 
+def test_llama_cpp_draft_max_64_fits_and_65_is_refused() -> None:
+    """llama.cpp's ngram-mod example (`--draft-min 48 --draft-max 64`) is a valid config; one
+    token more is refused with the bound in the message."""
+    spec = SpecConfig.from_dict({"method": "ngram-mod", "ngram_size_n": 24, "draft_min": 48, "num_speculative_tokens": 64})
+    assert spec is not None and (spec.num_speculative_tokens, spec.draft_min) == (64, 48)
+    with pytest.raises(TokenleapError, match=r"num_speculative_tokens must be in \[1, 64\], got 65"):
+        SpecConfig.from_dict({"method": "ngram-mod", "num_speculative_tokens": 65})
+
+
 def test_prompt_lookup_min_above_max() -> None:
     with pytest.raises(TokenleapError, match="prompt_lookup_min"):
         SpecConfig.from_dict({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3})

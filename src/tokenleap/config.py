@@ -57,7 +57,7 @@ def canonical_method(name: str) -> str:
 
 SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
 ACCEPTANCE_RULES = ("exact", "typical-lossy")  # sampled requests; "typical-lossy" changes the output distribution
-MAX_DRAFT_TOKENS = 31  # k + 1 rows must fit the row-invariant verify path
+MAX_DRAFT_TOKENS = 64  # llama.cpp's --draft-max 64; k + 1 verify rows go through `forward_batch`, row-invariant at any row count
 DEFAULT_DRAFT_TOKENS = 16  # the default draft length cap
 
 

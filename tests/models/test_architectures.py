@@ -310,3 +310,20 @@ def test_bf16_kernel_attention_keeps_the_sliding_window_over_cached_slots(name: 
     fused.forward(ids[:12], torch.arange(12), kv)
     one = [fused.compute_logits(fused.forward(ids[i : i + 1], torch.tensor([i]), kv).hidden) for i in (12, 13)]
     assert torch.equal(torch.cat(one), logits[0][-2:])
+
+
+def test_verify_of_65_rows_equals_single_rows(pair):
+    """A 64-token draft's verify forward (65 rows, `forward_batch` as the engine runs it) is
+    bit-identical to 65 single-row forwards on every architecture, the general path's included
+    (an fp32 `forward` of that many rows would take torch's GEMM and SDPA instead)."""
+    from tokenleap.models.llama import SeqInput
+
+    name, _, model = pair
+    prompt, draft = list(range(10, 22)), [(7 * i + 3) % 160 for i in range(65)]
+    n = len(prompt)
+    kv_a, kv_b = model.new_kv_cache(), model.new_kv_cache()
+    for kv in (kv_a, kv_b):
+        model.forward(torch.tensor(prompt), torch.arange(n), kv)
+    batch = model.forward_batch([SeqInput(torch.tensor(draft), torch.arange(n, n + 65), kv_a)]).hidden
+    singles = torch.cat([model.forward(torch.tensor([tok]), torch.tensor([pos]), kv_b).hidden for pos, tok in enumerate(draft, start=n)])
+    assert torch.equal(batch, singles), name

@@ -282,6 +282,55 @@ def test_batch_of_16_requests_with_16_token_drafts_bit_identical(
     _check_batch(model, prompts, news, tree=None)
 
 
+def _check_long_verify(model: LlamaModel, prompt: Sequence[int], new: Sequence[int], parents: Sequence[int] | None = None) -> None:
+    """A verify forward (`forward_batch`, the engine's) of more rows than `ROW_PATH_MAX_ROWS`
+    (a 64-token draft: 65 rows) vs the same rows one by one: logits bit-identical. A tree is
+    checked against its paths decoded in order (`_check_tree`'s rule, node by node)."""
+    from tokenleap.models.llama import SeqInput
+
+    assert len(new) > ROW_PATH_MAX_ROWS
+    p = len(prompt)
+    kv_a, _ = _prefill(model, prompt)
+    if parents is None:
+        seq = SeqInput(torch.tensor(new), torch.arange(p, p + len(new)), kv_a)
+    else:
+        seq = SeqInput(torch.tensor(new), torch.tensor([p + d for d in _depths(parents)]), kv_a, tree_mask(parents, p))
+    verified = model.compute_logits(model.forward_batch([seq]).hidden)
+    kv_b, _ = _prefill(model, prompt)
+    for i, tok in enumerate(new):
+        path = _path(parents, i) if parents is not None else [i]
+        kv_b.truncate(p if parents is not None else p + i)
+        for node in path[:-1] if parents is not None else ():  # the ancestors, in order
+            model.forward(torch.tensor([new[node]]), torch.tensor([kv_b.length]), kv_b)
+        single = model.compute_logits(model.forward(torch.tensor([tok]), torch.tensor([kv_b.length]), kv_b).hidden)[0]
+        assert torch.equal(verified[i], single), f"row {i} of {len(new)} differs by {(verified[i] - single).abs().max().item()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tiny_model_65_row_verification_bit_identical(
+    dtype: torch.dtype, tiny_model: LlamaModel, tiny_model_bf16: LlamaModel, kernels: CpuKernels
+) -> None:
+    """Drafts of 64 tokens (llama.cpp's --draft-max 64): 65 verify rows, past the 32 rows of
+    `forward`'s row path, still equal decoding bit for bit; so does a 65-node token tree."""
+    model = tiny_model if dtype == torch.float32 else tiny_model_bf16
+    g = torch.Generator().manual_seed(17)
+    ids = torch.randint(0, model.config.vocab_size, (120,), generator=g).tolist()
+    _check_long_verify(model, ids[:40], ids[40:105])
+    parents = [-1] + [i // 2 for i in range(64)]  # a binary tree of 65 nodes, depth 6
+    _check_long_verify(model, ids[:40], ids[40:105], parents)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_65_row_verification_bit_identical_real_model(
+    dtype: torch.dtype, model_fp32: LlamaModel, model_bf16: LlamaModel, kernels: CpuKernels, tokenizer: Tokenizer, questions: list[str]
+) -> None:
+    model = model_fp32 if dtype == torch.float32 else model_bf16
+    ids = tokenizer.encode(" ".join(questions))
+    assert len(ids) > 120
+    _check_long_verify(model, ids[:50], ids[50:115])
+
+
 @pytest.mark.slow
 def test_batched_forward_bit_identical_real_model(model_bf16: LlamaModel, kernels: CpuKernels, tokenizer: Tokenizer, questions: list[str]) -> None:
     prompts = [tokenizer.encode(q) for q in questions[:5]]
@@ -425,11 +474,6 @@ def test_shapes_the_kernels_cannot_take_still_compute_the_model(
     hidden sizes of 16-64) must run correctly: the kernels require in_dim % 32 == 0 and
     head_dim % 16 == 0, so such a model must fall back to torch ops (or refuse clearly), not read
     and write out of bounds. Run in a subprocess because the failure mode is heap corruption."""
-    import dataclasses
-    import json
-    import subprocess
-    import sys
-
     config = dataclasses.asdict(dataclasses.replace(tiny_config, **changes))
     proc = subprocess.run([sys.executable, "-c", _SHAPE_SCRIPT, json.dumps(config)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout.strip()} {proc.stderr.strip()[-300:]}"

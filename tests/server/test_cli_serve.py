@@ -43,7 +43,7 @@ def test_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> Non
         (["serve", "--max-queue", "-1"], "max_queue must be >= 0"),
         (["serve", "--timeout", "0"], "timeout must be > 0"),
         (["serve", "--port", "70000"], "port must be in [0, 65535]"),
-        (["serve", "--max-num-speculative-tokens", "40"], "max_num_speculative_tokens must be in [1, 31]"),
+        (["serve", "--max-num-speculative-tokens", "65"], "max_num_speculative_tokens must be in [1, 64]"),
         (["serve", "--spec-type", "ngram", "--draft-max", "8", "--max-num-speculative-tokens", "4"], "is below --draft-max (8)"),
         (["serve", "--host", "no-such-host.invalid"], "cannot resolve host"),
         (["serve", "--port", "0", "--spec-type", "bogus"], "unknown speculative method 'bogus'"),

@@ -70,7 +70,7 @@ def test_a_larger_cap_is_measured_at_start(tiny_hf_folder: Path, measured: list[
 
 def test_cap_below_the_servers_own_is_refused(tiny_hf_folder: Path) -> None:
     with pytest.raises(TokenleapError, match="max_num_speculative_tokens must be in"):
-        ServerConfig(max_num_speculative_tokens=40)
+        ServerConfig(max_num_speculative_tokens=65)
     llm = LLM(str(tiny_hf_folder), dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 8, "adaptive": False})
     with pytest.raises(TokenleapError, match="below the server's own draft cap"):
         create_app(llm, ServerConfig(max_num_speculative_tokens=4))

@@ -14,8 +14,8 @@ the model dtype (bfloat16 or float32); activations and attention arithmetic run 
 KV cache is float32, or bfloat16 in the kernels' blocked layout for bfloat16 models on the
 AVX512-BF16 kernels (as transformers keeps K/V in the model dtype).
 
-Forwards of up to `ROW_PATH_MAX_ROWS` new tokens (decoding, verification) and every batched
-step run on the row-invariant kernels of `tokenleap.kernels` (norms, packed linears with fused
+`forward_batch` (decoding, verification of drafts of any length, batched steps) and forwards of
+up to `ROW_PATH_MAX_ROWS` new tokens run on the row-invariant kernels of `tokenleap.kernels` (norms, packed linears with fused
 residual adds, fused rotary + KV write + attention), so a row's result never depends on the
 other rows: verifying a draft is bit-identical to decoding it token by token, and batching
 requests does not change their output. bfloat16 models run their prefill on the kernels too
@@ -58,8 +58,9 @@ from tokenleap.threads import torch_threads
 
 logger = logging.getLogger(__name__)
 
-# New rows up to this count use the row-invariant path (decode / verify); longer forwards
-# (prompt prefill) of fp32 models use torch's batched kernels (bf16 models: the kernels too).
+# `forward` of up to this many new rows uses the row-invariant path; longer ones (prompt prefill)
+# of fp32 models use torch's batched kernels (bf16 models: the kernels too). `forward_batch`
+# (the engine's decode / verify forward) is row-invariant at every row count.
 ROW_PATH_MAX_ROWS = 32
 
 
@@ -339,11 +340,11 @@ class LlamaModel:
     ) -> ModelOutput:
         """Run `n` new tokens; their K/V go to cache slots `kv.length ..`, which are committed."""
         if self.general:
-            return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden)
+            return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden, row_invariant=False)
         if self.kernels is not None and (input_ids.shape[0] <= ROW_PATH_MAX_ROWS or self.kernel_prefill):
             return self.forward_batch([SeqInput(input_ids, positions, kv, attn)], return_hidden=return_hidden)
         if not self.config.plain_llama:  # a long fp32 prefill of a QK-norm model: the general path's torch GEMM
-            return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden)
+            return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden, row_invariant=False)
         self._rope_upto(positions)
         with torch_threads(self._prefill_threads()):
             return self._forward_torch(input_ids, positions, kv, attn or causal_mask(), return_hidden)
@@ -356,12 +357,14 @@ class LlamaModel:
     @torch.inference_mode()
     def forward_batch(self, seqs: Sequence[SeqInput], *, return_hidden: Sequence[int] = ()) -> ModelOutput:
         """New tokens of several sequences in one forward; hidden rows come back concatenated in
-        the order of `seqs`. Each row is computed exactly as in a forward of its own."""
+        the order of `seqs`. Each row is computed exactly as in a forward of its own: this is the
+        row-invariant path at every row count (a verify forward of a 64-token draft is 65
+        single-row forwards, bit for bit), where `forward` sends long fp32 prompts to torch."""
         kernels = self.kernels
         if self.general and kernels is not None:
-            return self._forward_general(seqs, return_hidden)
-        if kernels is None:
-            outs = [self.forward(s.input_ids, s.positions, s.kv, s.attn, return_hidden=return_hidden) for s in seqs]
+            return self._forward_general(seqs, return_hidden, row_invariant=True)
+        if kernels is None:  # torch ops, not row-invariant; attention still row by row
+            outs = [self._forward_alone(s, return_hidden) for s in seqs]
             return ModelOutput(
                 torch.cat([o.hidden for o in outs]),
                 {i: torch.cat([o.hidden_states[i] for o in outs]) for i in return_hidden},
@@ -399,6 +402,13 @@ class LlamaModel:
             s.kv.commit(int(s.input_ids.shape[0]))
         return ModelOutput(kernels.rmsnorm(x, self.norm, eps), hidden_states)
 
+    def _forward_alone(self, s: SeqInput, return_hidden: Sequence[int]) -> ModelOutput:
+        """One sequence without kernels, attending row by row whatever its row count."""
+        if self.general:
+            return self._forward_general([s], return_hidden, row_invariant=True)
+        self._rope_upto(s.positions)
+        return self._forward_torch(s.input_ids, s.positions, s.kv, s.attn or causal_mask(), return_hidden, row_path=True)
+
     def _forward_torch(
         self,
         input_ids: torch.Tensor,
@@ -406,14 +416,16 @@ class LlamaModel:
         kv: KVCache,
         attn: AttentionMask,
         return_hidden: Sequence[int],
+        row_path: bool | None = None,
     ) -> ModelOutput:
         """The torch path: prefill (batched GEMM and SDPA), or every forward without kernels
-        (then short forwards attend row by row)."""
+        (then short forwards, and `forward_batch`'s, attend row by row)."""
         c = self.config
         n = input_ids.shape[0]
         start = kv.length
         kv.reserve(n)
-        row_path = n <= ROW_PATH_MAX_ROWS
+        if row_path is None:
+            row_path = n <= ROW_PATH_MAX_ROWS
         lin = self._linear
         cos = self._cos[positions].unsqueeze(1)  # [n, 1, hd]
         sin = self._sin[positions].unsqueeze(1)
@@ -453,16 +465,20 @@ class LlamaModel:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _forward_general(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int]) -> ModelOutput:
-        """Any supported architecture (see the module docstring), one or several sequences."""
+    def _forward_general(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], *, row_invariant: bool) -> ModelOutput:
+        """Any supported architecture (see the module docstring), one or several sequences.
+        `row_invariant` (`forward_batch`: decode and verify rows): the kernels at every row count."""
         rows = sum(int(s.input_ids.shape[0]) for s in seqs)
         # kernels for decode / verify rows (and bf16 prefill); torch GEMM + SDPA for fp32 prefills
-        on_kernels = self.kernels is not None and (len(seqs) > 1 or rows <= ROW_PATH_MAX_ROWS or self.kernel_prefill)
+        row_invariant = row_invariant or len(seqs) > 1 or rows <= ROW_PATH_MAX_ROWS
+        on_kernels = self.kernels is not None and (row_invariant or self.kernel_prefill)
         # the kernel path runs torch's small ops single-threaded, a torch GEMM prefill multi-threaded (threads.py)
         with torch_threads(1 if on_kernels else self._prefill_threads()):
-            return self._forward_general_on(seqs, return_hidden, rows, on_kernels)
+            return self._forward_general_on(seqs, return_hidden, rows, on_kernels, row_invariant)
 
-    def _forward_general_on(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], rows: int, on_kernels: bool) -> ModelOutput:
+    def _forward_general_on(
+        self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], rows: int, on_kernels: bool, row_invariant: bool
+    ) -> ModelOutput:
         c = self.config
         kernels = self.kernels
         eps = c.rms_norm_eps
@@ -525,7 +541,7 @@ class LlamaModel:
             if plan is not None:
                 a = kernels.attention(qkv.contiguous(), plan, idx, nq, nkv, hd, cos, sin)
             else:
-                a = self._attend_torch(qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or rows <= ROW_PATH_MAX_ROWS)
+                a = self._attend_torch(qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or row_invariant)
             o = lin(a, layer, "wo")
             x = self._post_norm_add(x, o, layer.post_attn_norm, on_kernels)
             gate, up = lin(x, layer, "w_gate_up", layer.mlp_norm).chunk(2, dim=-1)
