@@ -112,6 +112,31 @@ def test_llama_cpp_ngram_mod_example_is_lossless_with_statistics(capsys: pytest.
 
 
 @pytest.mark.slow
+def test_stats_print_a_statistics_line_per_chain_member(capsys: pytest.CaptureFixture[str]) -> None:
+    """A chain's `--stats`: the chain's line, then one llama.cpp line per member, whose drafts
+    add up to the chain's (each verified draft is one member's)."""
+    import re
+
+    assert main(["generate", "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
+                 "--temperature", "0", "-n", "48", "--spec-type", "ngram_map_k+ngram-simple", "--draft-max", "8", "--stats"]) == 0
+    err = capsys.readouterr().err
+    pattern = (r"statistics {}: #calls\(b,g,a\) = (\d+) (\d+) (\d+), #gen drafts = (\d+), #acc drafts = (\d+), "
+               r"#gen tokens = (\d+), #acc tokens = (\d+), dur\(b,g,a\) = [\d.]+, [\d.]+, [\d.]+ ms")
+    lines = {}
+    for name in ("ngram_map_k\\+ngram_simple", "ngram_map_k", "ngram_simple"):
+        m = re.search(pattern.format(name), err)
+        assert m is not None, (name, err)
+        lines[name.replace("\\", "")] = list(map(int, m.groups()))
+    chain, first, second = lines["ngram_map_k+ngram_simple"], lines["ngram_map_k"], lines["ngram_simple"]
+    assert err.index("statistics ngram_map_k:") < err.index("statistics ngram_simple:")  # chain order
+    assert first[0] == second[0] == chain[0] == 1  # each member began the request once
+    assert first[2] == second[2] == chain[2]  # and heard of every verification
+    assert [f + s for f, s in zip(first[3:], second[3:])] == chain[3:]  # drafts and tokens: the members' sum
+    assert chain[5] > 0 and chain[6] > 0
+    assert second[1] <= first[1] == chain[1]  # the second is asked only when the first has nothing
+
+
+@pytest.mark.slow
 def test_chat_multi_turn_from_stdin() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tokenleap.cli", "chat", "--temperature", "0", "-n", "16"],

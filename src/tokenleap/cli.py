@@ -423,19 +423,12 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _spec_lines(out: Any, method: str | None = None) -> str:
-    """llama.cpp / vLLM style speculation statistics; with `method`, llama.cpp's own line for it."""
+    """llama.cpp / vLLM style speculation statistics; with `method`, llama.cpp's own line for it
+    (and for a chain, one per member)."""
     m = out.metrics
     s = m.spec
     per_pos = " ".join(f"{r:.2f}" for r in s.acceptance_rate_per_position()) or "-"
-
-    def ms(total: float, calls: int) -> str:
-        return f"{1e3 * total / calls:.3f}" if calls else "0.000"
-
-    llama = "" if method is None else (
-        f"statistics {method.replace('-', '_')}: #calls(b,g,a) = {s.num_begin_calls} {s.num_propose_calls} {s.num_accept_calls}, "
-        f"#gen drafts = {s.num_drafts}, #acc drafts = {s.num_accepted_drafts}, #gen tokens = {s.num_draft_tokens}, "
-        f"#acc tokens = {s.num_accepted_tokens}, dur(b,g,a) = {ms(s.begin_seconds, s.num_begin_calls)}, "
-        f"{ms(s.draft_seconds, s.num_propose_calls)}, {ms(s.accept_seconds, s.num_accept_calls)} ms\n")
+    llama = "" if method is None else "".join(line + "\n" for line in s.llama_cpp_lines(method))  # a chain: one per member too
     return llama + (
         f"[spec] target forwards {m.num_forward_passes}, mean acceptance length {m.mean_acceptance_length:.2f}\n"
         f"[spec] drafts generated {s.num_drafts}, draft tokens {s.num_draft_tokens}, accepted {s.num_accepted_tokens} "

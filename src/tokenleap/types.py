@@ -28,6 +28,31 @@ class SpecStats:
     begin_seconds: float = 0.0
     accept_seconds: float = 0.0
     num_accepted_drafts: int = 0
+    # a chain's members by name, each with its own counters as llama.cpp keeps them per
+    # implementation: its calls and their durations, and the drafts of its that were verified
+    members: dict[str, SpecStats] = field(default_factory=dict)
+
+    def member(self, name: str) -> SpecStats:
+        """The counters of the chain member `name` (made on first use)."""
+        return self.members.setdefault(name, SpecStats())
+
+    def llama_cpp_line(self, name: str) -> str:
+        """llama.cpp's statistics line for the implementation `name` (its underscore spelling)."""
+
+        def ms(total: float, calls: int) -> str:
+            return f"{1e3 * total / calls:.3f}" if calls else "0.000"
+
+        return (
+            f"statistics {name.replace('-', '_')}: #calls(b,g,a) = {self.num_begin_calls} {self.num_propose_calls} "
+            f"{self.num_accept_calls}, #gen drafts = {self.num_drafts}, #acc drafts = {self.num_accepted_drafts}, "
+            f"#gen tokens = {self.num_draft_tokens}, #acc tokens = {self.num_accepted_tokens}, dur(b,g,a) = "
+            f"{ms(self.begin_seconds, self.num_begin_calls)}, {ms(self.draft_seconds, self.num_propose_calls)}, "
+            f"{ms(self.accept_seconds, self.num_accept_calls)} ms"
+        )
+
+    def llama_cpp_lines(self, name: str) -> list[str]:
+        """`llama_cpp_line(name)`, then one line per chain member, in chain order."""
+        return [self.llama_cpp_line(name), *(s.llama_cpp_line(m) for m, s in self.members.items())]
 
     @property
     def acceptance_rate(self) -> float:

@@ -114,3 +114,29 @@ def test_estimates_are_per_request_and_released_at_end() -> None:
     chain.end("a")
     chain.end("b")
     assert not chain._estimates and not chain._last
+
+
+def test_each_member_counts_its_calls_and_names_its_drafts() -> None:
+    """llama.cpp's per-implementation counters, per member: begin / propose / accept calls (a
+    member asked after another proposed is not called), and the chosen draft names its member."""
+    a, b = Fixed([]), Fixed([7, 8])
+    chain = ChainDrafter([a, b, Fixed([9])], names=["ngram-simple", "ngram-mod", "suffix"])
+    _begin(chain)
+    stats = chain.member_statistics("r")
+    assert list(stats) == ["ngram-simple", "ngram-mod", "suffix"]
+    draft = chain.propose("r", [1, 2, 3], 4)
+    assert (draft.tokens, draft.source) == ([7, 8], "ngram-mod")
+    chain.accept("r", [7, 8, 5], 2)
+    assert [(s.num_begin_calls, s.num_propose_calls, s.num_accept_calls) for s in stats.values()] == [(1, 1, 1), (1, 1, 1), (1, 0, 1)]
+    assert all(s.begin_seconds >= 0 and s.draft_seconds >= 0 for s in stats.values())
+    assert chain.propose("r", [1, 2, 3], 4).source == "ngram-mod"
+    assert chain.member_statistics("r")["ngram-mod"].num_propose_calls == 2  # the same live counters
+    chain.end("r")
+    assert chain.member_statistics("r") == {} and stats["ngram-mod"].num_propose_calls == 2  # the caller's copy stays
+    # a costly chain names its drafts too; repeated names are told apart by position
+    cheap, head = Fixed([11, 12]), Fixed([21, 22, 23, 24], relative_draft_cost=0.01)
+    chain = ChainDrafter([head, cheap], names=["eagle3", "eagle3"])
+    chain.use_cost_curve(FLAT)
+    _begin(chain)
+    assert chain.propose("r", [1, 2, 3], 4).source in ("eagle3#1", "eagle3#2")
+    assert list(chain.member_statistics("r")) == ["eagle3#1", "eagle3#2"]

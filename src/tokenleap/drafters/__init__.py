@@ -166,7 +166,7 @@ def _suffix(config: SpecConfig, **_: Any) -> Drafter:
 
 
 def _chain(config: SpecConfig, *, registry: DrafterRegistry, **context: Any) -> Drafter:
-    return ChainDrafter([registry.create(m, dataclasses.replace(config, method=m), **context) for m in config.chain])
+    return ChainDrafter([registry.create(m, dataclasses.replace(config, method=m), **context) for m in config.chain], names=config.chain)
 
 
 def _custom(config: SpecConfig, **_: Any) -> Drafter:

@@ -28,6 +28,7 @@ import torch
 
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
+from tokenleap.types import SpecStats
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] | None = None  # -1 = child of the last committed token; None = chain
     probs: torch.Tensor | None = None  # [n, V] q(x); None = deterministic
+    source: str | None = None  # a chain's member that made it (its statistics count the draft)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -83,6 +85,16 @@ class StatelessDrafter:
 
     def end(self, request_id: str) -> None:
         return None
+
+
+@runtime_checkable
+class MemberStatistics(Protocol):
+    """A drafter made of members (a chain) that counts each member's calls, as llama.cpp keeps
+    statistics per implementation. `member_statistics` gives, after `begin`, the request's
+    counters by member name, a dict the drafter keeps updating (its members' begin / propose /
+    accept calls and durations); the engine adds the verified drafts of each (`Draft.source`)."""
+
+    def member_statistics(self, request_id: str) -> dict[str, SpecStats]: ...
 
 
 DrafterFactory = Callable[..., Drafter]

@@ -12,16 +12,23 @@ rate for a full-length draft beats the best draft in hand; the best rate wins, a
 draft beats plain decoding's 1 token per unit. A member left unused for `probe_every` proposals
 is tried once to refresh its estimate. Every member sees every request's lifecycle (begin /
 accept / end / observe), so each keeps its own state current whether or not its draft was used.
+
+Statistics per member, as llama.cpp prints a line per implementation: each request's calls of
+every member's begin / propose / accept and their durations (`member_statistics`), and the chosen
+draft names its member (`Draft.source`) so the engine counts its verified and accepted tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.engine.speculation import expected_tokens
+from tokenleap.types import SpecStats
 
 
 @dataclass
@@ -39,10 +46,19 @@ class ChainDrafter:
     name: ClassVar[str] = "chain"
     needs_hidden_states: bool = False  # per chain: whether a member reads target hidden states
 
-    def __init__(self, drafters: Sequence[Drafter], decay: float = 0.9, probe_every: int = 16) -> None:
+    def __init__(
+        self, drafters: Sequence[Drafter], decay: float = 0.9, probe_every: int = 16, names: Sequence[str] | None = None
+    ) -> None:
+        """`names`: the members' names in statistics (default: each drafter's `name`; a repeated
+        name gets its position appended)."""
         if not drafters:
             raise ValueError("a drafter chain needs at least one drafter")
         self.drafters = list(drafters)
+        raw = list(names) if names is not None else [str(getattr(d, "name", type(d).__name__)) for d in self.drafters]
+        if len(raw) != len(self.drafters):
+            raise ValueError(f"a drafter chain of {len(self.drafters)} members got {len(raw)} names")
+        self.names = [n if raw.count(n) == 1 else f"{n}#{i + 1}" for i, n in enumerate(raw)]
+        self._stats: dict[str, list[SpecStats]] = {}  # request -> each member's counters
         self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]
         self.needs_hidden_states = bool(self._readers)
         self.hidden_layers = tuple(sorted({l for d in self._readers for l in getattr(d, "hidden_layers", ())}))
@@ -65,20 +81,41 @@ class ChainDrafter:
         verify = self._curve.cost(length, context) if self._curve is not None else 1.0 + 0.05 * length
         return expected_tokens(alpha, length) / (verify + self.costs[member] * length)
 
+    def member_statistics(self, request_id: str) -> dict[str, SpecStats]:
+        """The request's counters by member name, in chain order (kept up to date until `end`)."""
+        return dict(zip(self.names, self._stats.get(request_id, [])))
+
     def begin(self, request: DraftRequest) -> None:
-        for d in self.drafters:
+        stats = self._stats[request.request_id] = [SpecStats() for _ in self.drafters]
+        for d, st in zip(self.drafters, stats):
+            t0 = time.perf_counter()
             d.begin(request)
+            st.begin_seconds += time.perf_counter() - t0
+            st.num_begin_calls += 1
         if self.cost_aware:
             self._estimates[request.request_id] = [_Estimate() for _ in self.drafters]
+
+    def _propose(self, i: int, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
+        """Member i's proposal, counted in its statistics."""
+        t0 = time.perf_counter()
+        draft = self.drafters[i].propose(request_id, tokens, max_tokens)
+        stats = self._stats.get(request_id)
+        if stats is not None:
+            stats[i].draft_seconds += time.perf_counter() - t0
+            stats[i].num_propose_calls += 1
+        return draft
+
+    def _chosen(self, i: int, draft: Draft) -> Draft:
+        self.wins[i] += 1
+        return dataclasses.replace(draft, source=self.names[i])
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         estimates = self._estimates.get(request_id)
         if estimates is None:  # precedence: the first member that proposes wins
-            for i, d in enumerate(self.drafters):
-                draft = d.propose(request_id, tokens, max_tokens)
+            for i in range(len(self.drafters)):
+                draft = self._propose(i, request_id, tokens, max_tokens)
                 if len(draft):
-                    self.wins[i] += 1
-                    return draft
+                    return self._chosen(i, draft)
             return Draft()
         context = len(tokens)
         best: tuple[float, int, Draft] | None = None
@@ -90,7 +127,7 @@ class ChainDrafter:
                 expected = self._rate(i, est.alpha, max_tokens, context)
                 if expected <= (best[0] if best is not None else 1.0):
                     continue  # not worth its drafting time this step
-            draft = self.drafters[i].propose(request_id, tokens, max_tokens)
+            draft = self._propose(i, request_id, tokens, max_tokens)
             if not len(draft):
                 continue
             rate = float("inf") if probe else self._rate(i, est.alpha, len(draft), context)
@@ -100,13 +137,17 @@ class ChainDrafter:
             return Draft()
         _, i, draft = best
         estimates[i].idle = 0
-        self.wins[i] += 1
         self._last[request_id] = (i, len(draft))
-        return draft
+        return self._chosen(i, draft)
 
     def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
-        for d in self.drafters:
+        stats = self._stats.get(request_id)
+        for i, d in enumerate(self.drafters):
+            t0 = time.perf_counter()
             d.accept(request_id, tokens, num_accepted)
+            if stats is not None:
+                stats[i].accept_seconds += time.perf_counter() - t0
+                stats[i].num_accept_calls += 1
         last = self._last.pop(request_id, None)
         estimates = self._estimates.get(request_id)
         if last is not None and estimates is not None:
@@ -126,6 +167,7 @@ class ChainDrafter:
             d.end(request_id)
         self._estimates.pop(request_id, None)
         self._last.pop(request_id, None)
+        self._stats.pop(request_id, None)  # the engine's request metrics keep them
 
     def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """Pass an answer produced elsewhere to every drafter of the chain that learns from answers."""

@@ -40,7 +40,7 @@ import torch
 from tokenleap.attention import tree_mask
 from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
 from tokenleap.drafters import drafter_key
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
 from tokenleap.engine.trace import SpecTrace
@@ -325,7 +325,7 @@ class Engine:
         shaped = _shape_draft(draft, budget, req.spec.draft_min, as_tree)
         if req.grammar is not None and len(shaped):  # never verify a token the grammar forbids
             allowed = req.grammar.cut(shaped.tokens)
-            shaped = Draft(allowed, None, None if shaped.probs is None else shaped.probs[: len(allowed)])
+            shaped = Draft(allowed, None, None if shaped.probs is None else shaped.probs[: len(allowed)], shaped.source)
         return shaped
 
     def begin(self, req: Request) -> None:
@@ -338,6 +338,8 @@ class Engine:
             req.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
             req.metrics.spec.begin_seconds += time.perf_counter() - t0
             req.metrics.spec.num_begin_calls += 1
+            if isinstance(req.drafter, MemberStatistics):  # a chain: its members' counters, kept current by it
+                req.metrics.spec.members = req.drafter.member_statistics(req.request_id)
 
     def start(self, req: Request) -> None:
         """Begin a request: register it with its drafter, run the prompt, sample a first token."""
@@ -476,6 +478,8 @@ class Engine:
         kept = self._append(req, tokens, entries)  # fewer than committed when a stop came first
         req.metrics.num_decode_tokens += kept
         req.metrics.spec.record(len(draft), min(accepted, kept - 1), depth)
+        if draft.source is not None:  # a chain member's draft: its own statistics count it too
+            req.metrics.spec.member(draft.source).record(len(draft), min(accepted, kept - 1), depth)
         if self._trace is not None and len(draft) and spec is not None:
             method = "+".join(spec.chain) if spec.chain else spec.method
             self._trace.step(req.request_id, method, req.metrics.num_forward_passes, draft.tokens, draft.parents, min(accepted, kept - 1))
@@ -568,4 +572,4 @@ def _shape_draft(draft: Draft, budget: int, draft_min: int, as_tree: bool) -> Dr
         parents = None
     if len(tokens) < max(1, draft_min):
         return _EMPTY
-    return Draft(tokens, parents, probs)
+    return Draft(tokens, parents, probs, draft.source)

@@ -419,6 +419,10 @@ class EngineLoop:
                 "%s: %d prompt + %d generated tokens in %.2f s, finish %s; acceptance length %.2f, drafts %d, "
                 "draft tokens %d, accepted %d", h.job.request_id, m.num_prompt_tokens, m.num_generation_tokens, e2e,
                 reason, m.mean_acceptance_length, s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens)
+            spec = h.req.spec if h.req is not None else None
+            if spec is not None:  # llama.cpp's statistics lines: the method's, and a chain's members'
+                for line in s.llama_cpp_lines("+".join(spec.chain) if spec.chain else spec.method):
+                    logger.info("%s: %s", h.job.request_id, line)
 
     @staticmethod
     def _error_event(exc: Exception, what: str) -> StreamEvent:
