@@ -53,7 +53,18 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-tokens", type=int, default=0, help="no end of sequence before this many tokens (default: %(default)s)")
 
 
+def _ngram_defaults() -> dict[str, Any]:
+    """The n-gram flags' defaults, as the config and the drafters have them (for the help)."""
+    from tokenleap.config import SpecConfig
+    from tokenleap.drafters.ngram_map import NgramMapK4VDrafter, NgramMapKDrafter
+
+    d = SpecConfig("ngram")
+    hits = f"ngram-map-k {NgramMapKDrafter.DEFAULT_MIN_HITS}, ngram-map-k4v {NgramMapK4VDrafter.DEFAULT_MIN_HITS}"
+    return {"n": d.ngram_size_n, "m": d.ngram_size_m, "lookup_min": d.prompt_lookup_min, "lookup_max": d.prompt_lookup_max, "hits": hits}
+
+
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    ng = _ngram_defaults()
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
     g.add_argument("--spec-type", default="none", help="none | ngram | ngram-tree | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model | eagle3 (alias draft-eagle3) | eagle (EAGLE-1/2 heads) | medusa (head directory in --model-draft) (default: %(default)s)")
     g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder), or the head directory for --spec-type eagle3 / eagle / medusa")
@@ -65,10 +76,12 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="draft tokens per step at most (env LLAMA_ARG_DRAFT_MAX; default: %(default)s)")
     g.add_argument("--draft-min", "--draft-n-min", type=int, default=os.environ.get("LLAMA_ARG_DRAFT_MIN", "0"),
                    help="shorter drafts are not verified (env LLAMA_ARG_DRAFT_MIN; default: %(default)s)")
-    g.add_argument("--spec-ngram-size-n", type=int, default=None, help="n-gram key length (ngram: the longest n-gram looked up; default 3, ngram: 4)")
-    g.add_argument("--spec-ngram-size-m", type=int, default=None, help="m-gram draft length of the llama.cpp n-gram types (default 16)")
-    g.add_argument("--spec-ngram-min-hits", type=int, default=None, help="occurrences a key needs (ngram-map-k/-k4v; default 1)")
-    g.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram looked up (default 1)")
+    g.add_argument("--spec-ngram-size-n", type=int, default=None,
+                   help=f"n-gram key length (ngram: the longest n-gram looked up; default {ng['n']}, ngram: {ng['lookup_max']})")
+    g.add_argument("--spec-ngram-size-m", type=int, default=None, help=f"m-gram draft length of the llama.cpp n-gram types (default {ng['m']})")
+    g.add_argument("--spec-ngram-min-hits", type=int, default=None,
+                   help=f"occurrences a key's m-gram needs before it is drafted (default: {ng['hits']})")
+    g.add_argument("--prompt-lookup-min", type=int, default=None, help=f"ngram: shortest n-gram looked up (default {ng['lookup_min']})")
     g.add_argument("--spec-ngram-cache", default=None, help="ngram-cache: statistics file to load")
     g.add_argument("--spec-sampled-tree", default=None, choices=["full", "first-path"],
                    help="how sampled requests verify a token-tree draft: every branch (lossless) or the first path (default: full)")

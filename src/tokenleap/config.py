@@ -72,7 +72,7 @@ class SpecConfig:
     prompt_lookup_max: int = 4
     ngram_size_n: int = 3  # llama.cpp n-gram family: key length (--spec-ngram-size-n)
     ngram_size_m: int = 16  # llama.cpp n-gram family: drafted m-gram length (--spec-ngram-size-m)
-    ngram_min_hits: int = 1  # ngram-map-k / -k4v: occurrences needed (--spec-ngram-min-hits)
+    ngram_min_hits: int | None = None  # ngram-map-k / -k4v: occurrences needed (--spec-ngram-min-hits; None: the method's default)
     ngram_cache_path: str | None = None  # ngram-cache: static statistics file to load
     ngram_cache_max_entries: int = 1 << 18  # ngram-cache: (n-gram, token) pairs kept per level (LRU)
     ngram_mod_pool_size: int = 1 << 20  # ngram-mod: hash pool slots (4 bytes each, allocated on first use)
@@ -109,7 +109,7 @@ class SpecConfig:
             raise TokenleapError(
                 f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
             )
-        if self.ngram_size_n < 1 or self.ngram_size_m < 1 or self.ngram_min_hits < 1:
+        if self.ngram_size_n < 1 or self.ngram_size_m < 1 or (self.ngram_min_hits is not None and self.ngram_min_hits < 1):
             raise TokenleapError(
                 f"ngram_size_n, ngram_size_m and ngram_min_hits must be >= 1, got "
                 f"{self.ngram_size_n}, {self.ngram_size_m}, {self.ngram_min_hits}"

@@ -106,6 +106,47 @@ def test_k4v_keeps_at_most_four_values_per_key() -> None:
     assert len(values) == 4 and values[(1,)] == 2 and (5,) in values  # a rarest one made room
 
 
+def test_k4v_keeps_the_accepted_length_per_key_and_value_and_caps_the_next_draft() -> None:
+    """llama.cpp's per-(key, value) `n_accepted`: m until a draft is verified, then the accepted
+    length of its last draft, which caps the next draft from it (here: plus 2)."""
+    drafter = NgramMapK4VDrafter(2, 6, 2)
+    context = [1, 2, 3, 4, 5, 6, 7, 8] * 3 + [1, 2]  # (1, 2) -> (3, 4, 5, 6, 7, 8) three times
+    value = (3, 4, 5, 6, 7, 8)
+    assert propose(drafter, context) == [3, 4, 5, 6, 7, 8]  # no statistics yet: the whole m-gram
+    table = drafter._tables["r"]
+    assert table.accepted == {}
+    drafter.accept("r", [3, 9], 1)  # one token of it accepted
+    assert table.accepted == {((1, 2), value): 1}
+    assert drafter.propose("r", context, 16).tokens == [3, 4, 5]  # accepted + 2
+    drafter.accept("r", [3, 4, 5, 6], 3)  # all three accepted
+    assert table.accepted[(1, 2), value] == 3
+    assert drafter.propose("r", context, 16).tokens == [3, 4, 5, 6, 7]
+    drafter.accept("r", [3, 4, 5, 6, 7, 8], 5)
+    assert drafter.propose("r", context, 16).tokens == [3, 4, 5, 6, 7, 8]  # m still caps it
+    # the draft verified was another chain member's (its tokens were committed, not ours): only
+    # what the committed tokens confirm of this drafter's draft counts
+    drafter.accept("r", [9, 9, 9, 9], 3)
+    assert table.accepted[(1, 2), value] == 0
+    assert drafter.propose("r", context, 16).tokens == [3, 4]
+    drafter.accept("r", [7], 0)  # a step without a draft from it (nothing proposed before): no change
+    drafter.propose("r", [5], 16)
+    drafter.accept("r", [6], 0)
+    assert table.accepted[(1, 2), value] == 0
+    drafter.end("r")
+    assert "r" not in drafter._tables
+
+
+def test_k4v_a_replaced_value_loses_its_statistics() -> None:
+    drafter = NgramMapK4VDrafter(1, 1, 1)
+    propose(drafter, [7, 1, 7])  # 7 -> 1 once: drafted
+    table = drafter._tables["r"]
+    drafter.accept("r", [2], 0)
+    assert table.accepted == {((7,), (1,)): 0}
+    # four more values after 7: the table is full at (2,), (3,), (4,); (5,) replaces the first of the rarest, (1,)
+    assert drafter.propose("r", [7, 1, 7, 2, 7, 3, 7, 4, 7, 5, 7], 4).tokens == []  # none dominates
+    assert set(table.values[(7,)]) == {(2,), (3,), (4,), (5,)} and table.accepted == {}
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -118,6 +159,24 @@ def test_registry_builds_the_family_with_configured_sizes() -> None:
     assert isinstance(simple, NgramSimpleDrafter) and (simple.size_n, simple.size_m) == (2, 5)
     assert isinstance(map_k, NgramMapKDrafter) and (map_k.size_n, map_k.size_m, map_k.min_hits) == (2, 5, 3)
     assert isinstance(k4v, NgramMapK4VDrafter) and (k4v.size_n, k4v.size_m, k4v.min_hits) == (2, 5, 3)
-    # k4v needs at least two hits to call a value dominant
-    low = registry.create("ngram-map-k4v", SpecConfig("ngram-map-k4v", ngram_min_hits=1))
-    assert low.min_hits == 2  # type: ignore[attr-defined]
+    # min hits left unset: each drafter's own default (k4v: two hits to call a value dominant);
+    # one given is used as given, never raised behind the user's back (llama.cpp's k4v takes 1)
+    unset = registry.create("ngram-map-k4v", SpecConfig("ngram-map-k4v"))
+    assert isinstance(unset, NgramMapK4VDrafter) and unset.min_hits == NgramMapK4VDrafter.DEFAULT_MIN_HITS == 2
+    map_k = registry.create("ngram-map-k", SpecConfig("ngram-map-k"))
+    assert isinstance(map_k, NgramMapKDrafter) and map_k.min_hits == NgramMapKDrafter.DEFAULT_MIN_HITS == 1
+    low = registry.create("ngram-map-k4v", SpecConfig("ngram-map-k4v", ngram_size_n=2, ngram_size_m=2, ngram_min_hits=1))
+    assert isinstance(low, NgramMapK4VDrafter) and low.min_hits == 1
+    assert propose(low, [1, 2, 3, 4, 1, 2]) == [3, 4]  # a value seen once drafts, as in llama.cpp
+
+
+def test_min_hits_help_tells_the_drafters_defaults(capsys) -> None:
+    import pytest
+
+    from tokenleap.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert (f"(default: ngram-map-k {NgramMapKDrafter.DEFAULT_MIN_HITS}, ngram-map-k4v {NgramMapK4VDrafter.DEFAULT_MIN_HITS})"
+            in help_text), help_text

@@ -47,10 +47,10 @@ def _llamacpp_family(
     n, m, hits = config.ngram_size_n, config.ngram_size_m, config.ngram_min_hits
     if config.method == "ngram-simple":
         return NgramSimpleDrafter(n, m)
-    if config.method == "ngram-map-k":
-        return NgramMapKDrafter(n, m, hits)
+    if config.method == "ngram-map-k":  # min hits: as given, else the drafter's own default
+        return NgramMapKDrafter(n, m, NgramMapKDrafter.DEFAULT_MIN_HITS if hits is None else hits)
     if config.method == "ngram-map-k4v":
-        return NgramMapK4VDrafter(n, m, max(hits, 2))
+        return NgramMapK4VDrafter(n, m, NgramMapK4VDrafter.DEFAULT_MIN_HITS if hits is None else hits)
     if config.method == "ngram-mod":  # one pool per (n, size) for every drafter of this registry
         size = config.ngram_mod_pool_size
         return NgramModDrafter(n, size, pool=pools.get(n, size))

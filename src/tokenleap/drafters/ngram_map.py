@@ -9,7 +9,12 @@ the m tokens (the m-gram) that followed it:
   accepted length is remembered per key and caps the next draft from that key.
 * `ngram-map-k4v`: per key, up to four distinct m-gram values with counts; a value is drafted
   only when it dominates (seen at least `min_hits` times and more than twice as often as any
-  other value).
+  other value). As llama.cpp, each (key, value) keeps the accepted length of its last draft
+  (its `n_accepted`, m until drafted), which caps the next draft from it; as `ngram-map-k` here,
+  that cap is the accepted length plus 2 (llama.cpp's cap can only shrink, and a value whose
+  draft was rejected outright would never draft again), and the accepted length is what the
+  committed tokens confirm of this drafter's own draft (in a chain the verified draft may be
+  another member's).
 
 Indexing is incremental (only new positions each step), so a step costs O(new tokens + m).
 """
@@ -61,11 +66,16 @@ class _KeyIndex:
         self.indexed = max(self.indexed, len(tokens))
 
 
+# a key's (or value's) next draft may run this far past what was accepted from its last one
+_REACH_PAST_ACCEPTED = 2
+
+
 class NgramMapKDrafter:
     name: ClassVar[str] = "ngram-map-k"
     needs_hidden_states: ClassVar[bool] = False
+    DEFAULT_MIN_HITS: ClassVar[int] = 1  # llama.cpp's default
 
-    def __init__(self, size_n: int = 3, size_m: int = 16, min_hits: int = 1) -> None:
+    def __init__(self, size_n: int = 3, size_m: int = 16, min_hits: int = DEFAULT_MIN_HITS) -> None:
         self.size_n, self.size_m, self.min_hits = size_n, size_m, min_hits
         self._index: dict[str, _KeyIndex] = {}
 
@@ -88,7 +98,7 @@ class NgramMapKDrafter:
         key, starts = found
         limit = min(self.size_m, max_tokens)
         if key in idx.accepted:  # drafts from this key were cut short before: draft a bit past that
-            limit = min(limit, idx.accepted[key] + 2)
+            limit = min(limit, idx.accepted[key] + _REACH_PAST_ACCEPTED)
         value = tuple(tokens[starts[-1] : starts[-1] + limit])
         hits = sum(1 for s in starts if tuple(tokens[s : s + len(value)]) == value)
         if hits < self.min_hits:
@@ -108,12 +118,15 @@ class NgramMapKDrafter:
 
 @dataclass
 class _ValueTable:
-    """Per key, up to four m-gram values with occurrence counts."""
+    """Per key, up to four m-gram values with occurrence counts, and the accepted length of each
+    (key, value)'s last draft (llama.cpp's `n_accepted`)."""
 
     size_n: int
     size_m: int
     values: dict[tuple[int, ...], dict[tuple[int, ...], int]] = field(default_factory=dict)
     indexed: int = 0  # key starts below this are indexed (their m-gram was complete)
+    accepted: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = field(default_factory=dict)
+    last: tuple[tuple[int, ...], tuple[int, ...], list[int]] | None = None  # key, value, draft in verification
 
     def update(self, tokens: Sequence[int]) -> None:
         n, m = self.size_n, self.size_m
@@ -126,9 +139,10 @@ class _ValueTable:
                 table[value] += 1
             elif len(table) < 4:
                 table[value] = 1
-            else:  # replace the rarest value, keeping the slot count at four
+            else:  # replace the rarest value, keeping the slot count at four (a new slot: no statistics)
                 rarest = min(table, key=table.__getitem__)
                 del table[rarest]
+                self.accepted.pop((key, rarest), None)
                 table[value] = 1
         self.indexed = max(self.indexed, last_start + 1)
 
@@ -136,8 +150,9 @@ class _ValueTable:
 class NgramMapK4VDrafter:
     name: ClassVar[str] = "ngram-map-k4v"
     needs_hidden_states: ClassVar[bool] = False
+    DEFAULT_MIN_HITS: ClassVar[int] = 2  # a value seen once does not yet dominate (llama.cpp: 1; its docs' example: 2)
 
-    def __init__(self, size_n: int = 3, size_m: int = 8, min_hits: int = 2) -> None:
+    def __init__(self, size_n: int = 3, size_m: int = 8, min_hits: int = DEFAULT_MIN_HITS) -> None:
         self.size_n, self.size_m, self.min_hits = size_n, size_m, min_hits
         self._tables: dict[str, _ValueTable] = {}
 
@@ -146,10 +161,12 @@ class NgramMapK4VDrafter:
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         table = self._tables[request_id]
+        table.last = None
         if len(tokens) <= self.size_n or max_tokens <= 0:
             return Draft()
         table.update(tokens)
-        values = table.values.get(tuple(tokens[-self.size_n :]))
+        key = tuple(tokens[-self.size_n :])
+        values = table.values.get(key)
         if not values:
             return Draft()
         ranked = sorted(values.items(), key=lambda kv: kv[1], reverse=True)
@@ -157,10 +174,21 @@ class NgramMapK4VDrafter:
         runner_up = ranked[1][1] if len(ranked) > 1 else 0
         if count < self.min_hits or count <= 2 * runner_up:
             return Draft()
-        return Draft(list(best[:max_tokens]))
+        limit = max_tokens
+        if (key, best) in table.accepted:  # its last draft was cut short: draft a bit past that
+            limit = min(limit, table.accepted[key, best] + _REACH_PAST_ACCEPTED)
+        draft = list(best[:limit])
+        table.last = (key, best, draft)
+        return Draft(draft)
 
     def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
-        return None
+        table = self._tables.get(request_id)
+        if table is None or table.last is None:
+            return
+        key, value, draft = table.last
+        table.last = None
+        confirmed = next((i for i, (d, t) in enumerate(zip(draft, tokens)) if d != t), min(len(draft), len(tokens)))
+        table.accepted[key, value] = min(num_accepted, confirmed)
 
     def end(self, request_id: str) -> None:
         self._tables.pop(request_id, None)
