@@ -84,7 +84,7 @@ class SpecConfig:
     draft_layers: int | None = None  # use only the draft model's first N layers
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
-    chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins
+    chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins (draftless ones before a draft model)
     sampled_tree: str = "full"  # sampled requests verify a tree draft: "full" (every branch, lossless) or "first-path"
     acceptance: str = "exact"  # sampled requests: "exact" (lossless) or "typical-lossy" (Medusa's typical acceptance, NOT lossless)
     typical_threshold: float = 0.09  # typical-lossy: accept x when p(x) > min(threshold, alpha * exp(-H(p)))

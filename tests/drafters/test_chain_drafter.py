@@ -140,3 +140,38 @@ def test_each_member_counts_its_calls_and_names_its_drafts() -> None:
     _begin(chain)
     assert chain.propose("r", [1, 2, 3], 4).source in ("eagle3#1", "eagle3#2")
     assert list(chain.member_statistics("r")) == ["eagle3#1", "eagle3#2"]
+
+
+class WithModel(Fixed):
+    """A member that runs a draft model of its own (`DraftsWithModel`)."""
+
+    drafts_with_model = True
+
+
+def test_draftless_members_precede_a_draft_model_whatever_the_order_given() -> None:
+    """llama.cpp: "If a draft model is combined with a draftless decoding the draftless decoding
+    has higher precedence." Named first, the draft model is still asked after the n-grams."""
+    model, lookup, other = WithModel([21, 22, 23]), Fixed([]), Fixed([31])
+    chain = ChainDrafter([model, lookup, other], names=["draft-model", "ngram-simple", "suffix"])
+    assert not chain.cost_aware
+    _begin(chain)
+    draft = chain.propose("r", [1, 2, 3], 4)
+    assert (draft.tokens, draft.source) == ([31], "suffix") and model.proposals == 0  # the model not even run
+    assert chain.member_statistics("r")["ngram-simple"].num_propose_calls == 1  # asked first, had nothing
+    other.draft = []
+    draft = chain.propose("r", [1, 2, 3], 4)
+    assert (draft.tokens, draft.source) == ([21, 22, 23], "draft-model") and model.proposals == 1  # none of them had one
+    lookup.draft = [41]
+    assert chain.propose("r", [1, 2, 3], 4).tokens == [41]  # the draftless member again, in the order given
+    assert chain.wins == [1, 1, 1]
+
+
+def test_a_costly_chain_keeps_weighing_its_head_beside_a_draft_model() -> None:
+    """The cost-aware chain (a head with a drafting cost) is unchanged: free members first,
+    draftless before a draft model, and the best expected rate wins (here the head's)."""
+    model, cheap, head = WithModel([11]), Fixed([12]), Fixed([21, 22, 23, 24], relative_draft_cost=0.01)
+    chain = ChainDrafter([model, head, cheap], probe_every=1000)
+    chain.use_cost_curve(FLAT)
+    _begin(chain)
+    assert chain.cost_aware and chain._order == [2, 0, 1]  # the free draftless, the free model, the costly head
+    assert chain.propose("r", [1, 2, 3], 4).tokens == [21, 22, 23, 24]

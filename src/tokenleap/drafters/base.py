@@ -97,6 +97,15 @@ class MemberStatistics(Protocol):
     def member_statistics(self, request_id: str) -> dict[str, SpecStats]: ...
 
 
+@runtime_checkable
+class DraftsWithModel(Protocol):
+    """A drafter that runs a model of its own (a draft model, or a head over the target's hidden
+    states): llama.cpp's "implementation with draft model". Declared by the class attribute; a
+    chain asks its draftless members first, as llama.cpp gives draftless decoding precedence."""
+
+    drafts_with_model: ClassVar[bool]
+
+
 DrafterFactory = Callable[..., Drafter]
 
 

@@ -1,7 +1,9 @@
 """Drafter chaining: several drafters behind one.
 
-Model-free members only (n-grams, suffix trees, prompt lookup): the first that proposes wins,
-llama.cpp's precedence of draftless methods. With a member that costs target time to draft (a
+Without a member of declared drafting cost: the first member that proposes wins, the draftless
+ones (n-grams, suffix trees, prompt lookup) asked before those that run a model of their own (a
+draft model: `DraftsWithModel`), whatever order they are named in, as llama.cpp gives draftless
+decoding precedence over a draft model; among each kind, the order given. With a member that costs target time to draft (a
 trained head, `relative_draft_cost` > 0), the chain chooses per step by expected tokens per unit
 of cost, as the engine's draft-length controller does for one drafter (Leviathan et al., 2023,
 section 3.4): each member keeps its own decayed acceptance estimate alpha_m per request (from
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel
 from tokenleap.engine.speculation import expected_tokens
 from tokenleap.types import SpecStats
 
@@ -65,8 +67,11 @@ class ChainDrafter:
         self.wins = [0] * len(self.drafters)  # how often each drafter's proposal was used
         self.costs = [float(getattr(d, "relative_draft_cost", 0.0) or 0.0) for d in self.drafters]
         self.cost_aware = any(c > 0 for c in self.costs)
-        # the free members first (their drafts cost nothing to look at), then the costly ones
-        self._order = [i for i, c in enumerate(self.costs) if c <= 0] + [i for i, c in enumerate(self.costs) if c > 0]
+        # draftless members before those with a model (llama.cpp's precedence), each in the order given
+        with_model = [isinstance(d, DraftsWithModel) for d in self.drafters]
+        self._precedence = [i for i, m in enumerate(with_model) if not m] + [i for i, m in enumerate(with_model) if m]
+        # cost-aware: the free members first (their drafts cost nothing to look at), then the costly ones
+        self._order = [i for i in self._precedence if self.costs[i] <= 0] + [i for i in self._precedence if self.costs[i] > 0]
         self.decay = decay
         self.probe_every = probe_every
         self._curve: Any = None  # the engine's CostCurve (`use_cost_curve`); else cost(L) = 1 + 0.05 L
@@ -112,7 +117,7 @@ class ChainDrafter:
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         estimates = self._estimates.get(request_id)
         if estimates is None:  # precedence: the first member that proposes wins
-            for i in range(len(self.drafters)):
+            for i in self._precedence:
                 draft = self._propose(i, request_id, tokens, max_tokens)
                 if len(draft):
                     return self._chosen(i, draft)

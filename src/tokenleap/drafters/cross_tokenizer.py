@@ -49,6 +49,7 @@ class CrossTokenizerDrafter:
 
     name: ClassVar[str] = "draft-model"
     needs_hidden_states: ClassVar[bool] = False
+    drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
     def __init__(self, model: LlamaModel, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer) -> None:
         self.model = model

@@ -53,6 +53,7 @@ def resync(kv: KVCache, cached: list[int], context: Sequence[int]) -> list[int]:
 class DraftModelDrafter:
     name: ClassVar[str] = "draft-model"
     needs_hidden_states: ClassVar[bool] = False
+    drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model

@@ -485,6 +485,7 @@ class Eagle3Drafter:
 
     name: ClassVar[str] = "eagle3"
     needs_hidden_states: ClassVar[bool] = True
+    drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
     def __init__(self, head: Eagle3Head, tree: TreeShape = TreeShape(), relative_draft_cost: float = 0.0) -> None:
         self.head = head

@@ -144,6 +144,7 @@ class _State:
 class MedusaDrafter:
     name: ClassVar[str] = "medusa"
     needs_hidden_states: ClassVar[bool] = True
+    drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
     hidden_layers = (-1,)
 
     def __init__(self, heads: MedusaHeads, topk: int = 1) -> None:
