@@ -46,9 +46,9 @@ def _quant_weight(qtype: int, out_dim: int, in_dim: int, seed: int) -> QuantWeig
 
 
 def _reference(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    """float64: activations quantized per row in blocks of 32 (d = max|x|/127, round half even),
-    times the dequantized weights."""
-    xb = x.double().reshape(x.shape[0], -1, 32)
+    """float64: activations quantized per row in blocks of 32 (d = max|x|/127, round half even;
+    the K-quants: blocks of 256, as ggml's Q8_K), times the dequantized weights."""
+    xb = x.double().reshape(x.shape[0], -1, 256 if w.name in ("Q4_K", "Q5_K", "Q6_K") else 32)
     d = xb.abs().amax(-1, keepdim=True) / 127
     q = torch.where(d > 0, torch.round(xb / torch.where(d > 0, d, 1)), 0)
     xq = (q * d).reshape(x.shape)

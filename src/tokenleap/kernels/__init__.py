@@ -157,8 +157,8 @@ class CpuKernels:
         glu: bool = False,
     ) -> torch.Tensor:
         """`tl_linear_q`: each row of x (RMSNormed or gated first when asked) quantized to int8
-        blocks of 32 with its own scale, then exact integer block dot products with the weight's
-        blocks (see quant.h)."""
+        blocks of 32 with its own scale (of 256 for the K-quants: ggml's Q8_K), then exact
+        integer block dot products with the weight's blocks (see quant.h)."""
         rows, in_dim = x.shape
         if glu:
             in_dim //= 2
@@ -169,8 +169,8 @@ class CpuKernels:
         if bias is not None:
             bias = bias.float().contiguous()
         x = x.contiguous()
-        # int8 rows, block scales and sums, the formed fp32 input when fusing, a second int8 copy
-        # for a stack of two formats, Q6K's half-block sums (see tl_linear_q)
+        # int8 rows, block scales and sums, the formed fp32 input when fusing, then a second int8
+        # copy for a stack of two formats or the K-quants' activations (see tl_linear_q)
         scratch = self._scratch(rows * in_dim * 7 + 8 * rows * (in_dim // 32))
         y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
         norm_w = norm[0].contiguous() if norm is not None and not glu else None

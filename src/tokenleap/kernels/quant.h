@@ -36,10 +36,11 @@
 #define TLQ_Q40X8 3 /* Q4_0 in its own 144 bytes: f16 d[8], then Q4X8's nibbles; m = -8 d in registers (exact) */
 
 /* The K-quants in their own bytes, per group of 8 outputs and superblock of 256 inputs (the
- * file's 144 / 176 / 210 bytes per output, so 1152 / 1408 / 1680 per group: nothing widened). The kernel
- * reads the superblock's header once, at its first block of 32, into per-block fp32 scales
- * (d sc_j, -dmin m_j: exact products, the values the file means), then runs the Q4X8 / Q8X8
- * integer sums on each block of 32 (Q6K: two, one per 16 inputs, each with its own scale):
+ * file's 144 / 176 / 210 bytes per output, so 1152 / 1408 / 1680 per group: nothing widened).
+ * Their activations are ggml's Q8_K (one scale per row and superblock, tl_quantize_q8k), so
+ * the kernel (qk_tile) multiplies each block's exact integer sum by its integer sub-scale and
+ * adds them as integers, with one or two float steps per superblock and row (the 32-input
+ * formats take one or two per block of 32). Layouts:
  *   Q4K (Q4_K): f16 d[8], f16 dmin[8]; 64 bytes: byte (j, o) = sc[j][o] & 15 | (m[j][o] & 15) << 4;
  *        32 bytes: byte k = hi(k) | hi(k + 32) << 4 with hi(8 j + o) = sc >> 4 | (m >> 4) << 2; then
  *        8 blocks of Q4X8's 128 nibble bytes (header 128 bytes);
@@ -107,66 +108,109 @@ static inline __attribute__((always_inline)) void q5_high(const uint8_t *blk, in
     *wh = _mm256_or_si256(*wh, _mm256_and_si256(hi, m10));
 }
 
-/* A superblock's header -> per block of 32 the 8 outputs' fp32 scales: Q4K d sc_j (dw) and
- * -dmin m_j (mw); Q6K d sc (inputs 0-15: dw, 16-31: mw) */
-static inline __attribute__((always_inline)) void qk_scales(const uint8_t *sb, int format, float dw[8][8], float mw[8][8]) {
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
+/* A superblock's header -> its integer scales, as the K tile multiplies them (8 outputs a vector,
+ * one per 32-bit lane): sc[j] per block of 32 (Q4K / Q5K) or run of 16 (Q6K, 16 of them); with
+ * `dup` each lane's scale in both of its int16 halves (a vpmaddwd of int16 pairs by it), else as
+ * int32 (vpmulld); mp[k] pairs of the min terms' factors for vpmaddwd against paired activation
+ * sums: Q4K / Q5K m[2k] | m[2k + 1] << 16 (k < 4), Q6K sc[2k] | sc[2k + 1] << 16 (k < 8). */
+static inline __attribute__((always_inline)) void qk_scales(const uint8_t *sb, int format, int dup, __m256i sc[16], __m256i mp[8]) {
     if (format == TLQ_Q4K || format == TLQ_Q5K) {
-        const __m256 nmin = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))), _mm256_set1_ps(-0.0f));
         const __m256i m0f = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
         const __m256i h = _mm256_loadu_si256((const __m256i *)(sb + 96));
-        uint8_t sc[64], mn[64];
+        uint8_t scb[64], mnb[64];
         for (int k = 0; k < 2; k++) {
             const __m256i l = _mm256_loadu_si256((const __m256i *)(sb + 32 + 32 * k));
             const __m256i hk = _mm256_and_si256(k ? _mm256_srli_epi16(h, 4) : h, m0f);
-            _mm256_storeu_si256((__m256i *)(sc + 32 * k), _mm256_or_si256(_mm256_and_si256(l, m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 4), m30)));
-            _mm256_storeu_si256((__m256i *)(mn + 32 * k), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 2), m30)));
+            _mm256_storeu_si256((__m256i *)(scb + 32 * k), _mm256_or_si256(_mm256_and_si256(l, m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 4), m30)));
+            _mm256_storeu_si256((__m256i *)(mnb + 32 * k), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 2), m30)));
         }
         for (int j = 0; j < 8; j++) {
-            _mm256_storeu_ps(dw[j], _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j))))));
-            _mm256_storeu_ps(mw[j], _mm256_mul_ps(nmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 8 * j))))));
+            const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scb + 8 * j)));
+            sc[j] = dup ? _mm256_or_si256(v, _mm256_slli_epi32(v, 16)) : v;
         }
+        for (int k = 0; k < 4; k++)
+            mp[k] = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mnb + 16 * k))),
+                                    _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mnb + 16 * k + 8))), 16));
     } else {
-        for (int j = 0; j < 8; j++) {
-            _mm256_storeu_ps(dw[j], _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 16 + 16 * j))))));
-            _mm256_storeu_ps(mw[j], _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 24 + 16 * j))))));
+        const __m256i lo16 = _mm256_set1_epi32(0xffff);
+        __m256i v[16];
+        for (int j = 0; j < 16; j++) {
+            v[j] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 16 + 8 * j)));
+            sc[j] = dup ? _mm256_or_si256(_mm256_and_si256(v[j], lo16), _mm256_slli_epi32(v[j], 16)) : v[j];
         }
+        for (int k = 0; k < 8; k++) mp[k] = _mm256_or_si256(_mm256_and_si256(v[2 * k], lo16), _mm256_slli_epi32(v[2 * k + 1], 16));
     }
 }
 
-/* Activations: per row, per block of 32: d = max|x| / 127 (0 for an all-zero block), q =
- * round-to-nearest-even(x / d) in [-127, 127], s = d * sum(q) (ggml's Q8_1 `s`). */
+/* 32 activations at inverse scale `id` -> 32 int8 (round to nearest even, in [-127, 127]), their
+ * runs of 4 in the order `order` gives (q8_in_order, or q8_paired: runs 0, 4, 1, 5, 2, 6, 3, 7, so
+ * one 64-bit broadcast holds the inputs of a Q4X8 nibble byte's low and high halves); returns
+ * the sums of q over inputs 0-15 and 16-31 */
+#define q8_in_order() _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)
+#define q8_paired() _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
+static inline __attribute__((always_inline)) void q8_block(const float *xb, __m256 id, int8_t *out, int32_t sums[2], __m256i order) {
+    __m256i qi[4];
+    for (int k = 0; k < 4; k++)
+        qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    /* pack 32 int32 -> 32 int8 in order (packs work per 128-bit lane: fix with a permute) */
+    __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]), p23 = _mm256_packs_epi32(qi[2], qi[3]);
+    __m256i p = _mm256_packs_epi16(p01, p23);
+    p = _mm256_permutevar8x32_epi32(p, order);
+    _mm256_storeu_si256((__m256i *)out, p);
+    for (int h = 0; h < 2; h++) {
+        const __m256i s8 = _mm256_add_epi32(qi[2 * h], qi[2 * h + 1]);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        sums[h] = _mm_cvtsi128_si32(t);
+    }
+}
+
+/* max |x| over n (a multiple of 8) floats */
+static inline float q8_amax(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < n; k += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+
+/* Activations for the 32-input formats: per row, per block of 32: d = max|x| / 127 (0 for an
+ * all-zero block), q = round-to-nearest-even(x / d) in [-127, 127], s = d * sum(q) (ggml's Q8_1 `s`). */
 void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows, int64_t in_dim) {
     const int64_t nb = in_dim / 32;
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = x + r * in_dim + b * 32;
-            __m256 v[4], amax = _mm256_setzero_ps();
-            for (int k = 0; k < 4; k++) {
-                v[k] = _mm256_loadu_ps(xb + 8 * k);
-                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
-            }
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            const float mx = _mm_cvtss_f32(m4);
-            const float db = mx / 127.0f;
-            const __m256 id = _mm256_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
-            __m256i qi[4];
-            for (int k = 0; k < 4; k++)
-                qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            /* pack 32 int32 -> 32 int8 in order (packs work per 128-bit lane: fix with a permute) */
-            __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]), p23 = _mm256_packs_epi32(qi[2], qi[3]);
-            __m256i p = _mm256_packs_epi16(p01, p23);
-            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256((__m256i *)(q + r * in_dim + b * 32), p);
-            const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
-            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
-            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+            const float mx = q8_amax(xb, 32), db = mx / 127.0f;
+            int32_t sums[2];
+            q8_block(xb, _mm256_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f), q + r * in_dim + b * 32, sums, q8_in_order());
             d[r * nb + b] = db;
-            s[r * nb + b] = db * (float)_mm_cvtsi128_si32(t);
+            s[r * nb + b] = db * (float)(sums[0] + sums[1]);
+        }
+}
+
+/* Activations for the K-quants (ggml's Q8_K): per row, per superblock of 256 inputs one scale
+ * d = max|x| / 127 and q as above (each block of 32 in q8_paired's order), and the sums of q the weights' integer corrections need,
+ * paired for vpmaddwd (int16 each: |sum| <= 32 * 127): bs[k], k < 4: sum over block 2k | sum
+ * over block 2k + 1 << 16 (blocks of 32); bs[4 + k], k < 8: the same over the superblock's 16
+ * runs of 16 inputs. */
+#define QK_BS 12
+void tl_quantize_q8k(const float *x, int8_t *q, float *d, int32_t *bs, int64_t rows, int64_t in_dim) {
+    const int64_t nsb = in_dim / 256;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            const float *xs = x + r * in_dim + sb * 256;
+            const float mx = q8_amax(xs, 256);
+            const __m256 id = _mm256_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+            int32_t h[16];
+            for (int b = 0; b < 8; b++) q8_block(xs + 32 * b, id, q + r * in_dim + sb * 256 + 32 * b, h + 2 * b, q8_paired());
+            int32_t *o = bs + (r * nsb + sb) * QK_BS;
+            for (int k = 0; k < 4; k++) o[k] = (int32_t)(((uint32_t)(h[4 * k] + h[4 * k + 1]) & 0xffffu) | (uint32_t)(h[4 * k + 2] + h[4 * k + 3]) << 16);
+            for (int k = 0; k < 8; k++) o[4 + k] = (int32_t)(((uint32_t)h[2 * k] & 0xffffu) | (uint32_t)h[2 * k + 1] << 16);
+            d[r * nsb + sb] = mx / 127.0f;
         }
 }
 
@@ -184,10 +228,11 @@ void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows,
 #define TLQ_PF 16
 #define QO 4 /* groups of 8 outputs per tile at most */
 #define QS 4 /* independent integer partial sums per row at most */
+#define QG 2 /* groups of 8 outputs per K-quant tile at most */
 
 /* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
 static inline __attribute__((always_inline)) void q_tile(
-        const int8_t *xq, const float *xd, const float *xs, const int32_t *xh, const uint8_t *w, const float *b, float *y,
+        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
         int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NO) {
     const int vnni = TLQ_HAS_VNNI && (format & TLQ_VNNI); /* a constant in each instantiation */
     format &= ~TLQ_VNNI;
@@ -195,24 +240,17 @@ static inline __attribute__((always_inline)) void q_tile(
     /* partial sums per row: enough chains in flight without spilling the 32 vector registers */
     const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1;
     const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    const int superblocks = format == TLQ_Q4K || format == TLQ_Q5K || format == TLQ_Q6K, q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
     __m256 acc[QR][QO];
-    float sdw[QO][8][8], smw[QO][8][8]; /* the superblock formats' per-block scales */
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < NO; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t bi = 0; bi < nb; bi++) {
         for (int j = 0; j < NO; j++) {
             const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb;
-            if (superblocks) {
-                const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * 8 * gb;
-                if ((bi & 7) == 0) qk_scales(sb, format, sdw[j], smw[j]);
-                blk = sb + (q6 ? 144 + 192 * (bi & 7) : q5 ? 128 + 160 * (bi & 7) : 128 + 128 * (bi & 7));
-            }
             for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(blk + TLQ_PF * gb + pf), _MM_HINT_T0);
-            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_Q4K || q5;
-            const int64_t qoff = format == TLQ_Q4X8 ? 32 : format == TLQ_Q8X8 || format == TLQ_Q40X8 ? 16 : 0;
-            const __m256 dw = superblocks ? _mm256_loadu_ps(sdw[j][bi & 7]) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-            __m256i isum[QR], isum_hi[QR];
+            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8;
+            const int64_t qoff = format == TLQ_Q4X8 ? 32 : 16;
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            __m256i isum[QR];
             if (q4 && vnni) { /* vpdpbusd: the same exact integer sums, one instruction per 4 inputs */
                 /* NS independent partial sums per row (added at the end: integer, so the same
                  * sum): one chain of 8 dependent vpdpbusd per block left a row latency-bound */
@@ -222,8 +260,7 @@ static inline __attribute__((always_inline)) void q_tile(
 #pragma GCC unroll 4
                 for (int t = 0; t < 4; t++) {
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
-                    __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-                    if (q5) q5_high(blk, t, &wl, &wh);
+                    const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         part[r][(2 * t) % NS] = tlq_dpbusd(part[r][(2 * t) % NS], wl, _mm256_set1_epi32(xr[t]));
@@ -240,47 +277,14 @@ static inline __attribute__((always_inline)) void q_tile(
 #pragma GCC unroll 8
                 for (int t = 0; t < 4; t++) {
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
-                    __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-                    if (q5) q5_high(blk, t, &wl, &wh);
+                    const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(xr[t])));
                         s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(xr[t + 4])));
                     }
-                    if (q5 && t == 1) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 so far: widen */
-                        for (int r = 0; r < NR; r++) {
-                            isum[r] = _mm256_madd_epi16(s16[r], ones);
-                            s16[r] = _mm256_setzero_si256();
-                        }
                 }
-                for (int r = 0; r < NR; r++)
-                    isum[r] = q5 ? _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones)) : _mm256_madd_epi16(s16[r], ones);
-            } else if (q6) {
-                /* unsigned q (0..63) against signed activations: vpdpbusd, or vpmaddubsw (pairs at
-                 * most 2 * 63 * 127, no saturation) + vpmaddwd; then less 32 sum(q_x) per half
-                 * (xh): the exact integer sums of (q - 32) q_x. Two chains per half for 1-2 rows. */
-                const int NH = NR <= 2 ? 2 : 1;
-                __m256i part[QR][4];
-                for (int r = 0; r < NR; r++)
-                    for (int p = 0; p < 2 * NH; p++) part[r][p] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int g = 0; g < 8; g++) {
-                    const __m256i wv = q6_vector(blk, g);
-                    const int p = (g >> 2) * NH + (g & (NH - 1));
-                    for (int r = 0; r < NR; r++) {
-                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
-                        const __m256i xb = _mm256_set1_epi32(xr[g]);
-                        part[r][p] = vnni ? tlq_dpbusd(part[r][p], wv, xb)
-                                          : _mm256_add_epi32(part[r][p], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xb), ones));
-                    }
-                }
-                for (int r = 0; r < NR; r++) {
-                    const int32_t *h = xh + 2 * ((m0 + r) * nb + bi);
-                    const __m256i lo = NH == 2 ? _mm256_add_epi32(part[r][0], part[r][1]) : part[r][0];
-                    const __m256i hi = NH == 2 ? _mm256_add_epi32(part[r][2], part[r][3]) : part[r][1];
-                    isum[r] = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * h[0]));
-                    isum_hi[r] = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * h[1]));
-                }
+                for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(s16[r], ones);
             } else if (vnni) {
                 /* activations offset to unsigned (xq ^ 0x80 = q + 128, done once per call), so one
                  * vpdpbusd per row and 4 inputs: sum w (q + 128) - 128 sum w, all exact int32
@@ -318,16 +322,13 @@ static inline __attribute__((always_inline)) void q_tile(
                     }
                 }
             }
-            const __m256 mw = superblocks ? _mm256_loadu_ps(smw[j][bi & 7])
-                            : format == TLQ_Q40X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
+            const __m256 mw = format == TLQ_Q40X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
                             : format == TLQ_Q4X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
                                                   : _mm256_setzero_ps();
             for (int r = 0; r < NR; r++) {
                 const int64_t xi = (m0 + r) * nb + bi;
                 acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[xi])), acc[r][j]);
                 if (q4) acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[xi]), acc[r][j]);
-                if (q6) /* two scales per block of 32 (16 inputs each) */
-                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_hi[r]), _mm256_mul_ps(mw, _mm256_set1_ps(xd[xi])), acc[r][j]);
             }
         }
     }
@@ -343,16 +344,16 @@ static inline __attribute__((always_inline)) void q_tile(
 
 #define Q_NO(NR_, MAXO)                                                                                   \
     switch (no < (MAXO) ? no : (MAXO)) {                                                                  \
-        case 4: q_tile(xq, xd, xs, xh, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 4); break;    \
-        case 3: q_tile(xq, xd, xs, xh, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 3); break;    \
-        case 2: q_tile(xq, xd, xs, xh, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 2); break;    \
-        default: q_tile(xq, xd, xs, xh, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 1); break;   \
+        case 4: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 4); break;    \
+        case 3: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 3); break;    \
+        case 2: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 2); break;    \
+        default: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 1); break;   \
     }
 
 /* Groups [g_lo, g_hi) for all rows, one group (one weight stream) per tile and up to 4 rows:
  * measured here, tiles over 2-4 groups ran a one-row call 2.4x slower. */
 static inline __attribute__((always_inline)) void q_groups(
-        const int8_t *xq, const float *xd, const float *xs, const int32_t *xh, const uint8_t *w, const float *b, float *y, int64_t rows,
+        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
     const int64_t tile_g = 1, tile_r = QR;
     for (int64_t g = g_lo; g < g_hi; g += tile_g) {
@@ -374,11 +375,226 @@ static inline __attribute__((always_inline)) void q_groups(
     }
 }
 
+/* The K-quants (Q4K, Q5K, Q6K) against Q8_K activations (one scale per row and superblock of
+ * 256: tl_quantize_q8k), as ggml's vec_dot_q4_K_q8_K does: per superblock and row, the blocks'
+ * exact integer sums are multiplied by their integer sub-scales and added as integers (vpmaddwd
+ * of the int16 sums by the scales, or with VNNI vpdpbusd sums times the scales by vpmulld), the
+ * min terms likewise from the activations' paired block sums; then one or two float steps per
+ * superblock: Q4K / Q5K acc = fma(float(S), d_w d_x, acc), acc = fma(float(M), -dmin_w d_x, acc);
+ * Q6K acc = fma(float(S - 32 C), d_w d_x, acc) with C = sum over runs of 16 of sc times the run's
+ * activation sum. Bounds (|q_x| <= 127): Q4K |S| <= 8 * 2 * 30480 * 63, Q5K twice that, Q6K
+ * |S| <= 64 * 2 * 16002 * 128 and |32 C| <= 32 * 8 * 2 * 2032 * 128: all int32. Float steps in
+ * one fixed order per output and row: a k-row call equals k one-row calls bit for bit. */
+/* Q8_K activations, the runs of 4 of input t and t + 4 (quant.h's nibble halves) side by side */
+static inline __attribute__((always_inline)) int32_t qk_x(const int8_t *xq, int64_t off, int quad) {
+    return ((const int32_t *)(xq + off))[quad < 4 ? 2 * quad : 2 * quad - 7];
+}
+
+static inline __attribute__((always_inline)) void qk_tile(
+        const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y,
+        int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NG) {
+    const int vnni = TLQ_HAS_VNNI && (format & TLQ_VNNI); /* a constant in each instantiation */
+    format &= ~TLQ_VNNI;
+    const int q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
+    const int64_t nsb = in_dim / 256, sbb = 8 * q_group_bytes(format), head = q6 ? 144 : 128, bb = q6 ? 192 : q5 ? 160 : 128;
+    const __m256i lo4 = _mm256_set1_epi8(15);
+    __m256 acc[QR][QG];
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NG; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t sbi = 0; sbi < nsb; sbi++) {
+        const uint8_t *sb[QG];
+        __m256i sc[QG][16], mp[QG][8], S[QR][QG];
+        for (int j = 0; j < NG; j++) {
+            sb[j] = w + ((g0 + j) * nsb + sbi) * sbb;
+            for (int64_t pf = 0; pf < sbb; pf += 64) _mm_prefetch((const char *)(sb[j] + 2 * sbb + pf), _MM_HINT_T0);
+            qk_scales(sb[j], format, !vnni, sc[j], mp[j]);
+        }
+        for (int r = 0; r < NR; r++)
+            for (int j = 0; j < NG; j++) S[r][j] = _mm256_setzero_si256();
+        for (int bi = 0; bi < 8; bi++) {
+            const int64_t xo = sbi * 256 + bi * 32;
+            if (vnni && q6) { /* two runs of 16 with their own scales: parts 0 / 1 (and 2 / 3 for 1-2 rows) */
+                const int NH = NR * NG <= 2 ? 2 : 1;
+                __m256i part[QR][QG][4];
+                for (int r = 0; r < NR; r++)
+                    for (int j = 0; j < NG; j++)
+                        for (int p = 0; p < 2 * NH; p++) part[r][j][p] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int gi = 0; gi < 8; gi++) {
+                    __m256i wv[QG];
+                    for (int j = 0; j < NG; j++) wv[j] = q6_vector(sb[j] + head + bi * bb, gi);
+                    const int p = (gi >> 2) * NH + (gi & (NH - 1));
+                    for (int r = 0; r < NR; r++) {
+                        const __m256i xv = _mm256_set1_epi32(qk_x(xq, (m0 + r) * in_dim + xo, gi));
+                        for (int j = 0; j < NG; j++) part[r][j][p] = tlq_dpbusd(part[r][j][p], wv[j], xv);
+                    }
+                }
+                for (int r = 0; r < NR; r++)
+                    for (int j = 0; j < NG; j++) {
+                        const __m256i lo = NH == 2 ? _mm256_add_epi32(part[r][j][0], part[r][j][1]) : part[r][j][0];
+                        const __m256i hi = NH == 2 ? _mm256_add_epi32(part[r][j][2], part[r][j][3]) : part[r][j][1];
+                        S[r][j] = _mm256_add_epi32(S[r][j], _mm256_add_epi32(_mm256_mullo_epi32(lo, sc[j][2 * bi]), _mm256_mullo_epi32(hi, sc[j][2 * bi + 1])));
+                    }
+            } else if (vnni) {
+                const int NS = NR * NG <= 2 ? 4 : NR * NG <= 4 ? 2 : 1; /* independent partial sums per row */
+                __m256i part[QR][QG][QS];
+                for (int r = 0; r < NR; r++)
+                    for (int j = 0; j < NG; j++)
+                        for (int p = 0; p < NS; p++) part[r][j][p] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; t++) {
+                    __m256i wl[QG], wh[QG];
+                    for (int j = 0; j < NG; j++) {
+                        const uint8_t *blk = sb[j] + head + bi * bb;
+                        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
+                        wl[j] = _mm256_and_si256(raw, lo4);
+                        wh[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                        if (q5) q5_high(blk, t, &wl[j], &wh[j]);
+                    }
+                    for (int r = 0; r < NR; r++) {
+                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + xo);
+                        const __m256i xl = _mm256_set1_epi32(xr[2 * t]), xh = _mm256_set1_epi32(xr[2 * t + 1]);
+                        for (int j = 0; j < NG; j++) {
+                            part[r][j][(2 * t) % NS] = tlq_dpbusd(part[r][j][(2 * t) % NS], wl[j], xl);
+                            part[r][j][(2 * t + 1) % NS] = tlq_dpbusd(part[r][j][(2 * t + 1) % NS], wh[j], xh);
+                        }
+                    }
+                }
+                for (int r = 0; r < NR; r++)
+                    for (int j = 0; j < NG; j++) {
+                        __m256i v = part[r][j][0];
+                        for (int p = 1; p < NS; p++) v = _mm256_add_epi32(v, part[r][j][p]);
+                        S[r][j] = _mm256_add_epi32(S[r][j], _mm256_mullo_epi32(v, sc[j][bi]));
+                    }
+            } else if (q6) {
+#pragma GCC unroll 8
+                for (int gi = 0; gi < 8; gi++) {
+                    __m256i wv[QG];
+                    for (int j = 0; j < NG; j++) wv[j] = q6_vector(sb[j] + head + bi * bb, gi);
+                    for (int r = 0; r < NR; r++) {
+                        const __m256i xv = _mm256_set1_epi32(qk_x(xq, (m0 + r) * in_dim + xo, gi));
+                        for (int j = 0; j < NG; j++)
+                            S[r][j] = _mm256_add_epi32(S[r][j], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], xv), sc[j][2 * bi + (gi >> 2)]));
+                    }
+                }
+            } else {
+                __m256i s16[QR][QG];
+                for (int r = 0; r < NR; r++)
+                    for (int j = 0; j < NG; j++) s16[r][j] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; t++) {
+                    __m256i wl[QG], wh[QG];
+                    for (int j = 0; j < NG; j++) {
+                        const uint8_t *blk = sb[j] + head + bi * bb;
+                        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
+                        wl[j] = _mm256_and_si256(raw, lo4);
+                        wh[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                        if (q5) q5_high(blk, t, &wl[j], &wh[j]);
+                    }
+                    for (int r = 0; r < NR; r++) {
+                        const int64_t off = (m0 + r) * in_dim + xo;
+                        const __m256i xl = _mm256_set1_epi32(qk_x(xq, off, t)), xh = _mm256_set1_epi32(qk_x(xq, off, t + 4));
+                        for (int j = 0; j < NG; j++) {
+                            s16[r][j] = _mm256_add_epi16(s16[r][j], _mm256_maddubs_epi16(wl[j], xl));
+                            s16[r][j] = _mm256_add_epi16(s16[r][j], _mm256_maddubs_epi16(wh[j], xh));
+                        }
+                    }
+                    if (q5 && (t & 1)) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 per two steps */
+                        for (int r = 0; r < NR; r++)
+                            for (int j = 0; j < NG; j++) {
+                                S[r][j] = _mm256_add_epi32(S[r][j], _mm256_madd_epi16(s16[r][j], sc[j][bi]));
+                                s16[r][j] = _mm256_setzero_si256();
+                            }
+                }
+                if (!q5)
+                    for (int r = 0; r < NR; r++)
+                        for (int j = 0; j < NG; j++) S[r][j] = _mm256_add_epi32(S[r][j], _mm256_madd_epi16(s16[r][j], sc[j][bi]));
+            }
+        }
+        for (int j = 0; j < NG; j++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb[j]));
+            const __m256 nmin = q6 ? d : _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb[j] + 16))), _mm256_set1_ps(-0.0f));
+            for (int r = 0; r < NR; r++) {
+                const int32_t *bs = xb + ((m0 + r) * nsb + sbi) * QK_BS;
+                const __m256 dx = _mm256_set1_ps(xd[(m0 + r) * nsb + sbi]);
+                __m256i M = _mm256_setzero_si256();
+                if (q6) {
+                    for (int k = 0; k < 8; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[j][k], _mm256_set1_epi32(bs[4 + k])));
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r][j], _mm256_slli_epi32(M, 5))), _mm256_mul_ps(d, dx), acc[r][j]);
+                } else {
+                    for (int k = 0; k < 4; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[j][k], _mm256_set1_epi32(bs[k])));
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r][j]), _mm256_mul_ps(d, dx), acc[r][j]);
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(nmin, dx), acc[r][j]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NG; j++) {
+            __m256 v = acc[r][j];
+            if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + (g0 + j) * 8));
+            float *dst = y + (m0 + r) * out_dim + (g0 + j) * 8;
+            if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
+            _mm256_storeu_ps(dst, v);
+        }
+}
+
+/* Groups [g_lo, g_hi) for all rows: one group per tile, or two for more than one row of Q4K /
+ * Q5K on VNNI (each activation broadcast then serves both groups: the broadcasts were ~1/6 of
+ * a multi-row call's time; 4-8 rows 15-20 % faster here). One row reads a single weight
+ * stream fastest; Q6K gained nothing from two, and without VNNI (maddubs sums, 16 vector
+ * registers on AVX2) two groups ran slower. */
+static inline __attribute__((always_inline)) void qk_groups(
+        const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y, int64_t rows,
+        int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
+    const int64_t ng = rows > 1 && TLQ_HAS_VNNI && (format & TLQ_VNNI) && (format & ~TLQ_VNNI) != TLQ_Q6K ? QG : 1;
+    for (int64_t g = g_lo; g < g_hi; g += ng)
+        for (int64_t m0 = 0; m0 < rows; m0 += QR) {
+            const int two = ng == 2 && g + 1 < g_hi;
+#define QK_T(NR_) do { if (two) qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 2); \
+                       else qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 1); } while (0)
+            switch (rows - m0 < QR ? rows - m0 : QR) {
+#if QR == 8
+                case 8: QK_T(8); break;
+                case 7: QK_T(7); break;
+                case 6: QK_T(6); break;
+                case 5: QK_T(5); break;
+#endif
+                case 4: QK_T(4); break;
+                case 3: QK_T(3); break;
+                case 2: QK_T(2); break;
+                default: QK_T(1); break;
+            }
+#undef QK_T
+        }
+}
+
+/* one function per K format (and VNNI or not): all of them inlined into one made the compiler
+ * schedule the one-row Q6K tile 13 % slower */
+#define QK_FORMAT(name, F)                                                                                                  \
+    static __attribute__((noinline)) void qk_groups_##name(const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, \
+                                                           const float *b, float *y, int64_t rows, int64_t g_lo, int64_t g_hi,     \
+                                                           int64_t in_dim, int64_t out_dim, int accumulate) {                     \
+        qk_groups(xq, xd, xb, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, (F), accumulate);                                    \
+    }
+QK_FORMAT(q4k, TLQ_Q4K)
+QK_FORMAT(q4k_vnni, TLQ_Q4K | TLQ_VNNI)
+QK_FORMAT(q5k, TLQ_Q5K)
+QK_FORMAT(q5k_vnni, TLQ_Q5K | TLQ_VNNI)
+QK_FORMAT(q6k, TLQ_Q6K)
+QK_FORMAT(q6k_vnni, TLQ_Q6K | TLQ_VNNI)
+
+/* one part's activations: the 32-input formats' (q, d, s = d sum q per block of 32) or the
+ * K-quants' (q, d per superblock, bs: tl_quantize_q8k's paired sums) */
+typedef struct {
+    const int8_t *q;
+    const float *d, *s;
+    const int32_t *bs;
+} q_act;
+
 typedef struct {
     tl_counter ctr;
-    const int8_t *xq, *xq2; /* the activations for each part's format (one buffer unless VNNI needs both forms) */
-    const float *xd, *xs;
-    const int32_t *xh;      /* Q6K: per row and block, the sums of q_x over inputs 0-15 and 16-31 */
+    q_act a1, a2;           /* each part's activations */
     const uint8_t *w, *w2;  /* w2: based so that group g of the second part is at w2 + g * its group stride */
     const float *b;
     float *y;
@@ -388,9 +604,12 @@ typedef struct {
 
 #define Q_CHUNK 4 /* groups of 8 outputs per scheduling chunk */
 
-static void q_run(const q_job *j, const int8_t *xq, const uint8_t *w, int format, int64_t lo, int64_t hi) {
+static inline int q_is_k(int format) { return format == TLQ_Q4K || format == TLQ_Q5K || format == TLQ_Q6K; }
+
+static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, int64_t lo, int64_t hi) {
     if (lo >= hi) return;
-#define Q_GROUPS(F) q_groups(xq, j->xd, j->xs, j->xh, w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
+#define Q_GROUPS(F) q_groups(a->q, a->d, a->s, w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
+#define QK_GROUPS(F) qk_groups_##F(a->q, a->d, a->bs, w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, j->accumulate)
     switch (format) { /* one instantiation per format (and VNNI or not): the branches on it fold away */
         case TLQ_Q4X8: Q_GROUPS(TLQ_Q4X8); break;
         case TLQ_Q4X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8 | TLQ_VNNI); break;
@@ -398,15 +617,16 @@ static void q_run(const q_job *j, const int8_t *xq, const uint8_t *w, int format
         case TLQ_Q40X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q40X8 | TLQ_VNNI); break;
         case TLQ_Q8X8: Q_GROUPS(TLQ_Q8X8); break;
         case TLQ_Q8X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8 | TLQ_VNNI); break;
-        case TLQ_Q4K: Q_GROUPS(TLQ_Q4K); break;
-        case TLQ_Q4K | TLQ_VNNI: Q_GROUPS(TLQ_Q4K | TLQ_VNNI); break;
-        case TLQ_Q6K: Q_GROUPS(TLQ_Q6K); break;
-        case TLQ_Q6K | TLQ_VNNI: Q_GROUPS(TLQ_Q6K | TLQ_VNNI); break;
-        case TLQ_Q5K: Q_GROUPS(TLQ_Q5K); break;
-        case TLQ_Q5K | TLQ_VNNI: Q_GROUPS(TLQ_Q5K | TLQ_VNNI); break;
+        case TLQ_Q4K: QK_GROUPS(q4k); break;
+        case TLQ_Q4K | TLQ_VNNI: QK_GROUPS(q4k_vnni); break;
+        case TLQ_Q6K: QK_GROUPS(q6k); break;
+        case TLQ_Q6K | TLQ_VNNI: QK_GROUPS(q6k_vnni); break;
+        case TLQ_Q5K: QK_GROUPS(q5k); break;
+        case TLQ_Q5K | TLQ_VNNI: QK_GROUPS(q5k_vnni); break;
         default: break;
     }
 #undef Q_GROUPS
+#undef QK_GROUPS
 }
 
 static void q_task(void *ctx, int tid, int nthreads) {
@@ -416,17 +636,18 @@ static void q_task(void *ctx, int tid, int nthreads) {
     for (int64_t c = tl_next(&j->ctr, &end); c < j->ctr.count; c = tl_next(&j->ctr, &end)) {
         const int64_t ngroups = j->out_dim / 8;
         const int64_t lo = c * Q_CHUNK, hi = end * Q_CHUNK < ngroups ? end * Q_CHUNK : ngroups;
-        q_run(j, j->xq, j->w, j->format, lo, hi < j->split ? hi : j->split);
-        q_run(j, j->xq2, j->w2, j->format2, lo > j->split ? lo : j->split, hi);
+        q_run(j, &j->a1, j->w, j->format, lo, hi < j->split ? hi : j->split);
+        q_run(j, &j->a2, j->w2, j->format2, lo > j->split ? lo : j->split, hi);
     }
 }
 
 int tl_quant_group_bytes(int format) { return (format >= TLQ_Q4X8 && format <= TLQ_Q40X8) || (format >= TLQ_Q4K && format <= TLQ_Q5K) ? (int)q_group_bytes(format) : 0; }
 
 /* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); x fp32 [rows, in_dim], quantized first into
- * `scratch` (rows * in_dim + 8 * rows * in_dim / 32 bytes, then 4 * rows * in_dim more when
- * fusing, then rows * in_dim more for a stack of two formats and rows * in_dim / 4 for Q6K's
- * half-block sums: 7 rows * in_dim in all is always enough); in_dim a multiple of 32, out_dim of 8; w: out_dim / 8 groups of in_dim / 32 blocks in
+ * `scratch` (with R = rows * in_dim: R + R / 4 bytes for the 32-input formats' activations, 4 R
+ * more when fusing, then R more for a second copy (a stack of two 32-input formats of which
+ * VNNI flips one) or R + R / 5 for the K-quants' activations: 7 R in all is always enough);
+ * in_dim a multiple of 32 (of 256 for the K-quants), out_dim of 8; w: out_dim / 8 groups of in_dim / 32 blocks in
  * `format`, or a stack of two formats (a fused QKV whose V has another type, as Q4_K_M files
  * give: TLQ_STACK(f1, f2, split)): groups [0, split) in f1, then groups [split, out_dim / 8) in
  * f2 (its bytes right after f1's), each output computed as it would be alone. Fused inputs (one
@@ -443,40 +664,41 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
         else tl_rmsnorm(x, norm_w, tmp, rows, in_dim, eps);
         x = tmp;
     }
-    tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
     const int64_t ngroups = out_dim / 8, chunks = (ngroups + Q_CHUNK - 1) / Q_CHUNK;
     const int f1 = format & 15, f2 = (format >> 4) & 15;
+    const int k1 = q_is_k(f1), k2 = f2 && q_is_k(f2), any32 = !k1 || (f2 && !k2);
     const int64_t split = f2 ? (int64_t)(format >> 8) : ngroups;
     if (tlq_use_vnni < 0) tl_quant_vnni(-1);
-    /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
-     * when only one part of a stack wants it */
-    const int flip1 = tlq_use_vnni && f1 == TLQ_Q8X8, flip2 = tlq_use_vnni && f2 == TLQ_Q8X8;
     uint8_t *extra = scratch + rows * in_dim * ((norm_w || glu) ? 5 : 1) + 8 * rows * (in_dim / 32);
-    int8_t *xq2 = xq;
-    if (f2 && flip1 != flip2) {
-        xq2 = (int8_t *)extra;
-        memcpy(xq2, xq, (size_t)(rows * in_dim));
-    }
-    int8_t *flipped = flip1 ? xq : flip2 ? xq2 : NULL;
-    if (flipped) {
-        const __m256i flip = _mm256_set1_epi8((char)0x80);
-        for (int64_t i = 0; i < rows * in_dim; i += 32)
-            _mm256_storeu_si256((__m256i *)(flipped + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(flipped + i)), flip));
-    }
-    int32_t *xh = (int32_t *)(extra + rows * in_dim); /* Q6K: sums of q_x per 16 inputs (from the signed xq) */
-    if (f1 == TLQ_Q6K || f2 == TLQ_Q6K) {
-        const int8_t *src = flip1 ? xq2 : xq; /* the unflipped copy (a Q6K part never flips) */
-        for (int64_t i = 0; i < rows * in_dim / 16; i++) {
-            int32_t sum = 0;
-            for (int k = 0; k < 16; k++) sum += src[16 * i + k];
-            xh[i] = sum;
+    q_act a32 = {xq, xd, xs, NULL}, a32b = a32, ak = {NULL, NULL, NULL, NULL};
+    if (any32) {
+        tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
+        /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
+         * when only one part of a stack of two 32-input formats wants it */
+        const int flip1 = tlq_use_vnni && f1 == TLQ_Q8X8, flip2 = tlq_use_vnni && f2 == TLQ_Q8X8;
+        if (f2 && !k1 && !k2 && flip1 != flip2) {
+            a32b.q = (const int8_t *)extra;
+            memcpy(extra, xq, (size_t)(rows * in_dim));
         }
+        int8_t *flipped = flip1 ? xq : flip2 ? (int8_t *)a32b.q : NULL;
+        if (flipped) {
+            const __m256i flip = _mm256_set1_epi8((char)0x80);
+            for (int64_t i = 0; i < rows * in_dim; i += 32)
+                _mm256_storeu_si256((__m256i *)(flipped + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(flipped + i)), flip));
+        }
+    }
+    if (k1 || k2) { /* the K-quants' activations after the 32-input ones (no second copy is then needed) */
+        int8_t *kq = (int8_t *)extra;
+        float *kd = (float *)(extra + rows * in_dim);
+        int32_t *kb = (int32_t *)(kd + rows * (in_dim / 256));
+        tl_quantize_q8k(x, kq, kd, kb, rows, in_dim);
+        ak = (q_act){kq, kd, NULL, kb};
     }
     const int64_t grab = chunks / (TLQ_GRAB * pool.n) > 1 ? chunks / (TLQ_GRAB * pool.n) : 1;
     const int64_t nb = in_dim / 32, gs1 = nb * q_group_bytes(f1), gs2 = f2 ? nb * q_group_bytes(f2) : 0;
     const uint8_t *w2 = (const uint8_t *)((uintptr_t)w + (uintptr_t)(split * gs1) - (uintptr_t)(split * gs2));
     const int vnni = tlq_use_vnni ? TLQ_VNNI : 0;
-    q_job job = {{0, chunks, grab}, xq, xq2, xd, xs, xh, w, w2, b, y, rows, in_dim, out_dim, split,
+    q_job job = {{0, chunks, grab}, k1 ? ak : a32, k2 ? ak : a32b, w, w2, b, y, rows, in_dim, out_dim, split,
                  f1 | vnni, f2 ? f2 | vnni : 0, accumulate};
     tl_parallel(q_task, &job);
 }
