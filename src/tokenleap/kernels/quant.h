@@ -228,7 +228,6 @@ void tl_quantize_q8k(const float *x, int8_t *q, float *d, int32_t *bs, int64_t r
 #define TLQ_PF 16
 #define QO 4 /* groups of 8 outputs per tile at most */
 #define QS 4 /* independent integer partial sums per row at most */
-#define QG 2 /* groups of 8 outputs per K-quant tile at most */
 
 /* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
 static inline __attribute__((always_inline)) void q_tile(
@@ -390,169 +389,139 @@ static inline __attribute__((always_inline)) int32_t qk_x(const int8_t *xq, int6
     return ((const int32_t *)(xq + off))[quad < 4 ? 2 * quad : 2 * quad - 7];
 }
 
+/* Prefetch the superblock two ahead an eighth per block of 32 (as the 32-input tiles prefetch
+ * per block): all of it at once per superblock ran 5-8 rows ~15 % slower on cold weights */
+static inline __attribute__((always_inline)) void qk_prefetch(const uint8_t *ahead, int64_t sbb, int bi) {
+    for (int64_t pf = bi * sbb / 8; pf < (bi + 1) * sbb / 8; pf += 64) _mm_prefetch((const char *)(ahead + pf), _MM_HINT_T0);
+}
+
 static inline __attribute__((always_inline)) void qk_tile(
         const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y,
-        int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NG) {
+        int64_t m0, int64_t g, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
     const int vnni = TLQ_HAS_VNNI && (format & TLQ_VNNI); /* a constant in each instantiation */
     format &= ~TLQ_VNNI;
     const int q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
     const int64_t nsb = in_dim / 256, sbb = 8 * q_group_bytes(format), head = q6 ? 144 : 128, bb = q6 ? 192 : q5 ? 160 : 128;
     const __m256i lo4 = _mm256_set1_epi8(15);
-    __m256 acc[QR][QG];
-    for (int r = 0; r < NR; r++)
-        for (int j = 0; j < NG; j++) acc[r][j] = _mm256_setzero_ps();
+    const uint8_t *wg = w + g * nsb * sbb;
+    __m256 acc[QR];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t sbi = 0; sbi < nsb; sbi++) {
-        const uint8_t *sb[QG];
-        __m256i sc[QG][16], mp[QG][8], S[QR][QG];
-        for (int j = 0; j < NG; j++) {
-            sb[j] = w + ((g0 + j) * nsb + sbi) * sbb;
-            for (int64_t pf = 0; pf < sbb; pf += 64) _mm_prefetch((const char *)(sb[j] + 2 * sbb + pf), _MM_HINT_T0);
-            qk_scales(sb[j], format, !vnni, sc[j], mp[j]);
-        }
-        for (int r = 0; r < NR; r++)
-            for (int j = 0; j < NG; j++) S[r][j] = _mm256_setzero_si256();
-        for (int bi = 0; bi < 8; bi++) {
-            const int64_t xo = sbi * 256 + bi * 32;
-            if (vnni && q6) { /* two runs of 16 with their own scales: parts 0 / 1 (and 2 / 3 for 1-2 rows) */
-                const int NH = NR * NG <= 2 ? 2 : 1;
-                __m256i part[QR][QG][4];
+        const uint8_t *sb = wg + sbi * sbb;
+        __m256i sc[16], mp[8], S[QR];
+        qk_scales(sb, format, !vnni, sc, mp);
+        for (int r = 0; r < NR; r++) S[r] = _mm256_setzero_si256();
+        if (vnni) {
+            const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1; /* independent partial sums per row */
+            for (int bi = 0; bi < 8; bi++) {
+                const uint8_t *blk = sb + head + bi * bb;
+                const int64_t xo = sbi * 256 + bi * 32;
+                qk_prefetch(sb + 2 * sbb, sbb, bi);
+                __m256i part[QR][QS];
                 for (int r = 0; r < NR; r++)
-                    for (int j = 0; j < NG; j++)
-                        for (int p = 0; p < 2 * NH; p++) part[r][j][p] = _mm256_setzero_si256();
+                    for (int p = 0; p < (q6 ? 4 : NS); p++) part[r][p] = _mm256_setzero_si256();
+                if (q6) { /* two runs of 16 with their own scales: parts 0 / 1 (2 / 3 for 1-2 rows) */
+                    const int NH = NR <= 2 ? 2 : 1;
 #pragma GCC unroll 8
-                for (int gi = 0; gi < 8; gi++) {
-                    __m256i wv[QG];
-                    for (int j = 0; j < NG; j++) wv[j] = q6_vector(sb[j] + head + bi * bb, gi);
-                    const int p = (gi >> 2) * NH + (gi & (NH - 1));
+                    for (int gi = 0; gi < 8; gi++) {
+                        const __m256i wv = q6_vector(blk, gi);
+                        const int p = (gi >> 2) * NH + (gi & (NH - 1));
+                        for (int r = 0; r < NR; r++)
+                            part[r][p] = tlq_dpbusd(part[r][p], wv, _mm256_set1_epi32(qk_x(xq, (m0 + r) * in_dim + xo, gi)));
+                    }
                     for (int r = 0; r < NR; r++) {
-                        const __m256i xv = _mm256_set1_epi32(qk_x(xq, (m0 + r) * in_dim + xo, gi));
-                        for (int j = 0; j < NG; j++) part[r][j][p] = tlq_dpbusd(part[r][j][p], wv[j], xv);
+                        const __m256i lo = NH == 2 ? _mm256_add_epi32(part[r][0], part[r][1]) : part[r][0];
+                        const __m256i hi = NH == 2 ? _mm256_add_epi32(part[r][2], part[r][3]) : part[r][1];
+                        S[r] = _mm256_add_epi32(S[r], _mm256_add_epi32(_mm256_mullo_epi32(lo, sc[2 * bi]), _mm256_mullo_epi32(hi, sc[2 * bi + 1])));
                     }
+                    continue;
                 }
-                for (int r = 0; r < NR; r++)
-                    for (int j = 0; j < NG; j++) {
-                        const __m256i lo = NH == 2 ? _mm256_add_epi32(part[r][j][0], part[r][j][1]) : part[r][j][0];
-                        const __m256i hi = NH == 2 ? _mm256_add_epi32(part[r][j][2], part[r][j][3]) : part[r][j][1];
-                        S[r][j] = _mm256_add_epi32(S[r][j], _mm256_add_epi32(_mm256_mullo_epi32(lo, sc[j][2 * bi]), _mm256_mullo_epi32(hi, sc[j][2 * bi + 1])));
-                    }
-            } else if (vnni) {
-                const int NS = NR * NG <= 2 ? 4 : NR * NG <= 4 ? 2 : 1; /* independent partial sums per row */
-                __m256i part[QR][QG][QS];
-                for (int r = 0; r < NR; r++)
-                    for (int j = 0; j < NG; j++)
-                        for (int p = 0; p < NS; p++) part[r][j][p] = _mm256_setzero_si256();
 #pragma GCC unroll 4
                 for (int t = 0; t < 4; t++) {
-                    __m256i wl[QG], wh[QG];
-                    for (int j = 0; j < NG; j++) {
-                        const uint8_t *blk = sb[j] + head + bi * bb;
-                        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
-                        wl[j] = _mm256_and_si256(raw, lo4);
-                        wh[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-                        if (q5) q5_high(blk, t, &wl[j], &wh[j]);
-                    }
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
+                    __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    if (q5) q5_high(blk, t, &wl, &wh);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + xo);
-                        const __m256i xl = _mm256_set1_epi32(xr[2 * t]), xh = _mm256_set1_epi32(xr[2 * t + 1]);
-                        for (int j = 0; j < NG; j++) {
-                            part[r][j][(2 * t) % NS] = tlq_dpbusd(part[r][j][(2 * t) % NS], wl[j], xl);
-                            part[r][j][(2 * t + 1) % NS] = tlq_dpbusd(part[r][j][(2 * t + 1) % NS], wh[j], xh);
-                        }
+                        part[r][(2 * t) % NS] = tlq_dpbusd(part[r][(2 * t) % NS], wl, _mm256_set1_epi32(xr[2 * t]));
+                        part[r][(2 * t + 1) % NS] = tlq_dpbusd(part[r][(2 * t + 1) % NS], wh, _mm256_set1_epi32(xr[2 * t + 1]));
                     }
                 }
-                for (int r = 0; r < NR; r++)
-                    for (int j = 0; j < NG; j++) {
-                        __m256i v = part[r][j][0];
-                        for (int p = 1; p < NS; p++) v = _mm256_add_epi32(v, part[r][j][p]);
-                        S[r][j] = _mm256_add_epi32(S[r][j], _mm256_mullo_epi32(v, sc[j][bi]));
-                    }
-            } else if (q6) {
+                for (int r = 0; r < NR; r++) {
+                    __m256i v = part[r][0];
+                    for (int p = 1; p < NS; p++) v = _mm256_add_epi32(v, part[r][p]);
+                    S[r] = _mm256_add_epi32(S[r], _mm256_mullo_epi32(v, sc[bi]));
+                }
+            }
+        } else {
+            for (int bi = 0; bi < 8; bi++) {
+                const uint8_t *blk = sb + head + bi * bb;
+                const int64_t xo = sbi * 256 + bi * 32;
+                qk_prefetch(sb + 2 * sbb, sbb, bi);
+                if (q6) {
 #pragma GCC unroll 8
-                for (int gi = 0; gi < 8; gi++) {
-                    __m256i wv[QG];
-                    for (int j = 0; j < NG; j++) wv[j] = q6_vector(sb[j] + head + bi * bb, gi);
-                    for (int r = 0; r < NR; r++) {
-                        const __m256i xv = _mm256_set1_epi32(qk_x(xq, (m0 + r) * in_dim + xo, gi));
-                        for (int j = 0; j < NG; j++)
-                            S[r][j] = _mm256_add_epi32(S[r][j], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], xv), sc[j][2 * bi + (gi >> 2)]));
-                    }
-                }
-            } else {
-                __m256i s16[QR][QG];
-                for (int r = 0; r < NR; r++)
-                    for (int j = 0; j < NG; j++) s16[r][j] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                for (int t = 0; t < 4; t++) {
-                    __m256i wl[QG], wh[QG];
-                    for (int j = 0; j < NG; j++) {
-                        const uint8_t *blk = sb[j] + head + bi * bb;
-                        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
-                        wl[j] = _mm256_and_si256(raw, lo4);
-                        wh[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-                        if (q5) q5_high(blk, t, &wl[j], &wh[j]);
-                    }
-                    for (int r = 0; r < NR; r++) {
-                        const int64_t off = (m0 + r) * in_dim + xo;
-                        const __m256i xl = _mm256_set1_epi32(qk_x(xq, off, t)), xh = _mm256_set1_epi32(qk_x(xq, off, t + 4));
-                        for (int j = 0; j < NG; j++) {
-                            s16[r][j] = _mm256_add_epi16(s16[r][j], _mm256_maddubs_epi16(wl[j], xl));
-                            s16[r][j] = _mm256_add_epi16(s16[r][j], _mm256_maddubs_epi16(wh[j], xh));
+                    for (int gi = 0; gi < 8; gi++) {
+                        const __m256i wv = q6_vector(blk, gi);
+                        for (int r = 0; r < NR; r++) {
+                            const __m256i xv = _mm256_set1_epi32(qk_x(xq, (m0 + r) * in_dim + xo, gi));
+                            S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), sc[2 * bi + (gi >> 2)]));
                         }
                     }
-                    if (q5 && (t & 1)) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 per two steps */
-                        for (int r = 0; r < NR; r++)
-                            for (int j = 0; j < NG; j++) {
-                                S[r][j] = _mm256_add_epi32(S[r][j], _mm256_madd_epi16(s16[r][j], sc[j][bi]));
-                                s16[r][j] = _mm256_setzero_si256();
+                } else {
+                    __m256i s16[QR];
+                    for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                    for (int t = 0; t < 4; t++) {
+                        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
+                        __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                        if (q5) q5_high(blk, t, &wl, &wh);
+                        for (int r = 0; r < NR; r++) {
+                            const int64_t off = (m0 + r) * in_dim + xo;
+                            s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(qk_x(xq, off, t))));
+                            s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(qk_x(xq, off, t + 4))));
+                        }
+                        if (q5 && (t & 1)) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 per two steps */
+                            for (int r = 0; r < NR; r++) {
+                                S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
+                                s16[r] = _mm256_setzero_si256();
                             }
+                    }
+                    if (!q5)
+                        for (int r = 0; r < NR; r++) S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
                 }
-                if (!q5)
-                    for (int r = 0; r < NR; r++)
-                        for (int j = 0; j < NG; j++) S[r][j] = _mm256_add_epi32(S[r][j], _mm256_madd_epi16(s16[r][j], sc[j][bi]));
             }
         }
-        for (int j = 0; j < NG; j++) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb[j]));
-            const __m256 nmin = q6 ? d : _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb[j] + 16))), _mm256_set1_ps(-0.0f));
-            for (int r = 0; r < NR; r++) {
-                const int32_t *bs = xb + ((m0 + r) * nsb + sbi) * QK_BS;
-                const __m256 dx = _mm256_set1_ps(xd[(m0 + r) * nsb + sbi]);
-                __m256i M = _mm256_setzero_si256();
-                if (q6) {
-                    for (int k = 0; k < 8; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[j][k], _mm256_set1_epi32(bs[4 + k])));
-                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r][j], _mm256_slli_epi32(M, 5))), _mm256_mul_ps(d, dx), acc[r][j]);
-                } else {
-                    for (int k = 0; k < 4; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[j][k], _mm256_set1_epi32(bs[k])));
-                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r][j]), _mm256_mul_ps(d, dx), acc[r][j]);
-                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(nmin, dx), acc[r][j]);
-                }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
+        const __m256 nmin = q6 ? d : _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))), _mm256_set1_ps(-0.0f));
+        for (int r = 0; r < NR; r++) {
+            const int32_t *bs = xb + ((m0 + r) * nsb + sbi) * QK_BS;
+            const __m256 dx = _mm256_set1_ps(xd[(m0 + r) * nsb + sbi]);
+            __m256i M = _mm256_setzero_si256();
+            if (q6) {
+                for (int k = 0; k < 8; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[4 + k])));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r], _mm256_slli_epi32(M, 5))), _mm256_mul_ps(d, dx), acc[r]);
+            } else {
+                for (int k = 0; k < 4; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[k])));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r]), _mm256_mul_ps(d, dx), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(nmin, dx), acc[r]);
             }
         }
     }
-    for (int r = 0; r < NR; r++)
-        for (int j = 0; j < NG; j++) {
-            __m256 v = acc[r][j];
-            if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + (g0 + j) * 8));
-            float *dst = y + (m0 + r) * out_dim + (g0 + j) * 8;
-            if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
-            _mm256_storeu_ps(dst, v);
-        }
+    for (int r = 0; r < NR; r++) {
+        __m256 v = acc[r];
+        if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + g * 8));
+        float *dst = y + (m0 + r) * out_dim + g * 8;
+        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
+        _mm256_storeu_ps(dst, v);
+    }
 }
 
-/* Groups [g_lo, g_hi) for all rows: one group per tile, or two for more than one row of Q4K /
- * Q5K on VNNI (each activation broadcast then serves both groups: the broadcasts were ~1/6 of
- * a multi-row call's time; 4-8 rows 15-20 % faster here). One row reads a single weight
- * stream fastest; Q6K gained nothing from two, and without VNNI (maddubs sums, 16 vector
- * registers on AVX2) two groups ran slower. */
 static inline __attribute__((always_inline)) void qk_groups(
         const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
-    const int64_t ng = rows > 1 && TLQ_HAS_VNNI && (format & TLQ_VNNI) && (format & ~TLQ_VNNI) != TLQ_Q6K ? QG : 1;
-    for (int64_t g = g_lo; g < g_hi; g += ng)
+    for (int64_t g = g_lo; g < g_hi; g++)
         for (int64_t m0 = 0; m0 < rows; m0 += QR) {
-            const int two = ng == 2 && g + 1 < g_hi;
-#define QK_T(NR_) do { if (two) qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 2); \
-                       else qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 1); } while (0)
+#define QK_T(NR_) qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_)
             switch (rows - m0 < QR ? rows - m0 : QR) {
 #if QR == 8
                 case 8: QK_T(8); break;
