@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Set up (once) and run the whole test suite (real model included). Exit status is pytest's
-# (non-zero on any failure, and on "no tests collected").
+# Set up (once), lint and type-check (scripts/lint.sh), then run the whole test suite (real model
+# included). The tests run whatever lint finds; the exit status is pytest's when it fails (also on
+# "no tests collected"), else lint's. TOKENLEAP_LINT=0 skips lint (quick local runs; CI never sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+lint=0
+if [ "${TOKENLEAP_LINT:-1}" != 0 ]; then
+  scripts/lint.sh || lint=$?
+fi
+.venv/bin/python -m pytest -q "$@"
+exit "$lint"

@@ -15,7 +15,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import json
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest

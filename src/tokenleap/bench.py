@@ -255,7 +255,7 @@ def summarize(records: Sequence[Record]) -> dict[str, dict[str, dict[str, float]
             "mean_acceptance_length": sum(r.decode_tokens for r in rs) / forwards if forwards else float("nan"),
             "matched_plain": sum(r.matched_plain for r in rs),
         }
-    for group, methods in out.items():
+    for methods in out.values():
         for name, fig in methods.items():
             base = methods.get("hf-plain" if name.startswith("hf-") else "plain")
             fig["speedup"] = fig["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else 0.0

@@ -66,7 +66,9 @@ def _ngram_defaults() -> dict[str, Any]:
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     ng = _ngram_defaults()
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
-    g.add_argument("--spec-type", default="none", help="none | ngram | ngram-tree | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model | eagle3 (alias draft-eagle3) | eagle (EAGLE-1/2 heads) | medusa (head directory in --model-draft) (default: %(default)s)")
+    g.add_argument("--spec-type", default="none",
+                   help="none | ngram | ngram-tree | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model | eagle3 "
+                        "(alias draft-eagle3) | eagle (EAGLE-1/2 heads) | medusa (head directory in --model-draft) (default: %(default)s)")
     g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder), or the head directory for --spec-type eagle3 / eagle / medusa")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config as a JSON object (instead of the flags below), e.g. '{\"method\": \"ngram\"}'")
@@ -107,12 +109,12 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
         if args.spec_type not in ("none", "off"):
             raise TokenleapError("give either --speculative-config or --spec-type, not both")
         try:
-            spec = json.loads(raw)
+            parsed = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise TokenleapError(f"--speculative-config is not valid JSON: {exc}") from None
-        if not isinstance(spec, dict):
+        if not isinstance(parsed, dict):
             raise TokenleapError("--speculative-config must be a JSON object, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 8}'")
-        return spec or None
+        return parsed or None
     if args.spec_type in ("none", "off"):
         return None
     from tokenleap.config import canonical_method
@@ -161,8 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(chat)
     _add_sampling_args(chat)
     _add_spec_args(chat)
-    bench = sub.add_parser("bench", help="Spec-Bench: plain vs speculative methods, back to back", description="Run the Spec-Bench protocol: greedy, batch 1, every prompt under plain decoding and each method back to back; checks outputs match plain decoding; writes JSON and a PNG chart.")
-    bench.add_argument("--input", default=None, help="Spec-Bench question.jsonl or a JSONL of {\"messages\": [...]} (default: ../shared/bench/spec_bench.jsonl beside the checkout, else benchmarks/data/spec_bench_subset.jsonl)")
+    bench = sub.add_parser("bench", help="Spec-Bench: plain vs speculative methods, back to back",
+                           description="Run the Spec-Bench protocol: greedy, batch 1, every prompt under plain decoding and each method back to "
+                                       "back; checks outputs match plain decoding; writes JSON and a PNG chart.")
+    bench.add_argument("--input", default=None,
+                       help="Spec-Bench question.jsonl or a JSONL of {\"messages\": [...]} (default: ../shared/bench/spec_bench.jsonl beside the "
+                            "checkout, else benchmarks/data/spec_bench_subset.jsonl)")
     bench.add_argument("--methods", default="ngram", help="comma-separated speculative methods (default: %(default)s)")
     bench.add_argument("--questions-per-group", "-q", type=int, default=8, help="questions per group (default: %(default)s)")
     bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
@@ -171,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-adaptive", action="store_true",
                        help="draft exactly --draft-max tokens every step (no adaptive draft length): a drafter's acceptance, not the speed the controller would choose")
     bench.add_argument("--model-draft", "-md", default=None, help="the draft model (draft-model) or EAGLE-3 head directory (eagle3) of the methods that need one")
-    bench.add_argument("--hf-baseline", action="store_true", help="also run transformers' generate and its prompt lookup (prompt_lookup_num_tokens=10) on the same GGUF; their speedups are relative to transformers' own plain decoding")
+    bench.add_argument("--hf-baseline", action="store_true",
+                       help="also run transformers' generate and its prompt lookup (prompt_lookup_num_tokens=10) on the same GGUF; their speedups "
+                            "are relative to transformers' own plain decoding")
     bench.add_argument("--out", default="bench_results.json", help="JSON output (default: %(default)s)")
     bench.add_argument("--plot", default=None, help="PNG chart of speedup per group (default: next to --out)")
     _add_model_args(bench)
@@ -230,7 +238,10 @@ def _add_train_parser(sub: Any) -> None:
 
 
 def _add_serve_parser(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server", description="Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) with continuous batching; the speculative flags set the default speculation, which a request can override with \"speculative\": {\"method\": ...} (or {\"method\": \"none\"}).")
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
+                           description="Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, "
+                                       "/health, /metrics) with continuous batching; the speculative flags set the default speculation, which a "
+                                       "request can override with \"speculative\": {\"method\": ...} (or {\"method\": \"none\"}).")
     g = serve.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
     g.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
@@ -242,8 +253,13 @@ def _add_serve_parser(sub: Any) -> None:
     g.add_argument("--timeout", type=float, default=None, help="seconds a request may take, queueing included (default: no limit)")
     g.add_argument("--max-request-bytes", type=int, default=1 << 20, help="request body size limit; larger bodies get 413 (default: %(default)s)")
     g.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM (default: %(default)s)")
-    g.add_argument("--max-num-speculative-tokens", type=int, default=None, help="largest num_speculative_tokens a request may ask for; the cost curve is measured for it at start (default: --draft-max with --spec-type, else 16)")
-    g.add_argument("--json-schema-mode", default="strict", choices=["strict", "lenient"], help="how JSON schemas (response_format, guided_json, tool arguments) are read: strict admits no property a schema does not declare unless it says additionalProperties, and bounds whitespace (vLLM's default backend, OpenAI's strict mode); lenient reads them as JSON Schema does. A request may name its own with \"json_schema_mode\" (default: %(default)s)")
+    g.add_argument("--max-num-speculative-tokens", type=int, default=None,
+                   help="largest num_speculative_tokens a request may ask for; the cost curve is measured for it at start (default: --draft-max with "
+                        "--spec-type, else 16)")
+    g.add_argument("--json-schema-mode", default="strict", choices=["strict", "lenient"],
+                   help="how JSON schemas (response_format, guided_json, tool arguments) are read: strict admits no property a schema does not "
+                        "declare unless it says additionalProperties, and bounds whitespace (vLLM's default backend, OpenAI's strict mode); lenient "
+                        "reads them as JSON Schema does. A request may name its own with \"json_schema_mode\" (default: %(default)s)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log level (default: %(default)s)")
     r = serve.add_argument_group("scale out on Ray (the 'ray' extra; without --replicas: one process, no Ray)")
     r.add_argument("--replicas", type=int, default=None, help="run N engine replicas on Ray Serve behind one ingress (the initial count when autoscaling)")
@@ -577,7 +593,7 @@ def _cmd_train_drafter(args: argparse.Namespace, argv: Sequence[str] | None = No
     config = TrainConfig(
         output=Path(args.output).expanduser(), head_type=args.head_type, medusa_heads=args.medusa_heads, data=tuple(args.data or ["sharegpt"]), max_samples=args.max_samples,
         regenerate=not args.no_regenerate, regen_max_tokens=args.regen_max_tokens, max_len=args.max_len,
-        draft_vocab_size=args.draft_vocab_size, aux_layers=aux, ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr,  # type: ignore[arg-type]
+        draft_vocab_size=args.draft_vocab_size, aux_layers=aux, ttt_steps=args.ttt_steps, epochs=args.epochs, lr=args.lr,  # type: ignore[arg-type]  # aux: its length (3) is checked above
         tokens_per_batch=args.tokens_per_batch, max_time=args.max_time, max_steps=args.max_steps, cache_gb=args.cache_gb, save_every=args.save_every,
         eval_every=args.eval_every, eval_prompts=args.eval_prompts, seed=args.seed, resume=args.resume,
         time_schedule=args.time_schedule, device=args.device,

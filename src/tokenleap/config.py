@@ -177,7 +177,7 @@ class SpecConfig:
         if unknown:
             raise TokenleapError(f"unknown speculative_config key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         try:
-            return cls(**raw)  # type: ignore[arg-type]
+            return cls(**raw)  # type: ignore[arg-type]  # the keys are checked above, the values by __post_init__
         except TypeError as exc:
             raise TokenleapError(f"bad speculative_config: {exc}") from exc
 

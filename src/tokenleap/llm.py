@@ -19,7 +19,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import torch
 from tqdm.auto import tqdm
@@ -135,15 +135,16 @@ class LLM:
 
     def _prompt_jobs(self, prompts: Prompt | Sequence[Prompt], sampling_params: ParamsArg) -> list[BatchJob]:
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
-        params = self._params_for(sampling_params, len(prompts))
+            batch = [cast(Prompt, prompts)]
+        else:
+            batch = list(cast(Sequence[Prompt], prompts))
+        params = self._params_for(sampling_params, len(batch))
 
         def make(prompt: Prompt, p: SamplingParams) -> BatchJob:
             text, ids = self._encode(prompt)
             return BatchJob(ids, p, text)
 
-        return self._check_all(prompts, "prompt", make, params)
+        return self._check_all(batch, "prompt", make, params)
 
     def _chat_jobs(self, messages: Conversations, sampling_params: ParamsArg, add_generation_prompt: bool) -> list[BatchJob]:
         if not messages:
@@ -186,7 +187,7 @@ class LLM:
         outputs: list[RequestOutput | None] = [None] * len(jobs)
         for index, out in self._run(jobs, use_tqdm):
             outputs[index] = out
-        return outputs  # type: ignore[return-value]
+        return outputs  # type: ignore[return-value]  # _run yields every index once: no None is left
 
     def generate(
         self,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -25,7 +25,7 @@ from tokenleap.sampling import SamplingParams
 
 transformers = pytest.importorskip("transformers")
 
-H, I, NH, NKV, HD, V = 64, 128, 4, 2, 16, 49152  # SmolLM2's vocabulary: the real tokenizer fits
+H, INTER, NH, NKV, HD, V = 64, 128, 4, 2, 16, 49152  # SmolLM2's vocabulary: the real tokenizer fits
 EPS = 1e-6
 
 
@@ -41,8 +41,8 @@ def _mtp_tensors(seed: int = 1) -> dict[str, torch.Tensor]:
         "self_attn.q_proj.weight": r(NH * HD, H), "self_attn.k_proj.weight": r(NKV * HD, H),
         "self_attn.v_proj.weight": r(NKV * HD, H), "self_attn.o_proj.weight": r(H, NH * HD),
         "self_attn.q_proj.bias": r(NH * HD), "self_attn.k_proj.bias": r(NKV * HD), "self_attn.v_proj.bias": r(NKV * HD),
-        "post_attention_layernorm.weight": 1 + r(H, scale=0.3), "mlp.gate_proj.weight": r(I, H),
-        "mlp.up_proj.weight": r(I, H), "mlp.down_proj.weight": r(H, I), "final_layernorm.weight": 1 + r(H, scale=0.3),
+        "post_attention_layernorm.weight": 1 + r(H, scale=0.3), "mlp.gate_proj.weight": r(INTER, H),
+        "mlp.up_proj.weight": r(INTER, H), "mlp.down_proj.weight": r(H, INTER), "final_layernorm.weight": 1 + r(H, scale=0.3),
     }
     return {f"model.mtp_layers.0.{k}": v.contiguous() for k, v in t.items()}
 
@@ -54,7 +54,7 @@ def mimo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("mimo")
     torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=2, num_attention_heads=NH,
+    cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=H, intermediate_size=INTER, num_hidden_layers=2, num_attention_heads=NH,
                                    num_key_value_heads=NKV, max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=EPS)
     transformers.Qwen2ForCausalLM(cfg).float().eval().save_pretrained(str(folder))
     raw = json.loads((folder / "config.json").read_text())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 import torch

@@ -10,7 +10,7 @@ import pytest
 
 import tokenleap
 from tokenleap.errors import TokenleapError
-from tokenleap.drafters.base import Draft, DraftRequest, StatelessDrafter
+from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tokenleap.errors import ModelNotFoundError, TokenleapError
+from tokenleap.errors import ModelNotFoundError
 from tokenleap.models import registry
 from tokenleap.models.registry import DEFAULT_MODEL, REGISTRY, resolve
 

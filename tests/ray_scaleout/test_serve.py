@@ -5,7 +5,6 @@ replica and waits for its replacement)."""
 
 from __future__ import annotations
 
-import json
 
 import httpx
 import openai
@@ -13,7 +12,7 @@ import pytest
 
 from tokenleap import LLM, SamplingParams
 
-from .conftest import API_KEY, AUTH, MODEL, replica_of, replica_stats, sessions_on_each_replica, wait_for
+from .conftest import API_KEY, AUTH, MODEL, replica_stats, sessions_on_each_replica, wait_for
 
 pytestmark = pytest.mark.slow
 

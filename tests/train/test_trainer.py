@@ -238,7 +238,7 @@ def test_mtp_ttt_forward_is_the_runtime_layer(tiny_model, tmp_path: Path) -> Non
     head = TrainableMtp(shape_for_target(model.config, model.config.vocab_size, ()), model.embed, model.lm_head, seed=3)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # weights of a realistic scale, random norms (each matters), in the bf16 values export keeps
-        for name, p in head.params.items():
+        for p in head.params.values():
             if p.dim() == 2:
                 p.normal_(0, p.shape[1] ** -0.5, generator=g)
             else:

@@ -86,6 +86,7 @@ def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
     kv_base = torch.tensor([g.kv.storage().data_ptr() for g, n in zip(groups, counts) for _ in range(n)], dtype=torch.int64)
     capacity = torch.tensor([g.kv.capacity for g, n in zip(groups, counts) for _ in range(n)], dtype=torch.int64)
     write_slot = torch.tensor([s for g, n in zip(groups, counts) for s in range(g.start, g.start + n)], dtype=torch.int64)
+    slot_end: torch.Tensor | None  # None below for fp32 caches' trees (slot lists instead)
     slot_end = write_slot + 1  # a row's own slot is the last it sees (tree: ancestors precede it)
     slot_off = slot_idx = mask_start = mask = None
     max_slots = int(slot_end.max())

@@ -142,10 +142,10 @@ def _mtp(config: SpecConfig, *, target: Any, target_path: Any = None, heads: dic
     key = (Path(folder).expanduser().resolve(), id(target))
     if key not in heads:
         head = load_mtp(folder, target)
-        heads[key] = (head, measure_step_cost(head))
+        heads[key] = (head, measure_step_cost(head))  # type: ignore[arg-type]  # an MtpHead (Eagle1Head) has the Eagle3Head methods it calls; no head protocol yet
     head, step = heads[key]
     tree = TreeShape(config.eagle_tree_topk, config.eagle_tree_depth)
-    return Eagle3Drafter(head, tree, relative_draft_cost=step / tree.topk)  # type: ignore[arg-type]
+    return Eagle3Drafter(head, tree, relative_draft_cost=step / tree.topk)
 
 
 def _medusa(config: SpecConfig, *, target: Any, **_: Any) -> Drafter:
@@ -199,7 +199,7 @@ METHOD_FIELDS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
 })
 
 
-def drafter_key(config: SpecConfig) -> Hashable:
+def drafter_key(config: SpecConfig) -> tuple[Hashable, ...]:
     """What identifies the drafter serving `config`: its method and the fields the method reads."""
     if config.method == "custom":
         return ("custom", id(config.drafter))  # the engine keeps the object alive with its drafter

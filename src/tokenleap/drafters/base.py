@@ -61,7 +61,10 @@ class DraftRequest:
 @runtime_checkable
 class Drafter(Protocol):
     name: ClassVar[str]
-    needs_hidden_states: ClassVar[bool]
+
+    # read-only: a class constant for most drafters, decided per instance by a chain
+    @property
+    def needs_hidden_states(self) -> bool: ...
 
     def begin(self, request: DraftRequest) -> None: ...
 

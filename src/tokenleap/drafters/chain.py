@@ -63,7 +63,7 @@ class ChainDrafter:
         self._stats: dict[str, list[SpecStats]] = {}  # request -> each member's counters
         self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]
         self.needs_hidden_states = bool(self._readers)
-        self.hidden_layers = tuple(sorted({l for d in self._readers for l in getattr(d, "hidden_layers", ())}))
+        self.hidden_layers = tuple(sorted({layer for d in self._readers for layer in getattr(d, "hidden_layers", ())}))
         self.wins = [0] * len(self.drafters)  # how often each drafter's proposal was used
         self.costs = [float(getattr(d, "relative_draft_cost", 0.0) or 0.0) for d in self.drafters]
         self.cost_aware = any(c > 0 for c in self.costs)
@@ -165,7 +165,7 @@ class ChainDrafter:
     def observe(self, request_id: str, start: int, token_ids: Sequence[int], hidden: dict[int, Any]) -> None:
         """Target hidden states for the members that read them (`needs_hidden_states`)."""
         for d in self._readers:
-            d.observe(request_id, start, token_ids, {l: hidden[l] for l in d.hidden_layers})  # type: ignore[attr-defined]
+            d.observe(request_id, start, token_ids, {layer: hidden[layer] for layer in d.hidden_layers})  # type: ignore[attr-defined]  # readers (needs_hidden_states) have observe / hidden_layers, not in the Drafter protocol
 
     def end(self, request_id: str) -> None:
         for d in self.drafters:

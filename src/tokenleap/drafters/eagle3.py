@@ -170,7 +170,7 @@ class Eagle3Head:
             raise TokenleapError(f"EAGLE-3 head expects target hidden size {ht} but the target's is {tc.hidden_size}")
         if c.vocab_size != tc.vocab_size:
             raise TokenleapError(f"EAGLE-3 head vocab_size {c.vocab_size} differs from the target's {tc.vocab_size}")
-        bad = [l for l in c.aux_layers if not 0 <= l < tc.num_layers]
+        bad = [layer for layer in c.aux_layers if not 0 <= layer < tc.num_layers]
         if len(c.aux_layers) != 3 or bad:
             raise TokenleapError(
                 f"EAGLE-3 aux layer ids {list(c.aux_layers)} do not fit the target: need 3 ids in [0, {tc.num_layers})"
@@ -240,7 +240,7 @@ class Eagle3Head:
         self.lm_head = lin("lm_head.weight")
         self._cos, self._sin = head_rope(c.rope_theta, c.head_dim, max(c.max_position, tc.max_position) + 64)  # [P, hd]
         # the target hidden states the engine must capture: output of layer l-1 = input of layer l
-        self.hidden_layers = tuple(sorted({l - 1 for l in c.aux_layers if l > 0})) or (0,)  # never empty: it turns `observe` on
+        self.hidden_layers = tuple(sorted({layer - 1 for layer in c.aux_layers if layer > 0})) or (0,)  # never empty: it turns `observe` on
 
     # ------------------------------------------------------------------ pieces of the forward
 
@@ -271,8 +271,8 @@ class Eagle3Head:
     def aux_from(self, token_ids: Sequence[int], hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """The concatenated aux states of the rows of a target forward."""
         parts = []
-        for l in self.config.aux_layers:
-            parts.append(self.target_embed(token_ids) if l == 0 else hidden[l - 1].float())
+        for layer in self.config.aux_layers:
+            parts.append(self.target_embed(token_ids) if layer == 0 else hidden[layer - 1].float())
         return torch.cat(parts, dim=-1)
 
     def target_embed(self, token_ids: Sequence[int]) -> torch.Tensor:
@@ -400,7 +400,7 @@ def load_eagle3(path: str | Path, target: Any) -> Eagle3Head:
         head1 = Eagle1Head(raw, weights, target)
         logger.info("EAGLE-1/2 head %s: features = the target's final hidden states, full vocabulary (%d)", folder,
                     head1.config.vocab_size)
-        return head1  # type: ignore[return-value]
+        return head1  # type: ignore[return-value]  # an Eagle1Head serves wherever an Eagle3Head does (duck-typed: no head protocol yet)
     config, dialect = _config_from_json(raw, target.config.num_layers)
     if dialect == "speculators" or any(k.startswith("layers.0.") for k in weights):
         renamed = {}

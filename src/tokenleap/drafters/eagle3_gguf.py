@@ -88,6 +88,7 @@ def load_eagle3_gguf(path: str | Path, target: Any) -> Eagle3Head:
             logger.debug("ignoring EAGLE-3 GGUF tensor %s", t.name)
             continue
         shape = [int(d) for d in reversed(t.shape.tolist())]
+        array: np.ndarray
         if t.tensor_type.name in ("I8", "I16", "I32", "I64"):  # d2t: integer offsets (IQ* names are quant types)
             array = np.array(t.data, dtype=np.int64).reshape(shape)
         else:

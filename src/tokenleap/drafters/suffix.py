@@ -123,9 +123,9 @@ class SuffixTree:
             depth, children = node.depth, node.children
             if depth >= max_depth:
                 continue
-            child = children.get(token)  # type: ignore[union-attr]
+            child = children.get(token)  # type: ignore[union-attr]  # active nodes are expanded (children is None only on lazy ones)
             if child is None:  # first occurrence of this path: a lazy leaf
-                child = children[token] = _Node(token, depth + 1, seq, len(seq))  # type: ignore[index]
+                child = children[token] = _Node(token, depth + 1, seq, len(seq))  # type: ignore[index]  # as above
             else:
                 if child.children is None:
                     self._expand(child)
@@ -158,12 +158,14 @@ class SuffixTree:
         node, single = self.root, None
         node.count -= 1
         for token in seq[start : start + self.max_depth]:
-            child = node.children[token]  # type: ignore[index]
+            children = node.children
+            assert children is not None  # lazy nodes have count 1: the walk breaks at one before descending into it
+            child = children[token]
             child.count -= 1
             if child.count == 0:
-                del node.children[token]  # type: ignore[union-attr]
+                del children[token]
             if node.best is child:
-                node.best = max(reversed(node.children.values()), key=attrgetter("count"), default=None)  # type: ignore[union-attr]
+                node.best = max(reversed(children.values()), key=attrgetter("count"), default=None)
             if child.count == 0:
                 break
             if child.count == 1 and single is None:
@@ -221,11 +223,12 @@ class SuffixTree:
 
     def count(self, path: Sequence[int]) -> int:
         """How many times `path` occurred (0 when absent or longer than max_depth)."""
-        loc: Location | None = (self.root, 0)
+        loc: Location = (self.root, 0)
         for token in path:
-            loc = self._step(*loc, token)
-            if loc is None:
+            step = self._step(*loc, token)
+            if step is None:
                 return 0
+            loc = step
         return loc[0].count if len(path) else self.root.count
 
     def num_nodes(self) -> int:

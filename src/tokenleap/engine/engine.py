@@ -111,7 +111,7 @@ class Engine:
         # ngram-mod pool lives there); beside the engine's own, the `max_drafters` most recently
         # used are kept and older ones let go (their running requests keep them to the end)
         self.max_drafters = max_drafters
-        self._drafters: OrderedDict[Hashable, Drafter] = OrderedDict()
+        self._drafters: OrderedDict[tuple[Hashable, ...], Drafter] = OrderedDict()
         if spec is not None and self.drafter is not None:
             self._drafters[drafter_key(spec)] = self.drafter
         self._ids = itertools.count()
@@ -238,9 +238,9 @@ class Engine:
         end = min(len(req.prompt_ids), start + self.prefill_chunk)
         ids = torch.tensor(req.prompt_ids[start:end], dtype=torch.long)
         layers = hidden_layers(req.drafter)
-        out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=[l for l in layers if l >= 0])
+        out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=[layer for layer in layers if layer >= 0])
         if layers:  # a head drafter reads the prompt's target features (same forward)
-            req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], _with_final(out, layers))  # type: ignore[union-attr]
+            req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], _with_final(out, layers))  # type: ignore[union-attr]  # layers non-empty: a drafter reading hidden states (observe is not in the Drafter protocol)
         done = end == len(req.prompt_ids)
         if done:
             raw = self.model.compute_logits(out.hidden, [end - start - 1])
@@ -387,7 +387,7 @@ class Engine:
         t1 = time.perf_counter()
         live = [i for i, d in enumerate(drafts) if d is not None]
         try:
-            logits, hidden = self._forward([reqs[i] for i in live], [drafts[i] for i in live]) if live else (None, {})  # type: ignore[misc]
+            logits, hidden = self._forward([reqs[i] for i in live], [d for d in drafts if d is not None]) if live else (None, {})
         except Exception:
             roll_back(reqs, undo)
             raise
@@ -398,7 +398,7 @@ class Engine:
             assert draft is not None and logits is not None
             n = len(draft) + 1
             try:
-                rows_hidden = {l: hidden[l][row : row + n] for l in hidden_layers(req.drafter)}
+                rows_hidden = {layer: hidden[layer][row : row + n] for layer in hidden_layers(req.drafter)}
                 self._commit(req, draft, logits[row : row + n], undo[i].kv_length, rows_hidden)
             except Exception as exc:
                 failures[i] = exc
@@ -421,7 +421,7 @@ class Engine:
     def _forward(self, reqs: Sequence[Request], drafts: Sequence[Draft]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Logits of every request's last committed token and draft, in one batched forward, and
         the target hidden states (rows alike) that the requests' head drafters read."""
-        layers = sorted({l for req in reqs for l in hidden_layers(req.drafter)})
+        layers = sorted({layer for req in reqs for layer in hidden_layers(req.drafter)})
         seqs = []
         for req, draft in zip(reqs, drafts):
             pos = req.kv.length
@@ -432,7 +432,7 @@ class Engine:
                 rows = [-1] + [p + 1 for p in draft.parents]
                 positions = torch.tensor([pos, *(pos + d for d in tree_depths(draft.parents))])
                 seqs.append(SeqInput(ids, positions, req.kv, tree_mask(rows, pos)))
-        out = self.model.forward_batch(seqs, return_hidden=[l for l in layers if l >= 0])
+        out = self.model.forward_batch(seqs, return_hidden=[layer for layer in layers if layer >= 0])
         return self.model.compute_logits(out.hidden), _with_final(out, layers)  # [rows, V]
 
     def _commit(
@@ -470,7 +470,7 @@ class Engine:
             if hidden:  # the committed positions' target features: row 0 and the accepted rows
                 rows = [0, *(i + 1 for i in (path if path is not None else range(accepted)))]
                 ids = [req.output_ids[-1], *tokens[:accepted]]
-                req.drafter.observe(req.request_id, pos, ids, {l: h[rows] for l, h in hidden.items()})  # type: ignore[attr-defined]
+                req.drafter.observe(req.request_id, pos, ids, {layer: h[rows] for layer, h in hidden.items()})  # type: ignore[attr-defined]  # hidden only for drafters that read it (observe: not in the protocol)
         if path is None:
             req.kv.truncate(pos + 1 + accepted)
         else:

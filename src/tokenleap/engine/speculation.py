@@ -220,7 +220,7 @@ def plan_batch_drafts(
         ks[pick] += 1
         # a floor is all or nothing: a draft shorter than it is never proposed
         while ks[pick] < floors[pick] and ks[pick] < budgets[pick]:
-            gain += alphas[pick] ** (ks[pick] + 1)  # type: ignore[operator]
+            gain += alphas[pick] ** (ks[pick] + 1)  # type: ignore[operator]  # pick is only ever an adaptive request's (alpha not None)
             ks[pick] += 1
         if ks[pick] < floors[pick]:
             ks[pick] = 0

@@ -26,6 +26,7 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import cast
 
 import torch
 
@@ -71,7 +72,7 @@ class CpuKernels:
     def linear(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor | PackedWeight,
+        weight: torch.Tensor | PackedWeight | QuantWeight,
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
         *,
@@ -175,7 +176,7 @@ class CpuKernels:
         y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
         norm_w = norm[0].contiguous() if norm is not None and not glu else None
         self.lib.tl_linear_q(
-            x.data_ptr(), norm_w.data_ptr() if norm_w is not None else None, float(norm[1]) if norm_w is not None else 0.0,
+            x.data_ptr(), norm_w.data_ptr() if norm_w is not None else None, float(norm[1]) if norm is not None and norm_w is not None else 0.0,
             int(glu), scratch, weight.data.data_ptr(), weight.format,
             bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, in_dim, weight.out_dim, int(out is not None),
         )
@@ -244,11 +245,12 @@ class CpuKernels:
         )
         if plan.blocked:
             mask = work.mask
+            assert plan.slot_end is not None and work.chunk is not None  # attention_work checked slot_end and made chunk
             self.lib.tl_attention_bf16(
                 *lead,
                 plan.slot_end.data_ptr(),
                 plan.slot_lo.data_ptr() if plan.slot_lo is not None else None,
-                plan.mask_start.data_ptr() if mask is not None else None,
+                cast(torch.Tensor, plan.mask_start).data_ptr() if mask is not None else None,  # set with the mask (plan_rows)
                 mask.data_ptr() if mask is not None else None,
                 mask.shape[1] if mask is not None else 0,
                 work.tail.data_ptr() if work.tail is not None else None,

@@ -7,6 +7,7 @@ reference of the repack and of the dequantization the tests check the C code aga
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -99,7 +100,7 @@ def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndar
         hi = (sc >> 4) | ((mn >> 4) << 2)
         q5 = qtype == 13
         qs = blk[..., 48 if q5 else 16 :].reshape(out_dim, nsb, 4, 32)  # 4 chunks of 64 inputs: low nibbles, then high
-        q = np.stack([qs & 15, qs >> 4], axis=3).reshape(out_dim, nsb, 8, 32)  # [out, nsb, j, l]
+        q: np.ndarray = np.stack([qs & 15, qs >> 4], axis=3).reshape(out_dim, nsb, 8, 32)  # [out, nsb, j, l]
         head = [_by_output(blk[..., 0:2], groups), _by_output(blk[..., 2:4], groups), (sc & 15) | ((mn & 15) << 4),
                 hi[..., :32] | (hi[..., 32:] << 4)]
         if not q5:
@@ -108,7 +109,7 @@ def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndar
         h5 = ((qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1)  # [out, nsb, j, l]
         nib = _nibbles(q.reshape(out_dim, nb, 32), groups)  # [G, nb, 128]
         h = h5.reshape(groups, 8, nb, 2, 4, 4)  # [G, o, nb, half, t, i]
-        bits = sum((h[..., 0, t, :] << t) | (h[..., 1, t, :] << (4 + t)) for t in range(4))  # [G, o, nb, i]
+        bits = cast(np.ndarray, sum((h[..., 0, t, :] << t) | (h[..., 1, t, :] << (4 + t)) for t in range(4)))  # [G, o, nb, i]
         hbytes = bits.astype(np.uint8).transpose(0, 2, 1, 3).reshape(groups, nb, 32)
         body = np.concatenate([nib, hbytes], axis=-1).reshape(groups, nsb, 1280)
         return np.concatenate([*head, body], axis=-1).reshape(groups, -1)

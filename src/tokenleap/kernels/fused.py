@@ -177,8 +177,10 @@ class FusedLayers:
         f.slot_end, f.slot_off, f.slot_idx = _addr(plan.slot_end), _addr(plan.slot_off), _addr(plan.slot_idx)
         f.slot_lo = _addr(plan.slot_lo)
         if plan.blocked:
+            assert work.chunk is not None  # attention_work makes it for blocked caches
             f.chunk = work.chunk.data_ptr()
             if work.mask is not None:
+                assert plan.mask_start is not None and work.tail is not None  # a token tree's, set with the mask
                 f.mask_start, f.mask, f.mask_w = plan.mask_start.data_ptr(), work.mask.data_ptr(), work.mask.shape[1]
                 f.tail, f.tail_slots = work.tail.data_ptr(), work.tail_slots
         if kernels.lib.tl_forward_layers(ctypes.byref(f)) != 0:

@@ -104,7 +104,7 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, torch.Tensor | QuantWeight],
         dtype: torch.dtype,
         kernels: CpuKernels | None = None,
         *,
@@ -137,7 +137,7 @@ class LlamaModel:
         )
         # bf16 models on the kernels keep K/V in bf16, laid out for the kernel's bf16 attention
         # (half the bytes, dot products without horizontal sums); fp32 models keep fp32 K/V
-        self.kv_blocked = self.kernel_attention and kernels.bf16_attention and dtype == torch.bfloat16
+        self.kv_blocked = self.kernel_attention and kernels is not None and kernels.bf16_attention and dtype == torch.bfloat16
         if self.kv_blocked:
             self.kv_dtype = torch.bfloat16
         # bf16 prompts prefill on the kernels (torch's bf16 GEMM is 1.5x slower with AVX512-BF16
@@ -161,9 +161,10 @@ class LlamaModel:
             """A (fused) linear: its blocks when every part is quantized and they stack (one kernel
             format, or two in runs: `QuantWeight.cat`), else dense + packed."""
             parts = [weights[n] for n in names]
-            if quantized and all(isinstance(x, QuantWeight) for x in parts):
+            blocks = [x for x in parts if isinstance(x, QuantWeight)]
+            if quantized and len(blocks) == len(parts):
                 try:
-                    stacked = QuantWeight.cat(parts) if len(parts) > 1 else parts[0]
+                    stacked = QuantWeight.cat(blocks) if len(blocks) > 1 else blocks[0]
                     if consume_weights and len(parts) > 1:  # the parts were copied: free them now
                         for n in names:
                             weights[n] = stacked
@@ -192,7 +193,7 @@ class LlamaModel:
             p = f"layers.{i}."
             bias = None
             if f"{p}q_bias" in weights:
-                bias = torch.cat([weights[f"{p}{n}_bias"] for n in ("q", "k", "v")]).float()
+                bias = torch.cat([dense(weights[f"{p}{n}_bias"]) for n in ("q", "k", "v")]).float()
             fused = {
                 "wqkv": linear([p + "q", p + "k", p + "v"]),
                 "wo": linear([p + "o"]),
@@ -207,7 +208,10 @@ class LlamaModel:
                 mlp_norm=f32(p + "mlp_norm"),
                 w_gate_up=fused["w_gate_up"][0],
                 w_down=fused["w_down"][0],
-                **{n: f32(p + n) for n in ("q_norm", "k_norm", "post_attn_norm", "post_mlp_norm") if p + n in weights},
+                q_norm=f32(p + "q_norm") if p + "q_norm" in weights else None,
+                k_norm=f32(p + "k_norm") if p + "k_norm" in weights else None,
+                post_attn_norm=f32(p + "post_attn_norm") if p + "post_attn_norm" in weights else None,
+                post_mlp_norm=f32(p + "post_mlp_norm") if p + "post_mlp_norm" in weights else None,
             )
             if config.qk_norm and layer.q_norm is None:
                 raise TokenleapError(f"{config.architecture}: layer {i} has no q_norm / k_norm weights")
@@ -317,10 +321,10 @@ class LlamaModel:
             t = dense()
             return t.numel() * t.element_size() if t is not None else 0
 
-        total = sum(size(layer.packed.get(n), lambda: getattr(layer, n)) for layer in self.layers for n in ("wqkv", "wo", "w_gate_up", "w_down"))
+        total = sum(size(layer.packed.get(n), lambda: getattr(layer, n)) for layer in self.layers for n in ("wqkv", "wo", "w_gate_up", "w_down"))  # noqa: B023  # size() calls the lambda at once, within its iteration
         return total + size(self.lm_head_packed, lambda: self.lm_head)
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -388,14 +392,14 @@ class LlamaModel:
         hidden_states = {}
         for idx, layer in enumerate(self.layers):
             pk = layer.packed
-            qkv = kernels.linear(x, pk.get("wqkv", layer.wqkv), layer.bqkv, norm=(layer.attn_norm, eps))
+            qkv = kernels.linear(x, pk.get("wqkv", layer.wqkv), layer.bqkv, norm=(layer.attn_norm, eps))  # type: ignore[arg-type]  # dense is None only where pk holds the blocks
             if layer.q_norm is not None and layer.k_norm is not None:  # QK-norm (Qwen3)
                 kernels.head_norm(qkv, 0, c.num_heads, c.head_dim, layer.q_norm, eps)
                 kernels.head_norm(qkv, c.q_size, c.num_kv_heads, c.head_dim, layer.k_norm, eps)
             a = kernels.attention(qkv, plan, idx, c.num_heads, c.num_kv_heads, c.head_dim, self._cos, self._sin)
-            kernels.linear(a, pk.get("wo", layer.wo), None, out=x)  # x += a @ wo.T
-            gate_up = kernels.linear(x, pk.get("w_gate_up", layer.w_gate_up), norm=(layer.mlp_norm, eps))
-            kernels.linear(gate_up, pk.get("w_down", layer.w_down), None, out=x, glu=True)  # x += silu_mul(gate_up) @ w_down.T
+            kernels.linear(a, pk.get("wo", layer.wo), None, out=x)  # type: ignore[arg-type]  # dense is None only where pk holds the blocks; x += a @ wo.T
+            gate_up = kernels.linear(x, pk.get("w_gate_up", layer.w_gate_up), norm=(layer.mlp_norm, eps))  # type: ignore[arg-type]  # dense is None only where pk holds the blocks
+            kernels.linear(gate_up, pk.get("w_down", layer.w_down), None, out=x, glu=True)  # type: ignore[arg-type]  # dense is None only where pk holds the blocks; x += silu_mul(gate_up) @ w_down.T
             if idx in return_hidden:
                 hidden_states[idx] = x.clone()
         for s in seqs:
@@ -435,17 +439,17 @@ class LlamaModel:
         hidden_states: dict[int, torch.Tensor] = {}
         for idx, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
-            qkv = lin(h, layer.wqkv, layer.bqkv)  # [n, Q + 2KV]
+            qkv = lin(h, layer.wqkv, layer.bqkv)  # type: ignore[arg-type]  # [n, Q + 2KV]; the torch path runs on dense weights (only quantized models drop them, and they run on the kernels)
             qk = qkv[:, : c.q_size + c.kv_size].view(n, nq + nkv, c.head_dim)
             rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
             qk = qk * cos + rotated * sin  # [n, nq + nkv, hd]
             v = qkv[:, c.q_size + c.kv_size :].view(n, nkv, c.head_dim)
             kv.write(idx, start, qk[:, nq:].transpose(0, 1), v.transpose(0, 1))
             a = attend(qk[:, :nq], kv, idx, start, attn, row_path=row_path)
-            x = x + lin(a, layer.wo, None)
+            x = x + lin(a, layer.wo, None)  # type: ignore[arg-type]  # as above
             h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = lin(h, layer.w_gate_up, None).chunk(2, dim=-1)
-            x = x + lin(F.silu(gate) * up, layer.w_down, None)
+            gate, up = lin(h, layer.w_gate_up, None).chunk(2, dim=-1)  # type: ignore[arg-type]  # as above
+            x = x + lin(F.silu(gate) * up, layer.w_down, None)  # type: ignore[arg-type]  # as above
             if idx in return_hidden:
                 hidden_states[idx] = x
         kv.commit(n)
@@ -510,7 +514,7 @@ class LlamaModel:
 
         def lin(x: torch.Tensor, layer: _Layer, name: str, norm: torch.Tensor | None = None) -> torch.Tensor:
             dense = getattr(layer, name)
-            if on_kernels:
+            if on_kernels and kernels is not None:
                 return kernels.linear(x, layer.packed.get(name, dense), norm=(norm, eps) if norm is not None else None)
             if norm is not None:
                 x = self._rms_norm(x, norm)
@@ -525,7 +529,7 @@ class LlamaModel:
             qkv = lin(x, layer, "wqkv", layer.attn_norm)
             if layer.bqkv is not None:
                 qkv = qkv + layer.bqkv
-            if on_kernels and layer.q_norm is not None and layer.k_norm is not None:  # one C call each (norms.h)
+            if on_kernels and kernels is not None and layer.q_norm is not None and layer.k_norm is not None:  # one C call each (norms.h)
                 qkv = qkv.contiguous()
                 kernels.head_norm(qkv, 0, nq, hd, layer.q_norm, eps, q_mult if q_mult is not None else 1.0)
                 kernels.head_norm(qkv, q_end, nkv, hd, layer.k_norm, eps)
@@ -538,7 +542,7 @@ class LlamaModel:
             local = c.is_sliding(idx)
             cos, sin = (self._cos_local, self._sin_local) if local else (self._cos, self._sin)
             plan = plans.get(local)
-            if plan is not None:
+            if plan is not None and kernels is not None:  # plans are made on the kernels only
                 a = kernels.attention(qkv.contiguous(), plan, idx, nq, nkv, hd, cos, sin)
             else:
                 a = self._attend_torch(qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or row_invariant)

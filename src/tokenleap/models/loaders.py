@@ -194,7 +194,7 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
         key = _gguf_key(tensor.name)
         short = key.rsplit(".", 1)[-1].removesuffix("_bias") if key else None  # q_bias unpermutes like q
         quant_ok = keep_quantized and len(tensor.shape) == 2 and QuantWeight.fits(int(tensor.tensor_type), out_dim, in_dim)
-        if quant_ok and (short in _LINEARS or key in ("lm_head", "embed")):
+        if quant_ok and key is not None and (short in _LINEARS or key in ("lm_head", "embed")):
             raw = np.ascontiguousarray(tensor.data).reshape(out_dim, -1)
             if config.architecture == "llama" and short in ("q", "k"):
                 raw = unpermute_rope(raw, config.num_heads if short == "q" else config.num_kv_heads)

@@ -35,5 +35,5 @@ class _Merged:
 def merge_metrics(texts: Mapping[str, str]) -> bytes:
     """One Prometheus exposition of every replica's metrics, each sample labelled `replica`."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Merged(texts))  # type: ignore[arg-type]
+    registry.register(_Merged(texts))
     return generate_latest(registry)

@@ -28,6 +28,7 @@ import os
 import logging
 import secrets
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 import ray
@@ -88,7 +89,7 @@ class EngineReplica:
                  "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
                  "query_string": query.encode(), "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
                  "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 80), "state": {}}
-        messages: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        messages: asyncio.Queue[MutableMapping[str, Any] | None] = asyncio.Queue()
         gone = asyncio.Event()
         sent = False
 
@@ -100,7 +101,7 @@ class EngineReplica:
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             await messages.put(message)
 
         async def run() -> None:
@@ -257,18 +258,19 @@ def deployment(model: str | None = None, *, speculative_config: dict[str, Any] |
     # threads fixed here (the driver's machine) so that every replica reserves what it uses
     cfg = dataclasses.replace(cfg, threads_per_replica=cfg.threads())
     autoscaling = cfg.autoscaling_config()
+    scaling: dict[str, Any] = {"autoscaling_config": autoscaling} if autoscaling else {}
     engine = serve.deployment(
         EngineReplica, name="TokenleapEngine",
         num_replicas="auto" if autoscaling else cfg.replicas,
-        **({"autoscaling_config": autoscaling} if autoscaling else {}),
+        **scaling,
         max_ongoing_requests=cfg.max_ongoing_requests or server.max_batch + server.max_queue,
         ray_actor_options={"num_cpus": cfg.threads_per_replica},
-        request_router_config=RequestRouterConfig(request_router_class=AffinityRouter),
+        request_router_config=RequestRouterConfig(request_router_class=AffinityRouter),  # type: ignore[arg-type]  # Ray annotates **kwargs: dict[str, Any]; the field takes a class
         health_check_period_s=2.0, health_check_timeout_s=30.0, graceful_shutdown_timeout_s=server.shutdown_timeout,
     )
     ingress = serve.deployment(Ingress, name="TokenleapIngress", num_replicas=1, max_ongoing_requests=100_000,
                                ray_actor_options={"num_cpus": 0})
-    return ingress.bind(engine.bind(kwargs, server, cfg), server, cfg)
+    return ingress.bind(engine.bind(kwargs, server, cfg), server, cfg)  # type: ignore[attr-defined]  # Ray annotates serve.deployment as the decorator; given the class it returns a Deployment
 
 
 def start(app: Any, server: ServerConfig, cfg: RayServeConfig, *, blocking: bool = False) -> str:

@@ -51,7 +51,7 @@ class StatsHub:
         oldest = self._ring[0][0] if self._ring else self._next
         skipped = max(0, oldest - cursor)
         start = end = max(cursor, oldest)
-        out = []
+        out: list[tuple[list[int], list[int]]] = []
         for seq, who, prompt, output in self._ring:
             if seq < start:
                 continue

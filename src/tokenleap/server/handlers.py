@@ -14,7 +14,7 @@ import asyncio
 import copy
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,6 +46,7 @@ from tokenleap.server.protocol import (
 from tokenleap.types import CompletionOutput, RequestOutput
 
 M = TypeVar("M", bound=BaseModel)
+_T = TypeVar("_T")
 MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 16, 1000, 1024  # each is checked at every new token
 
 
@@ -162,7 +163,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
     if optional.get("top_p") == 0:  # OpenAI's range is [0, 1]: 0 keeps only the most likely token
         optional["top_p"] = 1e-12
     try:
-        return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=stops or None, stop_token_ids=tuple(body.stop_token_ids or ()),
+        return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=tuple(stops or ()), stop_token_ids=tuple(body.stop_token_ids or ()),
                               ignore_eos=body.ignore_eos, **optional)
     except TokenleapError as exc:
         raise bad_request(exc) from None
@@ -298,10 +299,10 @@ async def completions(request: Request, state: ServerState) -> Response:
         outs = [RequestOutput(j.request_id, j.prompt, j.prompt_ids, [CompletionOutput(0, "", [], "length")], True) for j in jobs]
         return _answer(fmt, outs, body.stream, include_usage)
     if best_of > body.n:
-        outs = await _collect_all(request, state, jobs)
-        if outs is None:
+        collected = await _collect_all(request, state, jobs)
+        if collected is None:
             return Response(status_code=499)
-        return JSONResponse(fmt.response(_merge(_best(outs, best_of, body.n, body.logprobs is not None))))
+        return JSONResponse(fmt.response(_merge(_best(collected, best_of, body.n, body.logprobs is not None))))
     return await _run(request, state, jobs, fmt, body.stream, include_usage)
 
 
@@ -427,7 +428,7 @@ async def _collect(handle: RequestHandle) -> RequestOutput:
             raise APIError(ev.status, ev.message)
 
 
-async def _until_disconnect(request: Request, work: Any) -> RequestOutput | None:
+async def _until_disconnect(request: Request, work: Awaitable[_T]) -> _T | None:
     """Run `work` unless the client disconnects first (then None)."""
 
     async def disconnected() -> None:

@@ -354,7 +354,7 @@ class EngineLoop:
         those that fail on their own are lost. Their outputs do not change: a request's rows are
         computed the same whatever they are batched with."""
         try:
-            self.engine.step_batch([h.req for h in batch])  # type: ignore[misc]
+            self.engine.step_batch([h.req for h in batch])  # type: ignore[misc]  # running handles hold their request (set at admission)
             return {}
         except StepFailures as exc:
             by_req = {id(h.req): h for h in batch}

@@ -45,7 +45,8 @@ class ServerMetrics:
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", label, registry=r).labels(model_name)
         self._success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.", label + ["finished_reason"], registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time from arrival to the first token.", label, buckets=_TTFT_BUCKETS, registry=r).labels(model_name)
-        self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Time between output tokens (a step's time spread over the tokens it produced).", label, buckets=_ITL_BUCKETS, registry=r).labels(model_name)
+        self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
+                             "Time between output tokens (a step's time spread over the tokens it produced).", label, buckets=_ITL_BUCKETS, registry=r).labels(model_name)
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Time from arrival to the end of the request.", label, buckets=_E2E_BUCKETS, registry=r).labels(model_name)
         self.num_drafts = Counter(PREFIX + "spec_decode_num_drafts", "Speculative steps that verified a draft.", label, registry=r).labels(model_name)
         self.num_draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed.", label, registry=r).labels(model_name)

@@ -136,7 +136,7 @@ class _Sampling(_Strict):
     def constraint(self, json_mode: str = "strict") -> dict[str, Any] | None:
         """The structured-output constraint as `StructuredOutputsParams` fields (None: free text);
         `json_mode` is the server's reading of JSON schemas unless the request names its own."""
-        given = {k: v for k, v in (("json", self.guided_json), ("regex", self.guided_regex), ("choice", self.guided_choice),
+        given: dict[str, Any] = {k: v for k, v in (("json", self.guided_json), ("regex", self.guided_regex), ("choice", self.guided_choice),
                                    ("grammar", self.guided_grammar)) if v is not None}
         if self.structured_outputs:
             given.update(self.structured_outputs)

@@ -76,7 +76,8 @@ class _Server(uvicorn.Server):
 def _uvicorn_config(llm: LLM, config: ServerConfig, access_log: bool) -> tuple[uvicorn.Config, ServerState]:
     app = create_app(llm, config)
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, access_log=access_log,
-                        timeout_graceful_shutdown=config.shutdown_timeout, lifespan="on", server_header=False)
+                        timeout_graceful_shutdown=config.shutdown_timeout,  # type: ignore[arg-type]  # uvicorn annotates int | None; a float timeout works
+                        lifespan="on", server_header=False)
     return uv, app.state.tokenleap
 
 

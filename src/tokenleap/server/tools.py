@@ -143,7 +143,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None
     plan = ToolPlan(tuple(funcs), choice, named, allowed, parallel and not legacy, json_mode, legacy)
     for f in funcs:  # a bad parameters schema is a 400 now, not a failure mid-generation
         try:
-            StructuredOutputsParams(json={"type": "object", "properties": {"arguments": f.parameters}}, json_mode=json_mode)  # type: ignore[arg-type]
+            StructuredOutputsParams(json={"type": "object", "properties": {"arguments": f.parameters}}, json_mode=json_mode)  # type: ignore[arg-type]  # a str here; StructuredOutputsParams checks its value
         except TokenleapError as exc:
             raise TokenleapError(f"tool {f.name!r}: {exc}") from None
     return plan
@@ -183,7 +183,7 @@ def _choice(tool_choice: str | dict[str, Any] | None, funcs: list[Function]) -> 
         unknown = [n for n in allowed if n not in names]
         if unknown:
             raise TokenleapError(f"tool_choice allowed_tools names {unknown[0]!r}, which is not among the tools")
-        return mode, None, allowed  # type: ignore[return-value]
+        return mode, None, allowed  # type: ignore[return-value]  # mode is 'auto' / 'required' and no name is None: both checked above
     named = _named(tool_choice)
     if named is None:
         raise TokenleapError('a named tool_choice must be {"type": "function", "function": {"name": ...}}')
@@ -307,7 +307,7 @@ def tool_formatter(base: type, plan: ToolPlan, *args: Any, **kwargs: Any) -> Any
     text is sent as content until a `<tool_call>` may begin; the calls follow in one delta at the
     end (OpenAI's `tool_calls` delta shape, arguments whole), then the finish chunk."""
 
-    class ToolChatFormatter(base):  # type: ignore[misc, valid-type]
+    class ToolChatFormatter(base):
         def __init__(self) -> None:
             super().__init__(*args, **kwargs)
             self._text = ""

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -102,7 +102,7 @@ def parse_record(raw: Any) -> Record | None:
     elif "conversations" in raw:
         msgs = _normalise(raw["conversations"], "from", "value")
     elif isinstance(raw.get("prompt"), str) and isinstance(raw.get("response", raw.get("completion")), str):
-        msgs = (("user", raw["prompt"]), ("assistant", raw.get("response", raw.get("completion"))))
+        msgs = (("user", raw["prompt"]), ("assistant", cast(str, raw.get("response", raw.get("completion")))))
     else:
         return None
     return Record(messages=msgs) if msgs else None

@@ -82,6 +82,10 @@ class TrainableEagle3(nn.Module):
     """The head's parameters (float32) and its TTT forward. The token embedding is the target's,
     frozen and never saved (the runtime shares it)."""
 
+    embed: torch.Tensor  # buffers (register_buffer), typed for nn.Module's attribute access
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, shape: Eagle3Config, embed: torch.Tensor, init_lm_head: torch.Tensor | None = None,
                  init_norm: torch.Tensor | None = None, seed: int = 0) -> None:
         super().__init__()

@@ -32,6 +32,8 @@ class MedusaShape:
 
 
 class TrainableMedusa(nn.Module):
+    lm_head: torch.Tensor  # a buffer (register_buffer), typed for nn.Module's attribute access
+
     def __init__(self, shape: MedusaShape, lm_head: torch.Tensor, final_logit_softcap: float | None = None) -> None:
         super().__init__()
         self.shape = s = shape

@@ -35,6 +35,11 @@ class TrainableMtp(nn.Module):
     """The MTP layer's parameters (float32) and its TTT forward; the target's embedding and LM
     head are frozen buffers, never saved (the runtime shares them)."""
 
+    embed: torch.Tensor  # buffers (register_buffer), typed for nn.Module's attribute access
+    lm_head: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, shape: Eagle3Config, embed: torch.Tensor, lm_head: torch.Tensor, final_logit_softcap: float | None = None,
                  seed: int = 0) -> None:
         super().__init__()

@@ -79,10 +79,10 @@ class TorchTarget:
                 sizes = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim)
                 bqkv = torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]).to(self.device, dtype)
             self.layers.append(_Layer(
-                attn_norm=f32(p + "attn_norm"),  # type: ignore[arg-type]
+                attn_norm=f32(p + "attn_norm"),  # type: ignore[arg-type]  # every layer has its norms (None is for the optional q/k norms)
                 wqkv=torch.cat([weights[p + "q"], weights[p + "k"], weights[p + "v"]]).to(self.device, dtype),
                 bqkv=bqkv, q_norm=f32(p + "q_norm"), k_norm=f32(p + "k_norm"), wo=w(p + "o"),
-                mlp_norm=f32(p + "mlp_norm"),  # type: ignore[arg-type]
+                mlp_norm=f32(p + "mlp_norm"),  # type: ignore[arg-type]  # as above
                 w_gate_up=torch.cat([weights[p + "gate"], weights[p + "up"]]).to(self.device, dtype), w_down=w(p + "down"),
             ))
         positions = min(max_positions, c.max_position)

@@ -20,6 +20,7 @@ decoding, checking that greedy outputs are identical.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -178,7 +179,7 @@ def forward_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int]) 
     builds them: the input of each aux layer; no aux layers: the final hidden states)."""
     t = len(ids)
     x = torch.tensor(list(ids), dtype=torch.long)
-    need = sorted({l - 1 for l in aux_layers if l > 0})
+    need = sorted({layer - 1 for layer in aux_layers if layer > 0})
     kv = model.new_kv_cache(t)
     try:
         out = model.forward(x, torch.arange(t), kv, return_hidden=need)
@@ -186,7 +187,7 @@ def forward_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int]) 
         kv.free()
     with torch.inference_mode():
         hidden = out.hidden.to(torch.bfloat16)
-        parts = [F.embedding(x, model.embed) if l == 0 else out.hidden_states[l - 1] for l in aux_layers]
+        parts = [F.embedding(x, model.embed) if layer == 0 else out.hidden_states[layer - 1] for layer in aux_layers]
         aux = torch.cat([p.to(torch.bfloat16) for p in parts], dim=-1) if parts else hidden
         argmax = _logits(model, out.hidden, model.lm_head).argmax(dim=-1).to(torch.int32)
     return Features(aux.clone(), hidden.clone() if parts else aux.clone(), argmax.clone())
@@ -262,7 +263,7 @@ class RuntimeFeatures:
 
         if self.cache is None or keys is None:
             return [make(ex) for ex in examples]
-        return [self.cache.get(k, lambda ex=ex: make(ex)) for ex, k in zip(examples, keys)]
+        return [self.cache.get(k, functools.partial(make, ex)) for ex, k in zip(examples, keys)]
 
 
 class TorchFeatures:
@@ -676,7 +677,7 @@ def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], 
         shape = MedusaShape(tc.hidden_size, tc.vocab_size, cfg.medusa_heads)
         head = TrainableMedusa(shape, source.lm_head, softcap)
     else:
-        shape = shape_for_target(tc, vocab.size, aux_layers, cfg.norm_before_residual)  # type: ignore[arg-type]
+        shape = shape_for_target(tc, vocab.size, aux_layers, cfg.norm_before_residual)
         init = cfg.init_from_target
         rows = torch.tensor(vocab.ids, device=source.lm_head.device)
         head = TrainableEagle3(shape, source.embed, init_lm_head=source.lm_head[rows].cpu() if init else None,

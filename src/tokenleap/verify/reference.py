@@ -59,7 +59,8 @@ def verify_tree_reference(tokens: Sequence[int], parents: Sequence[int], target_
     best_tokens: list[int] = [int(torch.argmax(target_logits[0]))]
     best_path: list[int] = []
     for leaf in leaves:
-        path, node = [], leaf
+        path: list[int] = []
+        node = leaf
         while node >= 0:
             path.insert(0, node)
             node = parents[node]
