@@ -122,3 +122,29 @@ def test_batched_seeded_sampling_is_reproducible(llm: tokenleap.LLM, questions: 
     req = engine.add_request(prompt, sampled, speculative=SpecConfig(method="ngram"))
     _drive(engine, [req, *others])
     assert req.output_ids == alone
+
+
+def test_cost_curve_times_a_subset_of_row_counts_and_interpolates(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """A 64-token cap times 19 row counts a round, not 65; the counts between are linear in the
+    measured neighbours and the curve never falls."""
+    from tokenleap.engine import speculation
+
+    assert speculation.timed_row_counts(65) == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 65]
+    assert speculation.timed_row_counts(5) == [1, 2, 3, 4, 5]
+    timed: list[int] = []
+    forward_batch = tiny_model.forward_batch
+
+    def counting(seqs, **kw):  # type: ignore[no-untyped-def]
+        timed.append(int(seqs[0].input_ids.shape[0]))
+        return forward_batch(seqs, **kw)
+
+    tiny_model.forward_batch = counting
+    try:
+        rel = speculation._time_rows(tiny_model, 16, 33, repeats=1)
+    finally:
+        del tiny_model.forward_batch
+    counts = speculation.timed_row_counts(33)
+    assert timed[-len(counts):] == counts and len(timed) <= len(counts) + 1  # (+ the context's prefill)
+    assert len(rel) == 33 and rel[0] == 1.0
+    assert all(b >= a for a, b in zip(rel, rel[1:]))
+    assert rel[9] == pytest.approx(rel[7] + (rel[11] - rel[7]) / 2)  # 10 rows: halfway between 8 and 12
