@@ -1,0 +1,120 @@
+"""The quantized linears of this checkout against another commit's, in one process on the same weights.
+
+Builds the kernel sources of `--baseline` (a git revision: `git show REV:src/tokenleap/kernels/...`,
+compiled with the flags `kernels/build.py` uses) beside the current ones, then for each GGUF type
+and layer shape times one `CpuKernels.linear` call per distinct weight (enough weights to
+overflow the caches, ~150 MB: cold, as a decode step streams them) at each row count, the two
+builds alternating round by round (a busy moment hits both), fastest of `--rounds`. Prints
+milliseconds per call and the current build's time relative to the baseline's; JSON to
+`benchmarks/results/kernel_ab.json`.
+
+    .venv/bin/python benchmarks/kernel_ab.py --baseline 1c9298b --types Q4_K,Q6_K --rows 1,5,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from model_sizes import cpu_name, csv_of  # noqa: E402
+from quant_bandwidth import random_blocks  # noqa: E402
+
+from tokenleap.kernels import CpuKernels, QuantWeight, load_kernels  # noqa: E402
+from tokenleap.kernels.build import _FLAGS, bind  # noqa: E402
+
+# a layer's QKV, gate+up and down (the O projection is QKV's shape class), then the (tied) LM head
+SHAPES = {"llama-3.2-3b": ((5120, 3072), (16384, 3072), (3072, 8192), (128256, 3072)),
+          "llama-3.2-1b": ((3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048))}
+KERNEL_DIR = "src/tokenleap/kernels"
+
+
+def build_revision(rev: str, variant: str, workdir: Path) -> Path:
+    """Compile revision `rev`'s kernel sources for `variant`; returns the shared library."""
+    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{KERNEL_DIR}"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in names:
+        if name.endswith((".c", ".h")):
+            blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{KERNEL_DIR}/{name}"], check=True, capture_output=True).stdout
+            (workdir / name).write_bytes(blob)
+    source = workdir / ("kernels.c" if variant == "avx512" else "kernels_avx2.c")
+    out = workdir / f"baseline_{variant}.so"
+    compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
+    subprocess.run([compiler, *_FLAGS, str(source), "-o", str(out), "-lm"], check=True, capture_output=True, text=True)
+    return out
+
+
+def load_library(path: Path, variant: str, threads: int) -> CpuKernels:
+    lib = ctypes.CDLL(str(path))
+    packed, bf16_attention = bind(lib)
+    return CpuKernels(lib=lib, threads=lib.tl_init(threads), packed=packed, bf16_attention=bf16_attention, variant=variant)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", required=True, help="git revision whose kernels to compare against (e.g. HEAD~1)")
+    ap.add_argument("--types", type=csv_of(str), default="Q4_K,Q5_K,Q6_K")
+    ap.add_argument("--rows", type=csv_of(int), default="1,5,8")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-3b")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--budget-mb", type=float, default=150.0, help="bytes of distinct weights per shape")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernel_ab.json")
+    args = ap.parse_args(argv)
+    current = load_kernels()
+    if current is None:
+        ap.error("no tokenleap kernels on this machine")
+    for name in args.types:
+        if name not in gguf.GGMLQuantizationType.__members__:
+            ap.error(f"unknown GGUF type {name!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            baseline = load_library(build_revision(args.baseline, current.variant, Path(tmp)), current.variant, current.threads)
+        except subprocess.CalledProcessError as exc:
+            ap.error(f"could not build the kernels of {args.baseline!r}: {(exc.stderr or '').strip()[:300]}")
+        builds = {"baseline": baseline, "current": current}
+        result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "variant": current.variant, "threads": current.threads,
+                  "vnni": current.quant_vnni(), "baseline": args.baseline, "shape": args.shape, "ms": {}}
+        print(f"{result['cpu']}, {current.variant} kernels, {current.threads} threads; baseline {args.baseline}", flush=True)
+        rng = np.random.default_rng(0)
+        for name in args.types:
+            qtype = gguf.GGMLQuantizationType[name]
+            for out_dim, in_dim in SHAPES[args.shape]:
+                first = QuantWeight.from_blocks(random_blocks(qtype, out_dim, in_dim, rng), int(qtype), out_dim, in_dim)
+                copies = max(1, int(args.budget_mb * 1e6 // first.nbytes))
+                weights = [first] + [QuantWeight.from_blocks(random_blocks(qtype, out_dim, in_dim, rng), int(qtype), out_dim, in_dim)
+                                     for _ in range(copies - 1)]
+                for rows in args.rows:
+                    x = torch.randn(rows, in_dim)
+                    best = dict.fromkeys(builds, float("inf"))
+                    for _ in range(args.rounds):
+                        for label, kernels in builds.items():
+                            t0 = time.perf_counter()
+                            for w in weights:
+                                kernels.linear(x, w)
+                            best[label] = min(best[label], (time.perf_counter() - t0) / len(weights))
+                    key = f"{name} [{out_dim},{in_dim}] rows={rows}"
+                    result["ms"][key] = {label: t * 1e3 for label, t in best.items()}
+                    print(f"{key}: baseline {best['baseline'] * 1e3:.3f} ms, current {best['current'] * 1e3:.3f} ms "
+                          f"({best['current'] / best['baseline']:.2f}x the time)", flush=True)
+                del weights
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
