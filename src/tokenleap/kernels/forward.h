@@ -5,7 +5,7 @@
  * ~4-10 us outside the kernel (argument conversion by ctypes, checks, output allocation), ~0.7-1.2
  * ms of a 3.5-8 ms step. `tl_forward_layers` runs the same sequence of the same kernel calls
  * on the same inputs in C, so its bits are exactly those of the per-call loop in
- * `LlamaModel.forward_batch` (tests/kernels/test_forward_layers.py compares them).
+ * `LlamaModel.forward_batch` (tests/kernels/test_fused.py compares them).
  *
  * Included once per variant after quant.h; the variant defines TL_HAS_PACKED (tl_linear_packed)
  * and TL_HAS_ATTN_BF16 (tl_attention_bf16) when it has them. */

@@ -2,7 +2,7 @@
  *
  * Every output element is computed by the same instruction sequence whatever the number of
  * rows in the call, so a forward over k+1 draft rows gives bit-identical results to k+1
- * single-row decode steps (DESIGN.md section 6). Weights (bf16 or fp32) are streamed once per
+ * single-row decode steps (ARCHITECTURE.md, "The exactness contract"). Weights (bf16 or fp32) are streamed once per
  * call for all rows, so verifying several tokens costs little more than one.
  */
 #include "pool.h"

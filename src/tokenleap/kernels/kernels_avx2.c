@@ -3,7 +3,7 @@
  *
  * Every output element is computed by one fixed instruction sequence whatever the other rows of
  * the call are, so a forward over k+1 draft rows is bit-identical to k+1 single-row decode steps
- * (DESIGN.md section 6) on this machine too; without these kernels such a machine ran torch ops,
+ * (ARCHITECTURE.md, "The exactness contract") on this machine too; without these kernels such a machine ran torch ops,
  * whose GEMM blocking depends on the row count, and greedy speculation could drift from plain
  * decoding. Exported symbols match kernels.c where they exist:
  *   tl_linear          fp32 activations x fp32 / bf16 row-major weights (8-lane FMA chains)

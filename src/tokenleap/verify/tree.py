@@ -10,7 +10,8 @@ argmax, as deep as that goes; the committed tokens are that path plus the target
 it. When siblings repeat a token, the deepest continuation wins (on ties the path whose node
 indices come first), so the result is the longest accepted root path, as a chain verifier would find on each
 path separately (`tokenleap.verify.reference.verify_tree_reference`). Sampled requests verify
-chains only: the engine reduces a tree to its first root path for them, which stays lossless.
+a tree in `tokenleap.verify.tree_sampling` (every branch, lossless), or reduced to its first root
+path (`sampled_tree="first-path"`, also lossless).
 """
 
 from __future__ import annotations
