@@ -1,6 +1,7 @@
 """tokenleap: a speculative-decoding inference engine for large language models.
 
-Public API: `LLM`, `SamplingParams`, `EngineConfig`, `TokenleapError`.
+Public API: `LLM`, `SamplingParams`, `EngineConfig`, `TokenleapError`; `register_method` and
+`MethodRecord` add a speculative method (tokenleap.drafters.methods).
 """
 
 import os
@@ -12,10 +13,11 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 from tokenleap.config import EngineConfig
+from tokenleap.drafters.methods import MethodRecord, register_method
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM
 from tokenleap.sampling import SamplingParams
 from tokenleap.types import CompletionOutput, RequestOutput
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "TokenleapError", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "TokenleapError", "RequestOutput", "CompletionOutput", "MethodRecord", "register_method"]
 __version__ = "0.1.0"

@@ -66,9 +66,9 @@ def _ngram_defaults() -> dict[str, Any]:
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     ng = _ngram_defaults()
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
-    g.add_argument("--spec-type", default="none",
-                   help="none | ngram | ngram-tree | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache | draft-model | eagle3 "
-                        "(alias draft-eagle3) | eagle (EAGLE-1/2 heads) | medusa (head directory in --model-draft) (default: %(default)s)")
+    from tokenleap.drafters import methods
+
+    g.add_argument("--spec-type", default="none", help=methods.spec_type_help())
     g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder), or the head directory for --spec-type eagle3 / eagle / medusa")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config as a JSON object (instead of the flags below), e.g. '{\"method\": \"ngram\"}'")
@@ -94,9 +94,40 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-tree-topk", type=int, default=None, help="eagle3 / eagle / medusa: 1 drafts chains, k > 1 dynamic token trees (default 1)")
     g.add_argument("--spec-tree-depth", type=int, default=None, help="eagle3 / eagle trees: depth (default 6; the node count is --draft-max)")
     g.add_argument("--stats", action="store_true", help="print speculation statistics after each answer")
+    _add_method_option_args(p)
 
 
-_MODEL_METHODS = ("draft-model", "eagle3", "eagle", "medusa", "mtp", "custom")  # the methods that read --model-draft
+def _add_method_option_args(p: argparse.ArgumentParser) -> None:
+    """A flag per option of each method that has its own (`--spec-<method>-<option>`), from the
+    method records: type from the option's annotation, help from the record."""
+    import typing
+
+    from tokenleap.drafters import methods
+
+    records = [r for r in methods.all_methods() if r.options is not None]
+    if not records:
+        return
+    g = p.add_argument_group("speculative methods' own options")
+    for record in records:
+        types = methods.option_types(record)
+        for f in record.option_fields:
+            tp = types.get(f.name)
+            args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_args(tp) else [tp]
+            base = args[0] if len(args) == 1 else None
+            kwargs: dict[str, Any] = {"dest": methods.option_dest(record, f.name), "default": None,
+                                      "help": methods.option_help(record, f).replace("%", "%%")}
+            if base is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["metavar"] = f.name.upper()
+                if base in (int, float, str):
+                    kwargs["type"] = base
+            try:
+                g.add_argument(methods.option_flag(record, f.name), **kwargs)
+            except argparse.ArgumentError as exc:  # a flag another option or command already has
+                logging.getLogger(__name__).warning("method %r: no flag for option %r (%s)", record.name, f.name, exc)
+
+
 
 
 def _chain_members(spec_type: str) -> list[str]:
@@ -117,12 +148,26 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
         return parsed or None
     if args.spec_type in ("none", "off"):
         return None
-    from tokenleap.config import canonical_method
+    from tokenleap.drafters import methods
 
-    if args.model_draft is not None and not any(canonical_method(m) in _MODEL_METHODS for m in _chain_members(args.spec_type)):
-        raise TokenleapError(f"--model-draft is for a draft model or head ({', '.join(_MODEL_METHODS)}); --spec-type "
+    members = [methods.canonical(m) for m in _chain_members(args.spec_type)]
+    model_methods = methods.model_methods()  # the methods that read --model-draft
+    if args.model_draft is not None and not any(m in model_methods for m in members):
+        raise TokenleapError(f"--model-draft is for a draft model or head ({', '.join(model_methods)}); --spec-type "
                              f"{args.spec_type} uses none. To draft with both, chain them: --spec-type {args.spec_type}+draft-model")
     spec: dict[str, Any] = {"method": args.spec_type, "num_speculative_tokens": args.draft_max, "draft_min": args.draft_min}
+    options: dict[str, dict[str, Any]] = {}
+    for record in methods.all_methods():  # --spec-<method>-<option>
+        for f in record.option_fields:
+            value = getattr(args, methods.option_dest(record, f.name), None)
+            if value is None:
+                continue
+            if record.name not in members:
+                raise TokenleapError(f"{methods.option_flag(record, f.name)} is an option of method {record.name!r}; --spec-type {args.spec_type} "
+                                     "does not use it")
+            options.setdefault(record.name, {})[f.name] = value
+    if options:
+        spec["method_options"] = options
     if args.spec_type in ("ngram", "ngram-tree"):
         if args.spec_ngram_size_n is not None:
             spec["prompt_lookup_max"] = args.spec_ngram_size_n

@@ -8,6 +8,7 @@ the same records, so both reject the same bad input with the same message.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tokenleap.errors import TokenleapError
 from tokenleap.models.registry import DEFAULT_MODEL
@@ -44,15 +45,22 @@ class EngineConfig:
             raise TokenleapError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
 
-SPEC_METHODS = ("ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-model", "eagle3", "eagle", "medusa", "mtp", "custom", "chain", "ngram-tree")
-_SPEC_ALIASES = {"draft_model": "draft-model", "draft-eagle3": "eagle3", "eagle-3": "eagle3", "prompt-lookup": "ngram", "prompt_lookup": "ngram",
-                 "mimo_mtp": "mtp", "mimo-mtp": "mtp", "deepseek_mtp": "mtp", "draft": "draft-model",  # llama.cpp's --spec-type draft
-                 **{m.replace("-", "_"): m for m in SPEC_METHODS if "-" in m}}  # llama.cpp's underscore spellings (ngram_simple)
+def __getattr__(name: str) -> tuple[str, ...]:
+    """`SPEC_METHODS`: every method's name, derived from the method records on each read
+    (tokenleap.drafters.methods; registered methods included)."""
+    if name == "SPEC_METHODS":
+        from tokenleap.drafters import methods
+
+        return methods.method_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def canonical_method(name: str) -> str:
-    """A method's own name for any of its spellings (aliases, llama.cpp's underscores)."""
-    return _SPEC_ALIASES.get(name, name)
+    """A method's own name for any of its spellings (aliases, llama.cpp's underscores), from
+    the method records; an unknown name unchanged."""
+    from tokenleap.drafters import methods
+
+    return methods.canonical(name)
 
 
 SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
@@ -91,6 +99,10 @@ class SpecConfig:
     typical_alpha: float = 0.3
     eagle_tree_topk: int = 1  # eagle3 / eagle (EAGLE-1/2 heads) / medusa: 1 drafts a chain; k > 1 an EAGLE-2 dynamic tree expanding k children of k nodes per depth
     eagle_tree_depth: int = 6  # eagle3 trees: depth (the node count is the draft budget, num_speculative_tokens)
+    # the options of methods that have their own (registered methods: MethodRecord.options), as
+    # ((method, options dataclass instance), ...) for the method or a chain's members; given as
+    # {method: {option: value}} (or top-level keys in `from_dict`), defaults filled in
+    method_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         method = str(self.method).strip().lower()
@@ -99,8 +111,11 @@ class SpecConfig:
             object.__setattr__(self, "chain", tuple(method.split("+")))
             method = "chain"
         object.__setattr__(self, "method", method)
-        if method not in SPEC_METHODS:
-            raise TokenleapError(f"unknown speculative method {self.method!r}; choose one of {', '.join(SPEC_METHODS)}")
+        from tokenleap.drafters import methods
+
+        record = methods.find(method)
+        if record is None:
+            raise methods.unknown_method(self.method)
         if not 1 <= self.num_speculative_tokens <= MAX_DRAFT_TOKENS:
             raise TokenleapError(f"num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_speculative_tokens}")
         if not 0 <= self.draft_min <= self.num_speculative_tokens:
@@ -129,11 +144,8 @@ class SpecConfig:
                 f"need suffix_decoding_min_token_prob in [0, 1] and suffix_decoding_max_cached_requests >= 0, got "
                 f"{self.suffix_decoding_min_token_prob} and {self.suffix_decoding_max_cached_requests}"
             )
-        if method == "draft-model" and not self.model:
-            raise TokenleapError("method 'draft-model' needs a draft model: speculative_config['model'] (CLI: --model-draft)")
-        if method in ("eagle", "medusa") and not self.model:  # eagle3 without a model: the head shipped for the target
-            kind = "Medusa heads" if method == "medusa" else "an EAGLE head"
-            raise TokenleapError(f"method {method!r} needs {kind} directory: speculative_config['model'] (CLI: --model-draft)")
+        if record.needs_model and not self.model:  # eagle3 without a model: the head shipped for the target
+            raise TokenleapError(f"method {method!r} needs {record.needs_model}: speculative_config['model'] (CLI: --model-draft)")
         if not 1 <= self.eagle_tree_topk <= 16 or not 1 <= self.eagle_tree_depth <= MAX_DRAFT_TOKENS:
             raise TokenleapError(
                 f"need eagle_tree_topk in [1, 16] and eagle_tree_depth in [1, {MAX_DRAFT_TOKENS}], got "
@@ -143,12 +155,14 @@ class SpecConfig:
             object.__setattr__(self, "chain", tuple(m.strip() for m in self.chain.split(",") if m.strip()))
         object.__setattr__(self, "chain", tuple(canonical_method(m) for m in self.chain))
         if method == "chain":
-            bad = [m for m in self.chain if m not in SPEC_METHODS or m in ("chain", "custom")]
+            names = methods.method_names()
+            bad = [m for m in self.chain if m not in names or m in ("chain", "custom")]
             if not self.chain or bad:
                 raise TokenleapError(
-                    f"method 'chain' needs 'chain': a list of methods from {', '.join(m for m in SPEC_METHODS if m not in ('chain', 'custom'))}"
+                    f"method 'chain' needs 'chain': a list of methods from {', '.join(m for m in names if m not in ('chain', 'custom'))}"
                     + (f"; not allowed: {', '.join(bad)}" if bad else "")
                 )
+        object.__setattr__(self, "method_options", methods.normalize_options(self.chain if method == "chain" else (method,), self.method_options))
         if self.sampled_tree not in SAMPLED_TREE_MODES:
             raise TokenleapError(f"sampled_tree must be one of {', '.join(SAMPLED_TREE_MODES)}, got {self.sampled_tree!r}")
         if self.acceptance not in ACCEPTANCE_RULES:
@@ -159,6 +173,12 @@ class SpecConfig:
             )
         if method == "custom" and self.drafter is None:
             raise TokenleapError("method 'custom' needs a drafter object: speculative_config['drafter']")
+
+    def options_for(self, method: str | None = None) -> Any:
+        """The options of `method` (default: this config's), an instance of its record's options
+        dataclass; None for a method without options of its own."""
+        name = self.method if method is None else canonical_method(method)
+        return next((opts for m, opts in self.method_options if m == name), None)
 
     @classmethod
     def from_dict(cls, raw: dict[str, object] | None) -> SpecConfig | None:
@@ -173,6 +193,13 @@ class SpecConfig:
                 raise TokenleapError("speculative_config needs a 'method' (or a draft 'model')")
             return None
         known = set(cls.__dataclass_fields__)
+        if set(raw) - known:  # a method's own options, as top-level keys
+            from tokenleap.drafters import methods
+
+            options, raw = methods.split_options(str(raw.get("method", "")), raw)
+            if options:
+                raw["method_options"] = methods.merge_options(raw.get("method_options"), options)
+            known |= set(methods.option_owners(str(raw.get("method", ""))))
         unknown = sorted(set(raw) - known)
         if unknown:
             raise TokenleapError(f"unknown speculative_config key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel
+from tokenleap.drafters.methods import MethodRecord
 from tokenleap.engine.speculation import expected_tokens
 from tokenleap.types import SpecStats
 
@@ -180,3 +181,21 @@ class ChainDrafter:
             learn = getattr(d, "learn", None)
             if learn is not None:
                 learn(prompt_ids, output_ids)
+
+
+def _build(config: Any, *, registry: Any, **context: Any) -> ChainDrafter:
+    return ChainDrafter([registry.create(m, dataclasses.replace(config, method=m), **context) for m in config.chain], names=config.chain)
+
+
+def _registry(registry: Any) -> dict[str, Any]:
+    return {"registry": registry}
+
+
+METHOD = MethodRecord(
+    "chain", _build, "the first drafter of a chain that proposes, draftless ones asked before a draft model",
+    fields=("chain", "method_options"),  # and each member's own fields; members' options pass through
+    per_request=False, shared=_registry,
+    doc="the first drafter in the chain that proposes, draftless ones asked before a draft model (llama.cpp's precedence); with a head, "
+        "the best expected tokens per unit of cost",
+    knobs="`chain` (or the method `a+b`)",
+)

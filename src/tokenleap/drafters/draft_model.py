@@ -12,17 +12,25 @@ et al., 2024, without its training).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from tokenleap.drafters.base import Draft, DraftRequest
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest
+from tokenleap.drafters.methods import MethodRecord
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import logits_to_probs
 from tokenleap.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from tokenleap.config import SpecConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -96,3 +104,58 @@ class DraftModelDrafter:
         st = self._states.pop(request_id, None)
         if st is not None:
             st.kv.free()
+
+
+class LoadedModels:
+    """Draft models loaded by one registry's drafters, by resolved path, dtype and kernel use:
+    drafters for the same model under other settings (another cap, another layer count) share
+    one copy of its weights instead of loading another on the engine thread."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[Path, Any, bool, str | None], Any] = {}
+
+    def get(self, config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None) -> tuple[Any, Any]:
+        """The draft model, and its tokenizer when its vocabulary differs from the target's
+        (None when they share one: the draft then speaks the target's ids)."""
+        from tokenleap.models import loading
+        from tokenleap.models.registry import resolve
+
+        source = resolve(str(config.model))
+        path = source.path.resolve()
+        if target_path is not None and path == Path(target_path).resolve():
+            return target, None  # the target's own weights (shared, not copied)
+        # a GGUF draft keeps its blocks quantized when the target does, and is dequantized when it is not
+        quantization = (getattr(target, "quantization", None) or "none") if source.kind == "gguf" else None
+        key = (path, target.dtype, target.kernels is not None, quantization)
+        if key not in self._models:
+            draft, draft_tok = loading.load_model(source, target.dtype, use_kernels=target.kernels is not None, quantization=quantization)
+            same = same_vocabulary(tokenizer, draft_tok, target, draft)
+            if not same:
+                logger.info("the draft model %s has another tokenizer than the target: drafting by text re-tokenization", source.name)
+            self._models[key] = (draft, None if same else draft_tok)
+        return self._models[key]
+
+
+def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, models: LoadedModels | None = None,
+           **_: Any) -> Drafter:
+    from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
+
+    model, draft_tok = (models or LoadedModels()).get(config, target=target, tokenizer=tokenizer, target_path=target_path)
+    if config.draft_layers is not None:
+        model = model.with_layers(config.draft_layers)
+    if draft_tok is not None:
+        return CrossTokenizerDrafter(model, draft_tok, tokenizer)
+    return DraftModelDrafter(model)
+
+
+def _loaded_models(registry: Any) -> dict[str, Any]:
+    return {"models": LoadedModels()}  # one copy of each draft model per registry
+
+
+METHOD = MethodRecord(
+    "draft-model", _build, "a smaller LM; with the target's tokenizer it returns q for lossless sampling, with another it drafts through text",
+    fields=("model", "draft_layers"), aliases=("draft_model", "draft"), per_request=False, needs_model="a draft model", shared=_loaded_models,
+    doc="a smaller LM; with the target's tokenizer it samples and returns q for lossless sampling, with another tokenizer it drafts greedily "
+        "through text ([models.md](models.md), Draft models with another tokenizer)",
+    knobs="`model` / `--model-draft`, `draft_layers` / `--draft-layers`",
+)

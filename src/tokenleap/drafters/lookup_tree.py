@@ -15,11 +15,15 @@ siblings).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from tokenleap.drafters.base import Draft, StatelessDrafter
+from tokenleap.drafters.methods import MethodRecord
+
+if TYPE_CHECKING:
+    from tokenleap.config import SpecConfig
 
 
 def occurrences(context: np.ndarray, n_min: int, n_max: int, per_n: int = 8) -> list[int]:
@@ -79,3 +83,15 @@ class LookupTreeDrafter(StatelessDrafter):
         alt = 2 if max_tokens < 16 else 3
         draft, parents = build_tree(arr, starts, max_tokens, main, alt, branches=max(1, max_tokens // 2))
         return Draft(draft, parents)
+
+
+def _build(config: SpecConfig, **_: Any) -> LookupTreeDrafter:
+    return LookupTreeDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+
+
+METHOD = MethodRecord(
+    "ngram-tree", _build, "prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged",
+    fields=("prompt_lookup_min", "prompt_lookup_max"),
+    doc="prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged (`drafters/lookup_tree.py`)",
+    knobs="`prompt_lookup_min` / `--prompt-lookup-min`, `prompt_lookup_max` / `--spec-ngram-size-n`",
+)

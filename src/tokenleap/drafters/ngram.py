@@ -9,11 +9,15 @@ is never its own match.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from tokenleap.drafters.base import Draft, StatelessDrafter
+from tokenleap.drafters.methods import MethodRecord
+
+if TYPE_CHECKING:
+    from tokenleap.config import SpecConfig
 
 
 def longest_suffix_match(tokens: np.ndarray, n_min: int, n_max: int) -> tuple[int, int] | None:
@@ -45,3 +49,14 @@ class NgramDrafter(StatelessDrafter):
             return Draft()
         start, _ = match
         return Draft(arr[start : start + max_tokens].tolist())
+
+
+def _build(config: SpecConfig, **_: Any) -> NgramDrafter:
+    return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+
+
+METHOD = MethodRecord(
+    "ngram", _build, "prompt lookup: the longest suffix match in prompt + output (vLLM)",
+    fields=("prompt_lookup_min", "prompt_lookup_max"), aliases=("prompt-lookup", "prompt_lookup"),
+    knobs="`prompt_lookup_min` / `--prompt-lookup-min`, `prompt_lookup_max` / `--spec-ngram-size-n`",
+)

@@ -30,10 +30,14 @@ import json
 from collections import Counter
 from collections.abc import ItemsView, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.errors import TokenleapError
+from tokenleap.drafters.methods import MethodRecord
+
+if TYPE_CHECKING:
+    from tokenleap.config import SpecConfig
 
 DEFAULT_MAX_ENTRIES = 1 << 18
 
@@ -191,3 +195,21 @@ def load_stats(path: Path) -> Stats:
     except (ValueError, KeyError, TypeError) as exc:
         raise TokenleapError(f"{path} is not a valid n-gram cache file: {exc}") from exc
     return stats
+
+
+def _build(config: SpecConfig, *, dynamic: dict[tuple[int, int], Stats], **_: Any) -> NgramCacheDrafter:
+    # one engine-wide statistics table per (n_max, bound) for a registry's drafters
+    n_max, bound = min(config.ngram_size_n, 4), config.ngram_cache_max_entries
+    shared = dynamic.setdefault((n_max, bound), Stats(bound))
+    return NgramCacheDrafter(n_max=n_max, static_path=config.ngram_cache_path, max_entries=bound, dynamic=shared)
+
+
+def _method() -> MethodRecord:
+    from tokenleap.drafters.ngram_map import LLAMACPP_FIELDS, llamacpp_shared
+
+    return MethodRecord("ngram-cache", _build, "n-gram statistics of the request, the engine and a static file",
+                        fields=(*LLAMACPP_FIELDS, "ngram_cache_path", "ngram_cache_max_entries"), shared=llamacpp_shared,
+                        knobs="`ngram_cache_path` / `--spec-ngram-cache`, `ngram_cache_max_entries` (default 2^18, least recently updated dropped)")
+
+
+METHOD = _method()

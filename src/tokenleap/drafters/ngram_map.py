@@ -23,12 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from tokenleap.drafters.base import Draft, DraftRequest, StatelessDrafter
 from tokenleap.drafters.ngram import longest_suffix_match
+from tokenleap.drafters.methods import MethodRecord
+
+if TYPE_CHECKING:
+    from tokenleap.config import SpecConfig
 
 
 class NgramSimpleDrafter(StatelessDrafter):
@@ -192,3 +196,38 @@ class NgramMapK4VDrafter:
 
     def end(self, request_id: str) -> None:
         self._tables.pop(request_id, None)
+
+
+_NGRAM_KNOBS = ("`ngram_size_n`, `ngram_size_m`, `ngram_min_hits` / `--spec-ngram-size-n`, `--spec-ngram-size-m`, `--spec-ngram-min-hits` "
+                f"(default min hits: map-k {NgramMapKDrafter.DEFAULT_MIN_HITS}, k4v {NgramMapK4VDrafter.DEFAULT_MIN_HITS})")
+LLAMACPP_FIELDS = ("ngram_size_n", "ngram_size_m", "ngram_min_hits")  # every llama.cpp n-gram type's drafters are keyed by all three
+
+
+def llamacpp_shared(registry: Any) -> dict[str, Any]:
+    """What the llama.cpp n-gram types' drafters of one registry share: one ngram-mod pool per
+    (n, size) and one ngram-cache statistics table per (n_max, bound)."""
+    from tokenleap.drafters.ngram_mod import PoolStore
+
+    return {"pools": PoolStore(), "dynamic": {}}
+
+
+def _simple(config: SpecConfig, **_: Any) -> NgramSimpleDrafter:
+    return NgramSimpleDrafter(config.ngram_size_n, config.ngram_size_m)
+
+
+def _map_k(config: SpecConfig, **_: Any) -> NgramMapKDrafter:  # min hits: as given, else the drafter's own default
+    hits = config.ngram_min_hits
+    return NgramMapKDrafter(config.ngram_size_n, config.ngram_size_m, NgramMapKDrafter.DEFAULT_MIN_HITS if hits is None else hits)
+
+
+def _map_k4v(config: SpecConfig, **_: Any) -> NgramMapK4VDrafter:
+    hits = config.ngram_min_hits
+    return NgramMapK4VDrafter(config.ngram_size_n, config.ngram_size_m, NgramMapK4VDrafter.DEFAULT_MIN_HITS if hits is None else hits)
+
+
+SIMPLE = MethodRecord("ngram-simple", _simple, "llama.cpp's ngram-simple: the m tokens after the last earlier match of the last n",
+                      fields=LLAMACPP_FIELDS, shared=llamacpp_shared, knobs=_NGRAM_KNOBS)
+MAP_K = MethodRecord("ngram-map-k", _map_k, "llama.cpp's ngram-map-k: an n-gram map over the request's history, capped by each key's last accepted length",
+                     fields=LLAMACPP_FIELDS, shared=llamacpp_shared, knobs=_NGRAM_KNOBS)
+MAP_K4V = MethodRecord("ngram-map-k4v", _map_k4v, "llama.cpp's ngram-map-k4v: up to 4 values per key, capped by each key and value's last accepted length",
+                       fields=LLAMACPP_FIELDS, shared=llamacpp_shared, knobs=_NGRAM_KNOBS)

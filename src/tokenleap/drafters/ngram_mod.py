@@ -22,12 +22,16 @@ not depend on other requests. Its n-grams still go into the shared pool (see
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.errors import TokenleapError
+from tokenleap.drafters.methods import MethodRecord
+
+if TYPE_CHECKING:
+    from tokenleap.config import SpecConfig
 
 _MULT = 6364136223846793005  # Knuth's MMIX LCG multiplier
 _MASK = (1 << 64) - 1
@@ -143,3 +147,19 @@ class NgramModDrafter:
     def end(self, request_id: str) -> None:
         self._indexed.pop(request_id, None)  # its n-grams stay in the shared pool
         self._local.pop(request_id, None)
+
+
+def _build(config: SpecConfig, *, pools: PoolStore, **_: Any) -> NgramModDrafter:  # one pool per (n, size) for every drafter of a registry
+    n, size = config.ngram_size_n, config.ngram_mod_pool_size
+    return NgramModDrafter(n, size, pool=pools.get(n, size))
+
+
+def _method() -> MethodRecord:
+    from tokenleap.drafters.ngram_map import LLAMACPP_FIELDS, llamacpp_shared
+
+    return MethodRecord("ngram-mod", _build, "llama.cpp's ngram-mod: a constant-size rolling-hash pool shared by all requests",
+                        fields=(*LLAMACPP_FIELDS, "ngram_mod_pool_size"), shared=llamacpp_shared,
+                        knobs="`ngram_size_n` / `--spec-ngram-size-n`, `ngram_mod_pool_size` (slots, default 2^20 = 4 MiB, allocated on first use)")
+
+
+METHOD = _method()

@@ -30,10 +30,14 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from operator import attrgetter
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.errors import TokenleapError
+from tokenleap.drafters.methods import MethodRecord
+
+if TYPE_CHECKING:
+    from tokenleap.config import SpecConfig
 
 logger = logging.getLogger(__name__)
 
@@ -418,3 +422,22 @@ def _extends(tokens: Sequence[int], indexed: Sequence[int]) -> bool:
     """Whether `tokens` continues `indexed` (checked at the last indexed token: O(1))."""
     n = len(indexed)
     return len(tokens) >= n and (n == 0 or tokens[n - 1] == indexed[n - 1])
+
+
+def _build(config: SpecConfig, **_: Any) -> SuffixDrafter:
+    return SuffixDrafter(
+        SuffixConfig(
+            max_depth=config.suffix_decoding_max_tree_depth,
+            max_spec_factor=config.suffix_decoding_max_spec_factor,
+            min_token_prob=config.suffix_decoding_min_token_prob,
+            max_cached_requests=config.suffix_decoding_max_cached_requests,
+        )
+    )
+
+
+METHOD = MethodRecord(
+    "suffix", _build, "suffix trees per request and over earlier outputs (SuffixDecoding)",
+    fields=("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
+            "suffix_decoding_max_cached_requests"),
+    knobs="`suffix_decoding_*`",
+)

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
+from tokenleap.drafters import methods
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM, merge_samples
 from tokenleap.sampling import MAX_N, SamplingParams, check_token_ids
@@ -169,9 +170,6 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         raise bad_request(exc) from None
 
 
-_SERVER_SIDE_METHODS = {"custom", "draft-model", "eagle3", "eagle", "medusa", "chain"}  # need objects or files only the server's operator may choose
-
-
 def speculative(state: ServerState, override: SpeculativeOverride | None) -> SpecConfig | bool:
     """The request's speculation: True (the server's default), False (off) or an override."""
     if override is None:
@@ -181,6 +179,11 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
         return False
     knobs = override.knobs()
     default = state.llm.engine.spec
+    if override.method_options():  # a method's own options (method records): {method: {option: value}} over the server's
+        options, rest = methods.split_options(method, override.method_options())
+        if rest:
+            raise APIError(400, f"speculative method {method!r} has no option(s) {', '.join(sorted(rest))}", param="speculative")
+        knobs["method_options"] = methods.merge_options(default.method_options if default is not None else None, options)
     cap = state.max_draft_tokens
     if knobs.get("num_speculative_tokens", 0) > cap:  # its cost curve was not measured: refuse
         raise APIError(400, f"num_speculative_tokens must be <= {cap} on this server (its --max-num-speculative-tokens), "
@@ -195,8 +198,8 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
         except TokenleapError:
             spec = None
     if spec is None:
-        parts = {p.strip().replace("_", "-") for p in method.split("+")}
-        if parts & _SERVER_SIDE_METHODS:
+        parts = set(methods.members(method))
+        if parts & methods.server_side_methods():  # need objects or files only the server's operator may choose
             raise APIError(400, f"speculative method {method!r} is not available per request on this server (a draft model "
                            "is chosen when the server starts: --spec-type draft-model --model-draft ...)", param="speculative")
         try:

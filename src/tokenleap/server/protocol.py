@@ -27,7 +27,7 @@ import uuid
 from importlib import metadata
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from tokenleap.types import CompletionOutput, Logprob, RequestOutput
 
@@ -46,11 +46,40 @@ class _Strict(BaseModel):
         return data
 
 
+def _method_options_schema(schema: dict[str, Any]) -> None:
+    """The per-request schema's method options, from the method records (methods a request may
+    pick that have options of their own, registered ones included), at each schema generation."""
+    from tokenleap.drafters import methods
+
+    schema.setdefault("properties", {}).update(methods.options_json_schema())
+    allowed = [r.name for r in methods.all_methods() if r.per_request]
+    schema["properties"].get("method", {})["description"] = (
+        f"none, or a method a request may pick: {', '.join(allowed)}, or a chain of them (a+b)")
+
+
 class SpeculativeOverride(_Strict):
     """Per-request speculation: `{"method": "none"}` turns it off; any other method (with the
-    knobs below) replaces the server's default config for this request."""
+    knobs below, and the options of methods that have their own, from the method records)
+    replaces the server's default config for this request."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, json_schema_extra=_method_options_schema)
+    _method_options: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _split_method_options(cls, data: Any, handler: Any) -> Any:
+        """Options of per-request methods (method records) are taken out before the strict
+        field validation and checked by the method's options when the config is built."""
+        options: dict[str, Any] = {}
+        if isinstance(data, dict):
+            from tokenleap.drafters import methods
+
+            names = methods.per_request_options()
+            options = {k: v for k, v in data.items() if k in names and v is not None}
+            data = {k: v for k, v in data.items() if k not in names}
+        model = handler(data)
+        model._method_options = options
+        return model
 
     method: str
     num_speculative_tokens: Optional[int] = None
@@ -72,6 +101,10 @@ class SpeculativeOverride(_Strict):
     def knobs(self) -> dict[str, Any]:
         """The fields the client set, without `method`."""
         return self.model_dump(exclude_none=True, exclude={"method"})
+
+    def method_options(self) -> dict[str, Any]:
+        """The options of method records the client set (top-level keys, as in speculative_config)."""
+        return dict(self._method_options)
 
 
 class StreamOptions(_Strict):
