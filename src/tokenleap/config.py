@@ -7,6 +7,7 @@ the same records, so both reject the same bad input with the same message.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +174,14 @@ class SpecConfig:
             )
         if method == "custom" and self.drafter is None:
             raise TokenleapError("method 'custom' needs a drafter object: speculative_config['drafter']")
+
+    def drafter_key(self) -> tuple[Hashable, ...]:
+        """What identifies the drafter serving this config: its method, the fields the method
+        reads and its options (`tokenleap.drafters.methods.drafter_key`). The engine keys its
+        drafters by it, so configs that differ only in per-request controls share one."""
+        from tokenleap.drafters.methods import drafter_key
+
+        return drafter_key(self)
 
     def options_for(self, method: str | None = None) -> Any:
         """The options of `method` (default: this config's), an instance of its record's options

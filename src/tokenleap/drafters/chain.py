@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel
 from tokenleap.drafters.methods import MethodRecord
-from tokenleap.engine.speculation import expected_tokens
+from tokenleap.cost import expected_tokens
 from tokenleap.types import SpecStats
 
 
@@ -80,7 +80,7 @@ class ChainDrafter:
         self._last: dict[str, tuple[int, int]] = {}  # request -> (member, length) of the draft in verification
 
     def use_cost_curve(self, curve: Any) -> None:
-        """The target's verify cost curve (`engine.speculation.CostCurve`), from the engine."""
+        """The target's verify cost curve (`tokenleap.cost.CostCurve`), from the engine."""
         self._curve = curve
 
     def _rate(self, member: int, alpha: float, length: int, context: int) -> float:

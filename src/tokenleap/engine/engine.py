@@ -39,7 +39,6 @@ import torch
 
 from tokenleap.attention import tree_mask
 from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
-from tokenleap.drafters import drafter_key
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
@@ -106,14 +105,14 @@ class Engine:
         # so a server can interleave them with decode steps and every path computes the same
         # prompt cache: batched or not, a request's output is the library's output.
         self.prefill_chunk = prefill_chunk
-        # one drafter per `drafter_key` (the config fields its method reads), shared by the
+        # one drafter per `SpecConfig.drafter_key` (the config fields its method reads), shared by the
         # requests that use it (global state such as the suffix tree over earlier outputs or the
         # ngram-mod pool lives there); beside the engine's own, the `max_drafters` most recently
         # used are kept and older ones let go (their running requests keep them to the end)
         self.max_drafters = max_drafters
         self._drafters: OrderedDict[tuple[Hashable, ...], Drafter] = OrderedDict()
         if spec is not None and self.drafter is not None:
-            self._drafters[drafter_key(spec)] = self.drafter
+            self._drafters[spec.drafter_key()] = self.drafter
         self._ids = itertools.count()
         self._grammar_tokenizer: GrammarTokenizer | None = None  # llguidance's view of the tokenizer, built on first use
         self._cost_curve = cost_curve  # measured on first need unless given (engines on one model can share one)
@@ -140,8 +139,8 @@ class Engine:
         return list(self._drafters.values())
 
     def drafter_for(self, spec: SpecConfig) -> Drafter:
-        """The drafter serving `spec` (and every config with its `drafter_key`), created on first use."""
-        key = drafter_key(spec)
+        """The drafter serving `spec` (and every config with its `SpecConfig.drafter_key`), created on first use."""
+        key = spec.drafter_key()
         drafter = self._drafters.get(key)
         if drafter is not None:
             self._drafters.move_to_end(key)

@@ -24,45 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenleap.cost import CostCurve, expected_tokens
 from tokenleap.models.llama import LlamaModel, SeqInput
 
-
-@dataclass(frozen=True)
-class CostCurve:
-    """Relative cost of a forward over n rows, measured at a short context and (optionally) a
-    long one: past a few hundred tokens, each extra row's attention makes verification dearer,
-    so the cost at a request's context is interpolated (and extrapolated) linearly between the
-    two measurements."""
-
-    relative: tuple[float, ...]  # relative[k] = cost of k+1 rows / cost of 1 row, at short_context
-    long: tuple[float, ...] | None = None  # the same at long_context
-    short_context: int = 128
-    long_context: int = 1024
-
-    def _weight(self, context: int) -> float:
-        if self.long is None or context <= self.short_context:
-            return 0.0
-        return min(3.0, (context - self.short_context) / (self.long_context - self.short_context))
-
-    @staticmethod
-    def _at(curve: tuple[float, ...], rows: int) -> float:
-        if rows <= len(curve):
-            return curve[max(rows, 1) - 1]
-        slope = curve[-1] - curve[-2] if len(curve) > 1 else 1.0
-        return curve[-1] + max(slope, 0.0) * (rows - len(curve))
-
-    def rows_cost(self, rows: int, context: int = 0) -> float:
-        """Relative cost of a forward over `rows` rows (any mix of sequences) at `context`
-        tokens, extrapolated linearly from the last measured step past the measured rows."""
-        short = self._at(self.relative, rows)
-        w = self._weight(context)
-        if w == 0.0 or self.long is None:
-            return short
-        return max(1.0, short + w * (self._at(self.long, rows) - short))
-
-    def cost(self, k: int, context: int = 0) -> float:
-        """Relative cost of verifying k draft tokens (k + 1 rows)."""
-        return self.rows_cost(k + 1, context)
+__all__ = ["CostCurve", "DraftController", "expected_tokens", "measure_cost_curve", "plan_batch_drafts", "timed_row_counts"]
 
 
 def timed_row_counts(max_rows: int) -> list[int]:
@@ -112,12 +77,6 @@ def measure_cost_curve(model: LlamaModel, max_draft: int, contexts: tuple[int, i
     if long_ctx + max_draft + 2 <= model.max_context:
         long = tuple(_time_rows(model, long_ctx, max_draft + 1, repeats))
     return CostCurve(tuple(short), long, short_ctx, long_ctx)
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 @dataclass

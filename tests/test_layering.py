@@ -1,0 +1,40 @@
+"""The package's layering (issue 23): kernels < models < drafters < engine, no module importing
+a layer above its own, and the engine knowing only `drafters/base.py` of the drafters (it keys
+drafters by `SpecConfig.drafter_key` and weighs cost with `tokenleap.cost`)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "src" / "tokenleap"
+LAYERS = {"kernels": 0, "models": 1, "drafters": 2, "engine": 3}
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tokenleap."):
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("tokenleap.")]
+    return found
+
+
+def test_no_layer_imports_a_layer_above_it_and_the_engine_sees_only_drafters_base() -> None:
+    wrong = []
+    for package, level in LAYERS.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for line, module in _imports(path):
+                target = module.split(".")[1] if module.count(".") else ""
+                if target not in LAYERS or target == package:
+                    continue
+                if LAYERS[target] > level or (package == "engine" and target == "drafters" and module != "tokenleap.drafters.base"):
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not wrong, wrong
+
+
+def test_the_layering_test_sees_an_upward_import(tmp_path: Path) -> None:
+    bad = tmp_path / "chain.py"
+    bad.write_text("from tokenleap.engine.speculation import expected_tokens\n")
+    assert _imports(bad) == [(1, "tokenleap.engine.speculation")]
