@@ -360,3 +360,24 @@ def test_probabilistic_custom_drafter_runs_and_is_reproducible(
     assert len(out.outputs[0].token_ids) == 24 or out.outputs[0].finish_reason == "stop"
     stats = out.metrics.spec
     assert stats.num_draft_tokens > 0 and 0 < stats.num_accepted_tokens <= stats.num_draft_tokens
+
+
+def test_drafters_declare_their_capabilities() -> None:
+    """What the engine, the chain and Ray ask of a drafter is a declared protocol in base.py,
+    not a probe by attribute name (issue 23 item 2)."""
+    from tokenleap.drafters import base
+    from tokenleap.drafters.chain import ChainDrafter
+    from tokenleap.drafters.ngram import NgramDrafter
+    from tokenleap.drafters.ngram_cache import NgramCacheDrafter
+    from tokenleap.drafters.ngram_mod import NgramModDrafter
+    from tokenleap.drafters.suffix import SuffixDrafter
+
+    suffix, mod, cache, ngram = SuffixDrafter(), NgramModDrafter(3, 1 << 10), NgramCacheDrafter(), NgramDrafter()
+    assert isinstance(suffix, base.LearnsAcrossRequests) and isinstance(suffix, base.GlobalStatistics)
+    assert suffix.global_size() == len(suffix.global_tree)
+    assert isinstance(mod, base.SharedStore) and mod.shared_store is mod.pool
+    assert isinstance(cache, base.SharedStore) and cache.shared_store is cache.dynamic
+    assert not isinstance(ngram, base.LearnsAcrossRequests) and not isinstance(suffix, base.SharedStore)
+    chain = ChainDrafter([ngram, suffix])
+    assert isinstance(chain, base.WeighsCost) and isinstance(chain, base.LearnsAcrossRequests)
+    assert base.draft_cost_of(ngram) == 0.0 and base.hidden_layers_of(ngram) == () and base.hidden_layers_of(None) == ()

@@ -109,6 +109,69 @@ class DraftsWithModel(Protocol):
     drafts_with_model: ClassVar[bool]
 
 
+@runtime_checkable
+class ReadsHiddenStates(Protocol):
+    """A drafter that reads the target's hidden states (EAGLE / Medusa / MTP heads): the engine
+    captures the outputs of `hidden_layers` (-1: the final, normed hidden state) when
+    `needs_hidden_states` is true."""
+
+    hidden_layers: tuple[int, ...]
+
+
+@runtime_checkable
+class HasDraftCost(Protocol):
+    """A drafter whose drafting costs target-relative time: `relative_draft_cost` per draft token
+    (a one-row target forward = 1), the start of the engine's draft-cost estimate."""
+
+    relative_draft_cost: float
+
+
+@runtime_checkable
+class WeighsCost(Protocol):
+    """A drafter that chooses between drafts by expected tokens per cost itself (the cost-aware
+    chain): the engine hands it the target's measured cost curve (`tokenleap.cost.CostCurve`)."""
+
+    def use_cost_curve(self, curve: Any) -> None: ...
+
+
+@runtime_checkable
+class LearnsAcrossRequests(Protocol):
+    """A drafter that learns from answers produced elsewhere (suffix trees over earlier outputs,
+    ngram-mod's pool, ngram-cache's statistics): Ray replicas share answers through `learn`."""
+
+    def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class SharedStore(Protocol):
+    """A learning drafter whose state other drafters of one engine may share (ngram-mod's pool,
+    ngram-cache's dynamic statistics): `shared_store` is that object, so answers are learned
+    once per store."""
+
+    @property
+    def shared_store(self) -> object: ...
+
+
+@runtime_checkable
+class GlobalStatistics(Protocol):
+    """A drafter with statistics across requests whose size a replica reports (the suffix tree
+    over earlier outputs: its node count)."""
+
+    def global_size(self) -> int: ...
+
+
+def hidden_layers_of(drafter: object) -> tuple[int, ...]:
+    """The target layers whose hidden states `drafter` reads, () when it reads none."""
+    if drafter is None or not getattr(drafter, "needs_hidden_states", False) or not isinstance(drafter, ReadsHiddenStates):
+        return ()
+    return tuple(drafter.hidden_layers)
+
+
+def draft_cost_of(drafter: object) -> float:
+    """A drafter's declared cost per draft token (0 for the model-free ones)."""
+    return float(drafter.relative_draft_cost or 0.0) if isinstance(drafter, HasDraftCost) else 0.0
+
+
 DrafterFactory = Callable[..., Drafter]
 
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel, LearnsAcrossRequests, draft_cost_of, hidden_layers_of
 from tokenleap.drafters.methods import MethodRecord
 from tokenleap.cost import expected_tokens
 from tokenleap.types import SpecStats
@@ -62,11 +62,11 @@ class ChainDrafter:
             raise ValueError(f"a drafter chain of {len(self.drafters)} members got {len(raw)} names")
         self.names = [n if raw.count(n) == 1 else f"{n}#{i + 1}" for i, n in enumerate(raw)]
         self._stats: dict[str, list[SpecStats]] = {}  # request -> each member's counters
-        self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]
+        self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]  # the Drafter protocol's flag (a user's may lack it)
         self.needs_hidden_states = bool(self._readers)
-        self.hidden_layers = tuple(sorted({layer for d in self._readers for layer in getattr(d, "hidden_layers", ())}))
+        self.hidden_layers = tuple(sorted({layer for d in self._readers for layer in hidden_layers_of(d)}))
         self.wins = [0] * len(self.drafters)  # how often each drafter's proposal was used
-        self.costs = [float(getattr(d, "relative_draft_cost", 0.0) or 0.0) for d in self.drafters]
+        self.costs = [draft_cost_of(d) for d in self.drafters]
         self.cost_aware = any(c > 0 for c in self.costs)
         # draftless members before those with a model (llama.cpp's precedence), each in the order given
         with_model = [isinstance(d, DraftsWithModel) for d in self.drafters]
@@ -178,9 +178,8 @@ class ChainDrafter:
     def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """Pass an answer produced elsewhere to every drafter of the chain that learns from answers."""
         for d in self.drafters:
-            learn = getattr(d, "learn", None)
-            if learn is not None:
-                learn(prompt_ids, output_ids)
+            if isinstance(d, LearnsAcrossRequests):
+                d.learn(prompt_ids, output_ids)
 
 
 def _build(config: Any, *, registry: Any, **context: Any) -> ChainDrafter:

@@ -163,6 +163,11 @@ class NgramCacheDrafter:
         if tokens:
             _count(self.dynamic, tokens, 1, self.n_max)
 
+    @property
+    def shared_store(self) -> object:
+        """What `learn` writes to: the dynamic statistics, shared by the engine's ngram-cache drafters."""
+        return self.dynamic
+
     def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """Merge an answer produced elsewhere (another replica) into the dynamic statistics."""
         _count(self.dynamic, [int(t) for t in (*prompt_ids, *output_ids)], 1, self.n_max)

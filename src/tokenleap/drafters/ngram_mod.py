@@ -137,6 +137,11 @@ class NgramModDrafter:
     def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
         return None
 
+    @property
+    def shared_store(self) -> object:
+        """What `learn` writes to: the pool, shared by the engine's ngram-mod drafters of one size."""
+        return self.pool
+
     def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """Write the n-grams of an answer produced elsewhere (another replica) into the pool."""
         tokens = [int(t) for t in (*prompt_ids, *output_ids)]

@@ -402,6 +402,10 @@ class SuffixDrafter:
         if state is not None:
             self.cache_output(state.tokens[state.prompt_len :] + state.pending)
 
+    def global_size(self) -> int:
+        """Nodes of the tree over earlier outputs (a replica reports it)."""
+        return len(self.global_tree)
+
     def learn(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """Learn from an answer produced elsewhere (another replica): as if a request of this
         drafter had ended with it."""

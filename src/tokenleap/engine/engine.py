@@ -39,7 +39,7 @@ import torch
 
 from tokenleap.attention import tree_mask
 from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics, WeighsCost, draft_cost_of, hidden_layers_of
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
 from tokenleap.engine.trace import SpecTrace
@@ -65,9 +65,7 @@ _EMPTY = Draft()
 def hidden_layers(drafter: Drafter | None) -> tuple[int, ...]:
     """The target layers whose output hidden states `drafter` reads (`observe`), if any; -1 is
     the final hidden state (after the final norm, what the LM head reads)."""
-    if drafter is None or not getattr(drafter, "needs_hidden_states", False):
-        return ()
-    return tuple(getattr(drafter, "hidden_layers", ()))
+    return hidden_layers_of(drafter)
 
 
 def _with_final(out: ModelOutput, layers: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -190,7 +188,7 @@ class Engine:
         # so the same seed would give different text on another machine.
         if spec is not None and spec.adaptive and (params.greedy or params.seed is None):
             controller = DraftController(self.cost_curve(spec.num_speculative_tokens), spec.num_speculative_tokens, spec.draft_min,
-                                         draft_cost=float(getattr(drafter, "relative_draft_cost", 0.0)))
+                                         draft_cost=draft_cost_of(drafter))
         grammar = None
         if params.structured_outputs is not None:
             if self._grammar_tokenizer is None:
@@ -330,9 +328,8 @@ class Engine:
     def begin(self, req: Request) -> None:
         """Register a request with its drafter (before its prefill)."""
         if req.drafter is not None:
-            use_curve = getattr(req.drafter, "use_cost_curve", None)
-            if use_curve is not None and req.controller is not None:  # a chain weighing its members' drafts
-                use_curve(req.controller.curve)
+            if isinstance(req.drafter, WeighsCost) and req.controller is not None:  # a chain weighing its members' drafts
+                req.drafter.use_cost_curve(req.controller.curve)
             t0 = time.perf_counter()
             req.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
             req.metrics.spec.begin_seconds += time.perf_counter() - t0

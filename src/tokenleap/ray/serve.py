@@ -37,6 +37,7 @@ from ray.serve.config import RequestRouterConfig
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from tokenleap.drafters.base import GlobalStatistics
 from tokenleap.ray.config import RayServeConfig
 from tokenleap.ray.metrics import merge_metrics
 from tokenleap.ray.router import AffinityRouter, affinity_key
@@ -146,9 +147,8 @@ class EngineReplica:
         """This replica's identity and sharing counters, and its drafters' global statistics."""
         sizes = {}
         for d in self.llm.engine.drafters():
-            tree = getattr(d, "global_tree", None)
-            if tree is not None:
-                sizes[d.name] = len(tree)
+            if isinstance(d, GlobalStatistics):
+                sizes[d.name] = d.global_size()
         loop = self.state.loop
         return {"replica": self.replica_id, "actor": ray.get_runtime_context().get_actor_name(), "published": self.sharer.num_published, "ingested": self.sharer.num_ingested,
                 "skipped": self.sharer.num_skipped, "cached_outputs": sizes, "live": loop.num_live,

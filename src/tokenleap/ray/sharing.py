@@ -23,6 +23,7 @@ import time
 from collections import deque
 from typing import Any
 
+from tokenleap.drafters.base import LearnsAcrossRequests, SharedStore
 from tokenleap.server.loop import EngineLoop, Job
 from tokenleap.types import RequestOutput
 
@@ -89,12 +90,8 @@ def hub_actor(app_name: str = "tokenleap", capacity: int = 1024) -> Any:
 
 def _store_of(drafter: Any) -> Any:
     """What a drafter's `learn` writes to: the n-gram pool or dynamic statistics that drafters
-    of one engine may share (ngram-mod, ngram-cache), else the drafter itself."""
-    for attr in ("pool", "dynamic"):
-        store = getattr(drafter, attr, None)
-        if store is not None:
-            return store
-    return drafter
+    of one engine may share (`SharedStore`: ngram-mod, ngram-cache), else the drafter itself."""
+    return drafter.shared_store if isinstance(drafter, SharedStore) else drafter
 
 
 class Sharer:
@@ -145,15 +142,14 @@ class Sharer:
     def _ingest(self, answers: list[tuple[list[int], list[int]]]) -> None:  # engine thread
         stores: set[int] = set()
         for d in self.loop.engine.drafters():
-            learn = getattr(d, "learn", None)
-            if learn is None:
+            if not isinstance(d, LearnsAcrossRequests):
                 continue
             store = _store_of(d)
             if id(store) in stores:  # drafters sharing one pool / statistics table learn once
                 continue
             stores.add(id(store))
             for prompt, output in answers:
-                learn(prompt, output)
+                d.learn(prompt, output)
         self.num_ingested += len(answers)
 
     def _run(self) -> None:
