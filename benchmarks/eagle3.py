@@ -35,7 +35,8 @@ import torch
 from tokenleap import LLM
 from tokenleap.bench import default_spec_bench, load_questions, run_bench, summarize
 from tokenleap.config import SpecConfig
-from tokenleap.drafters.eagle3 import Eagle3Head, HeadKV, load_eagle3
+from tokenleap.drafters.eagle3 import Eagle3Head, HeadKV
+from tokenleap.drafters.head_loader import load_eagle3
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_HEAD = Path("/work/heads/smollm2-eagle3")

@@ -38,3 +38,23 @@ def test_the_layering_test_sees_an_upward_import(tmp_path: Path) -> None:
     bad = tmp_path / "chain.py"
     bad.write_text("from tokenleap.engine.speculation import expected_tokens\n")
     assert _imports(bad) == [(1, "tokenleap.engine.speculation")]
+
+
+def test_no_import_cycle_among_the_drafters() -> None:
+    """No drafter module imports, at any depth and even inside a function, one that imports it
+    back (the head formats used to, through the EAGLE-3 loader)."""
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "drafters").glob("*.py"):
+        graph[path.stem] = {m.split(".")[2] for _, m in _imports(path) if m.startswith("tokenleap.drafters.") and m.count(".") >= 2}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        if node in stack:
+            cycles.append(stack[stack.index(node):] + [node])
+            return
+        for dep in graph.get(node, ()):
+            visit(dep, [*stack, node])
+
+    for module in graph:
+        visit(module, [])
+    assert not cycles, cycles

@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 from tokenleap.config import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, load_eagle3
+from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape
+from tokenleap.drafters.head_loader import load_eagle3
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tokenleap.drafters.base import DraftRequest
-from tokenleap.drafters.eagle3 import Eagle3Drafter, load_eagle3
+from tokenleap.drafters.eagle3 import Eagle3Drafter
+from tokenleap.drafters.head_loader import load_eagle3
 from tokenleap.drafters.eagle3_gguf import permute_rope
 from tokenleap.models.loaders import unpermute_rope
 from tokenleap.errors import TokenleapError

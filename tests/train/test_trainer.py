@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tokenleap import LLM
-from tokenleap.drafters.eagle3 import HeadKV, load_eagle3
+from tokenleap.drafters.eagle3 import HeadKV
+from tokenleap.drafters.head_loader import load_eagle3
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab, Example

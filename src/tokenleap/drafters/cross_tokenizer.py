@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 
 from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.drafters.draft_model import resync
+from tokenleap.kv.cache import resync
 from tokenleap.kv.cache import KVCache
 from tokenleap.models.llama import LlamaModel
 from tokenleap.tokenizer import Tokenizer

@@ -22,7 +22,7 @@ import torch
 
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.drafters.methods import MethodRecord
-from tokenleap.kv.cache import KVCache
+from tokenleap.kv.cache import KVCache, resync
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import logits_to_probs
 from tokenleap.tokenizer import Tokenizer
@@ -43,19 +43,6 @@ class _State:
 def same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: LlamaModel, draft: LlamaModel) -> bool:
     """Whether the draft speaks the target's token ids (else `CrossTokenizerDrafter` translates)."""
     return draft.config.vocab_size == target.config.vocab_size and target_tok.hf.get_vocab() == draft_tok.hf.get_vocab()
-
-
-def resync(kv: KVCache, cached: list[int], context: Sequence[int]) -> list[int]:
-    """Roll a draft model's cache (holding `cached`) back to its longest common prefix with
-    `context` (O(1): rejected drafts are just cut), always re-feeding at least the last token;
-    returns the tokens still to feed."""
-    common = 0
-    limit = min(len(cached), len(context) - 1)
-    while common < limit and cached[common] == context[common]:
-        common += 1
-    kv.truncate(common)
-    del cached[common:]
-    return list(context[common:])
 
 
 class DraftModelDrafter:

@@ -20,7 +20,8 @@ _TREE_KNOBS = "`eagle_tree_topk` / `--spec-tree-topk` (1 = chain), `eagle_tree_d
 
 def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None,
             target_name: str | None = None, **_: Any) -> Drafter:
-    from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, load_eagle3, measure_step_cost
+    from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, measure_step_cost
+    from tokenleap.drafters.head_loader import load_eagle3
 
     if not config.model:  # the head shipped for this model (tokenleap/heads)
         from tokenleap.heads import shipped_head, shipped_heads

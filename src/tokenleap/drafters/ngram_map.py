@@ -204,11 +204,9 @@ LLAMACPP_FIELDS = ("ngram_size_n", "ngram_size_m", "ngram_min_hits")  # every ll
 
 
 def llamacpp_shared(registry: Any) -> dict[str, Any]:
-    """What the llama.cpp n-gram types' drafters of one registry share: one ngram-mod pool per
-    (n, size) and one ngram-cache statistics table per (n_max, bound)."""
-    from tokenleap.drafters.ngram_mod import PoolStore
-
-    return {"pools": PoolStore(), "dynamic": {}}
+    """What the llama.cpp n-gram types' drafters of one registry share: one ngram-cache
+    statistics table per (n_max, bound) (ngram-mod's pools: `ngram_mod.pools_shared`)."""
+    return {"dynamic": {}}
 
 
 def _simple(config: SpecConfig, **_: Any) -> NgramSimpleDrafter:

@@ -154,16 +154,21 @@ class NgramModDrafter:
         self._local.pop(request_id, None)
 
 
+def pools_shared(registry: Any) -> dict[str, Any]:
+    """What ngram-mod drafters of one registry share: one pool per (n, size)."""
+    return {"pools": PoolStore()}
+
+
 def _build(config: SpecConfig, *, pools: PoolStore, **_: Any) -> NgramModDrafter:  # one pool per (n, size) for every drafter of a registry
     n, size = config.ngram_size_n, config.ngram_mod_pool_size
     return NgramModDrafter(n, size, pool=pools.get(n, size))
 
 
 def _method() -> MethodRecord:
-    from tokenleap.drafters.ngram_map import LLAMACPP_FIELDS, llamacpp_shared
+    from tokenleap.drafters.ngram_map import LLAMACPP_FIELDS
 
     return MethodRecord("ngram-mod", _build, "llama.cpp's ngram-mod: a constant-size rolling-hash pool shared by all requests",
-                        fields=(*LLAMACPP_FIELDS, "ngram_mod_pool_size"), shared=llamacpp_shared,
+                        fields=(*LLAMACPP_FIELDS, "ngram_mod_pool_size"), shared=pools_shared,
                         knobs="`ngram_size_n` / `--spec-ngram-size-n`, `ngram_mod_pool_size` (slots, default 2^20 = 4 MiB, allocated on first use)")
 
 

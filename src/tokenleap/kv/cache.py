@@ -197,3 +197,16 @@ def trim_free_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def resync(kv: KVCache, cached: list[int], context: Sequence[int]) -> list[int]:
+    """Roll a draft model's cache (holding `cached`) back to its longest common prefix with
+    `context` (O(1): rejected drafts are just cut), always re-feeding at least the last token;
+    returns the tokens still to feed."""
+    common = 0
+    limit = min(len(cached), len(context) - 1)
+    while common < limit and cached[common] == context[common]:
+        common += 1
+    kv.truncate(common)
+    del cached[common:]
+    return list(context[common:])

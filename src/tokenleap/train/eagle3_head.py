@@ -168,7 +168,7 @@ class TrainableEagle3(nn.Module):
         trainable module, with its draft-to-target id map."""
         from safetensors.torch import load_file
 
-        from tokenleap.drafters.eagle3 import load_eagle3
+        from tokenleap.drafters.head_loader import load_eagle3
 
         rt = load_eagle3(folder, target)  # validates shapes and the layout
         weights: dict[str, torch.Tensor] = {}
