@@ -143,9 +143,9 @@ static inline __attribute__((always_inline)) void qk_scales(const uint8_t *sb, i
 }
 
 /* 32 activations at inverse scale `id` -> 32 int8 (round to nearest even, in [-127, 127]), their
- * runs of 4 in the order `order` gives (q8_in_order, or q8_paired: runs 0, 4, 1, 5, 2, 6, 3, 7, so
- * one 64-bit broadcast holds the inputs of a Q4X8 nibble byte's low and high halves); returns
- * the sums of q over inputs 0-15 and 16-31 */
+ * runs of 4 in the order `order` gives (q8_in_order, or q8_paired: runs 0, 4, 1, 5, 2, 6, 3, 7:
+ * the inputs of a Q4X8 nibble byte's low and high halves side by side, `qk_x`); returns the sums
+ * of q over inputs 0-15 and 16-31 */
 #define q8_in_order() _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)
 #define q8_paired() _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
 static inline __attribute__((always_inline)) void q8_block(const float *xb, __m256 id, int8_t *out, int32_t sums[2], __m256i order) {
