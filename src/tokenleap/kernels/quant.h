@@ -384,6 +384,15 @@ static inline __attribute__((always_inline)) void q_groups(
  * activation sum. Bounds (|q_x| <= 127): Q4K |S| <= 8 * 2 * 30480 * 63, Q5K twice that, Q6K
  * |S| <= 64 * 2 * 16002 * 128 and |32 C| <= 32 * 8 * 2 * 2032 * 128: all int32. Float steps in
  * one fixed order per output and row: a k-row call equals k one-row calls bit for bit. */
+/* A Q4K / Q5K block's vector t: the 8 outputs' q for inputs 4 t .. 4 t + 3 (wl) and 16 + 4 t ..
+ * (wh), with Q5K's 5th bits */
+static inline __attribute__((always_inline)) void qk_nibbles(const uint8_t *blk, int t, int q5, __m256i *wl, __m256i *wh) {
+    const __m256i lo4 = _mm256_set1_epi8(15), raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
+    *wl = _mm256_and_si256(raw, lo4);
+    *wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+    if (q5) q5_high(blk, t, wl, wh);
+}
+
 /* Q8_K activations, the runs of 4 of input t and t + 4 (quant.h's nibble halves) side by side */
 static inline __attribute__((always_inline)) int32_t qk_x(const int8_t *xq, int64_t off, int quad) {
     return ((const int32_t *)(xq + off))[quad < 4 ? 2 * quad : 2 * quad - 7];
@@ -402,7 +411,6 @@ static inline __attribute__((always_inline)) void qk_tile(
     format &= ~TLQ_VNNI;
     const int q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
     const int64_t nsb = in_dim / 256, sbb = 8 * q_group_bytes(format), head = q6 ? 144 : 128, bb = q6 ? 192 : q5 ? 160 : 128;
-    const __m256i lo4 = _mm256_set1_epi8(15);
     const uint8_t *wg = w + g * nsb * sbb;
     __m256 acc[QR];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
@@ -438,9 +446,8 @@ static inline __attribute__((always_inline)) void qk_tile(
                 }
 #pragma GCC unroll 4
                 for (int t = 0; t < 4; t++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
-                    __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-                    if (q5) q5_high(blk, t, &wl, &wh);
+                    __m256i wl, wh;
+                    qk_nibbles(blk, t, q5, &wl, &wh);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + xo);
                         part[r][(2 * t) % NS] = tlq_dpbusd(part[r][(2 * t) % NS], wl, _mm256_set1_epi32(xr[2 * t]));
@@ -472,9 +479,8 @@ static inline __attribute__((always_inline)) void qk_tile(
                     for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
                     for (int t = 0; t < 4; t++) {
-                        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
-                        __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-                        if (q5) q5_high(blk, t, &wl, &wh);
+                        __m256i wl, wh;
+                        qk_nibbles(blk, t, q5, &wl, &wh);
                         for (int r = 0; r < NR; r++) {
                             const int64_t off = (m0 + r) * in_dim + xo;
                             s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(qk_x(xq, off, t))));
