@@ -66,13 +66,13 @@ def test_avx2_variant_is_row_invariant() -> None:
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
 
 
-def test_avx2_bf16_attention_matches_the_reference() -> None:
-    """The AVX2 variant's blocked bf16 attention against the same reference, row-invariance and
+def test_avx2_blocked_attention_matches_the_reference() -> None:
+    """The AVX2 variant's blocked bf16 and q8_0 attention against the same reference, row-invariance and
     token-tree tests as the host's own variant (on an AVX-512 host they would not run it)."""
     if not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("no AVX2 + FMA on this machine")
     env = {**os.environ, "TOKENLEAP_KERNELS": "avx2"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name("test_attention_bf16.py"))]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name("test_attention_blocked.py"))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 

@@ -10,7 +10,7 @@ import torch
 from tokenleap.attention import tree_mask
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import CpuKernels
-from tokenleap.kv.cache import KVCache
+from tokenleap.kv.cache import KVCache, q8_dequantize, q8_quantize
 from tokenleap.models.llama import LlamaModel
 from tokenleap.tokenizer import Tokenizer
 
@@ -334,3 +334,59 @@ def test_blocked_cache_grown_in_inference_mode_compacts_outside_it() -> None:
         kv.commit(20)
     kv.compact(10, [12, 15])
     assert kv.length == 12 and torch.equal(kv.keys(0, 12), k[0][:, [*range(10), 12, 15]].bfloat16().float())
+
+
+def test_q8_0_cache_reads_back_what_was_written_through_growth_and_compaction() -> None:
+    """The q8_0 layout (`dtype=torch.int8`) behaves like a plain cache of q8_0-rounded values
+    to the torch path, and its bytes are ggml's q8_0 blocks in the kernel's order."""
+    g = torch.Generator().manual_seed(1)
+    hd = 64
+    kv = KVCache(2, 3, hd, dtype=torch.int8, max_capacity=100, initial_capacity=5, blocked=True)
+    assert kv.capacity == 16 and kv.storage().shape[-1] == hd + hd // 16 and not kv.storage().any()
+    k = torch.randn(2, 3, 40, hd, generator=g) * 3
+    v = torch.randn(2, 3, 40, hd, generator=g) / 7
+    for start, n in [(0, 7), (7, 20), (27, 13)]:  # unaligned writes, growing twice
+        kv.reserve(n)
+        for layer in range(2):
+            kv.write(layer, start, k[layer, :, start : start + n], v[layer, :, start : start + n])
+        kv.commit(n)
+    assert kv.capacity % 16 == 0 and kv.capacity >= 40
+
+    def rounded(x: torch.Tensor) -> torch.Tensor:
+        return q8_dequantize(*q8_quantize(x))
+
+    for layer in range(2):
+        assert torch.equal(kv.keys(layer, 40), rounded(k[layer]))
+        assert torch.equal(kv.values(layer, 40), rounded(v[layer]))
+    torch.testing.assert_close(kv.keys(0, 40), k[0], atol=3 * 4 / 127, rtol=0)  # within half a step of the largest |k|
+    # the layout itself: a key block of 16 slots is int8 [hd/4, 16, 4] then fp16 scales [hd/32, 16];
+    # a value slot is int8 [hd] then fp16 [hd/32]
+    slot, d = 21, 37
+    q, s = q8_quantize(k[1, 2, slot])
+    block = kv.storage()[1, 0, 2].reshape(-1)[(slot // 16) * 16 * (hd + hd // 16) :]
+    assert block[(d // 4) * 64 + (slot % 16) * 4 + d % 4] == q[d]
+    assert block[16 * hd :].view(torch.float16)[(d // 32) * 16 + slot % 16] == s[d // 32]
+    q, s = q8_quantize(v[1, 2, slot])
+    row = kv.storage()[1, 1, 2, slot]
+    assert torch.equal(row[:hd], q) and torch.equal(row[hd:].view(torch.float16), s)
+    kv.compact(30, [31, 35, 39])
+    assert kv.length == 33
+    keep = [*range(30), 31, 35, 39]
+    assert torch.equal(kv.keys(0, 33), rounded(k[0][:, keep]))
+    assert torch.equal(kv.values(1, 33), rounded(v[1][:, keep]))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        KVCache(1, 1, 16, dtype=torch.int8, max_capacity=16, blocked=True)
+
+
+def test_q8_quantize_is_ggml_q8_0() -> None:
+    """Per 32 values d = fp16(max|x| / 127), q = round-half-even(x / d): exact multiples of a
+    block's step come back exactly, ties go to even, and a zero block stays zero."""
+    x = torch.zeros(96)
+    x[:32] = torch.arange(-16, 16) * 0.5  # max 8: d = 8/127, not a power of two
+    x[32:64] = torch.linspace(-127, 127, 32)  # d = 1: the values are their own q
+    q, d = q8_quantize(x)
+    assert d.dtype == torch.float16 and d.tolist()[1:] == [1.0, 0.0]
+    assert float(d[0]) == float(torch.tensor(8 / 127).half())
+    assert torch.equal(q[32:64], torch.round(torch.linspace(-127, 127, 32)).to(torch.int8))
+    assert not q[64:].any() and int(q[:32].abs().max()) == 127
+    assert torch.equal(q8_quantize(torch.tensor([2.5, -0.5, 0.5, 1.5] + [0.0] * 27 + [127.0]))[0][:4], torch.tensor([2, 0, 0, 2], dtype=torch.int8))

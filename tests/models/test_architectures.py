@@ -124,6 +124,23 @@ def test_verify_rows_equal_single_rows_across_rollback(pair):
     """k rows in one forward are bit-identical to k single-row forwards, also after truncating
     rejected rows (the window of local layers must see the same slots)."""
     name, _, model = pair
+    _check_rollback(model, name)
+
+
+def test_q8_0_cache_verify_rows_equal_single_rows_across_rollback(pair, kernels, tmp_path):
+    """The same over a q8_0 KV cache (bf16 model; head dims that are multiples of 32)."""
+    name, hf, _ = pair
+    head_dim = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads
+    if kernels is None or not kernels.bf16_attention or head_dim % 32:
+        pytest.skip("q8_0 caches need the blocked attention kernels and head dims in 32s")
+    hf.save_pretrained(str(tmp_path))
+    config, weights = load_hf_folder(tmp_path)
+    model = LlamaModel(config, weights, torch.bfloat16, kernels, kv_cache_type="q8_0")
+    assert model.new_kv_cache().dtype == torch.int8
+    _check_rollback(model, name)
+
+
+def _check_rollback(model: LlamaModel, name: str) -> None:
     prompt = list(range(10, 22))
     kv_a, kv_b = model.new_kv_cache(), model.new_kv_cache()
     for kv in (kv_a, kv_b):

@@ -77,8 +77,8 @@ class RowGroup:
 def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
     """The attention kernel's per-row plan for `groups`, concatenated in order. The caches must
     already have room for the new rows (`KVCache.reserve`) and be all blocked or all plain."""
-    blocked = groups[0].kv.blocked
-    if any(g.kv.blocked != blocked for g in groups):
+    blocked, dtype = groups[0].kv.blocked, groups[0].kv.dtype
+    if any(g.kv.blocked != blocked or g.kv.dtype != dtype for g in groups):
         raise ValueError("plan_rows: caches of one forward must share a layout")
     positions = torch.cat([g.positions for g in groups]).to(torch.int64)
     counts = [int(g.positions.shape[0]) for g in groups]
@@ -125,7 +125,7 @@ def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
         slot_lo = torch.cat(lo).to(torch.int64)  # cached slot i holds position i
     return RowPlan(
         positions, kv_base, capacity, write_slot, slot_end, slot_off, slot_idx, -(-max_slots // 16) * 16,
-        blocked=blocked, mask_start=mask_start, mask=mask, slot_lo=slot_lo,
+        blocked=blocked, mask_start=mask_start, mask=mask, slot_lo=slot_lo, kv_type=groups[0].kv.kv_type if blocked else 0,
     )
 
 

@@ -33,10 +33,20 @@ import torch
 from tokenleap.kernels.build import bind, build_library, cpu_flags, kernel_variant
 from tokenleap.kernels.formats import QUANT_TYPES, PackedWeight, QuantWeight
 
-__all__ = ["QUANT_TYPES", "AttentionWork", "CpuKernels", "PackedWeight", "QuantWeight", "RowPlan", "cpu_flags",
-           "kernel_variant", "load_kernels"]
+__all__ = ["KV_BF16", "KV_Q8_0", "QUANT_TYPES", "AttentionWork", "CpuKernels", "PackedWeight", "QuantWeight", "RowPlan", "cpu_flags",
+           "kernel_variant", "kv_slot_bytes", "load_kernels"]
 
 logger = logging.getLogger(__name__)
+
+# The blocked KV caches' formats (attn16.h's TL_KV_*): bf16, or ggml's q8_0 (32 int8 values and
+# one fp16 scale per 32 dims of a slot)
+KV_BF16 = 0
+KV_Q8_0 = 1
+
+
+def kv_slot_bytes(kv_type: int, head_dim: int) -> int:
+    """Bytes one slot of one kv head takes in a blocked cache of this format."""
+    return head_dim + head_dim // 16 if kv_type == KV_Q8_0 else 2 * head_dim
 
 
 @dataclass(frozen=True)
@@ -212,10 +222,13 @@ class CpuKernels:
         self.lib.tl_silu_mul(gate_up.contiguous().data_ptr(), y.data_ptr(), rows, width // 2)
         return y
 
-    def attention_head_dims(self, blocked: bool) -> tuple[int, ...]:
+    def attention_head_dims(self, blocked: bool, kv_type: int = KV_BF16) -> tuple[int, ...]:
         """Head dims the fused attention serves: 16..128 over fp32 caches; with blocked bf16
-        caches also 256 (Gemma 3), whose P.V runs in two 128-wide halves."""
-        return (16, 32, 64, 128, 256) if blocked and self.bf16_attention else (16, 32, 64, 128)
+        caches also 256 (Gemma 3), whose P.V runs in two 128-wide halves; q8_0 caches (32-value
+        blocks) 32..256."""
+        if not (blocked and self.bf16_attention):
+            return (16, 32, 64, 128)
+        return (32, 64, 128, 256) if kv_type == KV_Q8_0 else (16, 32, 64, 128, 256)
 
     def attention(
         self,
@@ -258,6 +271,7 @@ class CpuKernels:
                 work.chunk.data_ptr(),
                 work.scratch.data_ptr(),
                 plan.max_slots,
+                plan.kv_type,
             )
             return out
         self.lib.tl_attention(
@@ -275,7 +289,7 @@ class CpuKernels:
         kept in `plan.work` for the others. Over blocked bf16 caches (`tl_attention_bf16`) the
         queries are rounded to bf16 pairs into the query buffer, rows of one sequence attend
         together (`chunk`), and tree rows read their own path from `tail`."""
-        if head_dim not in self.attention_head_dims(plan.blocked) or heads % kv_heads:
+        if head_dim not in self.attention_head_dims(plan.blocked, plan.kv_type) or heads % kv_heads:
             raise ValueError(f"kernel attention: unsupported heads {heads}/{kv_heads} x {head_dim}")
         if plan.blocked and (not self.bf16_attention or plan.slot_end is None):
             raise ValueError("kernel attention: blocked bf16 caches need tl_attention_bf16 and slot_end")
@@ -292,7 +306,7 @@ class CpuKernels:
             return AttentionWork(work["q"], work["scratch"], work["chunk"])
         tail_slots = -(-(15 + mask.shape[1]) // 16) * 16
         if "tail" not in work:  # zeroed once: slots past a path are read with probability 0
-            work["tail"] = torch.zeros(rows * kv_heads * 2 * tail_slots * head_dim, dtype=torch.bfloat16)
+            work["tail"] = torch.zeros(rows * kv_heads * 2 * tail_slots * kv_slot_bytes(plan.kv_type, head_dim), dtype=torch.uint8)
         return AttentionWork(work["q"], work["scratch"], work["chunk"], mask, work["tail"], tail_slots)
 
 
@@ -334,6 +348,7 @@ class RowPlan:
     mask_start: torch.Tensor | None = None
     mask: torch.Tensor | None = None  # [rows, width] uint8
     slot_lo: torch.Tensor | None = None  # bf16 blocked caches: row r sees no slot below slot_lo[r] (sliding window)
+    kv_type: int = 0  # blocked caches' format: KV_BF16 or KV_Q8_0 (attn16.h's TL_KV_*)
     work: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @property

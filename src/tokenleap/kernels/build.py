@@ -72,8 +72,8 @@ def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
 
 def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
     """Declare the argument and result types of the library's entry points; returns whether it
-    has `tl_linear_packed` (packed bf16 weights) and `tl_attention_bf16` (the blocked bf16 KV
-    cache)."""
+    has `tl_linear_packed` (packed bf16 weights) and `tl_attention_bf16` (the blocked bf16 and
+    q8_0 KV caches)."""
     lib.tl_linear.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
     lib.tl_linear.restype = None
     lib.tl_attention.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64]
@@ -106,7 +106,7 @@ def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
     if bf16_attention:
         lib.tl_attention_bf16.argtypes = [
             _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
-            _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64,
+            _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64,
         ]
         lib.tl_attention_bf16.restype = None
     return packed, bf16_attention

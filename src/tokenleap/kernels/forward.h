@@ -44,7 +44,7 @@ typedef struct {
     float *qkv, *a, *gu, *tmp, *acc;
     uint8_t *scratch;
     /* attention: the arguments of tl_attention / tl_attention_bf16 (see there) */
-    int32_t attn_bf16;
+    int32_t attn_kv; /* the caches: 0 fp32 (tl_attention), 1 + TL_KV_* blocked (tl_attention_bf16) */
     const int64_t *pos;
     const float *cos, *sin;
     const int64_t *kv_base, *cap, *wslot;
@@ -95,11 +95,11 @@ static void fwd_linear(const tl_forward_desc *f, const tl_lin_desc *l, const flo
 }
 
 static void fwd_attention(const tl_forward_desc *f, int64_t layer) {
-    if (f->attn_bf16) {
+    if (f->attn_kv) {
 #ifdef TL_HAS_ATTN_BF16
         tl_attention_bf16(f->qkv, f->pos, f->cos, f->sin, f->kv_base, f->cap, f->wslot, layer, f->a, (uint32_t *)f->qbuf,
                           f->rows, f->heads, f->kv_heads, f->hd, f->slot_end, f->slot_lo, f->mask_start, f->mask, f->mask_w,
-                          f->tail, f->tail_slots, f->chunk, f->attn_scratch, f->max_slots);
+                          f->tail, f->tail_slots, f->chunk, f->attn_scratch, f->max_slots, f->attn_kv - 1);
 #endif
         return;
     }
@@ -114,8 +114,9 @@ static void fwd_attention(const tl_forward_desc *f, int64_t layer) {
  * Returns 0, or -1 (before any work) when a layer needs a kernel this build lacks. */
 int tl_forward_layers(const tl_forward_desc *f) {
 #ifndef TL_HAS_ATTN_BF16
-    if (f->attn_bf16) return -1;
+    if (f->attn_kv) return -1;
 #endif
+    if (f->attn_kv < 0 || f->attn_kv > 2) return -1;
     for (int64_t i = 0; i < f->n_layers; i++) {
         const tl_layer_desc *l = &f->layers[i];
         const tl_lin_desc *lins[4] = {&l->qkv, &l->wo, &l->gate_up, &l->down};

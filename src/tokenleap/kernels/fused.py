@@ -42,7 +42,7 @@ class ForwardDesc(ctypes.Structure):
         ("x", _p), ("rows", _i64), ("dim", _i64), ("inter", _i64), ("eps", ctypes.c_float),
         ("n_layers", _i64), ("layers", _p), ("hidden_out", _p),
         ("qkv", _p), ("a", _p), ("gu", _p), ("tmp", _p), ("acc", _p), ("scratch", _p),
-        ("attn_bf16", _i32), ("pos", _p), ("cos", _p), ("sin", _p), ("kv_base", _p), ("cap", _p), ("wslot", _p),
+        ("attn_kv", _i32), ("pos", _p), ("cos", _p), ("sin", _p), ("kv_base", _p), ("cap", _p), ("wslot", _p),
         ("qbuf", _p), ("heads", _i64), ("kv_heads", _i64), ("hd", _i64),
         ("slot_end", _p), ("slot_off", _p), ("slot_idx", _p), ("slot_lo", _p), ("mask_start", _p),
         ("mask", _p), ("mask_w", _i64), ("tail", _p), ("tail_slots", _i64), ("chunk", _p),
@@ -169,7 +169,7 @@ class FusedLayers:
                     outs[i] = hidden[i].data_ptr()
             f.hidden_out = ctypes.addressof(outs)
         work = kernels.attention_work(plan, self.heads, self.kv_heads, hd)
-        f.attn_bf16 = int(plan.blocked)
+        f.attn_kv = 1 + plan.kv_type if plan.blocked else 0  # forward.h: 0 fp32, 1 + TL_KV_* blocked
         f.pos, f.cos, f.sin = plan.positions.data_ptr(), cos.data_ptr(), sin.data_ptr()
         f.kv_base, f.cap, f.wslot = plan.kv_base.data_ptr(), plan.capacity.data_ptr(), plan.write_slot.data_ptr()
         f.heads, f.kv_heads, f.hd = self.heads, self.kv_heads, hd

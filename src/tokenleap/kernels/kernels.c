@@ -525,7 +525,7 @@ static inline __attribute__((always_inline)) void score_tile(
     for (int i = 0; i < QN * NB; i++) acc[i] = _mm512_setzero_ps();
     const uint16_t *kp[8];
     for (int b = 0; b < NB; b++)
-        kp[b] = b0 + b < src->split ? src->k + (b0 + b) * 16 * hd : src->tk + (b0 + b - src->split) * 16 * hd;
+        kp[b] = b0 + b < src->split ? (const uint16_t *)src->k + (b0 + b) * 16 * hd : (const uint16_t *)src->tk + (b0 + b - src->split) * 16 * hd;
     for (int64_t dp = 0; dp < hd / 2; dp++) {
         __m512bh kv[8];
         for (int b = 0; b < NB; b++) kv[b] = (__m512bh)_mm512_loadu_si512((const void *)(kp[b] + dp * 32));
@@ -545,12 +545,29 @@ static inline __attribute__((always_inline)) void pv_tile(
     for (int i = 0; i < QN * ND; i++) o[i] = _mm512_setzero_ps();
     const int64_t psplit = src->split * 8;
     for (int64_t p = 0; p < npairs; p++) {
-        const uint16_t *vp = (p < psplit ? src->v + p * 32 * NT : src->tv + (p - psplit) * 32 * NT) + d0 * 32;
+        const uint16_t *vp = (p < psplit ? (const uint16_t *)src->v + p * 32 * NT : (const uint16_t *)src->tv + (p - psplit) * 32 * NT) + d0 * 32;
         __m512bh vv[8];
         for (int d = 0; d < ND; d++) vv[d] = (__m512bh)_mm512_loadu_si512((const void *)(vp + d * 32));
         for (int g = 0; g < QN; g++) {
             const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pp[g][p]);
             for (int d = 0; d < ND; d++) o[g * ND + d] = _mm512_dpbf16_ps(o[g * ND + d], pv, vv[d]);
+        }
+    }
+}
+
+/* Scores of queries q0 .. q0+qn-1 over blocks b0 .. b0+bn-1 (acc[g * BT + b]), scaled, the
+ * slots a row may not see set to -FLT_MAX, into sc[query][slot]; running maxima in mxv. */
+static inline void store_scores16(const attn16_ctx *a, const __m512 *acc, const int64_t *qrow, int64_t q0, int qn,
+                                  int64_t b0, int bn, int BT, float *sc, __m512 *mxv) {
+    for (int g = 0; g < qn; g++) {
+        const int64_t qi = q0 + g, r = qrow[qi], send = a->slot_end[r], lo = a->slot_lo ? a->slot_lo[r] : 0;
+        for (int b = 0; b < bn; b++) {
+            const int64_t j0 = (b0 + b) * 16;
+            const uint32_t valid = attn16_valid(send, lo, j0);
+            __m512 sv = _mm512_mul_ps(acc[g * BT + b], _mm512_set1_ps(a->scale));
+            sv = _mm512_mask_blend_ps((__mmask16)valid, _mm512_set1_ps(-FLT_MAX), sv);
+            _mm512_storeu_ps(sc + qi * a->max_slots + j0, sv);
+            mxv[qi] = _mm512_max_ps(mxv[qi], sv);
         }
     }
 }
@@ -603,17 +620,7 @@ static void attn16_task(void *arg, int tid, int nthreads) {
                         }
                     }
 #undef SCORE
-                    for (int g = 0; g < qn; g++) {
-                        const int64_t qi = q0 + g, r = qrow[qi], send = a->slot_end[r], lo = a->slot_lo ? a->slot_lo[r] : 0;
-                        for (int b = 0; b < bn; b++) {
-                            const int64_t j0 = (b0 + b) * 16;
-                            const uint32_t valid = attn16_valid(send, lo, j0);
-                            __m512 sv = _mm512_mul_ps(acc[g * BT + b], _mm512_set1_ps(a->scale));
-                            sv = _mm512_mask_blend_ps((__mmask16)valid, _mm512_set1_ps(-FLT_MAX), sv);
-                            _mm512_storeu_ps(sc + qi * a->max_slots + j0, sv);
-                            mxv[qi] = _mm512_max_ps(mxv[qi], sv);
-                        }
-                    }
+                    store_scores16(a, acc, qrow, q0, qn, b0, bn, BT, sc, mxv);
                 }
             }
             /* pass 2: probabilities exp(s - max), rounded to bf16 pairs in place; 1 / sum */
@@ -668,6 +675,174 @@ static void attn16_task(void *arg, int tid, int nthreads) {
         }
 }
 
+
+/* ---------------------------------------------------------------------------------------
+ * Attention over a q8_0 KV cache (attn16.h's layout): one 64-byte load of K (4 dims of 16
+ * slots, offset to unsigned by a xor) and one vpdpbusd per query add 16 slots' integer sums
+ * against the query's int8 values; each 32-dim block's exact sum (less 128 times the query's
+ * block sum) times the key's and the query's scales is added to the score in block order. P.V
+ * widens each slot's 16 int8 values to fp32 and adds them times p * d in slot order. Per
+ * query one fixed chain whatever the other queries and tiles. */
+
+/* Scores of QN queries over NB 16-slot blocks from b0 (as score_tile, over q8_0 K). */
+static inline __attribute__((always_inline)) void score_q8_tile(
+        const uint8_t *const *qp, const kv_src *src, int64_t b0, int64_t hd, int64_t rb, __m512 *acc, const int QN,
+        const int NB) {
+    for (int i = 0; i < QN * NB; i++) acc[i] = _mm512_setzero_ps();
+    const uint8_t *kp[8];
+    for (int b = 0; b < NB; b++)
+        kp[b] = b0 + b < src->split ? src->k + (b0 + b) * 16 * rb : src->tk + (b0 + b - src->split) * 16 * rb;
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (int64_t blk = 0; blk < hd / 32; blk++) {
+        __m512i is[8];
+        for (int i = 0; i < QN * NB; i++) is[i] = _mm512_setzero_si512();
+        for (int dg = 0; dg < 8; dg++) {
+            __m512i kv[8];
+            for (int b = 0; b < NB; b++) kv[b] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(kp[b] + (blk * 8 + dg) * 64)), bias);
+            for (int g = 0; g < QN; g++) {
+                int32_t q4;
+                memcpy(&q4, qp[g] + blk * 32 + dg * 4, 4);
+                const __m512i qv = _mm512_set1_epi32(q4);
+                for (int b = 0; b < NB; b++) is[g * NB + b] = _mm512_dpbusd_epi32(is[g * NB + b], kv[b], qv);
+            }
+        }
+        for (int g = 0; g < QN; g++) {
+            const __m512 dq = _mm512_set1_ps(q8_query_scales(qp[g], hd)[blk]);
+            const __m512i corr = _mm512_set1_epi32(128 * q8_query_sums(qp[g], hd)[blk]);
+            for (int b = 0; b < NB; b++) {
+                const __m512 dk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kp[b] + 16 * hd + blk * 32)));
+                const __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(is[g * NB + b], corr));
+                acc[g * NB + b] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dk, dq), acc[g * NB + b]);
+            }
+        }
+    }
+}
+
+/* P.V for QN queries over q8_0 V, dim chunks d0 .. d0+ND-1 (16 wide): out[g][d] = sum over
+ * slots s (in order) of (p[g][s] * d[s][block]) * q[s][d]. */
+static inline __attribute__((always_inline)) void pv_q8_tile(
+        const float *const *pp, const kv_src *src, int64_t nslots, int64_t hd, int64_t rb, __m512 *o, const int QN,
+        const int ND, const int64_t d0) {
+    for (int i = 0; i < QN * ND; i++) o[i] = _mm512_setzero_ps();
+    const int64_t ssplit = src->split * 16;
+    for (int64_t s = 0; s < nslots; s++) {
+        const uint8_t *vp = s < ssplit ? src->v + s * rb : src->tv + (s - ssplit) * rb;
+        const uint16_t *vd = (const uint16_t *)(vp + hd) + d0 / 2;
+        float w[8][4];
+        for (int j = 0; j < ND / 2; j++) {
+            const float dv = _cvtsh_ss(vd[j]);
+            for (int g = 0; g < QN; g++) w[g][j] = pp[g][s] * dv;
+        }
+        for (int d = 0; d < ND; d++) {
+            const __m512 vf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(vp + (d0 + d) * 16))));
+            for (int g = 0; g < QN; g++) o[g * ND + d] = _mm512_fmadd_ps(_mm512_set1_ps(w[g][d / 2]), vf, o[g * ND + d]);
+        }
+    }
+}
+
+static void attn_q8_task(void *arg, int tid, int nthreads) {
+    attn16_ctx *a = (attn16_ctx *)arg;
+    (void)nthreads;
+    const int64_t hd = a->hd, rb = a->rb;
+    const int ND = (int)(hd / 16);
+    float *sc = a->scratch + (int64_t)tid * AQ * a->max_slots;
+    int64_t end;
+    for (int64_t job = tl_next(&a->ctr, &end); job < a->ctr.count; job = tl_next(&a->ctr, &end))
+        for (; job < end; job++) {
+            kv_src src;
+            const uint32_t *qw[AQ];
+            const uint8_t *qp[AQ];
+            int64_t qrow[AQ], qhead[AQ], nb;
+            const int64_t Q = attn16_job(a, job, &src, qrow, qhead, qw, &nb);
+            __m512 mxv[AQ];
+            for (int64_t i = 0; i < Q; i++) {
+                qp[i] = (const uint8_t *)qw[i];
+                mxv[i] = _mm512_set1_ps(-FLT_MAX);
+            }
+            /* pass 1: scaled, masked scores into sc[query][slot] */
+            const int QT = Q >= 8 ? 8 : (int)Q;
+            for (int64_t q0 = 0; q0 < Q; q0 += QT) {
+                const int qn = (int)(Q - q0 < QT ? Q - q0 : QT);
+                const int BT = qn >= 5 ? 1 : qn >= 3 ? 2 : qn == 2 ? 4 : 8;
+                for (int64_t b0 = 0; b0 < nb; b0 += BT) {
+                    const int bn = (int)(nb - b0 < BT ? nb - b0 : BT);
+                    __m512 acc[8];
+                    if (bn == BT) {
+                        switch (qn) {
+                            case 1: score_q8_tile(qp + q0, &src, b0, hd, rb, acc, 1, 8); break;
+                            case 2: score_q8_tile(qp + q0, &src, b0, hd, rb, acc, 2, 4); break;
+                            case 3: score_q8_tile(qp + q0, &src, b0, hd, rb, acc, 3, 2); break;
+                            case 4: score_q8_tile(qp + q0, &src, b0, hd, rb, acc, 4, 2); break;
+                            case 5: score_q8_tile(qp + q0, &src, b0, hd, rb, acc, 5, 1); break;
+                            case 6: score_q8_tile(qp + q0, &src, b0, hd, rb, acc, 6, 1); break;
+                            case 7: score_q8_tile(qp + q0, &src, b0, hd, rb, acc, 7, 1); break;
+                            default: score_q8_tile(qp + q0, &src, b0, hd, rb, acc, 8, 1); break;
+                        }
+                    } else {
+                        for (int b = 0; b < bn; b++) {
+                            __m512 one[8];
+                            switch (qn) {
+                                case 1: score_q8_tile(qp + q0, &src, b0 + b, hd, rb, one, 1, 1); break;
+                                case 2: score_q8_tile(qp + q0, &src, b0 + b, hd, rb, one, 2, 1); break;
+                                case 3: score_q8_tile(qp + q0, &src, b0 + b, hd, rb, one, 3, 1); break;
+                                default: score_q8_tile(qp + q0, &src, b0 + b, hd, rb, one, 4, 1); break;
+                            }
+                            for (int g = 0; g < qn; g++) acc[g * BT + b] = one[g];
+                        }
+                    }
+                    store_scores16(a, acc, qrow, q0, qn, b0, bn, BT, sc, mxv);
+                }
+            }
+            /* pass 2: probabilities exp(s - max) in place (fp32); 1 / sum */
+            float inv[AQ];
+            for (int64_t qi = 0; qi < Q; qi++) {
+                float *s = sc + qi * a->max_slots;
+                const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv[qi]));
+                __m512 sum = _mm512_setzero_ps();
+                for (int64_t b = 0; b < nb; b++) {
+                    const __m512 v = _mm512_loadu_ps(s + b * 16);
+                    const __mmask16 ok = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
+                    const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_sub_ps(v, mx)));
+                    sum = _mm512_add_ps(sum, e);
+                    _mm512_storeu_ps(s + b * 16, e);
+                }
+                inv[qi] = 1.0f / _mm512_reduce_add_ps(sum);
+            }
+            /* pass 3: P.V, QV queries at a time, over 8 dim chunks at most per pass */
+            const int QV = ND >= 8 ? 3 : ND == 4 ? 6 : 8;
+            const int NH = ND > 8 ? 8 : ND;
+            for (int64_t q0 = 0; q0 < Q; q0 += QV) {
+                const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
+                const float *pp[8];
+                for (int g = 0; g < qn; g++) pp[g] = sc + (q0 + g) * a->max_slots;
+                for (int64_t d0 = 0; d0 < ND; d0 += NH) {
+                    __m512 o[24];
+#define PVQ(ND_, QMAX_)                                                                                      \
+                    switch (qn < QMAX_ ? qn : QMAX_) {                                                      \
+                        case 1: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 1, ND_, d0); break;                \
+                        case 2: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 2, ND_, d0); break;                \
+                        case 3: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 3, ND_, d0); break;                \
+                        case 4: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 4 < QMAX_ ? 4 : QMAX_, ND_, d0); break; \
+                        case 5: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 5 < QMAX_ ? 5 : QMAX_, ND_, d0); break; \
+                        case 6: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 6 < QMAX_ ? 6 : QMAX_, ND_, d0); break; \
+                        case 7: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 7 < QMAX_ ? 7 : QMAX_, ND_, d0); break; \
+                        default: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 8 < QMAX_ ? 8 : QMAX_, ND_, d0); break; \
+                    }
+                    switch (NH) {
+                        case 2: PVQ(2, 8) break;
+                        case 4: PVQ(4, 6) break;
+                        default: PVQ(8, 3) break;
+                    }
+#undef PVQ
+                    for (int g = 0; g < qn; g++) {
+                        const int64_t qi = q0 + g;
+                        float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd + d0 * 16;
+                        for (int d = 0; d < NH; d++) _mm512_storeu_ps(orow + d * 16, _mm512_mul_ps(o[g * NH + d], _mm512_set1_ps(inv[qi])));
+                    }
+                }
+            }
+        }
+}
 #endif
 
 #define TLQ_ALLOW_VNNI 1 /* this variant may use AVX-512 VNNI in quant.h */

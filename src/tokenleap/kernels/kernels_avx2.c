@@ -387,7 +387,7 @@ static inline __attribute__((always_inline)) void score_tile8(
     for (int i = 0; i < 2 * QN * NB; i++) t[i] = _mm256_setzero_ps();
     const uint16_t *kp[4];
     for (int b = 0; b < NB; b++)
-        kp[b] = b0 + b < src->split ? src->k + (b0 + b) * 16 * hd : src->tk + (b0 + b - src->split) * 16 * hd;
+        kp[b] = b0 + b < src->split ? (const uint16_t *)src->k + (b0 + b) * 16 * hd : (const uint16_t *)src->tk + (b0 + b - src->split) * 16 * hd;
     for (int64_t dp = 0; dp < hd / 2; dp++)
         for (int b = 0; b < NB; b++) {
             __m256 ke0, ko0, ke1, ko1;
@@ -416,7 +416,7 @@ static inline __attribute__((always_inline)) void pv_tile8(
         for (int c = 0; c < NC; c++) t[g * NC + c] = _mm256_loadu_ps(o + g * hd + (c0 + c) * 8);
     const int64_t psplit = src->split * 8;
     for (int64_t p = p0; p < p1; p++) {
-        const uint16_t *vp = (p < psplit ? src->v + p * 2 * hd : src->tv + (p - psplit) * 2 * hd) + c0 * 16;
+        const uint16_t *vp = (p < psplit ? (const uint16_t *)src->v + p * 2 * hd : (const uint16_t *)src->tv + (p - psplit) * 2 * hd) + c0 * 16;
         for (int c = 0; c < NC; c++) {
             __m256 ve, vo;
             bf16_split8(vp + c * 16, &ve, &vo);
@@ -437,13 +437,34 @@ static inline __attribute__((always_inline)) void pv_tile8(
 #define BLK 16
 #define PAIRS 64
 
+/* Scores of queries q0 .. q0+qn-1 over blocks b0 .. b0+bn-1 (acc[(g * BT + b) * 2 + half]),
+ * scaled, the slots a row may not see set to -FLT_MAX, into sc[query][slot]; maxima in mxv. */
+static inline void store_scores8(const attn16_ctx *a, const __m256 *acc, const int64_t *qrow, int64_t q0, int qn,
+                                 int64_t b0, int bn, int BT, float *sc, __m256 *mxv) {
+    const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    for (int g = 0; g < qn; g++) {
+        const int64_t qi = q0 + g, r = qrow[qi];
+        for (int b = 0; b < bn; b++) {
+            const int64_t j0 = (b0 + b) * 16;
+            const uint32_t valid = attn16_valid(a->slot_end[r], a->slot_lo ? a->slot_lo[r] : 0, j0);
+            for (int h = 0; h < 2; h++) {
+                const __m256i bits = _mm256_and_si256(_mm256_set1_epi32((int)(valid >> (8 * h))), lane_bit);
+                const __m256 ok = _mm256_castsi256_ps(_mm256_cmpeq_epi32(bits, lane_bit));
+                __m256 sv = _mm256_mul_ps(acc[(g * BT + b) * 2 + h], _mm256_set1_ps(a->scale));
+                sv = _mm256_blendv_ps(_mm256_set1_ps(-FLT_MAX), sv, ok);
+                _mm256_storeu_ps(sc + qi * a->max_slots + j0 + 8 * h, sv);
+                mxv[qi] = _mm256_max_ps(mxv[qi], sv);
+            }
+        }
+    }
+}
+
 static void attn16_task(void *arg, int tid, int nthreads) {
     attn16_ctx *a = (attn16_ctx *)arg;
     (void)nthreads;
     const int64_t hd = a->hd, nc_all = hd / 8;
     float *sc = a->scratch + (int64_t)tid * AQ * a->max_slots;
     float qbuf[AQ * 256], obuf[AQ * 256];
-    const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     int64_t end;
     for (int64_t job = tl_next(&a->ctr, &end); job < a->ctr.count; job = tl_next(&a->ctr, &end))
         for (; job < end; job++) {
@@ -492,21 +513,7 @@ static void attn16_task(void *arg, int tid, int nthreads) {
                             }
                         }
                     }
-                    for (int g = 0; g < qn; g++) {
-                        const int64_t qi = q0 + g, r = qrow[qi];
-                        for (int b = 0; b < bn; b++) {
-                            const int64_t j0 = (b0 + b) * 16;
-                            const uint32_t valid = attn16_valid(a->slot_end[r], a->slot_lo ? a->slot_lo[r] : 0, j0);
-                            for (int h = 0; h < 2; h++) {
-                                const __m256i bits = _mm256_and_si256(_mm256_set1_epi32((int)(valid >> (8 * h))), lane_bit);
-                                const __m256 ok = _mm256_castsi256_ps(_mm256_cmpeq_epi32(bits, lane_bit));
-                                __m256 sv = _mm256_mul_ps(acc[(g * BT + b) * 2 + h], _mm256_set1_ps(a->scale));
-                                sv = _mm256_blendv_ps(_mm256_set1_ps(-FLT_MAX), sv, ok);
-                                _mm256_storeu_ps(sc + qi * a->max_slots + j0 + 8 * h, sv);
-                                mxv[qi] = _mm256_max_ps(mxv[qi], sv);
-                            }
-                        }
-                    }
+                    store_scores8(a, acc, qrow, q0, qn, b0, bn, BT, sc, mxv);
                 }
             }
             /* pass 2: probabilities exp(s - max), rounded to bf16 (kept as fp32) in place; 1 / sum */
@@ -544,6 +551,160 @@ static void attn16_task(void *arg, int tid, int nthreads) {
                         else if (nc == 8) pv_tile8(pf, &src, run, run_end, hd, c0, o, 1, 8);
                         else if (nc == 4) pv_tile8(pf, &src, run, run_end, hd, c0, o, 1, 4);
                         else pv_tile8(pf, &src, run, run_end, hd, c0, o, 1, 2);
+                    }
+                    q0 += qn;
+                }
+            }
+            for (int64_t qi = 0; qi < Q; qi++) {
+                float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd;
+                for (int64_t d = 0; d < hd; d += 8)
+                    _mm256_storeu_ps(orow + d, _mm256_mul_ps(_mm256_loadu_ps(obuf + qi * hd + d), _mm256_set1_ps(inv[qi])));
+            }
+        }
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Attention over a q8_0 KV cache (attn16.h's layout) on AVX2: 32 bytes of K hold 4 dims of 8
+ * slots; vpmaddubsw of the query's |q| and the keys signed by q (llama.cpp's q8_0 dot product)
+ * and vpmaddwd by ones add them to 8 slots' integer sums; each 32-dim block's exact sum times
+ * the key's and the query's scales is added to the score in block order. P.V widens 8 int8
+ * values to fp32 and adds them times p * d in slot order. Per query one fixed chain whatever
+ * the other queries and tiles (its bits are not kernels.c's: the exp differs). */
+
+/* Scores of QN queries over NB 16-slot blocks from b0 (QN * NB <= 2): acc[(g * NB + b) * 2 + h]
+ * holds slots h*8 .. h*8+7 of block b0+b. */
+static inline __attribute__((always_inline)) void score_q8_tile8(
+        const uint8_t *const *qp, const kv_src *src, int64_t b0, int64_t hd, int64_t rb, __m256 *acc, const int QN,
+        const int NB) {
+    __m256 t[4];
+    for (int i = 0; i < 2 * QN * NB; i++) t[i] = _mm256_setzero_ps();
+    const uint8_t *kp[2];
+    for (int b = 0; b < NB; b++)
+        kp[b] = b0 + b < src->split ? src->k + (b0 + b) * 16 * rb : src->tk + (b0 + b - src->split) * 16 * rb;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t blk = 0; blk < hd / 32; blk++) {
+        __m256i is[4];
+        for (int i = 0; i < 2 * QN * NB; i++) is[i] = _mm256_setzero_si256();
+        for (int dg = 0; dg < 8; dg++)
+            for (int b = 0; b < NB; b++) {
+                const __m256i k0 = _mm256_loadu_si256((const __m256i *)(kp[b] + (blk * 8 + dg) * 64));
+                const __m256i k1 = _mm256_loadu_si256((const __m256i *)(kp[b] + (blk * 8 + dg) * 64 + 32));
+                for (int g = 0; g < QN; g++) {
+                    int32_t q4;
+                    memcpy(&q4, qp[g] + blk * 32 + dg * 4, 4);
+                    const __m256i qv = _mm256_set1_epi32(q4), aq = _mm256_sign_epi8(qv, qv);
+                    const int i = (g * NB + b) * 2;
+                    is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(k0, qv)), ones));
+                    is[i + 1] = _mm256_add_epi32(is[i + 1], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(k1, qv)), ones));
+                }
+            }
+        for (int g = 0; g < QN; g++) {
+            const __m256 dq = _mm256_set1_ps(q8_query_scales(qp[g], hd)[blk]);
+            for (int b = 0; b < NB; b++)
+                for (int h = 0; h < 2; h++) {
+                    const int i = (g * NB + b) * 2 + h;
+                    const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kp[b] + 16 * hd + blk * 32 + h * 16)));
+                    t[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(dk, dq), t[i]);
+                }
+        }
+    }
+    for (int i = 0; i < 2 * QN * NB; i++) acc[i] = t[i];
+}
+
+/* P.V of QN queries for NC 8-dim chunks from chunk c0 over slots s0 .. s1-1 of q8_0 V,
+ * continuing the sums in o (query g's row at o + g * hd): o[d] += (p[s] * d[s][block]) * q[s][d]. */
+static inline __attribute__((always_inline)) void pv_q8_tile8(
+        const float *const *pf, const kv_src *src, int64_t s0, int64_t s1, int64_t hd, int64_t rb, int64_t c0, float *o,
+        const int QN, const int NC) {
+    __m256 t[8];
+    for (int g = 0; g < QN; g++)
+        for (int c = 0; c < NC; c++) t[g * NC + c] = _mm256_loadu_ps(o + g * hd + (c0 + c) * 8);
+    const int64_t ssplit = src->split * 16, blk0 = c0 / 4, nblk = (c0 + NC + 3) / 4 - blk0;
+    for (int64_t s = s0; s < s1; s++) {
+        const uint8_t *vp = s < ssplit ? src->v + s * rb : src->tv + (s - ssplit) * rb;
+        const uint16_t *vd = (const uint16_t *)(vp + hd) + blk0;
+        float w[4][2];
+        for (int64_t j = 0; j < nblk; j++) {
+            const float dv = _cvtsh_ss(vd[j]);
+            for (int g = 0; g < QN; g++) w[g][j] = pf[g][s] * dv;
+        }
+        for (int c = 0; c < NC; c++) {
+            const __m256 vf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vp + (c0 + c) * 8))));
+            for (int g = 0; g < QN; g++)
+                t[g * NC + c] = _mm256_fmadd_ps(_mm256_set1_ps(w[g][(c0 + c) / 4 - blk0]), vf, t[g * NC + c]);
+        }
+    }
+    for (int g = 0; g < QN; g++)
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(o + g * hd + (c0 + c) * 8, t[g * NC + c]);
+}
+
+#define SLOTS 128 /* slots per P.V run over a q8_0 V */
+
+static void attn_q8_task(void *arg, int tid, int nthreads) {
+    attn16_ctx *a = (attn16_ctx *)arg;
+    (void)nthreads;
+    const int64_t hd = a->hd, rb = a->rb, nc_all = hd / 8;
+    float *sc = a->scratch + (int64_t)tid * AQ * a->max_slots;
+    float obuf[AQ * 256];
+    int64_t end;
+    for (int64_t job = tl_next(&a->ctr, &end); job < a->ctr.count; job = tl_next(&a->ctr, &end))
+        for (; job < end; job++) {
+            kv_src src;
+            const uint32_t *qw[AQ];
+            const uint8_t *qp[AQ];
+            int64_t qrow[AQ], qhead[AQ], nb;
+            const int64_t Q = attn16_job(a, job, &src, qrow, qhead, qw, &nb);
+            __m256 mxv[AQ];
+            for (int64_t i = 0; i < Q; i++) {
+                qp[i] = (const uint8_t *)qw[i];
+                mxv[i] = _mm256_set1_ps(-FLT_MAX);
+            }
+            /* pass 1: scaled, masked scores into sc[query][slot], in runs of BLK blocks */
+            for (int64_t run = 0; run < nb; run += BLK)
+                for (int64_t q0 = 0; q0 < Q; q0 += 2) {
+                    const int qn = Q - q0 >= 2 ? 2 : 1, BT = qn == 2 ? 1 : 2;
+                    const int64_t run_end = run + BLK < nb ? run + BLK : nb;
+                    for (int64_t b0 = run; b0 < run_end; b0 += BT) {
+                        const int bn = (int)(run_end - b0 < BT ? run_end - b0 : BT);
+                        __m256 acc[4];
+                        if (qn == 2) score_q8_tile8(qp + q0, &src, b0, hd, rb, acc, 2, 1);
+                        else if (bn == 2) score_q8_tile8(qp + q0, &src, b0, hd, rb, acc, 1, 2);
+                        else score_q8_tile8(qp + q0, &src, b0, hd, rb, acc, 1, 1);
+                        store_scores8(a, acc, qrow, q0, qn, b0, bn, BT, sc, mxv);
+                    }
+                }
+            /* pass 2: probabilities exp(s - max) in place (fp32); 1 / sum */
+            float inv[AQ];
+            for (int64_t qi = 0; qi < Q; qi++) {
+                float *s = sc + qi * a->max_slots;
+                const __m256 mx = _mm256_set1_ps(hmax8(mxv[qi]));
+                __m256 sum = _mm256_setzero_ps();
+                for (int64_t j = 0; j < nb * 16; j += 8) {
+                    const __m256 v = _mm256_loadu_ps(s + j);
+                    const __m256 ok = _mm256_cmp_ps(v, _mm256_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
+                    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, mx)), ok);
+                    sum = _mm256_add_ps(sum, e);
+                    _mm256_storeu_ps(s + j, e);
+                }
+                inv[qi] = 1.0f / hsum8(sum);
+            }
+            /* pass 3: P.V in runs of SLOTS slots, the sums kept in obuf between runs */
+            for (int64_t i = 0; i < Q * hd; i++) obuf[i] = 0.0f;
+            for (int64_t run = 0; run < nb * 16; run += SLOTS) {
+                const int64_t run_end = run + SLOTS < nb * 16 ? run + SLOTS : nb * 16;
+                for (int64_t q0 = 0; q0 < Q;) {
+                    const int qn = Q - q0 >= 4 ? 4 : Q - q0 >= 2 ? 2 : 1;
+                    const int64_t NC = qn == 4 ? 2 : qn == 2 ? 4 : 8;
+                    const float *pf[4];
+                    for (int g = 0; g < qn; g++) pf[g] = sc + (q0 + g) * a->max_slots;
+                    float *o = obuf + q0 * hd;
+                    for (int64_t c0 = 0; c0 < nc_all; c0 += NC) {
+                        const int nc = (int)(nc_all - c0 < NC ? nc_all - c0 : NC);
+                        if (qn == 4) pv_q8_tile8(pf, &src, run, run_end, hd, rb, c0, o, 4, 2);
+                        else if (qn == 2 && nc == 4) pv_q8_tile8(pf, &src, run, run_end, hd, rb, c0, o, 2, 4);
+                        else if (qn == 2) pv_q8_tile8(pf, &src, run, run_end, hd, rb, c0, o, 2, 2);
+                        else if (nc == 8) pv_q8_tile8(pf, &src, run, run_end, hd, rb, c0, o, 1, 8);
+                        else pv_q8_tile8(pf, &src, run, run_end, hd, rb, c0, o, 1, 4);
                     }
                     q0 += qn;
                 }

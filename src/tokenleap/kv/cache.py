@@ -12,6 +12,13 @@ each `[capacity, head_dim]` plane out for the kernel: keys in blocks of 16 slots
 head_dim/2, 16, 2]`, values in pairs of slots, `[capacity/2, head_dim, 2]` (see `kernels.c`).
 `write`, `keys`, `values` and `compact` translate, so the torch path (prefill) reads and writes
 it like a plain cache. Its capacity is a multiple of 16 and it starts zeroed.
+
+A blocked *q8_0* cache (`dtype=torch.int8`; llama.cpp's `--cache-type-k/-v q8_0`) holds each
+slot of a kv head as ggml's q8_0: per 32 dims, 32 int8 values and one fp16 scale, `head_dim +
+head_dim/16` bytes a slot (0.53x bf16), in the tensor `[layers, 2, kv_heads, capacity, head_dim
+* 17/16]` int8: keys in blocks of 16 slots (int8 `[head_dim/4, 16, 4]`, then fp16 scales
+`[head_dim/32, 16]`), values slot by slot (int8 `[head_dim]`, then fp16 `[head_dim/32]`).
+`write` quantizes exactly as the kernel does (`q8_quantize` in attn16.h), bit for bit.
 """
 
 from __future__ import annotations
@@ -26,6 +33,25 @@ from functools import lru_cache
 import torch
 
 from tokenleap.errors import TokenleapError
+from tokenleap.kernels import KV_BF16, KV_Q8_0, kv_slot_bytes
+
+KV_CACHE_TYPES = {"bf16": torch.bfloat16, "q8_0": torch.int8}  # llama.cpp's names of the blocked formats
+
+
+def q8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml's q8_0 of `x` (`[..., n]`, n a multiple of 32) as the kernel computes it: per 32
+    values d = fp16(max |x| / 127), q = round-half-even(x / d) in [-127, 127] (0 where d is 0).
+    Returns (q int8 `[..., n]`, d float16 `[..., n/32]`)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 32)
+    d = (blocks.abs().amax(-1) / 127.0).to(torch.float16)
+    df = d.float().unsqueeze(-1)
+    q = torch.where(df == 0, torch.zeros_like(blocks), torch.round(blocks / df)).clamp(-127, 127)
+    return q.to(torch.int8).reshape(x.shape), d
+
+
+def q8_dequantize(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """float32 values of q8_0 blocks (`q8_quantize`'s inverse up to rounding)."""
+    return (q.float().reshape(*q.shape[:-1], -1, 32) * d.float().unsqueeze(-1)).reshape(q.shape)
 
 
 class KVCache:
@@ -43,8 +69,8 @@ class KVCache:
         device: torch.device | str = "cpu",
         blocked: bool = False,
     ) -> None:
-        if blocked and (dtype != torch.bfloat16 or head_dim % 2):
-            raise ValueError("a blocked KV cache is bfloat16 with an even head_dim")
+        if blocked and not ((dtype == torch.bfloat16 and head_dim % 2 == 0) or (dtype == torch.int8 and head_dim % 32 == 0)):
+            raise ValueError("a blocked KV cache is bfloat16 with an even head_dim, or int8 (q8_0) with head_dim a multiple of 32")
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -55,13 +81,35 @@ class KVCache:
         self.length = 0
         self._data = self._alloc(min(initial_capacity, max_capacity))
 
+    @property
+    def kv_type(self) -> int:
+        """The blocked format (`tokenleap.kernels.KV_BF16` or `KV_Q8_0`)."""
+        return KV_Q8_0 if self.dtype == torch.int8 else KV_BF16
+
     def _alloc(self, capacity: int) -> torch.Tensor:
         if self.blocked:
             capacity = -(-capacity // 16) * 16
-        shape = (self.num_layers, 2, self.num_kv_heads, capacity, self.head_dim)
+        width = kv_slot_bytes(KV_Q8_0, self.head_dim) if self.dtype == torch.int8 else self.head_dim
+        shape = (self.num_layers, 2, self.num_kv_heads, capacity, width)
         if self.blocked:  # the kernel multiplies unused slots by probability 0: no NaN garbage
             return torch.zeros(shape, dtype=self.dtype, device=self.device)
         return torch.empty(shape, dtype=self.dtype, device=self.device)
+
+    def _q8_k(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """q8_0 keys as views `[layers, kv_heads, capacity/16, 16, head_dim/4, 4]` int8 and
+        `[layers, kv_heads, capacity/16, 16, head_dim/32]` fp16 (slot-major)."""
+        L, H, C, D = self.num_layers, self.num_kv_heads, self.capacity, self.head_dim
+        blocks = self._data[:, 0].view(L, H, C // 16, 16 * (D + D // 16))
+        q = blocks[..., : 16 * D].view(L, H, C // 16, D // 4, 16, 4).permute(0, 1, 2, 4, 3, 5)
+        d = blocks[..., 16 * D :].view(torch.float16).view(L, H, C // 16, D // 32, 16).permute(0, 1, 2, 4, 3)
+        return q, d
+
+    def _q8_v(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """q8_0 values as views `[layers, kv_heads, capacity, head_dim]` int8 and `[layers,
+        kv_heads, capacity, head_dim/32]` fp16."""
+        D = self.head_dim
+        rows = self._data[:, 1]
+        return rows[..., :D], rows[..., D:].view(torch.float16)
 
     def _k_slots(self) -> torch.Tensor:
         """Blocked keys as a `[layers, kv_heads, capacity/16, 16, head_dim/2, 2]` view."""
@@ -98,6 +146,15 @@ class KVCache:
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store `k`, `v` (`[kv_heads, n, head_dim]`) at slots `start .. start+n`."""
         n = k.shape[1]
+        if self.blocked and self.kv_type == KV_Q8_0:
+            slots = torch.arange(start, start + n)
+            H, D = self.num_kv_heads, self.head_dim
+            kq, kd = q8_quantize(k)
+            (qv, dv), (vq, vd) = self._q8_k(), self._q8_v()
+            qv[layer, :, slots // 16, slots % 16] = kq.reshape(H, n, D // 4, 4)
+            dv[layer, :, slots // 16, slots % 16] = kd
+            vq[layer, :, start : start + n], vd[layer, :, start : start + n] = q8_quantize(v)
+            return
         if self.blocked:
             slots = torch.arange(start, start + n)
             H, D = self.num_kv_heads, self.head_dim
@@ -109,6 +166,11 @@ class KVCache:
 
     def keys(self, layer: int, end: int) -> torch.Tensor:
         """`[kv_heads, end, head_dim]`: a view, or for a blocked cache a float32 copy."""
+        if self.blocked and self.kv_type == KV_Q8_0:
+            H, D = self.num_kv_heads, self.head_dim
+            blocks = -(-end // 16)
+            q, d = self._q8_k()
+            return q8_dequantize(q[layer, :, :blocks].reshape(H, blocks * 16, D), d[layer, :, :blocks].reshape(H, blocks * 16, D // 32))[:, :end]
         if self.blocked:
             H, D = self.num_kv_heads, self.head_dim
             blocks = -(-end // 16)
@@ -117,6 +179,9 @@ class KVCache:
 
     def values(self, layer: int, end: int) -> torch.Tensor:
         """`[kv_heads, end, head_dim]`: a view, or for a blocked cache a float32 copy."""
+        if self.blocked and self.kv_type == KV_Q8_0:
+            q, d = self._q8_v()
+            return q8_dequantize(q[layer, :, :end], d[layer, :, :end])
         if self.blocked:
             H, D = self.num_kv_heads, self.head_dim
             pairs = -(-end // 2)
@@ -155,7 +220,13 @@ class KVCache:
             raise ValueError(f"compact: slots {keep} outside [{start}, {self.length})")
         if keep != list(range(start, start + len(keep))):
             index = torch.tensor(keep, device=self.device)
-            if self.blocked:
+            if self.blocked and self.kv_type == KV_Q8_0:
+                dest = torch.arange(start, start + len(keep), device=self.device)
+                for part in self._q8_k():
+                    part[:, :, dest // 16, dest % 16] = part[:, :, index // 16, index % 16].clone()
+                for part in self._q8_v():
+                    part[:, :, dest] = part[:, :, index].clone()
+            elif self.blocked:
                 dest = torch.arange(start, start + len(keep), device=self.device)
                 ks, vs = self._k_slots(), self._v_slots()
                 ks[:, :, dest // 16, dest % 16] = ks[:, :, index // 16, index % 16].clone()

@@ -52,7 +52,7 @@ from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask
 from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight
 from tokenleap.kernels.fused import FusedLayers
 from tokenleap.errors import TokenleapError
-from tokenleap.kv.cache import KVCache
+from tokenleap.kv.cache import KV_CACHE_TYPES, KVCache
 from tokenleap.models.config import ModelConfig, RopeScaling
 from tokenleap.threads import torch_threads
 
@@ -109,9 +109,12 @@ class LlamaModel:
         kernels: CpuKernels | None = None,
         *,
         consume_weights: bool = False,
+        kv_cache_type: str = "auto",
     ) -> None:
         """`consume_weights`: the caller hands `weights` over, and the parts of a fused linear
-        are dropped from it once stacked (a load's peak memory is then about the model's)."""
+        are dropped from it once stacked (a load's peak memory is then about the model's).
+        `kv_cache_type`: "auto" (bf16 where the kernels attend over blocked caches, else fp32),
+        "bf16" or "q8_0" (`kv_cache_dtype`)."""
         self.config = config
         self.dtype = dtype
         self.kv_dtype = torch.float32
@@ -140,6 +143,7 @@ class LlamaModel:
         self.kv_blocked = self.kernel_attention and kernels is not None and kernels.bf16_attention and dtype == torch.bfloat16
         if self.kv_blocked:
             self.kv_dtype = torch.bfloat16
+        self.kv_dtype = kv_cache_dtype(kv_cache_type, self.kv_dtype, self.kv_blocked, config.head_dim, kernels)
         # bf16 prompts prefill on the kernels (torch's bf16 GEMM is 1.5x slower with AVX512-BF16
         # and ~9x slower on an AVX2-only CPU; chunking a prompt cannot change the kernels' bits)
         # GGUF blocks the kernels read (`QuantWeight`) stay quantized; without kernels they are
@@ -619,6 +623,22 @@ class LlamaModel:
             p = torch.softmax(torch.matmul(qg, k_i.transpose(1, 2)), dim=-1)  # [nkv, group, slots]
             out[i] = torch.matmul(p, v_i).reshape(-1)
         return out
+
+
+def kv_cache_dtype(name: str, default: torch.dtype, blocked: bool, head_dim: int, kernels: CpuKernels | None) -> torch.dtype:
+    """The KV cache's dtype for a `kv_cache_type` ("auto", llama.cpp's "f16" taken as "bf16",
+    "bf16", "q8_0"): a clear error where this model or machine cannot have it."""
+    name = {"f16": "bf16", "bfloat16": "bf16", "q8": "q8_0"}.get(name, name)
+    if name == "auto":
+        return default
+    if name not in KV_CACHE_TYPES:
+        raise TokenleapError(f"unknown KV cache type {name!r}: tokenleap has {', '.join(['auto', *KV_CACHE_TYPES])}")
+    if not blocked:
+        why = "no tokenleap kernels on this machine" if kernels is None else "the model runs in float32 or its head dim has no blocked attention"
+        raise TokenleapError(f"a {name} KV cache needs the kernels' blocked attention over a bfloat16 model ({why})")
+    if name == "q8_0" and head_dim % 32:
+        raise TokenleapError(f"a q8_0 KV cache needs a head dim that is a multiple of 32 (this model's is {head_dim})")
+    return KV_CACHE_TYPES[name]
 
 
 # Rotary tables are precomputed up to this many positions (a 128k-context model would otherwise

@@ -81,11 +81,17 @@ def resolve_quantization(source: ModelSource, dtype: torch.dtype, kernels: Any, 
 
 
 def load_model(
-    source: ModelSource, dtype: torch.dtype, *, use_kernels: bool = True, quantization: str | None = None
+    source: ModelSource,
+    dtype: torch.dtype,
+    *,
+    use_kernels: bool = True,
+    quantization: str | None = None,
+    kv_cache_type: str = "auto",
 ) -> tuple[LlamaModel, Tokenizer]:
     """The model and its tokenizer. `quantization="gguf"` keeps a GGUF's quantized linears in
     their blocks (the kernels' quantized path); without kernels they are dequantized, with a
-    warning. "none" dequantizes to `dtype`; None decides (`resolve_quantization`)."""
+    warning. "none" dequantizes to `dtype`; None decides (`resolve_quantization`).
+    `kv_cache_type`: "auto", "bf16" or "q8_0" (`LlamaModel`)."""
     kernels = load_kernels() if use_kernels else None
     quantization = resolve_quantization(source, dtype, kernels, quantization)
     if quantization == "gguf" and source.kind != "gguf":
@@ -102,7 +108,7 @@ def load_model(
     else:
         config, weights = load_hf_folder(source.path)
         tokenizer = Tokenizer.from_folder(source.path)
-    model = LlamaModel(config, weights, dtype, kernels, consume_weights=True)
+    model = LlamaModel(config, weights, dtype, kernels, consume_weights=True, kv_cache_type=kv_cache_type)
     del weights
     _release_free_heap()
     logger.info("loaded %s: %d layers, %.0fM parameters, %s%s", source.name, config.num_layers, config.num_parameters() / 1e6, dtype,
