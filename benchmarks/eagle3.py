@@ -35,8 +35,8 @@ import torch
 from tokenleap import LLM
 from tokenleap.bench import default_spec_bench, load_questions, run_bench, summarize
 from tokenleap.config import SpecConfig
-from tokenleap.drafters.eagle3 import Eagle3Head, HeadKV
-from tokenleap.drafters.head_loader import load_eagle3
+from tokenleap.heads.base import DraftHead, HeadKV
+from tokenleap.heads.loader import load_eagle3
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_HEAD = Path("/work/heads/smollm2-eagle3")
@@ -82,7 +82,7 @@ def _best(fn: Any, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def measure_costs(model: Any, head: Eagle3Head, context: int, topk: int, repeats: int) -> dict[str, float]:
+def measure_costs(model: Any, head: DraftHead, context: int, topk: int, repeats: int) -> dict[str, float]:
     kv = model.new_kv_cache(context + 4)
     ids = torch.arange(context) % 1000 + 100
     model.forward(ids, torch.arange(context), kv)

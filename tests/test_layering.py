@@ -1,14 +1,18 @@
-"""The package's layering (issue 23): kernels < models < drafters < engine, no module importing
-a layer above its own, and the engine knowing only `drafters/base.py` of the drafters (it keys
-drafters by `SpecConfig.drafter_key` and weighs cost with `tokenleap.cost`)."""
+"""The package's layering (issue 23): kernels < models < heads < drafters < engine, no module
+importing a layer above its own, and the engine knowing only `drafters/base.py` of the drafters (it
+keys drafters by `SpecConfig.drafter_key` and weighs cost with `tokenleap.cost`). The draft heads
+(formats, loader, protocol) sit under the drafters that run them, and `train/` builds on the heads,
+not on the drafters."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent / "src" / "tokenleap"
-LAYERS = {"kernels": 0, "models": 1, "drafters": 2, "engine": 3}
+LAYERS = {"kernels": 0, "models": 1, "heads": 2, "drafters": 3, "engine": 4}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -40,12 +44,13 @@ def test_the_layering_test_sees_an_upward_import(tmp_path: Path) -> None:
     assert _imports(bad) == [(1, "tokenleap.engine.speculation")]
 
 
-def test_no_import_cycle_among_the_drafters() -> None:
-    """No drafter module imports, at any depth and even inside a function, one that imports it
-    back (the head formats used to, through the EAGLE-3 loader)."""
+@pytest.mark.parametrize("package", ["drafters", "heads"])
+def test_no_import_cycle_among_the_drafters_and_the_heads(package: str) -> None:
+    """No drafter or head module imports, at any depth and even inside a function, one that
+    imports it back (the head formats used to, through the EAGLE-3 loader)."""
     graph: dict[str, set[str]] = {}
-    for path in (ROOT / "drafters").glob("*.py"):
-        graph[path.stem] = {m.split(".")[2] for _, m in _imports(path) if m.startswith("tokenleap.drafters.") and m.count(".") >= 2}
+    for path in (ROOT / package).glob("*.py"):
+        graph[path.stem] = {m.split(".")[2] for _, m in _imports(path) if m.startswith(f"tokenleap.{package}.") and m.count(".") >= 2}
     cycles: list[list[str]] = []
 
     def visit(node: str, stack: list[str]) -> None:
@@ -58,3 +63,17 @@ def test_no_import_cycle_among_the_drafters() -> None:
     for module in graph:
         visit(module, [])
     assert not cycles, cycles
+
+
+def test_train_builds_on_the_heads_not_on_the_drafters() -> None:
+    """The trainable heads share the runtime heads' shape and toolkit (`tokenleap.heads`) and
+    import nothing of the drafters or the engine."""
+    wrong, heads = [], set()
+    for path in sorted((ROOT / "train").rglob("*.py")):
+        for line, module in _imports(path):
+            if module.startswith(("tokenleap.drafters", "tokenleap.engine")):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+            if module.startswith("tokenleap.heads"):
+                heads.add(module)
+    assert not wrong, wrong
+    assert "tokenleap.heads.base" in heads

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tokenleap import LLM
-from tokenleap.drafters.eagle3 import HeadKV
-from tokenleap.drafters.head_loader import load_eagle3
+from tokenleap.heads.base import HeadKV
+from tokenleap.heads.loader import load_eagle3
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab, Example
@@ -229,9 +229,9 @@ def test_from_head_reads_back_an_exported_head(tiny_model, tmp_path: Path) -> No
 
 
 def test_mtp_ttt_forward_is_the_runtime_layer(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The trainable MTP layer's TTT steps equal the runtime's chained drafting (drafters/mtp.py)
+    """The trainable MTP layer's TTT steps equal the runtime's chained drafting (heads/mtp.py)
     on the same target features, once exported in MiMo's layout and loaded back."""
-    from tokenleap.drafters.mtp import load_mtp
+    from tokenleap.heads.mtp import load_mtp
     from tokenleap.train.mtp_head import TrainableMtp
     from tokenleap.train.trainer import forward_features
 

@@ -1,6 +1,6 @@
 """The draft-head methods' records: EAGLE-3 (`eagle3`), EAGLE-1/2 (`eagle`), MiMo's MTP layers
-(`mtp`) and Medusa (`medusa`). One module for the family: the heads' modules load only when a
-drafter is made (their factories import them), and these records move with the heads."""
+(`mtp`) and Medusa (`medusa`). One module for the family: the heads (`tokenleap.heads`) and their
+drafters (`head_drafter.py`) load only when a drafter is made (their factories import them)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ _TREE_KNOBS = "`eagle_tree_topk` / `--spec-tree-topk` (1 = chain), `eagle_tree_d
 
 def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None,
             target_name: str | None = None, **_: Any) -> Drafter:
-    from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, measure_step_cost
-    from tokenleap.drafters.head_loader import load_eagle3
+    from tokenleap.drafters.head_drafter import HeadDrafter, TreeShape
+    from tokenleap.heads.base import measure_step_cost
+    from tokenleap.heads.loader import load_eagle3
 
     if not config.model:  # the head shipped for this model (tokenleap/heads)
-        from tokenleap.heads import shipped_head, shipped_heads
+        from tokenleap.heads.shipped import shipped_head, shipped_heads
 
         path = shipped_head("eagle3", target_name)
         if path is None:
@@ -44,14 +45,15 @@ def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], An
     # per draft token: a chain runs one head step per token; a tree one step (of k rows, about the
     # cost of one row on this CPU) per depth for up to k nodes
     per_token = step / tree.topk
-    return Eagle3Drafter(head, tree, relative_draft_cost=per_token)
+    return HeadDrafter(head, tree, relative_draft_cost=per_token)
 
 
 def _mtp(config: SpecConfig, *, target: Any, target_path: Any = None, heads: dict[tuple[Path, int], Any] | None = None,
          **_: Any) -> Drafter:
     """A checkpoint's own MTP layer (MiMo) drafting for it: the target's folder unless `model` names one."""
-    from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape, measure_step_cost
-    from tokenleap.drafters.mtp import load_mtp
+    from tokenleap.drafters.head_drafter import HeadDrafter, TreeShape
+    from tokenleap.heads.base import measure_step_cost
+    from tokenleap.heads.mtp import load_mtp
 
     folder = config.model or (str(target_path) if target_path is not None and Path(target_path).is_dir() else None)
     if folder is None:
@@ -61,14 +63,15 @@ def _mtp(config: SpecConfig, *, target: Any, target_path: Any = None, heads: dic
     key = (Path(folder).expanduser().resolve(), id(target))
     if key not in heads:
         head = load_mtp(folder, target)
-        heads[key] = (head, measure_step_cost(head))  # type: ignore[arg-type]  # an MtpHead (Eagle1Head) has the Eagle3Head methods it calls; no head protocol yet
+        heads[key] = (head, measure_step_cost(head))
     head, step = heads[key]
     tree = TreeShape(config.eagle_tree_topk, config.eagle_tree_depth)
-    return Eagle3Drafter(head, tree, relative_draft_cost=step / tree.topk)
+    return HeadDrafter(head, tree, relative_draft_cost=step / tree.topk)
 
 
 def _medusa(config: SpecConfig, *, target: Any, **_: Any) -> Drafter:
-    from tokenleap.drafters.medusa import MedusaDrafter, load_medusa
+    from tokenleap.drafters.head_drafter import MedusaDrafter
+    from tokenleap.heads.medusa import load_medusa
 
     return MedusaDrafter(load_medusa(str(config.model), target), topk=config.eagle_tree_topk)
 

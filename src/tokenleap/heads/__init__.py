@@ -1,22 +1,18 @@
-"""Draft heads shipped with tokenleap (package data): `{target}-{method}/` holds a head trained by
-`tokenleap train-drafter` for the registered model `target`, with the command that made it in its
-config.json (`tokenleap_training.command`) and README.md. `speculative_config={"method": "eagle3"}`
-with no `model` uses the shipped head of the model being run."""
+"""Draft heads: small layers over the target's own hidden states that propose its next tokens.
 
-from __future__ import annotations
+    base.py         the `DraftHead` protocol (what a head offers the drafter that runs it) and the
+                    toolkit every head shares: HeadShape, HeadKV, head_rope, head_linear, the
+                    LayerHead / FinalHiddenHead bases, measure_step_cost
+    eagle3.py       EAGLE-3 heads (fused aux layers, reduced draft vocabulary)
+    eagle3_gguf.py  EAGLE-3 heads in llama.cpp's GGUF layout
+    eagle1.py       EAGLE-1/2 heads (over the final hidden state)
+    mtp.py          a checkpoint's own multi-token-prediction layers (MiMo)
+    medusa.py       Medusa heads (parallel heads over the final hidden state)
+    loader.py       one loader for the EAGLE layouts, which it sniffs
+    shipped.py      the heads shipped as package data, in the folders beside these modules
 
-from pathlib import Path
-
-HEADS_DIR = Path(__file__).resolve().parent
-
-
-def shipped_head(method: str, target_name: str | None) -> Path | None:
-    """The shipped head directory for `method` on the registered model `target_name`, if any."""
-    if not target_name:
-        return None
-    folder = HEADS_DIR / f"{target_name}-{method}"
-    return folder if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")) else None
-
-
-def shipped_heads() -> list[str]:
-    return sorted(p.name for p in HEADS_DIR.iterdir() if p.is_dir() and (p / "config.json").is_file())
+The drafters that run them are `tokenleap.drafters.head_drafter` (any `DraftHead`, chains or
+EAGLE-2 trees; and Medusa's) and their method records `tokenleap.drafters.head_methods`; the
+trainable heads of `tokenleap.train` are built on the same `HeadShape` and `head_rope`. The heads
+import nothing of the drafters: kernels < models < heads < drafters < engine.
+"""

@@ -1,5 +1,5 @@
 """A trainable EAGLE-3 head (Li et al., 2025) with training-time test (TTT): the same math as the
-runtime in `tokenleap.drafters.eagle3` (one Llama decoder layer over the fused aux features and the
+runtime in `tokenleap.heads.eagle3` (one Llama decoder layer over the fused aux features and the
 normed token embedding, draft LM head over the reduced vocabulary), as a `torch.nn.Module`.
 
 Training-time test unrolls the draft `steps` times over a whole sequence at once. Step 0 at index i
@@ -28,17 +28,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenleap.drafters.eagle3 import Eagle3Config, head_rope
+from tokenleap.errors import TokenleapError
+from tokenleap.heads.base import HeadShape, head_rope
+from tokenleap.heads.eagle3 import Eagle3Head
+from tokenleap.heads.loader import load_eagle3
 
 
 def shape_for_target(target_config: Any, draft_vocab_size: int, aux_layers: Sequence[int],
-                     norm_before_residual: bool = True) -> Eagle3Config:
+                     norm_before_residual: bool = True) -> HeadShape:
     """The head's shape for a target: its hidden size, heads and MLP width, over the target's
     vocabulary. `norm_before_residual` (SpecForge's option) makes the layer's residual the normed
     feature: without it the raw fused feature carries the target's massive activations (rms ~170,
     peaks ~25000 on SmolLM2's middle layers) past the layer, drowning what attention and the MLP add."""
     c = target_config
-    return Eagle3Config(
+    return HeadShape(
         hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
         head_dim=c.head_dim, vocab_size=c.vocab_size, draft_vocab_size=draft_vocab_size, target_hidden_size=c.hidden_size,
         aux_layers=tuple(int(a) for a in aux_layers), rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
@@ -86,7 +89,7 @@ class TrainableEagle3(nn.Module):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, shape: Eagle3Config, embed: torch.Tensor, init_lm_head: torch.Tensor | None = None,
+    def __init__(self, shape: HeadShape, embed: torch.Tensor, init_lm_head: torch.Tensor | None = None,
                  init_norm: torch.Tensor | None = None, seed: int = 0) -> None:
         super().__init__()
         self.shape = s = shape
@@ -168,9 +171,9 @@ class TrainableEagle3(nn.Module):
         trainable module, with its draft-to-target id map."""
         from safetensors.torch import load_file
 
-        from tokenleap.drafters.head_loader import load_eagle3
-
         rt = load_eagle3(folder, target)  # validates shapes and the layout
+        if not isinstance(rt, Eagle3Head):
+            raise TokenleapError(f"{folder} holds a {type(rt).__name__}, not an EAGLE-3 head to train on")
         weights: dict[str, torch.Tensor] = {}
         for f in sorted(Path(folder).glob("*.safetensors")):
             weights.update(load_file(str(f)))

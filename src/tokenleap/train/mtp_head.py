@@ -1,13 +1,13 @@
 """A trainable MTP layer in MiMo's layout (Xiaomi, 2025; DeepSeek-V3's multi-token prediction,
 section 2.2) for any target tokenleap runs: the same math as the runtime in
-`tokenleap.drafters.mtp` (normed final hidden state and normed next-token embedding, hidden first,
+`tokenleap.heads.mtp` (normed final hidden state and normed next-token embedding, hidden first,
 `input_proj` 2H -> H, one pre-norm decoder block of the target's shape, a final norm, the target's
 own LM head over the full vocabulary), trained post hoc on the frozen target with training-time
 test: step k at index i reads step k-1's (normed) output and the embedding of x_{i+k+1}, sits at
 rotary position i+k, and attends to the step-0 keys of positions <= i plus its own chain
 (`eagle3_head.ttt_attention`), so chained drafting at inference is what training saw.
 
-Its shape is the runtime's `Eagle3Config` of the target (`eagle3_head.shape_for_target(config,
+Its shape is the runtime's `HeadShape` of the target (`eagle3_head.shape_for_target(config,
 vocab_size, ())`: no aux layers, the full vocabulary). `export` writes `model.mtp_layers.0.*` and a config.json with the target's shape, which
 `speculative_config={"method": "mtp", "model": DIR}` loads.
 """
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenleap.drafters.eagle3 import Eagle3Config, head_rope
+from tokenleap.heads.base import HeadShape, head_rope
 from tokenleap.train.eagle3_head import ttt_attention, write_head
 
 
@@ -40,7 +40,7 @@ class TrainableMtp(nn.Module):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, shape: Eagle3Config, embed: torch.Tensor, lm_head: torch.Tensor, final_logit_softcap: float | None = None,
+    def __init__(self, shape: HeadShape, embed: torch.Tensor, lm_head: torch.Tensor, final_logit_softcap: float | None = None,
                  seed: int = 0) -> None:
         super().__init__()
         self.shape = s = shape

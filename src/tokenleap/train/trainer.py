@@ -34,8 +34,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tokenleap.drafters.eagle3 import Eagle3Config, default_aux_layers
 from tokenleap.errors import TokenleapError
+from tokenleap.heads.base import HeadShape
+from tokenleap.heads.eagle3 import default_aux_layers
 from tokenleap.train.data import DraftVocab, Example, Record, build_draft_vocab, load_records, tokenize
 from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
 from tokenleap.train.medusa_head import MedusaShape, TrainableMedusa
@@ -668,7 +669,7 @@ def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], 
         f"draft vocabulary {vocab.size} of {tc.vocab_size} covers {vocab.coverage:.1%} of assistant tokens")
 
     head: TrainableEagle3 | TrainableMedusa | TrainableMtp
-    shape: Eagle3Config | MedusaShape
+    shape: HeadShape | MedusaShape
     softcap = getattr(tc, "final_logit_softcap", None)
     if cfg.head_type == "mtp":
         shape = shape_for_target(tc, tc.vocab_size, ())  # the target's layer shape, full vocabulary, no aux layers

@@ -5,10 +5,11 @@ token i + 2 positions ahead (the target's own LM head predicts the next one).
 Each head is `medusa_num_layers` residual blocks, x + SiLU(W x + b), then a vocabulary
 projection (its own, or the target's LM head when the checkpoint has none: shared). From the
 last verified position's final hidden state (handed over by the engine in the verify forward,
-`hidden_layers = (-1,)`), the draft is each head's argmax in turn: a chain of up to K tokens,
-deterministic, so sampled requests stay exact; with topk > 1, a dynamic tree over the heads'
-top-k tokens (`_tree`, greedy requests verify it as a tree). There is no head KV cache: only the last
-position's feature matters, kept with the token prefix it belongs to.
+`hidden_layers = (FINAL_HIDDEN,)`), the draft is each head's argmax in turn: a chain of up to K
+tokens, deterministic, so sampled requests stay exact; with topk > 1, a dynamic tree over the
+heads' top-k tokens (greedy requests verify it as a tree). There is no head KV cache and no
+layer of its own, so these are not a `DraftHead`: `drafters/head_drafter.MedusaDrafter` drafts
+with them, keeping only the last position's feature with the token prefix it belongs to.
 
 Layouts: FasterDecoding (`config.json` with `medusa_num_heads`, `medusa_num_layers`; tensors
 `{i}.{j}.linear.weight/bias` for the blocks and `{i}.{L}.weight` for the projection, optionally
@@ -21,16 +22,15 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.errors import TokenleapError
+from tokenleap.heads.base import FINAL_HIDDEN
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,11 @@ class _Block:
 
 
 class MedusaHeads:
+    """K heads over the target's final hidden state; head i's logits predict the token i + 2
+    positions ahead (`MedusaDrafter` in drafters/head_drafter.py drafts with them)."""
+
+    hidden_layers = (FINAL_HIDDEN,)
+
     def __init__(self, blocks: list[list[_Block]], projections: list[Any | None], target: Any) -> None:
         self.blocks = blocks
         self.projections = projections  # None: the target's LM head
@@ -133,84 +138,3 @@ def load_medusa(path: str | Path, target: Any) -> MedusaHeads:
     shared = sum(p is None for p in projections)
     logger.info("Medusa heads %s: %d heads of %d residual blocks, %d sharing the target's LM head", folder, n_heads, n_layers, shared)
     return MedusaHeads(blocks, projections, target)
-
-
-@dataclass
-class _State:
-    prefix: list[int]  # x_0 .. x_p: the tokens up to the position of `feature`
-    feature: torch.Tensor | None = None  # [1, H] the target's final hidden state at position p
-
-
-class MedusaDrafter:
-    name: ClassVar[str] = "medusa"
-    needs_hidden_states: ClassVar[bool] = True
-    drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
-    hidden_layers = (-1,)
-
-    def __init__(self, heads: MedusaHeads, topk: int = 1) -> None:
-        self.heads = heads
-        self.topk = topk  # 1: a chain of each head's argmax; k > 1: a tree (`_tree`)
-        self._states: dict[str, _State] = {}
-
-    def begin(self, request: DraftRequest) -> None:
-        self._states[request.request_id] = _State([])
-
-    def end(self, request_id: str) -> None:
-        self._states.pop(request_id, None)
-
-    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
-        return None
-
-    def observe(self, request_id: str, start: int, token_ids: Sequence[int], hidden: dict[int, torch.Tensor]) -> None:
-        st = self._states.get(request_id)
-        if st is None or not len(token_ids):
-            return
-        if start > len(st.prefix):  # positions missing: the kept prefix no longer leads here
-            st.prefix, st.feature = [], None
-            return
-        st.prefix = st.prefix[:start] + [int(t) for t in token_ids]
-        st.feature = hidden[-1][-1:].float()
-
-    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
-        st = self._states.get(request_id)
-        if st is None or st.feature is None or max_tokens <= 0:
-            return Draft()
-        # the feature must be the one of position len(tokens) - 2, reached by these very tokens
-        if len(st.prefix) != len(tokens) - 1 or list(tokens[: len(st.prefix)]) != st.prefix:
-            return Draft()
-        with torch.inference_mode():
-            k = min(max_tokens, self.heads.num_heads)
-            if self.topk <= 1:
-                return Draft([int(self.heads.logits(i, st.feature)[0].argmax()) for i in range(k)])
-            return self._tree(st.feature, k, max_tokens)
-
-    def _tree(self, feature: torch.Tensor, depth: int, budget: int) -> Draft:
-        """A dynamic tree: head d's top-k tokens are the candidate children at depth d + 1 (the
-        heads do not see the path, so every node's candidates are alike); the `topk` best
-        nodes by cumulative log-probability are expanded per depth and the best `budget`
-        candidates kept (ancestors first on ties, so the kept set is a tree)."""
-        scores: list[float] = []
-        toks: list[int] = []
-        parents: list[int] = []
-        depths: list[int] = []
-        frontier = [-1]
-        for d in range(depth):
-            top = torch.log_softmax(self.heads.logits(d, feature), dim=-1)[0].topk(self.topk)
-            cands = list(zip(top.values.tolist(), top.indices.tolist()))
-            children = []
-            for parent in frontier:
-                base = scores[parent] if parent >= 0 else 0.0
-                for lp, tok in cands:
-                    scores.append(base + lp)
-                    toks.append(int(tok))
-                    parents.append(parent)
-                    depths.append(d + 1)
-                    children.append(len(scores) - 1)
-            frontier = sorted(children, key=lambda i: -scores[i])[: self.topk]
-        keep = sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:budget]
-        kept = set(keep)
-        order = sorted((i for i in keep if parents[i] < 0 or parents[i] in kept), key=lambda i: (depths[i], -scores[i], i))
-        index = {c: j for j, c in enumerate(order)}
-        order = [i for i in order if parents[i] < 0 or parents[i] in index]
-        index = {c: j for j, c in enumerate(order)}
-        return Draft([toks[i] for i in order], [index[parents[i]] if parents[i] >= 0 else -1 for i in order])

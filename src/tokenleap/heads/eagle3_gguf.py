@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenleap.drafters.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
 from tokenleap.errors import TokenleapError
+from tokenleap.heads.base import HeadShape
+from tokenleap.heads.eagle3 import Eagle3Head, default_aux_layers
 from tokenleap.models.loaders import unpermute_rope
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def load_eagle3_gguf(path: str | Path, target: Any) -> Eagle3Head:
         raise TokenleapError(f"EAGLE-3 GGUF {path.name} lacks tensor output.weight")
     tokens = field("tokenizer.ggml.tokens")
     vocab = int(field("eagle3.vocab_size", len(tokens) if tokens else target.config.vocab_size))
-    config = Eagle3Config(
+    config = HeadShape(
         hidden_size=hidden,
         intermediate_size=int(required("feed_forward_length")),
         num_heads=heads,

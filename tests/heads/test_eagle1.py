@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 from tokenleap.config import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
-from tokenleap.drafters.eagle1 import Eagle1Head
-from tokenleap.drafters.eagle3 import Eagle3Drafter
-from tokenleap.drafters.head_loader import load_eagle3
+from tokenleap.drafters.head_drafter import HeadDrafter as Eagle3Drafter
+from tokenleap.heads.eagle1 import Eagle1Head
+from tokenleap.heads.loader import load_eagle3
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel

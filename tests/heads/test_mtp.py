@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from tokenleap.config import SpecConfig
 from tokenleap.drafters import default_registry
-from tokenleap.drafters.eagle3 import HeadKV
-from tokenleap.drafters.mtp import load_mtp
+from tokenleap.heads.base import HeadKV
+from tokenleap.heads.mtp import load_mtp
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import load_kernels

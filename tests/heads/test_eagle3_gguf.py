@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tokenleap.drafters.base import DraftRequest
-from tokenleap.drafters.eagle3 import Eagle3Drafter
-from tokenleap.drafters.head_loader import load_eagle3
-from tokenleap.drafters.eagle3_gguf import permute_rope
+from tokenleap.drafters.head_drafter import HeadDrafter as Eagle3Drafter
+from tokenleap.heads.eagle3_gguf import permute_rope
+from tokenleap.heads.loader import load_eagle3
 from tokenleap.models.loaders import unpermute_rope
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams

@@ -17,8 +17,9 @@ from safetensors.torch import save_file
 from tokenleap.config import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.drafters.eagle3 import Eagle3Drafter, TreeShape
-from tokenleap.drafters.head_loader import load_eagle3
+from tokenleap.drafters.head_drafter import HeadDrafter as Eagle3Drafter
+from tokenleap.drafters.head_drafter import TreeShape
+from tokenleap.heads.loader import load_eagle3
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel
@@ -177,7 +178,7 @@ def test_head_chain_matches_slow_reference(tiny_model_factory, head_dir: Path, u
     # the head's hidden output too, not only its argmax
     g = head.fuse(head.aux_from(prompt[:-1], tiny_model.forward(torch.tensor(prompt[:-1]), torch.arange(7), tiny_model.new_kv_cache(),
                                                                 return_hidden=(0,)).hidden_states))
-    from tokenleap.drafters.eagle3 import HeadKV
+    from tokenleap.heads.base import HeadKV
 
     kv = HeadKV(KVH, HD)
     ours = head.layer(g, head.embed_tokens(prompt[1:]), torch.arange(7), kv, torch.ones(7, 7, dtype=torch.bool).tril())
@@ -327,7 +328,7 @@ def test_shipped_head_drafts_the_default_model_losslessly(llm) -> None:  # noqa:
     """The head in tokenleap/heads (trained on a GPU by benchmarks/gpu_head.py) loads with no path,
     keeps greedy output identical to plain decoding and has most of its drafts accepted (a broken
     head, wrong aux layers or a bad d2t map would accept next to none)."""
-    from tokenleap.heads import shipped_head
+    from tokenleap.heads.shipped import shipped_head
 
     assert shipped_head("eagle3", "smollm2-135m-instruct") is not None
     spec = SpecConfig(method="eagle3", num_speculative_tokens=5, adaptive=False)
@@ -407,7 +408,7 @@ def test_controller_counts_the_drafters_own_cost() -> None:
 def test_norm_before_residual_matches_reference(tiny_model: LlamaModel, tmp_path: Path, speculators: bool) -> None:
     head = load_eagle3(write_head(tmp_path / "nbr", nbr=True, speculators=speculators), tiny_model)
     assert head.config.norm_before_residual
-    from tokenleap.drafters.eagle3 import HeadKV
+    from tokenleap.heads.base import HeadKV
 
     g = torch.randn(5, H, generator=torch.Generator().manual_seed(1))
     toks = [3, 30, 130, 230, 31]
@@ -443,35 +444,3 @@ def test_cli_flags_and_clear_errors(capsys: pytest.CaptureFixture[str], tmp_path
     assert main(["generate", "hi", "--spec-type", "eagle3", "--model-draft", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "is not a directory" in err and "Traceback" not in err
-
-
-def test_state_fuses_pending_rows_lazily_and_truncates_them() -> None:
-    """Aux rows wait unfused until a draft needs them; truncating drops exactly the rows of the
-    positions cut, whether they were fused already or still pending."""
-    from tokenleap.drafters.eagle3 import _State
-
-    w = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
-    calls: list[int] = []
-
-    def fuse(rows: torch.Tensor) -> torch.Tensor:
-        calls.append(rows.shape[0])
-        return rows @ w.T
-
-    aux = torch.randn(12, 6, generator=torch.Generator().manual_seed(1))
-    st = _State(fuse=fuse)
-    for a, b in ((0, 3), (3, 4), (4, 7)):
-        st.append_aux(aux[a:b])
-        st.feat_tokens.extend(range(a, b))
-    assert calls == []  # nothing fused before a draft asks
-    torch.testing.assert_close(st.feature_rows(0, 5), aux[:5] @ w.T)
-    assert calls == [5] and st.n_fused == 5
-    st.truncate(6)  # one pending row (position 6) cut
-    st.append_aux(aux[8:10])  # positions 6, 7 get other rows
-    st.feat_tokens.extend([8, 9])
-    want = torch.cat([aux[:6], aux[8:10]]) @ w.T
-    torch.testing.assert_close(st.feature_rows(0, 8), want)
-    st.truncate(2)  # into the fused rows: the pending ones go too
-    st.append_aux(aux[10:12])
-    st.feat_tokens.extend([10, 11])
-    torch.testing.assert_close(st.feature_rows(0, 4), torch.cat([aux[:2], aux[10:12]]) @ w.T)
-    assert st.pending == []

@@ -8,8 +8,10 @@ LM head reads it) and the embedding of x_{i+1}, normalises each (`hidden_layerno
 projects 2H -> H (`input_proj`), runs one decoder block of the target's own kind (Qwen2: pre-norm
 attention with q/k/v biases, SwiGLU MLP), normalises (`final_layernorm`) and reads the target's LM
 head for x_{i+2}. Chained drafts feed that normalised output back as the next feature, as vLLM
-does with one MTP layer and several speculative tokens. The runtime is the EAGLE heads' one
-(`Eagle3Drafter`: own KV cache rebuilt from the target's true features, chains or trees).
+does with one MTP layer and several speculative tokens. It is a `DraftHead`
+(`base.FinalHiddenHead`: the target's final hidden state in, the target's LM head out), run by
+`drafters/head_drafter.HeadDrafter` like the EAGLE heads (own KV cache rebuilt from the target's
+true features, chains or trees).
 
 Layout: `model.mtp_layers.{i}.{token_layernorm, hidden_layernorm, input_proj, input_layernorm,
 self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj, final_layernorm}`
@@ -29,9 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tokenleap.drafters.eagle1 import FINAL_HIDDEN, Eagle1Head
-from tokenleap.drafters.eagle3 import Eagle3Config, HeadKV, head_linear, head_rope
 from tokenleap.errors import TokenleapError
+from tokenleap.heads.base import FinalHiddenHead, HeadKV, final_hidden_shape, head_linear
 
 MIMO_PREFIX = "model.mtp_layers."
 _PARTS = (
@@ -80,24 +81,15 @@ def read_mtp_layer(folder: str | Path, layer: int = 0) -> tuple[dict[str, Any], 
     return raw, weights
 
 
-class MtpHead(Eagle1Head):
-    """One MiMo MTP layer over the target (the interface `Eagle3Drafter` drives)."""
+class MtpHead(FinalHiddenHead):
+    """One MiMo MTP layer over the target: a `DraftHead`."""
 
-    def __init__(self, raw: dict[str, Any], weights: dict[str, torch.Tensor], target: Any) -> None:  # noqa: D107
+    kind = "MTP"
+
+    def __init__(self, raw: dict[str, Any], weights: dict[str, torch.Tensor], target: Any) -> None:
         tc = target.config
-        try:
-            h = int(raw["hidden_size"])
-            heads = int(raw["num_attention_heads"])
-            self.config = Eagle3Config(
-                hidden_size=h, intermediate_size=int(raw["intermediate_size"]), num_heads=heads,
-                num_kv_heads=int(raw.get("num_key_value_heads", heads)), head_dim=int(raw.get("head_dim") or h // heads),
-                vocab_size=int(raw.get("vocab_size", tc.vocab_size)), draft_vocab_size=tc.vocab_size, target_hidden_size=h,
-                aux_layers=(), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=float(raw.get("rope_theta", 10000.0)),
-                max_position=int(raw.get("max_position_embeddings", tc.max_position)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TokenleapError(f"MTP layer config.json is missing or has a bad field: {exc}") from exc
-        c = self.config
+        c = final_hidden_shape(raw, tc, "MTP layer", rms_norm_eps=1e-6)
+        h = c.hidden_size
         if h != tc.hidden_size or c.vocab_size != tc.vocab_size:
             raise TokenleapError(f"MTP layer (hidden {h}, vocabulary {c.vocab_size}) does not fit the target "
                                  f"(hidden {tc.hidden_size}, vocabulary {tc.vocab_size})")
@@ -112,10 +104,8 @@ class MtpHead(Eagle1Head):
             want = shapes.get(name, (h,))
             if tuple(weights[name].shape) != want:
                 raise TokenleapError(f"MTP tensor {name!r} has shape {tuple(weights[name].shape)}, expected {want}")
-        self.target = target
-        self.kernels = target.kernels
+        super().__init__(c, target)  # the target's embedding: shared, not copied
         dtype = target.dtype
-        self.embed = target.embed  # shared, not copied
 
         def lin(*names: str) -> Any:
             return head_linear(weights, names, dtype, self.kernels)
@@ -133,12 +123,6 @@ class MtpHead(Eagle1Head):
         self.wo = lin("self_attn.o_proj.weight")
         self.w_gate_up = lin("mlp.gate_proj.weight", "mlp.up_proj.weight")
         self.w_down = lin("mlp.down_proj.weight")
-        self._cos, self._sin = head_rope(c.rope_theta, c.head_dim, max(c.max_position, tc.max_position) + 64)
-        self.d2t_list: list[int] = list(range(c.vocab_size))
-        self.hidden_layers = (FINAL_HIDDEN,)
-
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), w, self.config.rms_norm_eps)
 
     def layer(self, g: torch.Tensor, e: torch.Tensor, positions: torch.Tensor, kv: HeadKV, visible: torch.Tensor) -> torch.Tensor:
         """Features g (the target's normed final hidden states, or this layer's own output) and

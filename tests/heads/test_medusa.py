@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 from tokenleap.config import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
-from tokenleap.drafters.medusa import MedusaDrafter, load_medusa
+from tokenleap.drafters.head_drafter import MedusaDrafter
+from tokenleap.heads.medusa import load_medusa
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel
