@@ -15,6 +15,7 @@ from tokenleap.errors import TokenleapError
 from tokenleap.models.registry import DEFAULT_MODEL
 
 DTYPE_NAMES = ("bfloat16", "float32")
+DEFAULT_MAX_NUM_SEQS = 16  # requests running (holding a KV cache) at once: LLM and server alike (vLLM's name)
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "float": "float32", "auto": "bfloat16"}
 
 
@@ -23,7 +24,7 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
     max_model_len: int | None = None  # default: the model's own context length
-    max_num_seqs: int = 16  # offline generation: requests running (holding a KV cache) at once
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # LLM.generate: requests running (holding a KV cache) at once
     use_kernels: bool = True  # tokenleap's row-invariant CPU kernels (else torch ops)
     # "gguf": keep a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks quantized (vLLM's
     # spelling); "none": dequantize to `dtype`; None (default, as vLLM: the checkpoint's own

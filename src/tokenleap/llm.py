@@ -5,9 +5,11 @@
 template to one conversation or a list of them; `stream` yields text deltas of one request as
 they are produced. Each returns vLLM-shaped `RequestOutput`s with timing metrics.
 
-Many prompts run with continuous batching (`engine.scheduler.BatchScheduler`): at most
-`max_num_seqs` requests at once, each created (and its KV cache allocated) only when it joins,
-prompts prefilled in chunks between batched decode steps, finished requests freed at once.
+Many prompts run with continuous batching (`engine.scheduler.BatchScheduler`, the offline
+driver of the one scheduler, which the server uses too): at most `max_num_seqs` requests at
+once, each created (and its KV cache allocated) only when it joins, prompts prefilled in chunks
+between batched decode steps, a prompt's `n` samples from one prefill, finished requests freed
+at once.
 All prompts are checked before any work starts. `generate_iter` / `chat_iter` yield
 `(index, output)` pairs as requests finish; `generate` / `chat` return outputs in input order.
 A request's tokens are those it gets alone (see `BatchScheduler`).
@@ -24,7 +26,7 @@ from typing import Any, Union, cast
 import torch
 from tqdm.auto import tqdm
 
-from tokenleap.config import EngineConfig, SpecConfig
+from tokenleap.config import DEFAULT_MAX_NUM_SEQS, EngineConfig, SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Drafter
 from tokenleap.engine.engine import Engine
@@ -60,7 +62,7 @@ class LLM:
         speculative_config: dict[str, Any] | None = None,
         use_kernels: bool = True,
         quantization: str | None = None,
-        max_num_seqs: int = 16,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     ) -> None:
         self.config = EngineConfig(
             model=model,

@@ -1,16 +1,25 @@
-"""BatchScheduler (offline continuous batching) on the tiny model: outputs equal one-at-a-time
-runs, the running set stays bounded, jobs are drawn and requests created lazily, everything is
-freed on completion, early stop and error."""
+"""The scheduler on the tiny model. BatchScheduler (offline continuous batching): outputs equal
+one-at-a-time runs, the running set stays bounded, jobs are drawn and requests created lazily,
+everything is freed on completion, early stop and error. Scheduler as the server drives it:
+n samples share one prefill (a head drafter's forked samples get the prompt's features too),
+failures isolated to their request, abort and close."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
+from tokenleap.config import SpecConfig
+from tokenleap.drafters import default_registry
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.request import Request
-from tokenleap.engine.scheduler import BatchJob, BatchScheduler
+from tokenleap.engine.scheduler import BatchJob, BatchScheduler, Scheduler
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import CpuKernels
 from tokenleap.models.llama import LlamaModel
@@ -145,3 +154,117 @@ def test_no_jobs_and_bad_bound(engine: CountingEngine) -> None:
     assert scheduler.done and list(scheduler.run()) == [] and scheduler.step() == []
     with pytest.raises(TokenleapError, match="max_num_seqs must be >= 1"):
         BatchScheduler(engine, [], max_num_seqs=0)
+
+
+def test_one_policy_for_any_driver_n_samples_share_one_prefill(engine: CountingEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Scheduler` directly, as the server drives it (its own tags, its own request ids): a job of
+    n samples is prefilled once, its other samples fork the cache, sample i equals a request
+    seeded seed + i alone, and the n samples count against `max_num_seqs` when admitted."""
+    params = SamplingParams(n=3, temperature=0.9, top_k=20, seed=40, max_tokens=6, ignore_eos=True)
+    prompt = [(5 * j) % 250 + 3 for j in range(11)]  # 3 prefill chunks of 4
+    solo = [_solo(engine, BatchJob(prompt, dataclasses.replace(params, n=1, seed=40 + i))) for i in range(3)]
+    prefilled: list[str] = []
+    forks = 0
+    prefill_step, fork = engine.prefill_step, engine.fork
+
+    def counting_prefill(req: Request) -> bool:
+        prefilled.append(req.request_id)
+        return prefill_step(req)
+
+    def counting_fork(parent: Request, i: int, **kw: str | None) -> Request:
+        nonlocal forks
+        forks += 1
+        return fork(parent, i, **kw)
+
+    monkeypatch.setattr(engine, "prefill_step", counting_prefill)
+    monkeypatch.setattr(engine, "fork", counting_fork)
+    sched: Scheduler[str] = Scheduler(engine, max_num_seqs=4)
+    assert sched.has_room(3)
+    sched.add("job-a", prompt, params, request_ids=["a-0", "a-1", "a-2"])
+    assert not sched.has_room(1)  # one prompt prefilled at a time
+    started: list[tuple[str, Request]] = []
+    finished: dict[int, Request] = {}
+    while sched.num_live:
+        out = sched.step()
+        started += out.started
+        finished.update((r.sample_index, r) for tag, r in out.finished if tag == "job-a")
+        if sched.prefilling is None and sched.num_live:
+            assert sched.has_room(1) and not sched.has_room(2)  # 3 live samples of 4 seats
+    assert prefilled == ["a-0"] * 3 and forks == 2
+    assert sorted(r.request_id for _, r in started) == ["a-0", "a-1", "a-2"]
+    assert [finished[i].output_ids for i in range(3)] == solo
+    assert sched.num_added == sched.num_freed == 3 and not engine.live
+
+
+def test_isolated_failures_end_only_their_request(engine: CountingEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `isolate_failures` (the server): a batched step that fails is retried request by
+    request; the request that fails alone is freed and reported, the others finish with their
+    solo tokens. Aborting the prompt being prefilled, and closing, free what is live."""
+    jobs = _jobs(4)
+    solo = [_solo(engine, job) for job in jobs]
+    sched: Scheduler[int] = Scheduler(engine, max_num_seqs=4, isolate_failures=True)
+    step_batch = engine.step_batch
+    bad: list[Request] = []
+
+    def failing(reqs: list[Request]) -> None:
+        if any(r is b and len(r.output_ids) >= 2 for r in reqs for b in bad):
+            raise RuntimeError("simulated kernel failure")
+        step_batch(reqs)
+
+    monkeypatch.setattr(engine, "step_batch", failing)
+    got: dict[int, list[int]] = {}
+    failed: list[tuple[int, Exception]] = []
+    waiting = list(enumerate(jobs))
+    while waiting or sched.num_live:
+        if waiting and sched.has_room():
+            index, job = waiting.pop(0)
+            req = sched.add(index, job.prompt_ids, dataclasses.replace(job.params, max_tokens=12, ignore_eos=True) if index == 1 else job.params)
+            if index == 1:
+                bad.append(req)
+        out = sched.step()
+        got.update((i, r.output_ids) for i, r in out.finished)
+        failed += [(i, exc) for i, _, exc in out.failed]
+    assert [i for i, _ in failed] == [1] and "simulated" in str(failed[0][1])
+    assert {i: got[i] for i in (0, 2, 3)} == {i: solo[i] for i in (0, 2, 3)}
+    assert sched.num_added == sched.num_freed == 4 and not engine.live
+    # an abort while prefilling, and close
+    sched.add(7, jobs[0].prompt_ids, jobs[0].params)
+    parent = sched.prefilling
+    assert parent is not None and sched.abort(parent[1]) and not sched.abort(parent[1])
+    assert parent[1].finish_reason == "abort" and sched.num_live == 0
+    sched.add(8, jobs[1].prompt_ids, jobs[1].params)
+    sched.step()
+    assert [tag for tag, _ in sched.close()] == [8] and sched.close() == [] and not engine.live
+    assert sched.num_added == sched.num_freed == 6
+
+
+def test_forked_samples_of_a_head_drafter_draft_from_the_first_step(tiny_model: LlamaModel, tokenizer: Tokenizer, tmp_path: Path) -> None:
+    """A drafter reading the target's hidden states (a Medusa head) gets the prompt's features in
+    every forked sample, kept from the one prefill: each sample drafts from its first step, and
+    greedy samples equal plain decoding."""
+    g = torch.Generator().manual_seed(0)
+    h, vocab = tiny_model.config.hidden_size, tiny_model.config.vocab_size
+    tensors = {}
+    for i in range(3):
+        tensors[f"medusa_head.{i}.0.linear.weight"] = torch.randn(h, h, generator=g) * h**-0.5
+        tensors[f"medusa_head.{i}.0.linear.bias"] = torch.randn(h, generator=g) * 0.1
+        tensors[f"medusa_head.{i}.1.weight"] = torch.randn(vocab, h, generator=g) * h**-0.5
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 1, "base_model_name_or_path": "tiny"}))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    spec = SpecConfig(method="medusa", model=str(tmp_path), num_speculative_tokens=3, adaptive=False)
+    engine = Engine(tiny_model, tokenizer, spec=spec, drafter=default_registry().create(spec.method, spec, target=tiny_model), prefill_chunk=4)
+    params = SamplingParams(n=3, temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    plain = Engine(tiny_model, tokenizer)
+    want = plain.run(plain.add_request(prompt, dataclasses.replace(params, n=1))).output_ids
+    first_drafts: dict[int, int] = {}
+    sched: Scheduler[None] = Scheduler(engine)
+    sched.add(None, prompt, params)
+    done: list[Request] = []
+    while sched.num_live:
+        out = sched.step()
+        for _, req in out.stepped:
+            first_drafts.setdefault(req.sample_index, req.metrics.spec.num_drafts)
+        done += [r for _, r in out.finished]
+    assert first_drafts == {0: 1, 1: 1, 2: 1}  # every sample drafted in its first step
+    assert sorted(r.sample_index for r in done) == [0, 1, 2] and all(r.output_ids == want for r in done)

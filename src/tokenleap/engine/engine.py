@@ -21,8 +21,8 @@ raises is rolled back and reported (`StepFailures`) while the others of the batc
 Plain decoding is the same step with an empty draft, so both paths share one code path and
 (thanks to the row-invariant kernels) compute every committed token's logits identically: greedy
 speculative output is token-for-token the plain output. `Engine.run` / `stream` drive one request;
-`step_batch` steps many together, driven by the offline scheduler (`engine/scheduler.py`) and the
-server's continuous-batching loop.
+`step_batch` steps many together, driven by the scheduler (`engine/scheduler.py`), which both
+`LLM.generate` and the server's engine loop use.
 """
 
 from __future__ import annotations
@@ -237,7 +237,10 @@ class Engine:
         layers = hidden_layers(req.drafter)
         out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=[layer for layer in layers if layer >= 0])
         if layers:  # a head drafter reads the prompt's target features (same forward)
-            req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], _with_final(out, layers))  # type: ignore[union-attr]  # layers non-empty: a drafter reading hidden states (observe is not in the Drafter protocol)
+            features = _with_final(out, layers)
+            req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], features)  # type: ignore[union-attr]  # layers non-empty: a drafter reading hidden states (observe is not in the Drafter protocol)
+            if req.params.n > 1:  # the forked samples' drafters read them too (`fork`)
+                req.prompt_features.append((start, req.prompt_ids[start:end], {k: v.clone() for k, v in features.items()}))
         done = end == len(req.prompt_ids)
         if done:
             raw = self.model.compute_logits(out.hidden, [end - start - 1])
@@ -252,25 +255,35 @@ class Engine:
         req.metrics.prefill_seconds += time.perf_counter() - t0
         return done
 
-    def fork(self, parent: Request, sample_index: int) -> Request:
+    def fork(self, parent: Request, sample_index: int, *, request_id: str | None = None) -> Request:
         """Sample `sample_index` of a prompt whose first sample (`parent`) has just been prefilled
         (parallel sampling, `params.n > 1`): the prompt's KV cache is copied, not recomputed, and
         the first token is sampled from the parent's last prompt row with this sample's own
-        generator (seed + `sample_index` when seeded)."""
+        generator (seed + `sample_index` when seeded). A drafter reading the target's hidden
+        states is given the prompt's, kept from the parent's prefill. On an error nothing is left
+        allocated."""
         if parent.prompt_logits is None or parent.kv.length != len(parent.prompt_ids):
             raise TokenleapError("fork needs a request just prefilled with params.n > 1")
         t0 = time.perf_counter()
         p = parent.params
         params = dataclasses.replace(p, seed=None if p.seed is None else p.seed + sample_index)
-        child = self.add_request(parent.prompt_ids, params, prompt=parent.prompt, speculative=parent.spec if parent.spec is not None else False)
-        child.kv.free()
-        child.kv = parent.kv.fork()
-        child.sample_index = sample_index
-        self.begin(child)
-        raw = parent.prompt_logits
-        tok = sample_next(self._processed(child, raw, [[]])[0], child.params, child.generator)
-        entries = self._logprobs(child, raw, [tok])
-        self._append(child, [tok], entries)
+        child = self.add_request(parent.prompt_ids, params, prompt=parent.prompt, request_id=request_id,
+                                 speculative=parent.spec if parent.spec is not None else False)
+        try:
+            child.kv.free()
+            child.kv = parent.kv.fork()
+            child.sample_index = sample_index
+            self.begin(child)
+            if child.drafter is not None and hidden_layers(child.drafter):
+                for start, ids, features in parent.prompt_features:
+                    child.drafter.observe(child.request_id, start, ids, features)  # type: ignore[attr-defined]  # reads hidden states (observe is not in the Drafter protocol)
+            raw = parent.prompt_logits
+            tok = sample_next(self._processed(child, raw, [[]])[0], child.params, child.generator)
+            entries = self._logprobs(child, raw, [tok])
+            self._append(child, [tok], entries)
+        except BaseException:
+            self.finish(child, "abort")
+            raise
         child.metrics.first_token_time = time.time()
         child.metrics.prefill_seconds += time.perf_counter() - t0
         return child

@@ -98,6 +98,9 @@ class Request:
     sample_index: int = 0  # which of the prompt's `params.n` samples this is
     grammar: GrammarState | None = None  # structured output: the matcher at the committed state
     prompt_logits: torch.Tensor | None = field(default=None, repr=False)  # raw logits of the last prompt row (kept for n > 1 forks)
+    # the prompt's target features per prefill chunk (start, ids, hidden states), kept for n > 1
+    # forks when the drafter reads hidden states
+    prompt_features: list[tuple[int, list[int], dict[int, torch.Tensor]]] = field(default_factory=list, repr=False)
     _holdback: StopHoldback | None = field(default=None, repr=False, compare=False)  # over text[:_scanned]
     _scanned: int = field(default=0, repr=False, compare=False)
 
