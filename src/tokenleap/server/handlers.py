@@ -33,7 +33,7 @@ from tokenleap.server.tools import encode_chat, legacy_tools, plan_tools, tool_f
 from tokenleap.structured import StructuredOutputsParams
 from tokenleap.server.config import ServerConfig
 from tokenleap.server.errors import APIError, bad_request
-from tokenleap.server.loop import EngineLoop, Job, QueueFull, RequestHandle, ServerClosed
+from tokenleap.server.loop import EngineLoop, Job, QueueFull, RequestHandle, ServerClosed, sample_jobs
 from tokenleap.server.metrics import ServerMetrics
 from tokenleap.server.protocol import (
     ChatCompletionRequest,
@@ -255,7 +255,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     fmt_args = (request_id, body.model or state.model_name, _method_name(state, spec), params.logprobs or 0)
     fmt_kwargs: dict[str, Any] = {"service_tier": body.service_tier}
     fmt = tool_formatter(ChatFormatter, plan, *fmt_args, **fmt_kwargs) if plan.active else ChatFormatter(*fmt_args, **fmt_kwargs)
-    jobs = _samples(Job(request_id, ids, params, spec), params.n)
+    jobs = [Job(request_id, ids, params, spec)]
     return await _run(request, state, jobs, fmt, body.stream, bool(body.stream_options and body.stream_options.include_usage))
 
 
@@ -294,12 +294,12 @@ async def completions(request: Request, state: ServerState) -> Response:
     echo = tuple(t for t in texts for _ in range(body.n)) if body.echo else ()
     fmt = CompletionFormatter(request_id, body.model or state.model_name, _method_name(state, spec), body.logprobs or 0, echo=echo)
     fmt.prompt_tokens = sum(len(ids) for ids in ids_list)
-    jobs = [job for i, (ids, text) in enumerate(zip(ids_list, texts))
-            for job in _samples(Job(f"{request_id}-p{i}" if len(prompts) > 1 else request_id, ids, params, spec,
-                                    prompt=text if isinstance(prompts[i], str) else None), params.n)]
+    jobs = [Job(f"{request_id}-p{i}" if len(prompts) > 1 else request_id, ids, params, spec, prompt=text if isinstance(prompts[i], str) else None)
+            for i, (ids, text) in enumerate(zip(ids_list, texts))]  # one per prompt, of params.n samples (one prefill each)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if scoring:
-        outs = [RequestOutput(j.request_id, j.prompt, j.prompt_ids, [CompletionOutput(0, "", [], "length")], True) for j in jobs]
+        outs = [RequestOutput(j.request_id, j.prompt, j.prompt_ids, [CompletionOutput(0, "", [], "length")], True)
+                for job in jobs for j in sample_jobs(job)]
         return _answer(fmt, outs, body.stream, include_usage)
     if best_of > body.n:
         collected = await _collect_all(request, state, jobs)
@@ -316,16 +316,6 @@ def _document_start(hf: Any) -> int:
     if isinstance(sep, int) and sep != hf.unk_token_id:
         return sep
     return hf.bos_token_id if hf.bos_token_id is not None else hf.eos_token_id
-
-
-def _samples(job: Job, n: int) -> list[Job]:
-    """One prompt's n samples as separate engine requests (sample i seeded seed + i, as the
-    library does)."""
-    if n == 1:
-        return [job]
-    p = job.params
-    return [dataclasses.replace(job, request_id=f"{job.request_id}-{i}", params=dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i))
-            for i in range(n)]
 
 
 def _best(outs: list[RequestOutput], best_of: int, n: int, keep_logprobs: bool) -> list[RequestOutput]:
@@ -375,8 +365,8 @@ def _answer(fmt: Formatter, outs: list[RequestOutput], stream: bool, include_usa
 def _submit_all(state: ServerState, jobs: list[Job]) -> list[RequestHandle]:
     handles: list[RequestHandle] = []
     try:
-        for job in jobs:
-            handles.append(state.loop.submit(job, asyncio.get_running_loop()))
+        for job in jobs:  # a job's samples share one prefill (the scheduler forks its KV cache)
+            handles += state.loop.submit_samples(job, asyncio.get_running_loop())
     except (QueueFull, ServerClosed) as exc:
         for h in handles:
             h.abort()
@@ -385,7 +375,7 @@ def _submit_all(state: ServerState, jobs: list[Job]) -> list[RequestHandle]:
 
 
 async def _collect_all(request: Request, state: ServerState, jobs: list[Job]) -> list[RequestOutput] | None:
-    """Every job's answer (None: the client went away)."""
+    """Every sample's answer, job by job (None: the client went away)."""
     handles = _submit_all(state, jobs)
     try:
         outs = await _until_disconnect(request, asyncio.gather(*(_collect(h) for h in handles)))
@@ -399,7 +389,7 @@ async def _run(request: Request, state: ServerState, jobs: list[Job], fmt: Forma
     """Run the engine requests of one answer (n samples, several prompts: one choice each, in
     order); streamed, their chunks interleave as they come, each with its choice index, and one
     usage chunk over them all ends the stream."""
-    if len(jobs) == 1 and not stream:
+    if len(jobs) == 1 and jobs[0].params.n == 1 and not stream:
         outs = await _collect_all(request, state, jobs)
         return Response(status_code=499) if outs is None else JSONResponse(fmt.response(outs[0]))
     if stream:

@@ -1,30 +1,33 @@
-"""The engine loop: one background thread that owns the engine, with continuous batching.
+"""The engine loop: one background thread that owns the engine and drives the scheduler.
 
 The engine is single-threaded, so every engine call happens on this thread. HTTP handlers
 (asyncio) `submit` jobs into a bounded waiting queue (full: `QueueFull`, a 429) and read
-`StreamEvent`s from an `asyncio.Queue` per request, filled thread-safely with
-`loop.call_soon_threadsafe`. Each iteration of the thread, in the manner of Orca's
-iteration-level scheduling (Yu et al., OSDI 2022) and vLLM's continuous batching:
+`StreamEvent`s from an `asyncio.Queue` per sample, filled thread-safely with
+`loop.call_soon_threadsafe`. The scheduling policy is the library's (`engine/scheduler.py`, the
+one `LLM.generate` uses: admission under `max_num_seqs`, one prefill chunk between batched decode
+steps, `n > 1` prefilled once with the other samples forking its KV cache, failures isolated to
+their requests); this loop keeps only threads, queues, deadlines, aborts, streaming and metrics.
+Each iteration of the thread:
 
-    sweep   -> drop aborted / timed-out requests (engine.finish(req, "abort"))
-    admit   -> at most one waiting request: add_request + drafter begin
-    prefill -> one chunk (`Engine.prefill_chunk` tokens) of the oldest prefilling request; after
-               its last chunk, its first token, and it joins the batch
-    step    -> engine.step_batch(running): one step (>= 1 token) for every running request; a
-               request that fails is rolled back and ends with an error, the others go on (a
-               failed batched forward: each is retried alone)
+    sweep   -> drop aborted / timed-out requests (`Scheduler.abort`)
+    admit   -> the oldest waiting job, when the scheduler has room for its samples
+    prefill -> `Scheduler.prefill`: one chunk of the prompt being prefilled; after its last, the
+               first tokens of its samples, which join the batch
+    decode  -> `Scheduler.decode`: one step (>= 1 token) for every running request; a request that
+               fails is rolled back and ends with an error, the others go on
     emit    -> text deltas to their consumers; finished requests are freed and leave
 
 so requests join and leave the batch between steps, and a long prompt delays running streams
 by one chunk per step (Sarathi-style chunked prefill, Agrawal et al., 2023), not by its whole
-prefill. Every request that reached the engine is passed to `engine.finish`
-exactly once whatever happens (finish, error, disconnect, timeout, shutdown); `num_live` counts
-those not yet freed, which is how tests see that nothing leaks.
+prefill. Every request that reached the engine is passed to `engine.finish` exactly once
+whatever happens (finish, error, disconnect, timeout, shutdown); `num_live` counts those not
+yet freed, which is how tests see that nothing leaks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -33,9 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from tokenleap.config import SpecConfig
-from tokenleap.engine.engine import Engine, StepFailures
+from tokenleap.config import DEFAULT_MAX_NUM_SEQS, SpecConfig
+from tokenleap.engine.engine import Engine
 from tokenleap.engine.request import Request
+from tokenleap.engine.scheduler import Scheduler, SchedulerOutput
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import trim_free_memory
 from tokenleap.sampling import SamplingParams
@@ -55,13 +59,24 @@ class ServerClosed(Exception):
 
 @dataclass(frozen=True)
 class Job:
-    """What a handler asks the engine for."""
+    """What a handler asks the engine for: `params.n` samples of one prompt."""
 
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     speculative: SpecConfig | bool  # True: the server's default config, False: plain decoding
     prompt: str | None = None
+
+
+def sample_jobs(job: Job) -> list[Job]:
+    """A job's samples as each is seen from outside (its handle, finish listeners): sample i is
+    `{request_id}-{i}` with n = 1, seeded seed + i as the library seeds its samples (a job of one
+    sample: itself)."""
+    p = job.params
+    if p.n == 1:
+        return [job]
+    return [dataclasses.replace(job, request_id=f"{job.request_id}-{i}", params=dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i))
+            for i in range(p.n)]
 
 
 @dataclass(frozen=True)
@@ -74,16 +89,17 @@ class StreamEvent:
 
 
 class RequestHandle:
-    """One submitted job as both threads see it: events flow out, an abort flag flows in."""
+    """One sample of a submitted job as both threads see it: events flow out, an abort flag flows in."""
 
-    def __init__(self, job: Job, owner: EngineLoop, aloop: asyncio.AbstractEventLoop, deadline: float | None) -> None:
-        self.job = job
+    def __init__(self, job: Job, owner: EngineLoop, aloop: asyncio.AbstractEventLoop, deadline: float | None, group: _Group) -> None:
+        self.job = job  # this sample's view (`sample_jobs`)
         self.events: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self.arrival = time.monotonic()
         self.deadline = deadline
         self.aborted = False  # set by the consumer; the engine thread acts on it between steps
-        self.closed = False  # the last event was sent (engine thread)
+        self.closed = False  # recorded as finished; its last event was sent (engine thread, or abort while waiting)
         self.req: Request | None = None  # engine thread only
+        self.group = group
         self._owner = owner
         self._aloop = aloop
         self._tokens_seen = 0
@@ -103,29 +119,42 @@ class RequestHandle:
             pass
 
 
+class _Group:
+    """One job's handles, one per sample: queued together, admitted together (the scheduler's tag)."""
+
+    def __init__(self, job: Job, deadline: float | None) -> None:
+        self.job = job
+        self.deadline = deadline
+        self.handles: list[RequestHandle] = []
+        self.waiting = True  # in the waiting queue (guarded by the loop's _cond)
+
+    def handle(self, req: Request) -> RequestHandle:
+        return self.handles[req.sample_index]
+
+    def all_aborted(self) -> bool:
+        return all(h.aborted or h.closed for h in self.handles)
+
+
 class EngineLoop:
     """Owns `engine` on a background thread; see the module docstring."""
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, *, max_batch: int = 16, max_queue: int = 64,
-                 timeout: float | None = None, log_requests: bool = False, cost_curve_cap: int | None = None) -> None:
+    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, *, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                 max_queue: int = 64, timeout: float | None = None, log_requests: bool = False, cost_curve_cap: int | None = None) -> None:
         self.engine = engine
+        self.scheduler: Scheduler[_Group] = Scheduler(engine, max_num_seqs, isolate_failures=True)  # engine thread only
         self.cost_curve_cap = cost_curve_cap  # measure the cost curve at start for drafts up to this
         self.metrics = metrics
-        self.max_batch = max_batch
+        self.max_num_seqs = max_num_seqs
         self.max_queue = max_queue
         self.timeout = timeout
         self.log_requests = log_requests
         self._cond = threading.Condition()
-        self._waiting: deque[RequestHandle] = deque()  # guarded by _cond
-        self._running: list[RequestHandle] = []  # engine thread only
-        self._prefilling: list[RequestHandle] = []  # admitted, prompt not fully run (engine thread)
+        self._waiting: deque[_Group] = deque()  # guarded by _cond
+        self._num_waiting = 0  # samples waiting, not aborted (guarded by _cond)
         self._admitting = 0
-        self._live: dict[str, Request] = {}  # added to the engine, not yet finished (engine thread)
         self._draining = False
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.num_added = 0
-        self.num_freed = 0
         self._calls: deque[Callable[[], None]] = deque()  # run on the engine thread between steps (guarded by _cond)
         # called on the engine thread with each request's output as it finishes (None: it never ran)
         self.finish_listeners: list[Callable[[Job, RequestOutput | None, str], None]] = []
@@ -134,16 +163,29 @@ class EngineLoop:
 
     @property
     def num_running(self) -> int:
-        return len(self._running) + len(self._prefilling) + self._admitting
+        return self.scheduler.num_live + self._admitting
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return self._num_waiting
 
     @property
     def num_live(self) -> int:
         """Requests holding engine state (KV cache, drafter state); 0 when idle."""
-        return len(self._live)
+        return self.scheduler.num_live
+
+    @property
+    def num_added(self) -> int:
+        return self.scheduler.num_added
+
+    @property
+    def num_freed(self) -> int:
+        return self.scheduler.num_freed
+
+    @property
+    def _live(self) -> dict[str, Request]:
+        """The live requests by id (engine thread)."""
+        return {r.request_id: r for r in self.scheduler.live_requests()}
 
     @property
     def alive(self) -> bool:
@@ -165,27 +207,40 @@ class EngineLoop:
         self._thread.start()
 
     def submit(self, job: Job, aloop: asyncio.AbstractEventLoop) -> RequestHandle:
-        """Queue a job; raises `QueueFull` or `ServerClosed` instead of queueing."""
+        """Queue a job of one sample; raises `QueueFull` or `ServerClosed` instead of queueing."""
+        if job.params.n != 1:
+            raise ValueError("submit takes a job of one sample; submit_samples takes any")
+        return self.submit_samples(job, aloop)[0]
+
+    def submit_samples(self, job: Job, aloop: asyncio.AbstractEventLoop) -> list[RequestHandle]:
+        """Queue a job of `job.params.n` samples, one handle each (sample i's as `sample_jobs`
+        names it); its prompt is prefilled once. Raises `QueueFull` (its samples do not all fit in
+        the queue) or `ServerClosed` instead of queueing."""
         deadline = time.monotonic() + self.timeout if self.timeout else None
-        handle = RequestHandle(job, self, aloop, deadline)
+        group = _Group(job, deadline)
+        group.handles = [RequestHandle(sample, self, aloop, deadline, group) for sample in sample_jobs(job)]
         with self._cond:
             if not self.accepting:
                 raise ServerClosed("the server is shutting down")
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"too many requests waiting ({len(self._waiting)}); try again later")
-            self._waiting.append(handle)
+            if self._num_waiting + len(group.handles) > self.max_queue:
+                raise QueueFull(f"too many requests waiting ({self._num_waiting}); try again later")
+            self._waiting.append(group)
+            self._num_waiting += len(group.handles)
             self._cond.notify()
-        return handle
+        return group.handles
 
     def abort(self, handle: RequestHandle) -> None:
         with self._cond:
             if handle.closed or handle.aborted:
                 return
             handle.aborted = True
-            if handle in self._waiting:  # never reached the engine: just drop it
-                self._waiting.remove(handle)
-                handle.closed = True
-                self._record_finish(handle, None, "abort")
+            group = handle.group
+            if group.waiting:  # never reached the engine: just drop it
+                self._num_waiting -= 1
+                self._close(handle, None, "abort")
+                if group.all_aborted():
+                    self._waiting.remove(group)
+                    group.waiting = False
             self._cond.notify()
 
     def call_soon(self, fn: Callable[[], None]) -> None:
@@ -213,18 +268,21 @@ class EngineLoop:
     # ------------------------------------------------------------------ engine thread
 
     def _run(self) -> None:
+        sched = self.scheduler
         try:
             while True:
                 with self._cond:
-                    while not (self._waiting or self._running or self._prefilling or self._stopping or self._calls):
+                    while not (self._waiting or sched.num_live or self._stopping or self._calls):
                         self._cond.wait()
                     if self._stopping:
                         break
                     calls, self._calls = self._calls, deque()
                     self._expire_waiting()
-                    room = len(self._running) + len(self._prefilling) < self.max_batch
-                    new = self._waiting.popleft() if self._waiting and room else None
-                    if new is not None:
+                    new = None
+                    if self._waiting and sched.has_room(len(self._waiting[0].handles)):
+                        new = self._waiting.popleft()
+                        new.waiting = False
+                        self._num_waiting -= sum(not h.closed for h in new.handles)
                         self._admitting = 1
                 for fn in calls:
                     try:
@@ -234,12 +292,11 @@ class EngineLoop:
                 self._sweep()
                 if new is not None:
                     self._admit(new)
-                busy = bool(self._running or self._prefilling)
-                if self._prefilling:
-                    self._prefill_one()
-                if self._running:
-                    self._step()
-                if busy and not (self._running or self._prefilling or self._waiting):
+                busy = sched.num_live > 0
+                if busy:
+                    self._prefilled(sched.prefill())
+                    self._decoded(sched.decode())
+                if busy and not (sched.num_live or self._waiting):
                     trim_free_memory()  # idle again: hand the freed caches back to the OS
         except BaseException:  # a bug in the loop itself: fail everything rather than hang clients
             logger.exception("the engine loop crashed")
@@ -249,124 +306,83 @@ class EngineLoop:
 
     def _expire_waiting(self) -> None:  # under _cond
         now = time.monotonic()
-        for h in [h for h in self._waiting if h.deadline is not None and now > h.deadline]:
-            self._waiting.remove(h)
-            self._record_finish(h, None, "abort")
-            h.emit(StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s in the queue"))
+        for group in [g for g in self._waiting if g.deadline is not None and now > g.deadline]:
+            self._waiting.remove(group)
+            group.waiting = False
+            for h in group.handles:
+                if not h.closed:
+                    self._num_waiting -= 1
+                    self._close(h, None, "abort", StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s in the queue"))
 
     def _sweep(self) -> None:
-        """Remove aborted and timed-out requests from the batch, freeing them."""
+        """Free aborted and timed-out requests. A job still being prefilled is dropped when all
+        its samples are aborted or it timed out (a sample aborted alone is freed once forked)."""
         now = time.monotonic()
+        cancelled = StreamEvent("error", status=499, message="request cancelled")
+        for group, req in self.scheduler.live():
+            h = group.handle(req)
+            timed_out = group.deadline is not None and now > group.deadline
+            if self.scheduler.prefilling is not None and self.scheduler.prefilling[1] is req:
+                if timed_out or group.all_aborted():
+                    self.scheduler.abort(req)
+                    event = StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s") if timed_out else cancelled
+                    self._close_group(group, event)
+            elif h.aborted:
+                self._abort(h, req, cancelled)
+            elif timed_out:
+                self._abort(h, req, StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s"))
 
-        def keep(handles: list[RequestHandle]) -> list[RequestHandle]:
-            kept = []
-            for h in handles:
-                if h.aborted:
-                    self._release(h, "abort")
-                    h.emit(StreamEvent("error", status=499, message="request cancelled"))
-                elif h.deadline is not None and now > h.deadline:
-                    self._release(h, "abort")
-                    h.emit(StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s"))
-                else:
-                    kept.append(h)
-            return kept
-
-        self._running = keep(self._running)
-        self._prefilling = keep(self._prefilling)
-
-    def _admit(self, h: RequestHandle) -> None:
-        """Hand a waiting job to the engine (cheap: no model work) and queue its prefill."""
-        job = h.job
-        if h.aborted:  # cancelled between leaving the queue and here
-            self._admitting = 0
-            self._record_finish(h, None, "abort")
-            return
+    def _admit(self, group: _Group) -> None:
+        """Hand a waiting job to the scheduler (cheap: no model work); it is prefilled next."""
         try:
-            try:
-                req = self.engine.add_request(job.prompt_ids, job.params, prompt=job.prompt, request_id=job.request_id,
-                                              speculative=job.speculative)
-            except Exception as exc:
-                self._record_finish(h, None, "abort")
-                h.emit(self._error_event(exc, "could not start the request"))
+            if group.all_aborted():  # cancelled between leaving the queue and here
+                self._close_group(group, None)
                 return
-            h.req = req
-            self._live[req.request_id] = req
-            self.num_added += 1
+            job = group.job
             try:
-                self.engine.begin(req)
+                req = self.scheduler.add(group, job.prompt_ids, job.params, prompt=job.prompt, request_ids=[h.job.request_id for h in group.handles],
+                                         speculative=job.speculative)
             except Exception as exc:
-                self._release(h, "abort")
-                h.emit(self._error_event(exc, "could not start the request"))
+                self._close_group(group, self._error_event(exc, "could not start the request"))
                 return
-            self._prefilling.append(h)
+            group.handles[0].req = req
         finally:
             self._admitting = 0
 
-    def _prefill_one(self) -> None:
-        """One prompt chunk of the oldest prefilling request; after its last, its first token."""
-        h = self._prefilling[0]
-        req = h.req
-        assert req is not None
-        try:
-            done = self.engine.prefill_step(req)
-        except Exception as exc:
-            self._prefilling.pop(0)
-            self._release(h, "abort")
-            h.emit(self._error_event(exc, "prefill failed"))
-            return
-        if not done:
-            return
-        self._prefilling.pop(0)
+    def _prefilled(self, out: SchedulerOutput[_Group]) -> None:
+        """After a prefill chunk: failures end their job's samples; started samples get their
+        first token out (or are freed if their consumer is gone)."""
+        for group, _req, exc in out.failed:
+            if not all(h.closed for h in group.handles):
+                self._close_group(group, self._error_event(exc, "prefill failed"))
         now = time.monotonic()
-        if self.metrics is not None:
-            self.metrics.prompt_tokens.inc(len(req.prompt_ids))
-            self.metrics.ttft.observe(now - h.arrival)
-        h._last_token = now
-        self._progress(h, now, first=True)
-        if req.finished:
-            self._complete(h)
-        elif h.aborted:
-            self._release(h, "abort")
-        else:
-            self._running.append(h)
-
-    def _step(self) -> None:
-        batch = self._running
-        failed = self._step_isolated(batch)
-        now = time.monotonic()
-        still = []
-        for h in batch:
-            if h in failed:
-                self._release(h, "abort")
-                h.emit(self._error_event(failed[h], "decoding failed"))
+        for group, req in out.started:
+            h = group.handle(req)
+            h.req = req
+            if h.closed or h.aborted:  # aborted while its job waited or was prefilled
+                self.scheduler.abort(req)
+                self._close(h, req.to_output(), "abort", StreamEvent("error", status=499, message="request cancelled"))
                 continue
-            self._progress(h, now)
-            if h.req is not None and h.req.finished:
-                self._complete(h)
-            else:
-                still.append(h)
-        self._running = still
+            if self.metrics is not None:
+                self.metrics.prompt_tokens.inc(len(req.prompt_ids))
+                self.metrics.ttft.observe(now - h.arrival)
+            h._last_token = now
+            self._progress(h, now, first=True)
+        self._completed(out)
 
-    def _step_isolated(self, batch: list[RequestHandle]) -> dict[RequestHandle, Exception]:
-        """One step of `batch`; returns the requests that failed (rolled back by the engine) with
-        their errors, the others were stepped. A failure the engine cannot pin on one request (the
-        batched forward) rolls the whole batch back: each request is then retried alone, and only
-        those that fail on their own are lost. Their outputs do not change: a request's rows are
-        computed the same whatever they are batched with."""
-        try:
-            self.engine.step_batch([h.req for h in batch])  # type: ignore[misc]  # running handles hold their request (set at admission)
-            return {}
-        except StepFailures as exc:
-            by_req = {id(h.req): h for h in batch}
-            return {by_req[id(req)]: e for req, e in exc.failures}
-        except Exception as exc:
-            if len(batch) == 1:
-                return {batch[0]: exc}
-            logger.warning("a batched step of %d requests failed (%s: %s); retrying each alone", len(batch), type(exc).__name__, exc)
-            failed: dict[RequestHandle, Exception] = {}
-            for h in batch:
-                failed.update(self._step_isolated([h]))
-            return failed
+    def _decoded(self, out: SchedulerOutput[_Group]) -> None:
+        for group, req, exc in out.failed:
+            self._close(group.handle(req), req.to_output(), "abort", self._error_event(exc, "decoding failed"))
+        now = time.monotonic()
+        for group, req in out.stepped:
+            self._progress(group.handle(req), now)
+        self._completed(out)
+
+    def _completed(self, out: SchedulerOutput[_Group]) -> None:
+        for group, req in out.finished:
+            h = group.handle(req)
+            o = req.to_output()
+            self._close(h, o, req.finish_reason or "abort", StreamEvent("done", output=o))
 
     def _progress(self, h: RequestHandle, now: float, first: bool = False) -> None:
         req = h.req
@@ -384,24 +400,24 @@ class EngineLoop:
         if delta:
             h.emit(StreamEvent("delta", text=delta))
 
-    def _complete(self, h: RequestHandle) -> None:
-        out = self._release(h, None)
-        h.emit(StreamEvent("done", output=out))
+    def _abort(self, h: RequestHandle, req: Request, event: StreamEvent) -> None:
+        """Free a live request and end its sample with `event`."""
+        self.scheduler.abort(req)
+        self._close(h, req.to_output(), "abort", event)
 
-    def _release(self, h: RequestHandle, reason: str | None) -> RequestOutput | None:
-        """engine.finish the request (once) and record it; returns its output."""
-        req = h.req
-        if req is None or req.request_id not in self._live:
-            return None
-        del self._live[req.request_id]
-        try:
-            self.engine.finish(req, reason)
-        except Exception:
-            logger.exception("freeing request %s failed", req.request_id)
-        self.num_freed += 1
-        out = req.to_output()
-        self._record_finish(h, out, req.finish_reason or reason or "abort")
-        return out
+    def _close_group(self, group: _Group, event: StreamEvent | None) -> None:
+        """End every sample of a job not ended yet (their requests already freed, or never made)."""
+        for h in group.handles:
+            self._close(h, h.req.to_output() if h.req is not None else None, "abort", event)
+
+    def _close(self, h: RequestHandle, out: RequestOutput | None, reason: str, event: StreamEvent | None = None) -> None:
+        """Record a sample's end (once) and send its last event."""
+        if h.closed:
+            return
+        h.closed = True
+        self._record_finish(h, out, reason)
+        if event is not None:
+            h.emit(event)
 
     def _record_finish(self, h: RequestHandle, out: RequestOutput | None, reason: str) -> None:
         e2e = time.monotonic() - h.arrival
@@ -435,18 +451,12 @@ class EngineLoop:
         """On stop: fail whatever is queued or running, freeing every live request."""
         with self._cond:
             waiting, self._waiting = list(self._waiting), deque()
+            for group in waiting:
+                group.waiting = False
+            self._num_waiting = 0
             self._stopping = self._draining = True
-        for h in waiting:
-            self._record_finish(h, None, "abort")
-            h.emit(StreamEvent("error", status=503, message="the server is shutting down"))
-        for h in self._running + self._prefilling:
-            self._release(h, "abort")
-            h.emit(StreamEvent("error", status=503, message="the server is shutting down"))
-        self._running, self._prefilling = [], []
-        for req in list(self._live.values()):  # an admission interrupted mid-way
-            del self._live[req.request_id]
-            try:
-                self.engine.finish(req, "abort")
-            except Exception:
-                logger.exception("freeing request %s failed", req.request_id)
-            self.num_freed += 1
+        shutdown = StreamEvent("error", status=503, message="the server is shutting down")
+        for group in waiting:
+            self._close_group(group, shutdown)
+        for group, _req in self.scheduler.close():
+            self._close_group(group, shutdown)
