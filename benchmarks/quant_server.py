@@ -97,7 +97,7 @@ def main() -> int:
     )
     tl = subprocess.Popen(
         [str(Path(sys.executable).parent / "tokenleap"), "serve", "--quantization", "gguf", "--spec-type", args.spec_type,
-         "--threads", str(args.threads), "--port", str(tport), "--max-batch", "1", "--log-level", "warning"],
+         "--threads", str(args.threads), "--port", str(tport), "--max-num-seqs", "1", "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),

@@ -79,7 +79,7 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "tokenleap.cli", "serve", "--port", str(self.port), "--model", args.model,
-               "--spec-type", args.spec_type, "--draft-max", str(args.draft_max), "--max-batch", str(args.max_batch),
+               "--spec-type", args.spec_type, "--draft-max", str(args.draft_max), "--max-num-seqs", str(args.max_num_seqs),
                "--max-queue", "1024", "--log-level", "warning"]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
@@ -436,7 +436,7 @@ def main() -> int:
     p.add_argument("--model", default="smollm2-135m-instruct", help="model for the server started here (default: %(default)s)")
     p.add_argument("--spec-type", default="suffix", help="the started server's default speculation (default: %(default)s)")
     p.add_argument("--draft-max", type=int, default=16, help="draft length cap (default: %(default)s)")
-    p.add_argument("--max-batch", type=int, default=16, help="the started server's --max-batch (default: %(default)s)")
+    p.add_argument("--max-num-seqs", "--max-batch", type=int, default=16, help="the started server's --max-num-seqs (--max-batch: its former name) (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="the started server's CPU threads")
     p.add_argument("--requests", "-n", type=int, default=32, help="requests per cell, or in total with --mixed (default: %(default)s)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default: %(default)s)")
@@ -460,7 +460,7 @@ def main() -> int:
         server = Server(args)
         url = server.url
     meta = {"url": url if args.url else "started here", "model": args.model, "spec_type": args.spec_type if not args.url else None,
-            "draft_max": args.draft_max, "max_batch": args.max_batch, "requests": args.requests, "max_tokens": args.max_tokens,
+            "draft_max": args.draft_max, "max_num_seqs": args.max_num_seqs, "requests": args.requests, "max_tokens": args.max_tokens,
             "concurrency": args.concurrency, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average": os.getloadavg(),
             "cpus": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     try:

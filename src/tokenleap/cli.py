@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tokenleap.config import DEFAULT_MAX_NUM_SEQS
 from tokenleap.errors import TokenleapError
 from tokenleap.models.registry import DEFAULT_MODEL, REGISTRY
 
@@ -293,7 +294,9 @@ def _add_serve_parser(sub: Any) -> None:
     g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (default: $TOKENLEAP_API_KEY, else no key)")
     g.add_argument("--metrics-api-key-required", action="store_true", help="put /metrics behind the API key too (default: open, for Prometheus scrapers)")
     g.add_argument("--served-model-name", default=None, help="model name clients send (default: the --model argument)")
-    g.add_argument("--max-batch", type=int, default=16, help="requests decoded together at most (default: %(default)s)")
+    g.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
+                   help="requests running (decoded together, holding a KV cache) at most, as LLM(max_num_seqs=...) (default: %(default)s)")
+    g.add_argument("--max-batch", type=int, default=None, help="the former name of --max-num-seqs, still accepted")
     g.add_argument("--max-queue", type=int, default=64, help="requests waiting for a batch slot at most; more get 429 (default: %(default)s)")
     g.add_argument("--timeout", type=float, default=None, help="seconds a request may take, queueing included (default: no limit)")
     g.add_argument("--max-request-bytes", type=int, default=1 << 20, help="request body size limit; larger bodies get 413 (default: %(default)s)")
@@ -332,7 +335,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         metrics_api_key_required=args.metrics_api_key_required,
         served_model_name=args.served_model_name,
-        max_batch=args.max_batch,
+        max_num_seqs=args.max_num_seqs,
+        max_batch=args.max_batch,  # the former name, mapped to max_num_seqs
         max_queue=args.max_queue,
         timeout=args.timeout,
         max_request_bytes=args.max_request_bytes,

@@ -20,7 +20,7 @@ class RayServeConfig:
     min_replicas: int | None = None  # autoscaling: set min and/or max to let Ray Serve scale
     max_replicas: int | None = None
     target_ongoing_requests: float = 4.0  # autoscaling target per replica
-    max_ongoing_requests: int | None = None  # per replica; default: the server's max_batch + max_queue
+    max_ongoing_requests: int | None = None  # per replica; default: the server's max_num_seqs + max_queue
     threads_per_replica: int | None = None  # default: cpu count // replicas (at least 1)
     share_stats: bool = True  # replicas' drafters learn from every replica's answers
     share_queue: int = 1024  # answers the sharing hub keeps (oldest dropped first)

@@ -263,7 +263,7 @@ def deployment(model: str | None = None, *, speculative_config: dict[str, Any] |
         EngineReplica, name="TokenleapEngine",
         num_replicas="auto" if autoscaling else cfg.replicas,
         **scaling,
-        max_ongoing_requests=cfg.max_ongoing_requests or server.max_batch + server.max_queue,
+        max_ongoing_requests=cfg.max_ongoing_requests or server.max_num_seqs + server.max_queue,
         ray_actor_options={"num_cpus": cfg.threads_per_replica},
         request_router_config=RequestRouterConfig(request_router_class=AffinityRouter),  # type: ignore[arg-type]  # Ray annotates **kwargs: dict[str, Any]; the field takes a class
         health_check_period_s=2.0, health_check_timeout_s=30.0, graceful_shutdown_timeout_s=server.shutdown_timeout,

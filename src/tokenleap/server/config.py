@@ -7,9 +7,9 @@ option, the same way `tokenleap.config` validates the engine's settings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
-from tokenleap.config import MAX_DRAFT_TOKENS
+from tokenleap.config import DEFAULT_MAX_NUM_SEQS, MAX_DRAFT_TOKENS
 from tokenleap.errors import TokenleapError
 
 API_KEY_ENV = "TOKENLEAP_API_KEY"
@@ -22,7 +22,7 @@ class ServerConfig:
     api_key: str | None = None  # Bearer token required on every route but /health (and /metrics, unless below)
     metrics_api_key_required: bool = False  # /metrics behind the API key too (Prometheus scrapers often have none)
     served_model_name: str | None = None  # default: the model argument given to LLM
-    max_batch: int = 16  # running requests stepped together
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # requests running (holding a KV cache) at once, as LLM(max_num_seqs=...)
     max_queue: int = 64  # requests waiting for a batch slot; one more gets 429
     timeout: float | None = None  # seconds from arrival to the last token; None: no limit
     max_request_bytes: int = 1 << 20  # request body limit (413 above)
@@ -38,16 +38,25 @@ class ServerConfig:
     # (`json_schema_mode`).
     json_schema_mode: str = "strict"
     log_level: str = "info"  # uvicorn's log level
+    # the former name of max_num_seqs (and of --max-num-seqs, --max-batch), still accepted:
+    # ServerConfig(max_batch=8) is ServerConfig(max_num_seqs=8)
+    max_batch: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, max_batch: int | None) -> None:
+        bound = "max_num_seqs"
+        if max_batch is not None:
+            if max_batch != self.max_num_seqs and self.max_num_seqs != DEFAULT_MAX_NUM_SEQS:
+                raise TokenleapError(f"max_batch is the former name of max_num_seqs: give one of them, not both ({max_batch} and {self.max_num_seqs})")
+            bound = "max_batch"
+            object.__setattr__(self, "max_num_seqs", max_batch)
         if not self.host:
             raise TokenleapError("host must not be empty")
         if not 0 <= self.port <= 65535:
             raise TokenleapError(f"port must be in [0, 65535], got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise TokenleapError("the API key must not be empty")
-        if self.max_batch < 1:
-            raise TokenleapError(f"max_batch must be >= 1, got {self.max_batch}")
+        if isinstance(self.max_num_seqs, bool) or not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise TokenleapError(f"{bound} must be >= 1, got {self.max_num_seqs!r}")
         if self.max_queue < 0:
             raise TokenleapError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.timeout is not None and self.timeout <= 0:
