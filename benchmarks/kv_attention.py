@@ -1,11 +1,13 @@
-"""One layer's attention over the fp32 KV cache and over the blocked bf16 one, per kernel variant.
+"""One layer's attention over the fp32, the blocked bf16 and the q8_0 KV caches, per kernel variant.
 
 The AVX2 kernels kept K and V in fp32 until session 15; now both variants read the slot-blocked
-bf16 cache (kernels/attn16.h). This times `CpuKernels.attention` for one layer of Llama-3.2-1B's
-shape (32 query heads, 8 kv heads, head_dim 64) at a given depth of context, for a decode row
-and a verified draft of 5 rows, over an fp32 cache and a blocked bf16 cache (fastest of
-`--repeats` calls after warm-up). Each variant runs in its own process (`TOKENLEAP_KERNELS`), so
-an AVX-512 host measures the AVX2 kernels too.
+bf16 cache and the q8_0 one (kernels/attn16.h). This times `CpuKernels.attention` for layers of
+Llama-3.2-1B's shape (32 query heads, 8 kv heads, head_dim 64) at a given depth of context, for
+a decode row and a verified draft of 5 rows. The cache holds `--layers` layers, attended in turn
+(16 layers at 8k tokens: 128 MB of bf16, past the last-level cache, so K and V stream from
+memory as in a real decode step); the figure is microseconds per layer of the fastest of
+`--repeats` passes. Each variant runs in its own process (`TOKENLEAP_KERNELS`), so an AVX-512
+host measures the AVX2 kernels too.
 
     .venv/bin/python benchmarks/kv_attention.py --depths 1024,8192   # -> results/kv_attention.json
 """
@@ -27,8 +29,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from model_sizes import cpu_name, csv_of  # noqa: E402
 
 
-def measure(depths: list[int], rows_list: list[int], repeats: int) -> dict[str, Any]:
-    """In this process: microseconds per call for every (depth, rows, cache)."""
+CACHES = {"fp32": ("float32", False), "bf16": ("bfloat16", True), "q8_0": ("int8", True)}
+
+
+def measure(depths: list[int], rows_list: list[int], repeats: int, layers: int) -> dict[str, Any]:
+    """In this process: microseconds per layer for every (depth, rows, cache)."""
     import torch
 
     from tokenleap.attention import causal_mask
@@ -38,31 +43,34 @@ def measure(depths: list[int], rows_list: list[int], repeats: int) -> dict[str, 
 
     k = load_kernels()
     if k is None or not k.bf16_attention:
-        raise SystemExit("no kernels with bf16 attention on this machine")
+        raise SystemExit("no kernels with blocked attention on this machine")
     heads, kv_heads, hd = 32, 8, 64
     out: dict[str, Any] = {"variant": k.variant, "rows": []}
     for depth in depths:
         for rows in rows_list:
             row: dict[str, Any] = {"depth": depth, "rows": rows}
-            for blocked in (False, True):
-                kv = KVCache(1, kv_heads, hd, dtype=torch.bfloat16 if blocked else torch.float32, max_capacity=depth + 64,
+            for name, (dtype, blocked) in CACHES.items():
+                kv = KVCache(layers, kv_heads, hd, dtype=getattr(torch, dtype), max_capacity=depth + 64,
                              initial_capacity=depth + 64, blocked=blocked)
                 kv.reserve(depth)
-                kv.write(0, 0, torch.randn(kv_heads, depth, hd), torch.randn(kv_heads, depth, hd))
+                for layer in range(layers):
+                    kv.write(layer, 0, torch.randn(kv_heads, depth, hd), torch.randn(kv_heads, depth, hd))
                 kv.commit(depth)
                 kv.reserve(rows)
                 plan = plan_rows([RowGroup(kv, depth, torch.arange(depth, depth + rows), causal_mask())])
                 cos, sin = torch.ones(depth + rows, hd), torch.zeros(depth + rows, hd)
                 qkv = torch.randn(rows, (heads + 2 * kv_heads) * hd)
-                for _ in range(3):
-                    k.attention(qkv, plan, 0, heads, kv_heads, hd, cos, sin)
+                for layer in range(layers):
+                    k.attention(qkv, plan, layer, heads, kv_heads, hd, cos, sin)
                 best = float("inf")
                 for _ in range(repeats):
                     t0 = time.perf_counter()
-                    k.attention(qkv, plan, 0, heads, kv_heads, hd, cos, sin)
-                    best = min(best, time.perf_counter() - t0)
-                row["bf16_us" if blocked else "fp32_us"] = best * 1e6
-            row["fp32_over_bf16"] = row["fp32_us"] / row["bf16_us"]
+                    for layer in range(layers):
+                        k.attention(qkv, plan, layer, heads, kv_heads, hd, cos, sin)
+                    best = min(best, (time.perf_counter() - t0) / layers)
+                row[f"{name}_us"] = best * 1e6
+                del kv
+            row["bf16_over_q8_0"] = row["bf16_us"] / row["q8_0_us"]
             out["rows"].append(row)
     return out
 
@@ -71,20 +79,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--depths", type=csv_of(int), default="1024,8192")
     ap.add_argument("--rows", type=csv_of(int), default="1,5")
-    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--layers", type=int, default=16, help="layers in the cache, attended in turn (default: %(default)s)")
     ap.add_argument("--variants", default="avx2,avx512", help="kernel variants to run (those the CPU has)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kv_attention.json")
     args = ap.parse_args(argv)
     depths, rows_list = args.depths, args.rows
     if args.worker:
-        print(json.dumps(measure(depths, rows_list, args.repeats)))
+        print(json.dumps(measure(depths, rows_list, args.repeats, args.layers)))
         return 0
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "command": " ".join(sys.argv), "variants": []}
     for variant in args.variants.split(","):
         env = {**os.environ, "TOKENLEAP_KERNELS": variant}
         cmd = [sys.executable, __file__, "--worker", "--depths", ",".join(map(str, depths)), "--rows", ",".join(map(str, rows_list)),
-               "--repeats", str(args.repeats)]
+               "--repeats", str(args.repeats), "--layers", str(args.layers)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(f"{variant}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
@@ -92,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(proc.stdout.strip().splitlines()[-1])
         result["variants"].append(data)
         for r in data["rows"]:
-            print(f"{data['variant']}: depth {r['depth']}, {r['rows']} row(s): fp32 {r['fp32_us']:.0f} us, blocked bf16 "
-                  f"{r['bf16_us']:.0f} us ({r['fp32_over_bf16']:.2f}x)", flush=True)
+            print(f"{data['variant']}: depth {r['depth']}, {r['rows']} row(s): us per layer: fp32 {r['fp32_us']:.0f}, "
+                  f"bf16 {r['bf16_us']:.0f}, q8_0 {r['q8_0_us']:.0f} (bf16 / q8_0 {r['bf16_over_q8_0']:.2f}x)", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

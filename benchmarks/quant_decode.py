@@ -55,11 +55,11 @@ def spec_bench_prompts(path: Path, per_group: int) -> list[str]:
 
 
 def llama_bench(binary: str, model: Path, threads: int, prompt: str = "0", gen: str = "128", depth: int = 0,
-                repeats: int = 3) -> float | dict[int, float] | None:
+                repeats: int = 3, extra: tuple[str, ...] = ()) -> float | dict[int, float] | None:
     """llama-bench's tokens/s: tg128 by default; with `prompt` lengths (e.g. "64,256,512") and
     `gen` "0", its pp figures as {prompt length: tokens/s}; `depth`: decode after that many
-    tokens of context (`-d`)."""
-    cmd = [binary, "-m", str(model), "-p", prompt, "-n", gen, "-t", str(threads), "-r", str(repeats), "-o", "json"]
+    tokens of context (`-d`); `extra`: more flags (e.g. "-ctk", "q8_0")."""
+    cmd = [binary, "-m", str(model), "-p", prompt, "-n", gen, "-t", str(threads), "-r", str(repeats), "-o", "json", *extra]
     if depth:
         cmd += ["-d", str(depth)]
     # tokenleap sets OMP_WAIT_POLICY=passive for torch; llama.cpp's OpenMP threads would inherit it

@@ -141,10 +141,8 @@ def test_q8_0_matches_reference_and_never_reads_past_the_last_block(
     values = torch.randn(kv_heads, start, hd, generator=g)
     kv = _cache(kv_heads, hd, keys, values, cap, torch.int8)
     # fp16 NaN scales in the blocks past slot 47 (the last row's block): never read
-    k_scales = kv.storage()[0, 0].view(kv_heads, cap // 16, -1)[:, 3:, 16 * hd :]
-    v_scales = kv.storage()[0, 1, :, 48:, hd:]
-    k_scales.view(torch.float16).fill_(float("nan"))
-    v_scales.view(torch.float16).fill_(float("nan"))
+    for kind in (0, 1):
+        kv.storage()[0, kind].view(kv_heads, cap // 16, -1)[:, 3:, 16 * hd :].view(torch.float16).fill_(float("nan"))
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * hd, generator=g)
     out = _run(bf16_kernels, [(kv, qkv, None)], heads)
     assert torch.isfinite(out).all()

@@ -359,16 +359,17 @@ def test_q8_0_cache_reads_back_what_was_written_through_growth_and_compaction() 
         assert torch.equal(kv.keys(layer, 40), rounded(k[layer]))
         assert torch.equal(kv.values(layer, 40), rounded(v[layer]))
     torch.testing.assert_close(kv.keys(0, 40), k[0], atol=3 * 4 / 127, rtol=0)  # within half a step of the largest |k|
-    # the layout itself: a key block of 16 slots is int8 [hd/4, 16, 4] then fp16 scales [hd/32, 16];
-    # a value slot is int8 [hd] then fp16 [hd/32]
+    # the layout itself: a block of 16 slots is int8 keys [hd/4, 16, 4] (values [16, hd]), then
+    # fp16 scales [hd/32, 16]
     slot, d = 21, 37
     q, s = q8_quantize(k[1, 2, slot])
     block = kv.storage()[1, 0, 2].reshape(-1)[(slot // 16) * 16 * (hd + hd // 16) :]
     assert block[(d // 4) * 64 + (slot % 16) * 4 + d % 4] == q[d]
     assert block[16 * hd :].view(torch.float16)[(d // 32) * 16 + slot % 16] == s[d // 32]
     q, s = q8_quantize(v[1, 2, slot])
-    row = kv.storage()[1, 1, 2, slot]
-    assert torch.equal(row[:hd], q) and torch.equal(row[hd:].view(torch.float16), s)
+    block = kv.storage()[1, 1, 2].reshape(-1)[(slot // 16) * 16 * (hd + hd // 16) :]
+    assert torch.equal(block[(slot % 16) * hd : (slot % 16 + 1) * hd], q)
+    assert torch.equal(block[16 * hd :].view(torch.float16)[slot % 16 : hd // 2 : 16], s)
     kv.compact(30, [31, 35, 39])
     assert kv.length == 33
     keep = [*range(30), 31, 35, 39]

@@ -13,7 +13,8 @@
  * q8_0 (rb = hd + hd/16: ggml's q8_0, 32 int8 values and one fp16 scale per 32 dims):
  *   K: [cap/16] blocks of 16 rb bytes: int8 [hd/4][16][4] (64 bytes hold 4 dims of 16 slots,
  *      one vpdpbusd per query adds them to 16 slots' integer sums), then fp16 scales [hd/32][16].
- *   V: [cap] rows of rb bytes: int8 [hd], then fp16 scales [hd/32].
+ *   V: [cap/16] blocks of 16 rb bytes: int8 [16][hd] (a slot's values in a row), then fp16
+ *      scales [hd/32][16] (a block's 16 weights p * d of a dim block are one vector product).
  *   A value x of a 32-dim block is q * d: d = fp16(max |x| / 127), q = round-to-even(x / d)
  *   (q8_quantize; KVCache.write quantizes the same way in torch, bit for bit). Queries are
  *   quantized the same way (as llama.cpp does for a q8_0 K), so a score is a chain over the
@@ -147,10 +148,11 @@ static void attn16_write_row(const float *row, const float *c, const float *sn, 
         uint8_t *kp = kl + h * cap * rb + (s / 16) * 16 * rb, *vp = vl + h * cap * rb;
         if (kv_type == TL_KV_Q8_0) {
             int8_t q[256];
-            uint16_t *kscale = (uint16_t *)(kp + 16 * hd), *vscale = (uint16_t *)(vp + s * rb + hd);
+            uint8_t *vb = vp + (s / 16) * 16 * rb;
+            uint16_t *kscale = (uint16_t *)(kp + 16 * hd), *vscale = (uint16_t *)(vb + 16 * hd);
             for (int64_t b = 0; b < hd / 32; b++) {
                 q8_quantize(tmp + b * 32, q + b * 32, &kscale[b * 16 + s % 16]);
-                q8_quantize(v + b * 32, (int8_t *)vp + s * rb + b * 32, &vscale[b]);
+                q8_quantize(v + b * 32, (int8_t *)vb + (s % 16) * hd + b * 32, &vscale[b * 16 + s % 16]);
             }
             for (int64_t d = 0; d < hd; d++) kp[(d / 4) * 64 + (s % 16) * 4 + (d & 3)] = (uint8_t)q[d];
         } else {
@@ -165,11 +167,14 @@ static void attn16_write_row(const float *row, const float *c, const float *sn, 
 static void attn16_copy_slot(const uint8_t *kc, const uint8_t *vc, int64_t src, uint8_t *tk, uint8_t *tv, int64_t t,
                              int64_t hd, int64_t rb, int kv_type) {
     if (kv_type == TL_KV_Q8_0) {
-        const uint8_t *ks = kc + (src / 16) * 16 * rb;
-        uint8_t *kd = tk + (t / 16) * 16 * rb;
+        const uint8_t *ks = kc + (src / 16) * 16 * rb, *vs = vc + (src / 16) * 16 * rb;
+        uint8_t *kd = tk + (t / 16) * 16 * rb, *vd = tv + (t / 16) * 16 * rb;
         for (int64_t g = 0; g < hd / 4; g++) memcpy(kd + g * 64 + (t % 16) * 4, ks + g * 64 + (src % 16) * 4, 4);
-        for (int64_t b = 0; b < hd / 32; b++) memcpy(kd + 16 * hd + (b * 16 + t % 16) * 2, ks + 16 * hd + (b * 16 + src % 16) * 2, 2);
-        memcpy(tv + t * rb, vc + src * rb, (size_t)rb);
+        memcpy(vd + (t % 16) * hd, vs + (src % 16) * hd, (size_t)hd);
+        for (int64_t b = 0; b < hd / 32; b++) {
+            memcpy(kd + 16 * hd + (b * 16 + t % 16) * 2, ks + 16 * hd + (b * 16 + src % 16) * 2, 2);
+            memcpy(vd + 16 * hd + (b * 16 + t % 16) * 2, vs + 16 * hd + (b * 16 + src % 16) * 2, 2);
+        }
         return;
     }
     const uint16_t *k16 = (const uint16_t *)kc, *v16 = (const uint16_t *)vc;
@@ -221,7 +226,7 @@ void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, c
             const uint8_t *kc = kl + h * cap[r] * rb, *vc = vl + h * cap[r] * rb;
             uint8_t *tk = (uint8_t *)tail + (r * kv_heads + h) * 2 * tail_slots * rb, *tv = tk + tail_slots * rb;
             memcpy(tk, kc + base * rb, (size_t)(16 * rb)); /* block of slots base..base+15 */
-            memcpy(tv, vc + base * rb, (size_t)(16 * rb)); /* their values (8 pairs, or 16 rows) */
+            memcpy(tv, vc + base * rb, (size_t)(16 * rb)); /* their values */
             int64_t t = m - base;
             for (int64_t j = 0; j < mask_w; j++) {
                 if (!mask[r * mask_w + j]) continue;

@@ -719,25 +719,51 @@ static inline __attribute__((always_inline)) void score_q8_tile(
 }
 
 /* P.V for QN queries over q8_0 V, dim chunks d0 .. d0+ND-1 (16 wide): out[g][d] = sum over
- * slots s (in order) of (p[g][s] * d[s][block]) * q[s][d]. */
+ * slots s (in order) of (p[g][s] * d[s][block]) * q[s][d]; the weights p * d of a 16-slot
+ * block are one vector product per query and dim block. */
 static inline __attribute__((always_inline)) void pv_q8_tile(
-        const float *const *pp, const kv_src *src, int64_t nslots, int64_t hd, int64_t rb, __m512 *o, const int QN,
+        const float *const *pp, const kv_src *src, int64_t nb, int64_t hd, int64_t rb, __m512 *o, const int QN,
         const int ND, const int64_t d0) {
     for (int i = 0; i < QN * ND; i++) o[i] = _mm512_setzero_ps();
-    const int64_t ssplit = src->split * 16;
-    for (int64_t s = 0; s < nslots; s++) {
-        const uint8_t *vp = s < ssplit ? src->v + s * rb : src->tv + (s - ssplit) * rb;
-        const uint16_t *vd = (const uint16_t *)(vp + hd) + d0 / 2;
-        float w[8][4];
+    float w[8][4][16];
+    for (int64_t bb = 0; bb < nb; bb++) {
+        const uint8_t *vb = bb < src->split ? src->v + bb * 16 * rb : src->tv + (bb - src->split) * 16 * rb;
+        const uint16_t *vd = (const uint16_t *)(vb + 16 * hd) + (d0 / 2) * 16;
         for (int j = 0; j < ND / 2; j++) {
-            const float dv = _cvtsh_ss(vd[j]);
-            for (int g = 0; g < QN; g++) w[g][j] = pp[g][s] * dv;
+            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vd + j * 16)));
+            for (int g = 0; g < QN; g++) _mm512_storeu_ps(w[g][j], _mm512_mul_ps(_mm512_loadu_ps(pp[g] + bb * 16), dv));
         }
-        for (int d = 0; d < ND; d++) {
-            const __m512 vf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(vp + (d0 + d) * 16))));
-            for (int g = 0; g < QN; g++) o[g * ND + d] = _mm512_fmadd_ps(_mm512_set1_ps(w[g][d / 2]), vf, o[g * ND + d]);
+        for (int s = 0; s < 16; s++) {
+            const uint8_t *row = vb + s * hd + d0 * 16;
+            for (int d = 0; d < ND; d++) {
+                const __m512 vf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + d * 16))));
+                for (int g = 0; g < QN; g++) o[g * ND + d] = _mm512_fmadd_ps(_mm512_set1_ps(w[g][d / 2][s]), vf, o[g * ND + d]);
+            }
         }
     }
+}
+
+/* The same sums for many queries: block bb of V already widened to fp32 (vf: [16][hd]), the
+ * sums continued in obuf (query g's row at o + g * hd), so that the widening is done once for
+ * all of a job's query tiles. Each sum's steps are pv_q8_tile's, in the same order. */
+static inline __attribute__((always_inline)) void pv_q8_block(
+        const float *const *pp, const float *vf, const uint16_t *vd, int64_t bb, int64_t hd, float *o, const int QN,
+        const int ND, const int64_t d0) {
+    __m512 t[24];
+    for (int g = 0; g < QN; g++)
+        for (int d = 0; d < ND; d++) t[g * ND + d] = _mm512_loadu_ps(o + g * hd + (d0 + d) * 16);
+    float w[8][4][16];
+    for (int j = 0; j < ND / 2; j++) {
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vd + (d0 / 2 + j) * 16)));
+        for (int g = 0; g < QN; g++) _mm512_storeu_ps(w[g][j], _mm512_mul_ps(_mm512_loadu_ps(pp[g] + bb * 16), dv));
+    }
+    for (int s = 0; s < 16; s++)
+        for (int d = 0; d < ND; d++) {
+            const __m512 v = _mm512_loadu_ps(vf + s * hd + (d0 + d) * 16);
+            for (int g = 0; g < QN; g++) t[g * ND + d] = _mm512_fmadd_ps(_mm512_set1_ps(w[g][d / 2][s]), v, t[g * ND + d]);
+        }
+    for (int g = 0; g < QN; g++)
+        for (int d = 0; d < ND; d++) _mm512_storeu_ps(o + g * hd + (d0 + d) * 16, t[g * ND + d]);
 }
 
 static void attn_q8_task(void *arg, int tid, int nthreads) {
@@ -808,9 +834,51 @@ static void attn_q8_task(void *arg, int tid, int nthreads) {
                 }
                 inv[qi] = 1.0f / _mm512_reduce_add_ps(sum);
             }
-            /* pass 3: P.V, QV queries at a time, over 8 dim chunks at most per pass */
+            /* pass 3: P.V, QV queries at a time, over 8 dim chunks at most per pass; more queries
+             * than one tile: block by block, each block of V widened once for all the tiles */
             const int QV = ND >= 8 ? 3 : ND == 4 ? 6 : 8;
             const int NH = ND > 8 ? 8 : ND;
+            if (Q > QV) {
+                float obuf[AQ * 256], vf[16 * 256];
+                for (int64_t i = 0; i < Q * hd; i++) obuf[i] = 0.0f;
+                for (int64_t bb = 0; bb < nb; bb++) {
+                    const uint8_t *vb = bb < src.split ? src.v + bb * 16 * rb : src.tv + (bb - src.split) * 16 * rb;
+                    for (int64_t i = 0; i < 16 * hd; i += 16)
+                        _mm512_storeu_ps(vf + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(vb + i)))));
+                    const uint16_t *vd = (const uint16_t *)(vb + 16 * hd);
+                    for (int64_t q0 = 0; q0 < Q; q0 += QV) {
+                        const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
+                        const float *pp[8];
+                        for (int g = 0; g < qn; g++) pp[g] = sc + (q0 + g) * a->max_slots;
+                        float *o = obuf + q0 * hd;
+                        for (int64_t d0 = 0; d0 < ND; d0 += NH) {
+#define PVB(ND_, QMAX_)                                                                                   \
+                            switch (qn < QMAX_ ? qn : QMAX_) {                                           \
+                                case 1: pv_q8_block(pp, vf, vd, bb, hd, o, 1, ND_, d0); break;           \
+                                case 2: pv_q8_block(pp, vf, vd, bb, hd, o, 2, ND_, d0); break;           \
+                                case 3: pv_q8_block(pp, vf, vd, bb, hd, o, 3, ND_, d0); break;           \
+                                case 4: pv_q8_block(pp, vf, vd, bb, hd, o, 4 < QMAX_ ? 4 : QMAX_, ND_, d0); break; \
+                                case 5: pv_q8_block(pp, vf, vd, bb, hd, o, 5 < QMAX_ ? 5 : QMAX_, ND_, d0); break; \
+                                case 6: pv_q8_block(pp, vf, vd, bb, hd, o, 6 < QMAX_ ? 6 : QMAX_, ND_, d0); break; \
+                                case 7: pv_q8_block(pp, vf, vd, bb, hd, o, 7 < QMAX_ ? 7 : QMAX_, ND_, d0); break; \
+                                default: pv_q8_block(pp, vf, vd, bb, hd, o, 8 < QMAX_ ? 8 : QMAX_, ND_, d0); break; \
+                            }
+                            switch (NH) {
+                                case 2: PVB(2, 8) break;
+                                case 4: PVB(4, 6) break;
+                                default: PVB(8, 3) break;
+                            }
+#undef PVB
+                        }
+                    }
+                }
+                for (int64_t qi = 0; qi < Q; qi++) {
+                    float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd;
+                    for (int64_t d = 0; d < hd; d += 16)
+                        _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(obuf + qi * hd + d), _mm512_set1_ps(inv[qi])));
+                }
+                continue;
+            }
             for (int64_t q0 = 0; q0 < Q; q0 += QV) {
                 const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
                 const float *pp[8];
@@ -819,14 +887,14 @@ static void attn_q8_task(void *arg, int tid, int nthreads) {
                     __m512 o[24];
 #define PVQ(ND_, QMAX_)                                                                                      \
                     switch (qn < QMAX_ ? qn : QMAX_) {                                                      \
-                        case 1: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 1, ND_, d0); break;                \
-                        case 2: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 2, ND_, d0); break;                \
-                        case 3: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 3, ND_, d0); break;                \
-                        case 4: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 4 < QMAX_ ? 4 : QMAX_, ND_, d0); break; \
-                        case 5: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 5 < QMAX_ ? 5 : QMAX_, ND_, d0); break; \
-                        case 6: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 6 < QMAX_ ? 6 : QMAX_, ND_, d0); break; \
-                        case 7: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 7 < QMAX_ ? 7 : QMAX_, ND_, d0); break; \
-                        default: pv_q8_tile(pp, &src, nb * 16, hd, rb, o, 8 < QMAX_ ? 8 : QMAX_, ND_, d0); break; \
+                        case 1: pv_q8_tile(pp, &src, nb, hd, rb, o, 1, ND_, d0); break;                \
+                        case 2: pv_q8_tile(pp, &src, nb, hd, rb, o, 2, ND_, d0); break;                \
+                        case 3: pv_q8_tile(pp, &src, nb, hd, rb, o, 3, ND_, d0); break;                \
+                        case 4: pv_q8_tile(pp, &src, nb, hd, rb, o, 4 < QMAX_ ? 4 : QMAX_, ND_, d0); break; \
+                        case 5: pv_q8_tile(pp, &src, nb, hd, rb, o, 5 < QMAX_ ? 5 : QMAX_, ND_, d0); break; \
+                        case 6: pv_q8_tile(pp, &src, nb, hd, rb, o, 6 < QMAX_ ? 6 : QMAX_, ND_, d0); break; \
+                        case 7: pv_q8_tile(pp, &src, nb, hd, rb, o, 7 < QMAX_ ? 7 : QMAX_, ND_, d0); break; \
+                        default: pv_q8_tile(pp, &src, nb, hd, rb, o, 8 < QMAX_ ? 8 : QMAX_, ND_, d0); break; \
                     }
                     switch (NH) {
                         case 2: PVQ(2, 8) break;

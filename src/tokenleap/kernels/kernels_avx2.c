@@ -611,34 +611,39 @@ static inline __attribute__((always_inline)) void score_q8_tile8(
     for (int i = 0; i < 2 * QN * NB; i++) acc[i] = t[i];
 }
 
-/* P.V of QN queries for NC 8-dim chunks from chunk c0 over slots s0 .. s1-1 of q8_0 V,
- * continuing the sums in o (query g's row at o + g * hd): o[d] += (p[s] * d[s][block]) * q[s][d]. */
+/* P.V of QN queries for NC 8-dim chunks from chunk c0 over the 16-slot blocks b0 .. b1-1 of
+ * q8_0 V, continuing the sums in o (query g's row at o + g * hd): o[d] += (p[s] * d[s][block])
+ * * q[s][d], slot by slot; a block's weights p * d are vector products per query and dim block. */
 static inline __attribute__((always_inline)) void pv_q8_tile8(
-        const float *const *pf, const kv_src *src, int64_t s0, int64_t s1, int64_t hd, int64_t rb, int64_t c0, float *o,
+        const float *const *pf, const kv_src *src, int64_t b0, int64_t b1, int64_t hd, int64_t rb, int64_t c0, float *o,
         const int QN, const int NC) {
     __m256 t[8];
     for (int g = 0; g < QN; g++)
         for (int c = 0; c < NC; c++) t[g * NC + c] = _mm256_loadu_ps(o + g * hd + (c0 + c) * 8);
-    const int64_t ssplit = src->split * 16, blk0 = c0 / 4, nblk = (c0 + NC + 3) / 4 - blk0;
-    for (int64_t s = s0; s < s1; s++) {
-        const uint8_t *vp = s < ssplit ? src->v + s * rb : src->tv + (s - ssplit) * rb;
-        const uint16_t *vd = (const uint16_t *)(vp + hd) + blk0;
-        float w[4][2];
-        for (int64_t j = 0; j < nblk; j++) {
-            const float dv = _cvtsh_ss(vd[j]);
-            for (int g = 0; g < QN; g++) w[g][j] = pf[g][s] * dv;
-        }
-        for (int c = 0; c < NC; c++) {
-            const __m256 vf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vp + (c0 + c) * 8))));
-            for (int g = 0; g < QN; g++)
-                t[g * NC + c] = _mm256_fmadd_ps(_mm256_set1_ps(w[g][(c0 + c) / 4 - blk0]), vf, t[g * NC + c]);
+    const int64_t blk0 = c0 / 4, nblk = (c0 + NC + 3) / 4 - blk0;
+    float w[4][2][16];
+    for (int64_t bb = b0; bb < b1; bb++) {
+        const uint8_t *vb = bb < src->split ? src->v + bb * 16 * rb : src->tv + (bb - src->split) * 16 * rb;
+        const uint16_t *vd = (const uint16_t *)(vb + 16 * hd) + blk0 * 16;
+        for (int64_t j = 0; j < nblk; j++)
+            for (int h = 0; h < 2; h++) {
+                const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vd + j * 16 + h * 8)));
+                for (int g = 0; g < QN; g++) _mm256_storeu_ps(w[g][j] + h * 8, _mm256_mul_ps(_mm256_loadu_ps(pf[g] + bb * 16 + h * 8), dv));
+            }
+        for (int s = 0; s < 16; s++) {
+            const uint8_t *row = vb + s * hd + c0 * 8;
+            for (int c = 0; c < NC; c++) {
+                const __m256 vf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + c * 8))));
+                for (int g = 0; g < QN; g++)
+                    t[g * NC + c] = _mm256_fmadd_ps(_mm256_set1_ps(w[g][(c0 + c) / 4 - blk0][s]), vf, t[g * NC + c]);
+            }
         }
     }
     for (int g = 0; g < QN; g++)
         for (int c = 0; c < NC; c++) _mm256_storeu_ps(o + g * hd + (c0 + c) * 8, t[g * NC + c]);
 }
 
-#define SLOTS 128 /* slots per P.V run over a q8_0 V */
+#define VBLK 8 /* 16-slot blocks per P.V run over a q8_0 V */
 
 static void attn_q8_task(void *arg, int tid, int nthreads) {
     attn16_ctx *a = (attn16_ctx *)arg;
@@ -688,10 +693,10 @@ static void attn_q8_task(void *arg, int tid, int nthreads) {
                 }
                 inv[qi] = 1.0f / hsum8(sum);
             }
-            /* pass 3: P.V in runs of SLOTS slots, the sums kept in obuf between runs */
+            /* pass 3: P.V in runs of VBLK blocks, the sums kept in obuf between runs */
             for (int64_t i = 0; i < Q * hd; i++) obuf[i] = 0.0f;
-            for (int64_t run = 0; run < nb * 16; run += SLOTS) {
-                const int64_t run_end = run + SLOTS < nb * 16 ? run + SLOTS : nb * 16;
+            for (int64_t run = 0; run < nb; run += VBLK) {
+                const int64_t run_end = run + VBLK < nb ? run + VBLK : nb;
                 for (int64_t q0 = 0; q0 < Q;) {
                     const int qn = Q - q0 >= 4 ? 4 : Q - q0 >= 2 ? 2 : 1;
                     const int64_t NC = qn == 4 ? 2 : qn == 2 ? 4 : 8;

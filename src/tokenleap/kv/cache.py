@@ -16,8 +16,8 @@ it like a plain cache. Its capacity is a multiple of 16 and it starts zeroed.
 A blocked *q8_0* cache (`dtype=torch.int8`; llama.cpp's `--cache-type-k/-v q8_0`) holds each
 slot of a kv head as ggml's q8_0: per 32 dims, 32 int8 values and one fp16 scale, `head_dim +
 head_dim/16` bytes a slot (0.53x bf16), in the tensor `[layers, 2, kv_heads, capacity, head_dim
-* 17/16]` int8: keys in blocks of 16 slots (int8 `[head_dim/4, 16, 4]`, then fp16 scales
-`[head_dim/32, 16]`), values slot by slot (int8 `[head_dim]`, then fp16 `[head_dim/32]`).
+* 17/16]` int8, in blocks of 16 slots: keys int8 `[head_dim/4, 16, 4]`, values int8 `[16,
+head_dim]`, each then fp16 scales `[head_dim/32, 16]`.
 `write` quantizes exactly as the kernel does (`q8_quantize` in attn16.h), bit for bit.
 """
 
@@ -95,21 +95,18 @@ class KVCache:
             return torch.zeros(shape, dtype=self.dtype, device=self.device)
         return torch.empty(shape, dtype=self.dtype, device=self.device)
 
-    def _q8_k(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """q8_0 keys as views `[layers, kv_heads, capacity/16, 16, head_dim/4, 4]` int8 and
-        `[layers, kv_heads, capacity/16, 16, head_dim/32]` fp16 (slot-major)."""
+    def _q8(self, kind: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q8_0 keys (kind 0) or values (1) as slot-major views: int8 `[layers, kv_heads,
+        capacity/16, 16, head_dim]` (keys `[..., head_dim/4, 4]`) and fp16 scales `[layers,
+        kv_heads, capacity/16, 16, head_dim/32]`."""
         L, H, C, D = self.num_layers, self.num_kv_heads, self.capacity, self.head_dim
-        blocks = self._data[:, 0].view(L, H, C // 16, 16 * (D + D // 16))
-        q = blocks[..., : 16 * D].view(L, H, C // 16, D // 4, 16, 4).permute(0, 1, 2, 4, 3, 5)
+        blocks = self._data[:, kind].view(L, H, C // 16, 16 * (D + D // 16))
+        if kind == 0:
+            q = blocks[..., : 16 * D].view(L, H, C // 16, D // 4, 16, 4).permute(0, 1, 2, 4, 3, 5)
+        else:
+            q = blocks[..., : 16 * D].view(L, H, C // 16, 16, D)
         d = blocks[..., 16 * D :].view(torch.float16).view(L, H, C // 16, D // 32, 16).permute(0, 1, 2, 4, 3)
         return q, d
-
-    def _q8_v(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """q8_0 values as views `[layers, kv_heads, capacity, head_dim]` int8 and `[layers,
-        kv_heads, capacity, head_dim/32]` fp16."""
-        D = self.head_dim
-        rows = self._data[:, 1]
-        return rows[..., :D], rows[..., D:].view(torch.float16)
 
     def _k_slots(self) -> torch.Tensor:
         """Blocked keys as a `[layers, kv_heads, capacity/16, 16, head_dim/2, 2]` view."""
@@ -149,11 +146,11 @@ class KVCache:
         if self.blocked and self.kv_type == KV_Q8_0:
             slots = torch.arange(start, start + n)
             H, D = self.num_kv_heads, self.head_dim
-            kq, kd = q8_quantize(k)
-            (qv, dv), (vq, vd) = self._q8_k(), self._q8_v()
-            qv[layer, :, slots // 16, slots % 16] = kq.reshape(H, n, D // 4, 4)
-            dv[layer, :, slots // 16, slots % 16] = kd
-            vq[layer, :, start : start + n], vd[layer, :, start : start + n] = q8_quantize(v)
+            for kind, x in enumerate((k, v)):
+                q, d = q8_quantize(x)
+                q_view, d_view = self._q8(kind)
+                q_view[layer, :, slots // 16, slots % 16] = q.reshape(H, n, *q_view.shape[4:])
+                d_view[layer, :, slots // 16, slots % 16] = d
             return
         if self.blocked:
             slots = torch.arange(start, start + n)
@@ -167,10 +164,7 @@ class KVCache:
     def keys(self, layer: int, end: int) -> torch.Tensor:
         """`[kv_heads, end, head_dim]`: a view, or for a blocked cache a float32 copy."""
         if self.blocked and self.kv_type == KV_Q8_0:
-            H, D = self.num_kv_heads, self.head_dim
-            blocks = -(-end // 16)
-            q, d = self._q8_k()
-            return q8_dequantize(q[layer, :, :blocks].reshape(H, blocks * 16, D), d[layer, :, :blocks].reshape(H, blocks * 16, D // 32))[:, :end]
+            return self._q8_read(0, layer, end)
         if self.blocked:
             H, D = self.num_kv_heads, self.head_dim
             blocks = -(-end // 16)
@@ -180,13 +174,18 @@ class KVCache:
     def values(self, layer: int, end: int) -> torch.Tensor:
         """`[kv_heads, end, head_dim]`: a view, or for a blocked cache a float32 copy."""
         if self.blocked and self.kv_type == KV_Q8_0:
-            q, d = self._q8_v()
-            return q8_dequantize(q[layer, :, :end], d[layer, :, :end])
+            return self._q8_read(1, layer, end)
         if self.blocked:
             H, D = self.num_kv_heads, self.head_dim
             pairs = -(-end // 2)
             return self._v_slots()[layer, :, :pairs].reshape(H, pairs * 2, D)[:, :end].float()
         return self._data[layer, 1, :, :end]
+
+    def _q8_read(self, kind: int, layer: int, end: int) -> torch.Tensor:
+        H, D = self.num_kv_heads, self.head_dim
+        blocks = -(-end // 16)
+        q, d = self._q8(kind)
+        return q8_dequantize(q[layer, :, :blocks].reshape(H, blocks * 16, D), d[layer, :, :blocks].reshape(H, blocks * 16, D // 32))[:, :end]
 
     def storage(self) -> torch.Tensor:
         """The whole `[layers, 2, kv_heads, capacity, head_dim]` tensor (for the kernels; its
@@ -222,10 +221,8 @@ class KVCache:
             index = torch.tensor(keep, device=self.device)
             if self.blocked and self.kv_type == KV_Q8_0:
                 dest = torch.arange(start, start + len(keep), device=self.device)
-                for part in self._q8_k():
+                for part in (*self._q8(0), *self._q8(1)):
                     part[:, :, dest // 16, dest % 16] = part[:, :, index // 16, index % 16].clone()
-                for part in self._q8_v():
-                    part[:, :, dest] = part[:, :, index].clone()
             elif self.blocked:
                 dest = torch.arange(start, start + len(keep), device=self.device)
                 ks, vs = self._k_slots(), self._v_slots()
