@@ -29,6 +29,7 @@ from tokenleap.cli import main
         (["generate", "hi", "--speculative-config", '{"method": "ngram"}', "--spec-type", "ngram"], "either --speculative-config or --spec-type"),
         (["generate", "hi", "--speculative-config", '{"method": "bogus"}'], "unknown speculative method 'bogus'"),
         (["generate", "hi", "--spec-type", "ngram-mod", "--draft-max", "65"], "num_speculative_tokens must be in [1, 64], got 65"),
+        (["generate", "hi", "-ctk", "q8_0", "-ctv", "f16"], "keys and values in one type: --cache-type-k q8_0, --cache-type-v f16 differ"),
     ],
 )
 def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,6 +110,18 @@ def test_llama_cpp_ngram_mod_example_is_lossless_with_statistics(capsys: pytest.
     assert m is not None, captured.err
     b, g, a, gen_d, acc_d, gen_t, acc_t = map(int, m.groups())
     assert b == 1 and g >= gen_d >= acc_d > 0 and gen_t >= 48 * gen_d and gen_t <= 64 * gen_d and acc_t > 0
+
+
+def test_q8_0_kv_cache_as_llama_cpp_users_type_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """`-ctk q8_0 -ctv q8_0`: speculative output identical to plain decoding over the same q8_0
+    cache; one of the two flags alone applies to both, and says so."""
+    base = ["generate", "Repeat this list exactly twice: apple, banana, cherry, date, elderberry, fig, grape.",
+            "--temperature", "0", "-n", "48"]
+    assert main([*base, "-ctk", "q8_0", "-ctv", "q8_0"]) == 0
+    plain = capsys.readouterr().out
+    assert main([*base, "--cache-type-k", "q8_0", "--spec-type", "ngram-mod", "--spec-ngram-size-n", "8", "--draft-max", "16"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == plain and "--cache-type-k q8_0 applies to keys and values alike" in captured.err
 
 
 @pytest.mark.slow

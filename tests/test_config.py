@@ -156,6 +156,13 @@ def test_bad_dtype(bad: str) -> None:
         EngineConfig(dtype=bad)
 
 
+def test_kv_cache_dtype_names() -> None:
+    assert EngineConfig().kv_cache_dtype == "auto"
+    assert [EngineConfig(kv_cache_dtype=n).kv_cache_dtype for n in ("f16", "bf16", "q8", "q8_0")] == ["bf16", "bf16", "q8_0", "q8_0"]
+    with pytest.raises(TokenleapError, match="kv_cache_dtype must be one of auto, bf16, q8_0, got 'q4_0'"):
+        EngineConfig(kv_cache_dtype="q4_0")
+
+
 @pytest.mark.parametrize("n", [1, 0, -5])
 def test_bad_max_model_len(n: int) -> None:
     with pytest.raises(TokenleapError, match="max_model_len must be >= 2"):

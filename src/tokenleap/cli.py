@@ -32,6 +32,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="gguf: keep a GGUF file's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights quantized (the kernels read its blocks); "
                         "none: dequantize to --dtype; default: gguf for a GGUF file in bfloat16 with the kernels, else none")
     g.add_argument("--max-model-len", type=int, default=None, help="context length cap (default: the model's)")
+    kv_types = ["auto", "bf16", "f16", "q8_0"]
+    g.add_argument("--kv-cache-dtype", default=None, choices=kv_types,
+                   help="the KV cache: bf16, or q8_0 (ggml's: 0.53x the memory of bf16); "
+                        "auto: bf16 on the kernels, else fp32 (default: auto)")
+    g.add_argument("--cache-type-k", "-ctk", default=None, choices=kv_types,
+                   help="llama.cpp's spelling of --kv-cache-dtype (its f16 is taken as bf16); keys and values share one type here")
+    g.add_argument("--cache-type-v", "-ctv", default=None, choices=kv_types, help="as --cache-type-k")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     g.add_argument("--no-kernels", action="store_true", help="use torch ops instead of tokenleap's CPU kernels")
     g.add_argument("--verbose", "-v", action="store_true", help="log loading details")
@@ -479,6 +486,22 @@ def _sampling(args: argparse.Namespace) -> Any:
     )
 
 
+def _kv_cache_dtype(args: argparse.Namespace) -> str:
+    """One KV cache type from --kv-cache-dtype / -ctk / -ctv: tokenleap quantizes keys and
+    values alike, so one of llama.cpp's two flags applies to both (said on stderr), and two
+    different types are an error."""
+    given = {name: value for name, value in (("--kv-cache-dtype", args.kv_cache_dtype), ("--cache-type-k", args.cache_type_k),
+                                             ("--cache-type-v", args.cache_type_v)) if value is not None}
+    norm = {name: {"f16": "bf16"}.get(value, value) for name, value in given.items()}
+    if len(set(norm.values())) > 1:
+        raise TokenleapError("tokenleap's KV caches hold keys and values in one type: "
+                             + ", ".join(f"{name} {value}" for name, value in given.items()) + " differ")
+    if set(given) == {"--cache-type-k"} or set(given) == {"--cache-type-v"}:
+        name, value = next(iter(given.items()))
+        print(f"tokenleap: {name} {value} applies to keys and values alike", file=sys.stderr)
+    return next(iter(norm.values()), "auto")
+
+
 def _load(args: argparse.Namespace) -> Any:
     from rich.console import Console
 
@@ -497,6 +520,7 @@ def _load(args: argparse.Namespace) -> Any:
             use_kernels=not args.no_kernels,
             quantization=args.quantization,
             speculative_config=spec,
+            kv_cache_dtype=_kv_cache_dtype(args),
         )
 
 

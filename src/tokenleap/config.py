@@ -19,6 +19,10 @@ DEFAULT_MAX_NUM_SEQS = 16  # requests running (holding a KV cache) at once: LLM 
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "float": "float32", "auto": "bfloat16"}
 
 
+KV_CACHE_DTYPES = ("auto", "bf16", "q8_0")
+KV_CACHE_ALIASES = {"f16": "bf16", "bfloat16": "bf16", "q8": "q8_0"}  # llama.cpp's default f16: our 16-bit cache
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL
@@ -31,6 +35,9 @@ class EngineConfig:
     # quantization): "gguf" for a GGUF file in bfloat16 on the kernels, else dequantize
     # (`models.loading.resolve_quantization`)
     quantization: str | None = None
+    # the KV cache: "auto" (bf16 on the kernels' blocked attention, else fp32), "bf16" or
+    # "q8_0" (ggml's q8_0, 0.53x the bytes; llama.cpp's --cache-type-k/-v q8_0); vLLM's name
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.quantization in ("auto", ""):
@@ -41,6 +48,10 @@ class EngineConfig:
         if dtype not in DTYPE_NAMES:
             raise TokenleapError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         object.__setattr__(self, "dtype", dtype)
+        kv = KV_CACHE_ALIASES.get(str(self.kv_cache_dtype), str(self.kv_cache_dtype))
+        if kv not in KV_CACHE_DTYPES:
+            raise TokenleapError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        object.__setattr__(self, "kv_cache_dtype", kv)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise TokenleapError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if isinstance(self.max_num_seqs, bool) or not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:

@@ -63,6 +63,7 @@ class LLM:
         use_kernels: bool = True,
         quantization: str | None = None,
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.config = EngineConfig(
             model=model,
@@ -71,11 +72,13 @@ class LLM:
             use_kernels=use_kernels,
             quantization=quantization,
             max_num_seqs=max_num_seqs,
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.spec_config = SpecConfig.from_dict(speculative_config)
         self.source = resolve(self.config.model)
         self.model, self.tokenizer = load_model(
-            self.source, DTYPES[self.config.dtype], use_kernels=use_kernels, quantization=self.config.quantization
+            self.source, DTYPES[self.config.dtype], use_kernels=use_kernels, quantization=self.config.quantization,
+            kv_cache_type=self.config.kv_cache_dtype,
         )
         registry = default_registry()
 
