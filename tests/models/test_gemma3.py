@@ -78,3 +78,25 @@ def test_draft_model_with_another_tokenizer(prompts: list[str], plain: LLM) -> N
         accepted += b.metrics.spec.num_accepted_tokens
     assert drafted > 0 and accepted > 0.25 * drafted, (accepted, drafted)  # 0.37 measured
     assert [type(d).__name__ for d in spec.engine.drafters()] == ["CrossTokenizerDrafter"]
+
+
+def test_q8_0_kv_cache_speculation_identical_to_plain(prompts: list[str]) -> None:
+    """Gemma 3's 256-wide heads and sliding windows over a q8_0 KV cache: greedy n-gram
+    speculation gives what plain decoding over the same cache gives."""
+    from tokenleap.kernels import load_kernels
+
+    kernels = load_kernels()
+    if kernels is None or not kernels.bf16_attention:
+        pytest.skip("q8_0 caches need the blocked attention kernels")
+    plain = LLM(model="gemma3-270m", kv_cache_dtype="q8_0")
+    spec = LLM(model="gemma3-270m", kv_cache_dtype="q8_0",
+               speculative_config={"method": "ngram", "num_speculative_tokens": 6, "adaptive": False})
+    assert plain.model.kv_dtype == torch.int8
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    drafted = 0
+    for text in ["List the numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,", prompts[1]]:
+        a = plain.generate([text], params, use_tqdm=False)[0]
+        b = spec.generate([text], params, use_tqdm=False)[0]
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids, text[:60]
+        drafted += b.metrics.spec.num_accepted_tokens
+    assert drafted > 0
