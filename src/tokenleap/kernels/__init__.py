@@ -26,10 +26,10 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import cast
 
 import torch
 
+from tokenleap.kernels.abi import ATTN_FP32, AttnDesc
 from tokenleap.kernels.build import bind, build_library, cpu_flags, kernel_variant
 from tokenleap.kernels.formats import QUANT_TYPES, PackedWeight, QuantWeight
 
@@ -249,40 +249,32 @@ class CpuKernels:
             raise ValueError(f"kernel attention: qkv {tuple(qkv.shape)} does not fit the plan ({plan.rows} rows)")
         qkv = qkv.contiguous()
         out = torch.empty(rows, heads * head_dim, dtype=torch.float32)
-        work = self.attention_work(plan, heads, kv_heads, head_dim)
-        # arguments both kernels take first: rows, their caches, the layer, output and query buffers
-        lead = (
-            qkv.data_ptr(), plan.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), plan.kv_base.data_ptr(),
-            plan.capacity.data_ptr(), plan.write_slot.data_ptr(), layer, out.data_ptr(), work.q.data_ptr(),
-            rows, heads, kv_heads, head_dim,
-        )
-        if plan.blocked:
-            mask = work.mask
-            assert plan.slot_end is not None and work.chunk is not None  # attention_work checked slot_end and made chunk
-            self.lib.tl_attention_bf16(
-                *lead,
-                plan.slot_end.data_ptr(),
-                plan.slot_lo.data_ptr() if plan.slot_lo is not None else None,
-                cast(torch.Tensor, plan.mask_start).data_ptr() if mask is not None else None,  # set with the mask (plan_rows)
-                mask.data_ptr() if mask is not None else None,
-                mask.shape[1] if mask is not None else 0,
-                work.tail.data_ptr() if work.tail is not None else None,
-                work.tail_slots,
-                work.chunk.data_ptr(),
-                work.scratch.data_ptr(),
-                plan.max_slots,
-                plan.kv_type,
-            )
-            return out
-        self.lib.tl_attention(
-            *lead,
-            plan.slot_end.data_ptr() if plan.slot_end is not None else None,
-            plan.slot_off.data_ptr() if plan.slot_off is not None else None,
-            plan.slot_idx.data_ptr() if plan.slot_idx is not None else None,
-            work.scratch.data_ptr(),
-            plan.max_slots,
-        )
+        desc, _work = self.attention_desc(plan, heads, kv_heads, head_dim, cos, sin)  # _work: its buffers, alive for the call
+        if self.lib.tl_attention_run(ctypes.byref(desc), qkv.data_ptr(), layer, out.data_ptr()) != 0:
+            raise ValueError("kernel attention: this build lacks the kernel these caches need")
         return out
+
+    def attention_desc(
+        self, plan: RowPlan, heads: int, kv_heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[AttnDesc, AttentionWork]:
+        """The attention's C struct (`tl_attn_desc`) for a forward over `plan`, and the work
+        buffers it points at (keep them alive while the struct is used)."""
+        work = self.attention_work(plan, heads, kv_heads, head_dim)
+
+        def addr(t: torch.Tensor | None) -> int | None:
+            return t.data_ptr() if t is not None else None
+
+        desc = AttnDesc(
+            kv=1 + plan.kv_type if plan.blocked else ATTN_FP32, rows=plan.rows, heads=heads, kv_heads=kv_heads, hd=head_dim,
+            pos=plan.positions.data_ptr(), cos=cos.data_ptr(), sin=sin.data_ptr(), kv_base=plan.kv_base.data_ptr(),
+            cap=plan.capacity.data_ptr(), wslot=plan.write_slot.data_ptr(), qbuf=work.q.data_ptr(),
+            slot_end=addr(plan.slot_end), slot_off=addr(plan.slot_off), slot_idx=addr(plan.slot_idx), slot_lo=addr(plan.slot_lo),
+            chunk=addr(work.chunk), scratch=work.scratch.data_ptr(), max_slots=plan.max_slots,
+        )
+        if work.mask is not None:  # a token tree over blocked caches (mask_start is set with the mask: plan_rows)
+            desc.mask_start, desc.mask, desc.mask_w = addr(plan.mask_start), work.mask.data_ptr(), work.mask.shape[1]
+            desc.tail, desc.tail_slots = addr(work.tail), work.tail_slots
+        return desc, work
 
     def attention_work(self, plan: RowPlan, heads: int, kv_heads: int, head_dim: int) -> AttentionWork:
         """The attention kernel's buffers for a forward over `plan`, made by its first layer and

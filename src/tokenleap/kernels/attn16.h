@@ -203,7 +203,7 @@ static void attn16_copy_slot(const uint8_t *kc, const uint8_t *vc, int64_t src, 
  * slot_lo (optional): row r sees no slot below slot_lo[r] (a sliding window; probability 0, as
  * for every slot it may not see).
  * hd 16, 32, 64, 128 or 256. */
-void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
+static void tl_attention_bf16(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
                        const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
                        float *out, uint32_t *qb, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
                        const int64_t *slot_end, const int64_t *slot_lo, const int64_t *mask_start, const uint8_t *mask, int64_t mask_w,

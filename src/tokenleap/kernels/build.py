@@ -72,12 +72,14 @@ def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
 
 def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
     """Declare the argument and result types of the library's entry points; returns whether it
-    has `tl_linear_packed` (packed bf16 weights) and `tl_attention_bf16` (the blocked bf16 and
-    q8_0 KV caches)."""
+    has `tl_linear_packed` (packed bf16 weights) and attention over the blocked bf16 and q8_0 KV
+    caches (`tl_attention_run` with a blocked `tl_attn_desc`)."""
     lib.tl_linear.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
     lib.tl_linear.restype = None
-    lib.tl_attention.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64]
-    lib.tl_attention.restype = None
+    lib.tl_attention_run.argtypes = [_ptr, _ptr, _i64, _ptr]
+    lib.tl_attention_run.restype = ctypes.c_int
+    lib.tl_abi_layout.argtypes = [_ptr]
+    lib.tl_abi_layout.restype = _i64
     lib.tl_rmsnorm.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float]
     lib.tl_rmsnorm.restype = None
     lib.tl_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64]
@@ -103,10 +105,4 @@ def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
     if packed:
         lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
         lib.tl_linear_packed.restype = None
-    if bf16_attention:
-        lib.tl_attention_bf16.argtypes = [
-            _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
-            _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64,
-        ]
-        lib.tl_attention_bf16.restype = None
     return packed, bf16_attention

@@ -7,9 +7,13 @@
  * on the same inputs in C, so its bits are exactly those of the per-call loop in
  * `LlamaModel.forward_batch` (tests/kernels/test_fused.py compares them).
  *
+ * The attention's entry point is here too: tl_attention_run, its arguments one struct
+ * (tl_attn_desc, mirrored by kernels/abi.py), which tl_forward_desc embeds.
+ *
  * Included once per variant after quant.h; the variant defines TL_HAS_PACKED (tl_linear_packed)
  * and TL_HAS_ATTN_BF16 (tl_attention_bf16) when it has them. */
 #pragma once
+#include <stddef.h>
 #include "pool.h"
 
 #define TL_LIN_F32 0    /* dense fp32 [out, in] (tl_linear, wbits 32) */
@@ -31,6 +35,46 @@ typedef struct {
     const float *q_norm, *k_norm;      /* QK-norm (Qwen3): fp32 [hd] each, or NULL */
 } tl_layer_desc;
 
+/* One layer's attention for a forward's rows: the arguments of tl_attention (fp32 caches) or
+ * tl_attention_bf16 (blocked bf16 / q8_0 caches), see there; the exported entry point is
+ * tl_attention_run, and tl_forward_desc holds one. */
+typedef struct {
+    int32_t kv; /* the caches: 0 fp32 (tl_attention), 1 + TL_KV_* blocked (tl_attention_bf16) */
+    int64_t rows, heads, kv_heads, hd;
+    const int64_t *pos;
+    const float *cos, *sin;
+    const int64_t *kv_base, *cap, *wslot;
+    void *qbuf;
+    const int64_t *slot_end, *slot_off, *slot_idx, *slot_lo, *mask_start;
+    const uint8_t *mask;
+    int64_t mask_w;
+    uint16_t *tail;
+    int64_t tail_slots;
+    int64_t *chunk;
+    float *scratch;
+    int64_t max_slots;
+} tl_attn_desc;
+
+/* out = attention of the rows of qkv ([rows, (heads + 2 kv_heads) * hd] fp32) at `layer`,
+ * their K/V written to their cache slots. Returns 0, or -1 (before any work) when this build
+ * lacks the kernel the caches need. */
+int tl_attention_run(const tl_attn_desc *t, const float *qkv, int64_t layer, float *out) {
+    if (t->kv < 0 || t->kv > 2) return -1;
+    if (t->kv) {
+#ifdef TL_HAS_ATTN_BF16
+        tl_attention_bf16(qkv, t->pos, t->cos, t->sin, t->kv_base, t->cap, t->wslot, layer, out, (uint32_t *)t->qbuf, t->rows,
+                          t->heads, t->kv_heads, t->hd, t->slot_end, t->slot_lo, t->mask_start, t->mask, t->mask_w, t->tail,
+                          t->tail_slots, t->chunk, t->scratch, t->max_slots, t->kv - 1);
+        return 0;
+#else
+        return -1;
+#endif
+    }
+    tl_attention(qkv, t->pos, t->cos, t->sin, t->kv_base, t->cap, t->wslot, layer, out, (float *)t->qbuf, t->rows, t->heads,
+                 t->kv_heads, t->hd, t->slot_end, t->slot_off, t->slot_idx, t->scratch, t->max_slots);
+    return 0;
+}
+
 typedef struct {
     float *x; /* fp32 [rows, dim], the residual stream, updated in place */
     int64_t rows, dim, inter; /* inter: the MLP's width (gate_up has 2 * inter outputs) */
@@ -43,21 +87,7 @@ typedef struct {
      * linear's result before it is added, rows * dim floats), scratch (the linears' own) */
     float *qkv, *a, *gu, *tmp, *acc;
     uint8_t *scratch;
-    /* attention: the arguments of tl_attention / tl_attention_bf16 (see there) */
-    int32_t attn_kv; /* the caches: 0 fp32 (tl_attention), 1 + TL_KV_* blocked (tl_attention_bf16) */
-    const int64_t *pos;
-    const float *cos, *sin;
-    const int64_t *kv_base, *cap, *wslot;
-    void *qbuf;
-    int64_t heads, kv_heads, hd;
-    const int64_t *slot_end, *slot_off, *slot_idx, *slot_lo, *mask_start;
-    const uint8_t *mask;
-    int64_t mask_w;
-    uint16_t *tail;
-    int64_t tail_slots;
-    int64_t *chunk;
-    float *attn_scratch;
-    int64_t max_slots;
+    tl_attn_desc attn; /* its rows are these rows */
 } tl_forward_desc;
 
 /* y (+)= linear(input) where the input is x, RMSNorm(x) * norm_w (norm_w set) or
@@ -94,19 +124,6 @@ static void fwd_linear(const tl_forward_desc *f, const tl_lin_desc *l, const flo
     for (int64_t i = 0; i < rows * l->out_dim; i++) y[i] += f->acc[i]; /* as torch's add_: one rounding each */
 }
 
-static void fwd_attention(const tl_forward_desc *f, int64_t layer) {
-    if (f->attn_kv) {
-#ifdef TL_HAS_ATTN_BF16
-        tl_attention_bf16(f->qkv, f->pos, f->cos, f->sin, f->kv_base, f->cap, f->wslot, layer, f->a, (uint32_t *)f->qbuf,
-                          f->rows, f->heads, f->kv_heads, f->hd, f->slot_end, f->slot_lo, f->mask_start, f->mask, f->mask_w,
-                          f->tail, f->tail_slots, f->chunk, f->attn_scratch, f->max_slots, f->attn_kv - 1);
-#endif
-        return;
-    }
-    tl_attention(f->qkv, f->pos, f->cos, f->sin, f->kv_base, f->cap, f->wslot, layer, f->a, (float *)f->qbuf, f->rows,
-                 f->heads, f->kv_heads, f->hd, f->slot_end, f->slot_off, f->slot_idx, f->attn_scratch, f->max_slots);
-}
-
 /* Every decoder layer of the fused Llama path over x (in place):
  *   qkv = linear(RMSNorm(x), wqkv) (then each head of Q and K RMSNormed when the layer has
  *   QK-norm); a = attention(qkv); x += linear(a, wo);
@@ -114,9 +131,9 @@ static void fwd_attention(const tl_forward_desc *f, int64_t layer) {
  * Returns 0, or -1 (before any work) when a layer needs a kernel this build lacks. */
 int tl_forward_layers(const tl_forward_desc *f) {
 #ifndef TL_HAS_ATTN_BF16
-    if (f->attn_kv) return -1;
+    if (f->attn.kv) return -1;
 #endif
-    if (f->attn_kv < 0 || f->attn_kv > 2) return -1;
+    if (f->attn.kv < 0 || f->attn.kv > 2 || f->attn.rows != f->rows) return -1;
     for (int64_t i = 0; i < f->n_layers; i++) {
         const tl_layer_desc *l = &f->layers[i];
         const tl_lin_desc *lins[4] = {&l->qkv, &l->wo, &l->gate_up, &l->down};
@@ -128,20 +145,30 @@ int tl_forward_layers(const tl_forward_desc *f) {
             if (kind < TL_LIN_F32 || kind > TL_LIN_QUANT) return -1;
         }
     }
-    const int64_t q_width = f->heads * f->hd;
+    const int64_t heads = f->attn.heads, kv_heads = f->attn.kv_heads, hd = f->attn.hd, q_width = heads * hd;
     for (int64_t i = 0; i < f->n_layers; i++) {
         const tl_layer_desc *l = &f->layers[i];
         fwd_linear(f, &l->qkv, f->x, l->attn_norm, 0, f->qkv, 0, f->dim);
         if (l->q_norm && l->k_norm) {
             const int64_t width = l->qkv.out_dim;
-            tl_head_norm(f->qkv, f->rows, width, 0, f->heads, f->hd, l->q_norm, f->eps, 1.0f);
-            tl_head_norm(f->qkv, f->rows, width, q_width, f->kv_heads, f->hd, l->k_norm, f->eps, 1.0f);
+            tl_head_norm(f->qkv, f->rows, width, 0, heads, hd, l->q_norm, f->eps, 1.0f);
+            tl_head_norm(f->qkv, f->rows, width, q_width, kv_heads, hd, l->k_norm, f->eps, 1.0f);
         }
-        fwd_attention(f, i);
+        tl_attention_run(&f->attn, f->qkv, i, f->a);
         fwd_linear(f, &l->wo, f->a, NULL, 0, f->x, 1, q_width);
         fwd_linear(f, &l->gate_up, f->x, l->mlp_norm, 0, f->gu, 0, f->dim);
         fwd_linear(f, &l->down, f->gu, NULL, 1, f->x, 1, f->inter);
         if (f->hidden_out && f->hidden_out[i]) memcpy(f->hidden_out[i], f->x, (size_t)(f->rows * f->dim) * sizeof(float));
     }
     return 0;
+}
+
+/* The structs' sizes and some field offsets, for the test of their ctypes mirrors (abi.py):
+ * writes them to out (at least 8 int64) and returns how many. */
+int64_t tl_abi_layout(int64_t *out) {
+    const int64_t v[] = {sizeof(tl_lin_desc), sizeof(tl_layer_desc), sizeof(tl_attn_desc), sizeof(tl_forward_desc),
+                         offsetof(tl_attn_desc, rows), offsetof(tl_attn_desc, max_slots), offsetof(tl_forward_desc, attn),
+                         offsetof(tl_forward_desc, eps)};
+    for (int i = 0; i < 8; i++) out[i] = v[i];
+    return 8;
 }

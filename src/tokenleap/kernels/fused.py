@@ -18,40 +18,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight, RowPlan
+from tokenleap.kernels.abi import LIN_BF16, LIN_F32, LIN_PACKED, LIN_QUANT, ForwardDesc, LayerDesc, LinDesc
 
 _p = ctypes.c_void_p
-_i64 = ctypes.c_int64
-_i32 = ctypes.c_int32
-
-LIN_F32, LIN_BF16, LIN_PACKED, LIN_QUANT = 0, 1, 2, 3
-
-
-class LinDesc(ctypes.Structure):
-    _fields_ = [("w", _p), ("bias", _p), ("out_dim", _i64), ("kind", _i32), ("format", _i32)]
-
-
-class LayerDesc(ctypes.Structure):
-    _fields_ = [
-        ("qkv", LinDesc), ("wo", LinDesc), ("gate_up", LinDesc), ("down", LinDesc), ("attn_norm", _p), ("mlp_norm", _p),
-        ("q_norm", _p), ("k_norm", _p),
-    ]  # fmt: skip
-
-
-class ForwardDesc(ctypes.Structure):
-    _fields_ = [
-        ("x", _p), ("rows", _i64), ("dim", _i64), ("inter", _i64), ("eps", ctypes.c_float),
-        ("n_layers", _i64), ("layers", _p), ("hidden_out", _p),
-        ("qkv", _p), ("a", _p), ("gu", _p), ("tmp", _p), ("acc", _p), ("scratch", _p),
-        ("attn_kv", _i32), ("pos", _p), ("cos", _p), ("sin", _p), ("kv_base", _p), ("cap", _p), ("wslot", _p),
-        ("qbuf", _p), ("heads", _i64), ("kv_heads", _i64), ("hd", _i64),
-        ("slot_end", _p), ("slot_off", _p), ("slot_idx", _p), ("slot_lo", _p), ("mask_start", _p),
-        ("mask", _p), ("mask_w", _i64), ("tail", _p), ("tail_slots", _i64), ("chunk", _p),
-        ("attn_scratch", _p), ("max_slots", _i64),
-    ]  # fmt: skip
-
-
-def _addr(t: torch.Tensor | None) -> int | None:
-    return t.data_ptr() if t is not None else None
 
 
 class FusedLayers:
@@ -168,21 +137,7 @@ class FusedLayers:
                     hidden[i] = torch.empty(rows, self.dim, dtype=torch.float32)
                     outs[i] = hidden[i].data_ptr()
             f.hidden_out = ctypes.addressof(outs)
-        work = kernels.attention_work(plan, self.heads, self.kv_heads, hd)
-        f.attn_kv = 1 + plan.kv_type if plan.blocked else 0  # forward.h: 0 fp32, 1 + TL_KV_* blocked
-        f.pos, f.cos, f.sin = plan.positions.data_ptr(), cos.data_ptr(), sin.data_ptr()
-        f.kv_base, f.cap, f.wslot = plan.kv_base.data_ptr(), plan.capacity.data_ptr(), plan.write_slot.data_ptr()
-        f.heads, f.kv_heads, f.hd = self.heads, self.kv_heads, hd
-        f.qbuf, f.attn_scratch, f.max_slots = work.q.data_ptr(), work.scratch.data_ptr(), plan.max_slots
-        f.slot_end, f.slot_off, f.slot_idx = _addr(plan.slot_end), _addr(plan.slot_off), _addr(plan.slot_idx)
-        f.slot_lo = _addr(plan.slot_lo)
-        if plan.blocked:
-            assert work.chunk is not None  # attention_work makes it for blocked caches
-            f.chunk = work.chunk.data_ptr()
-            if work.mask is not None:
-                assert plan.mask_start is not None and work.tail is not None  # a token tree's, set with the mask
-                f.mask_start, f.mask, f.mask_w = plan.mask_start.data_ptr(), work.mask.data_ptr(), work.mask.shape[1]
-                f.tail, f.tail_slots = work.tail.data_ptr(), work.tail_slots
+        f.attn, _work = kernels.attention_desc(plan, self.heads, self.kv_heads, hd, cos, sin)  # _work: alive for the call
         if kernels.lib.tl_forward_layers(ctypes.byref(f)) != 0:
             raise ValueError("fused layers: a layer needs a kernel this build lacks")
         return hidden

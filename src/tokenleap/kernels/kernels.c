@@ -493,7 +493,7 @@ static void attn_task(void *arg, int tid, int nthreads) {
  * or to slots 0 .. slot_end[r]-1. cos/sin: [positions, hd] tables. out: [rows, heads * hd].
  * qrot: rows * heads * hd floats; scratch: (pool threads) * 4 * max_slots floats (max_slots a
  * multiple of 16); hd 16, 32, 64 or 128. */
-void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
+static void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
                   const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
                   float *out, float *qrot, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
                   const int64_t *slot_end, const int64_t *slot_off, const int64_t *slot_idx,

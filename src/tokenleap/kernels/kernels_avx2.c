@@ -348,7 +348,7 @@ static void attn_task(void *arg, int tid, int nthreads) {
 
 /* The signature and layouts of kernels.c's tl_attention (see there); scratch holds
  * (pool threads) * 4 * max_slots floats, max_slots a multiple of 16. */
-void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
+static void tl_attention(const float *qkv, const int64_t *pos, const float *cos, const float *sin,
                   const int64_t *kv_base, const int64_t *cap, const int64_t *wslot, int64_t layer,
                   float *out, float *qrot, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
                   const int64_t *slot_end, const int64_t *slot_off, const int64_t *slot_idx,
