@@ -572,6 +572,23 @@ static inline void store_scores16(const attn16_ctx *a, const __m512 *acc, const 
     }
 }
 
+/* A query's probabilities over nb 16-slot blocks of scores s (its maximum's lanes in mxv):
+ * exp(s - max) in place, 0 for the slots it may not see, as bf16 pairs (bf16 = 1: s's first
+ * nb * 8 floats then hold them) or fp32; returns 1 / their sum (fp32, lane-wise in block order). */
+static inline __attribute__((always_inline)) float softmax_row16(float *s, __m512 mxv, int64_t nb, const int bf16) {
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 v = _mm512_loadu_ps(s + b * 16);
+        const __mmask16 ok = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
+        const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_sub_ps(v, mx)));
+        sum = _mm512_add_ps(sum, e);
+        if (bf16) _mm256_storeu_si256((__m256i *)(s + b * 8), (__m256i)_mm512_cvtneps_pbh(e));
+        else _mm512_storeu_ps(s + b * 16, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
 static void attn16_task(void *arg, int tid, int nthreads) {
     attn16_ctx *a = (attn16_ctx *)arg;
     (void)nthreads;
@@ -625,19 +642,7 @@ static void attn16_task(void *arg, int tid, int nthreads) {
             }
             /* pass 2: probabilities exp(s - max), rounded to bf16 pairs in place; 1 / sum */
             float inv[AQ];
-            for (int64_t qi = 0; qi < Q; qi++) {
-                float *s = sc + qi * a->max_slots;
-                const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv[qi]));
-                __m512 sum = _mm512_setzero_ps();
-                for (int64_t b = 0; b < nb; b++) {
-                    const __m512 v = _mm512_loadu_ps(s + b * 16);
-                    const __mmask16 ok = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
-                    const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_sub_ps(v, mx)));
-                    sum = _mm512_add_ps(sum, e);
-                    _mm256_storeu_si256((__m256i *)(s + b * 8), (__m256i)_mm512_cvtneps_pbh(e));
-                }
-                inv[qi] = 1.0f / _mm512_reduce_add_ps(sum);
-            }
+            for (int64_t qi = 0; qi < Q; qi++) inv[qi] = softmax_row16(sc + qi * a->max_slots, mxv[qi], nb, 1);
             /* pass 3: P.V, QV queries at a time */
             const int QV = ND >= 8 ? 3 : ND == 4 ? 6 : 8;
             const int NH = ND > 8 ? 8 : ND; /* dim chunks per pass (a 256-wide head: two passes of 8) */
@@ -821,19 +826,7 @@ static void attn_q8_task(void *arg, int tid, int nthreads) {
             }
             /* pass 2: probabilities exp(s - max) in place (fp32); 1 / sum */
             float inv[AQ];
-            for (int64_t qi = 0; qi < Q; qi++) {
-                float *s = sc + qi * a->max_slots;
-                const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv[qi]));
-                __m512 sum = _mm512_setzero_ps();
-                for (int64_t b = 0; b < nb; b++) {
-                    const __m512 v = _mm512_loadu_ps(s + b * 16);
-                    const __mmask16 ok = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
-                    const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_sub_ps(v, mx)));
-                    sum = _mm512_add_ps(sum, e);
-                    _mm512_storeu_ps(s + b * 16, e);
-                }
-                inv[qi] = 1.0f / _mm512_reduce_add_ps(sum);
-            }
+            for (int64_t qi = 0; qi < Q; qi++) inv[qi] = softmax_row16(sc + qi * a->max_slots, mxv[qi], nb, 0);
             /* pass 3: P.V, QV queries at a time, over 8 dim chunks at most per pass; more queries
              * than one tile: block by block, each block of V widened once for all the tiles */
             const int QV = ND >= 8 ? 3 : ND == 4 ? 6 : 8;

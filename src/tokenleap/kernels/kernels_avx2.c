@@ -437,6 +437,28 @@ static inline __attribute__((always_inline)) void pv_tile8(
 #define BLK 16
 #define PAIRS 64
 
+/* A query's probabilities over nb 16-slot blocks of scores s (its maximum's lanes in mxv):
+ * exp(s - max) in place, 0 for the slots it may not see, rounded to bf16 (kept as fp32; bf16 =
+ * 1) or fp32; returns 1 / their sum (fp32, lane-wise in order). */
+static inline __attribute__((always_inline)) float softmax_row8(float *s, __m256 mxv, int64_t nb, const int bf16) {
+    const __m256 mx = _mm256_set1_ps(hmax8(mxv));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nb * 16; j += 8) {
+        const __m256 v = _mm256_loadu_ps(s + j);
+        const __m256 ok = _mm256_cmp_ps(v, _mm256_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
+        const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, mx)), ok);
+        sum = _mm256_add_ps(sum, e);
+        if (bf16) {
+            __m256i u = _mm256_castps_si256(e); /* round to nearest even at bit 16 (e >= 0, finite) */
+            u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+            _mm256_storeu_ps(s + j, _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000))));
+        } else {
+            _mm256_storeu_ps(s + j, e);
+        }
+    }
+    return 1.0f / hsum8(sum);
+}
+
 /* Scores of queries q0 .. q0+qn-1 over blocks b0 .. b0+bn-1 (acc[(g * BT + b) * 2 + half]),
  * scaled, the slots a row may not see set to -FLT_MAX, into sc[query][slot]; maxima in mxv. */
 static inline void store_scores8(const attn16_ctx *a, const __m256 *acc, const int64_t *qrow, int64_t q0, int qn,
@@ -518,21 +540,7 @@ static void attn16_task(void *arg, int tid, int nthreads) {
             }
             /* pass 2: probabilities exp(s - max), rounded to bf16 (kept as fp32) in place; 1 / sum */
             float inv[AQ];
-            for (int64_t qi = 0; qi < Q; qi++) {
-                float *s = sc + qi * a->max_slots;
-                const __m256 mx = _mm256_set1_ps(hmax8(mxv[qi]));
-                __m256 sum = _mm256_setzero_ps();
-                for (int64_t j = 0; j < nb * 16; j += 8) {
-                    const __m256 v = _mm256_loadu_ps(s + j);
-                    const __m256 ok = _mm256_cmp_ps(v, _mm256_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
-                    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, mx)), ok);
-                    sum = _mm256_add_ps(sum, e);
-                    __m256i u = _mm256_castps_si256(e); /* round to nearest even at bit 16 (e >= 0, finite) */
-                    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
-                    _mm256_storeu_ps(s + j, _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000))));
-                }
-                inv[qi] = 1.0f / hsum8(sum);
-            }
+            for (int64_t qi = 0; qi < Q; qi++) inv[qi] = softmax_row8(sc + qi * a->max_slots, mxv[qi], nb, 1);
             /* pass 3: P.V in runs of PAIRS slot pairs, the sums kept in obuf between runs */
             for (int64_t i = 0; i < Q * hd; i++) obuf[i] = 0.0f;
             for (int64_t run = 0; run < nb * 8; run += PAIRS) {
@@ -680,19 +688,7 @@ static void attn_q8_task(void *arg, int tid, int nthreads) {
                 }
             /* pass 2: probabilities exp(s - max) in place (fp32); 1 / sum */
             float inv[AQ];
-            for (int64_t qi = 0; qi < Q; qi++) {
-                float *s = sc + qi * a->max_slots;
-                const __m256 mx = _mm256_set1_ps(hmax8(mxv[qi]));
-                __m256 sum = _mm256_setzero_ps();
-                for (int64_t j = 0; j < nb * 16; j += 8) {
-                    const __m256 v = _mm256_loadu_ps(s + j);
-                    const __m256 ok = _mm256_cmp_ps(v, _mm256_set1_ps(-FLT_MAX), _CMP_NEQ_OQ);
-                    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, mx)), ok);
-                    sum = _mm256_add_ps(sum, e);
-                    _mm256_storeu_ps(s + j, e);
-                }
-                inv[qi] = 1.0f / hsum8(sum);
-            }
+            for (int64_t qi = 0; qi < Q; qi++) inv[qi] = softmax_row8(sc + qi * a->max_slots, mxv[qi], nb, 0);
             /* pass 3: P.V in runs of VBLK blocks, the sums kept in obuf between runs */
             for (int64_t i = 0; i < Q * hd; i++) obuf[i] = 0.0f;
             for (int64_t run = 0; run < nb; run += VBLK) {
