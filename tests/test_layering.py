@@ -38,6 +38,22 @@ def test_no_layer_imports_a_layer_above_it_and_the_engine_sees_only_drafters_bas
     assert not wrong, wrong
 
 
+def test_above_the_models_only_the_seam_is_known() -> None:
+    """The engine, the drafters, the heads and `train/` type against `models.base.CausalLM`; only
+    the loaders (`models/loading.py`) name the Llama implementation (issue 23, item 5)."""
+    wrong = []
+    for package in ("engine", "drafters", "heads", "train"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            wrong += [f"{path.relative_to(ROOT)}:{line} imports {m}" for line, m in _imports(path) if m == "tokenleap.models.llama"]
+    assert not wrong, wrong
+
+
+def test_the_llama_model_implements_the_seam(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    from tokenleap.models.base import CausalLM
+
+    assert isinstance(tiny_model, CausalLM) and isinstance(tiny_model.with_layers(1), CausalLM)
+
+
 def test_the_layering_test_sees_an_upward_import(tmp_path: Path) -> None:
     bad = tmp_path / "chain.py"
     bad.write_text("from tokenleap.engine.speculation import expected_tokens\n")

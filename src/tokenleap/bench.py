@@ -12,7 +12,6 @@ plain decoding token for token.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import time
 from collections import defaultdict
@@ -26,7 +25,7 @@ from tokenleap.drafters import default_registry
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.speculation import measure_cost_curve
 from tokenleap.errors import TokenleapError
-from tokenleap.models.llama import LlamaModel
+from tokenleap.models.base import CausalLM
 from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import Tokenizer
 
@@ -164,7 +163,7 @@ class HFBaseline:
 
 
 def run_bench(
-    model: LlamaModel,
+    model: CausalLM,
     tokenizer: Tokenizer,
     questions: Sequence[Question],
     methods: dict[str, SpecConfig],

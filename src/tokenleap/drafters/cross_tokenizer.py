@@ -27,9 +27,8 @@ from typing import ClassVar
 import torch
 
 from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.kv.cache import resync
-from tokenleap.kv.cache import KVCache
-from tokenleap.models.llama import LlamaModel
+from tokenleap.kv.cache import KVCache, resync
+from tokenleap.models.base import CausalLM
 from tokenleap.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ class CrossTokenizerDrafter:
     needs_hidden_states: ClassVar[bool] = False
     drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
-    def __init__(self, model: LlamaModel, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer) -> None:
+    def __init__(self, model: CausalLM, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer) -> None:
         self.model = model
         self.draft_tok = draft_tokenizer
         self.target_tok = target_tokenizer

@@ -23,7 +23,7 @@ import torch
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.drafters.methods import MethodRecord
 from tokenleap.kv.cache import KVCache, resync
-from tokenleap.models.llama import LlamaModel
+from tokenleap.models.base import CausalLM
 from tokenleap.sampling import logits_to_probs
 from tokenleap.tokenizer import Tokenizer
 
@@ -40,7 +40,7 @@ class _State:
     cached: list[int] = field(default_factory=list)  # token ids whose K/V are in `kv`
 
 
-def same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: LlamaModel, draft: LlamaModel) -> bool:
+def same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: CausalLM, draft: CausalLM) -> bool:
     """Whether the draft speaks the target's token ids (else `CrossTokenizerDrafter` translates)."""
     return draft.config.vocab_size == target.config.vocab_size and target_tok.hf.get_vocab() == draft_tok.hf.get_vocab()
 
@@ -50,7 +50,7 @@ class DraftModelDrafter:
     needs_hidden_states: ClassVar[bool] = False
     drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
-    def __init__(self, model: LlamaModel) -> None:
+    def __init__(self, model: CausalLM) -> None:
         self.model = model
         self._states: dict[str, _State] = {}
 
@@ -101,7 +101,7 @@ class LoadedModels:
     def __init__(self) -> None:
         self._models: dict[tuple[Path, Any, bool, str | None], Any] = {}
 
-    def get(self, config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None) -> tuple[Any, Any]:
+    def get(self, config: SpecConfig, *, target: CausalLM, tokenizer: Any, target_path: Any = None) -> tuple[Any, Any]:
         """The draft model, and its tokenizer when its vocabulary differs from the target's
         (None when they share one: the draft then speaks the target's ids)."""
         from tokenleap.models import loading
@@ -112,7 +112,7 @@ class LoadedModels:
         if target_path is not None and path == Path(target_path).resolve():
             return target, None  # the target's own weights (shared, not copied)
         # a GGUF draft keeps its blocks quantized when the target does, and is dequantized when it is not
-        quantization = (getattr(target, "quantization", None) or "none") if source.kind == "gguf" else None
+        quantization = (target.quantization or "none") if source.kind == "gguf" else None
         key = (path, target.dtype, target.kernels is not None, quantization)
         if key not in self._models:
             draft, draft_tok = loading.load_model(source, target.dtype, use_kernels=target.kernels is not None, quantization=quantization)

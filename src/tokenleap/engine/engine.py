@@ -45,7 +45,7 @@ from tokenleap.engine.speculation import CostCurve, DraftController, measure_cos
 from tokenleap.engine.trace import SpecTrace
 from tokenleap.engine.undo import StepFailures, Undo, roll_back
 from tokenleap.errors import TokenleapError
-from tokenleap.models.llama import LlamaModel, ModelOutput, SeqInput
+from tokenleap.models.base import CausalLM, ModelOutput, SeqInput
 from tokenleap.processors import needs_processing, process_rows, row_prefixes, token_logprobs
 from tokenleap.sampling import SamplingParams, check_token_ids, make_generator, sample_next
 from tokenleap.structured import GrammarState, GrammarTokenizer
@@ -78,7 +78,7 @@ def _with_final(out: ModelOutput, layers: Sequence[int]) -> dict[int, torch.Tens
 class Engine:
     def __init__(
         self,
-        model: LlamaModel,
+        model: CausalLM,
         tokenizer: Tokenizer,
         max_model_len: int | None = None,
         spec: SpecConfig | None = None,
@@ -221,7 +221,7 @@ class Engine:
         between kernel calls: one with the kernels (see threads.py: torch's OpenMP workers
         otherwise spin beside the kernels' pool; when torch was imported before tokenleap, so
         OMP_WAIT_POLICY=passive never applied, they made decoding 2.2x slower), else torch's."""
-        return torch_threads(1) if getattr(self.model, "kernels", None) is not None else contextlib.nullcontext()
+        return torch_threads(1) if self.model.kernels is not None else contextlib.nullcontext()
 
     def prefill_step(self, req: Request) -> bool:
         """Run the next chunk of the prompt (`prefill_chunk` tokens); after the last one, sample

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenleap.cost import CostCurve, expected_tokens
-from tokenleap.models.llama import LlamaModel, SeqInput
+from tokenleap.models.base import CausalLM, SeqInput
 
 __all__ = ["CostCurve", "DraftController", "expected_tokens", "measure_cost_curve", "plan_batch_drafts", "timed_row_counts"]
 
@@ -38,7 +38,7 @@ def timed_row_counts(max_rows: int) -> list[int]:
     return counts if counts[-1] == max_rows else [*counts, max_rows]
 
 
-def _time_rows(model: LlamaModel, context: int, max_rows: int, repeats: int) -> list[float]:
+def _time_rows(model: CausalLM, context: int, max_rows: int, repeats: int) -> list[float]:
     """Relative cost of forwards of 1..max_rows rows: the fastest of `repeats` rounds, each
     round timing every row count of `timed_row_counts` in turn (a busy moment then hits one
     sample of several row counts, not every sample of one, and the minimum discards it); the
@@ -66,7 +66,7 @@ def _time_rows(model: LlamaModel, context: int, max_rows: int, repeats: int) -> 
     return relative
 
 
-def measure_cost_curve(model: LlamaModel, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 5) -> CostCurve:
+def measure_cost_curve(model: CausalLM, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 5) -> CostCurve:
     """Time forwards of 1..max_draft+1 rows at a short and a long context (fastest of `repeats`).
     The long context is skipped when the model's context cannot hold it; the short one shrinks
     to fit a small model."""

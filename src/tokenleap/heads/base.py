@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
+from tokenleap.models.base import CausalLM
 
 FINAL_HIDDEN = -1  # `hidden_layers` id of the target's final (normed) hidden state
 
@@ -122,7 +123,7 @@ class DraftHead(Protocol):
     """What a draft head offers the drafter that runs it (chains or EAGLE-2 trees)."""
 
     config: HeadShape
-    target: Any  # the model whose hidden states it reads (embedding, LM head, forward for timing)
+    target: CausalLM  # the model whose hidden states it reads (embedding, LM head, forward for timing)
     hidden_layers: tuple[int, ...]  # target layer outputs it reads; FINAL_HIDDEN = the final normed state
     d2t_list: list[int]  # draft vocabulary id -> target id
 
@@ -161,7 +162,7 @@ class LayerHead:
     hidden_layers: tuple[int, ...]
     d2t_list: list[int]
 
-    def __init__(self, config: HeadShape, target: Any, embed: torch.Tensor | None = None) -> None:
+    def __init__(self, config: HeadShape, target: CausalLM, embed: torch.Tensor | None = None) -> None:
         self.config = config
         self.target = target
         self.kernels = target.kernels
@@ -238,7 +239,7 @@ class FinalHiddenHead(LayerHead):
     """A layer head whose feature is the target's final (normed) hidden state and whose logits
     are the target's own LM head over the full vocabulary (EAGLE-1/2, MTP)."""
 
-    def __init__(self, config: HeadShape, target: Any, embed: torch.Tensor | None = None) -> None:
+    def __init__(self, config: HeadShape, target: CausalLM, embed: torch.Tensor | None = None) -> None:
         super().__init__(config, target, embed)
         self.d2t_list = list(range(config.vocab_size))
         self.hidden_layers = (FINAL_HIDDEN,)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
 from tokenleap.heads.base import FinalHiddenHead, HeadKV, final_hidden_shape, head_linear
+from tokenleap.models.base import CausalLM
 
 
 def is_eagle1_layout(weights: dict[str, torch.Tensor], hidden_size: int) -> bool:
@@ -37,7 +38,7 @@ class Eagle1Head(FinalHiddenHead):
 
     kind = "EAGLE-1/2"
 
-    def __init__(self, raw: dict[str, Any], weights: dict[str, torch.Tensor], target: Any) -> None:
+    def __init__(self, raw: dict[str, Any], weights: dict[str, torch.Tensor], target: CausalLM) -> None:
         tc = target.config
         c = final_hidden_shape(raw, tc, "EAGLE head")
         h = c.hidden_size

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
 from tokenleap.heads.base import HeadKV, HeadShape, LayerHead, head_linear
+from tokenleap.models.base import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class Eagle3Head(LayerHead):
 
     kind = "EAGLE-3"
 
-    def __init__(self, config: HeadShape, weights: dict[str, torch.Tensor], target: Any) -> None:
+    def __init__(self, config: HeadShape, weights: dict[str, torch.Tensor], target: CausalLM) -> None:
         c = config
         dtype = target.dtype
         h, ht = c.hidden_size, c.target_hidden_size
@@ -147,7 +148,7 @@ class Eagle3Head(LayerHead):
         def f32(name: str) -> torch.Tensor:
             return weights[name].float().contiguous()
 
-        quantize = bool(getattr(target, "quantization", None))
+        quantize = bool(target.quantization)
 
         def lin(*names: str) -> Any:
             return head_linear(weights, names, dtype, self.kernels, quantize)
@@ -202,7 +203,7 @@ class Eagle3Head(LayerHead):
 _SPECULATORS_RENAMES = (("layers.0.", "midlayer."), ("fusion_fc.", "fc."), ("draft_id_to_target_id", "d2t"))
 
 
-def eagle3_head(raw: dict[str, Any], weights: dict[str, torch.Tensor], target: Any, source: str | Path) -> Eagle3Head:
+def eagle3_head(raw: dict[str, Any], weights: dict[str, torch.Tensor], target: CausalLM, source: str | Path) -> Eagle3Head:
     """An EAGLE-3 head from a checkpoint's config.json and tensors, in the EAGLE / SpecForge or
     the speculators spelling (`source` names it in the log)."""
     config, dialect = read_config(raw, target.config.num_layers)

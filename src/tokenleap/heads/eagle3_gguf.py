@@ -21,6 +21,7 @@ import torch
 from tokenleap.errors import TokenleapError
 from tokenleap.heads.base import HeadShape
 from tokenleap.heads.eagle3 import Eagle3Head, default_aux_layers
+from tokenleap.models.base import CausalLM
 from tokenleap.models.loaders import unpermute_rope
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def _f32(v: Any) -> float:
     return float(f"{float(v):.7g}")
 
 
-def load_eagle3_gguf(path: str | Path, target: Any) -> Eagle3Head:
+def load_eagle3_gguf(path: str | Path, target: CausalLM) -> Eagle3Head:
     import gguf
 
     path = Path(path).expanduser()

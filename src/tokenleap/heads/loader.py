@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -20,11 +19,12 @@ from tokenleap.heads.base import DraftHead
 from tokenleap.heads.eagle1 import Eagle1Head, is_eagle1_layout
 from tokenleap.heads.eagle3 import eagle3_head
 from tokenleap.heads.eagle3_gguf import load_eagle3_gguf
+from tokenleap.models.base import CausalLM
 
 logger = logging.getLogger(__name__)
 
 
-def load_eagle3(path: str | Path, target: Any) -> DraftHead:
+def load_eagle3(path: str | Path, target: CausalLM) -> DraftHead:
     """Load an EAGLE head for `target`, with checks: an eagle3 `.gguf` file, or a directory
     (config.json + *.safetensors) holding an EAGLE-3 head or an EAGLE-1/2 one (`fc` over 2H, no
     `hidden_norm`)."""

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
 from tokenleap.heads.base import FINAL_HIDDEN
+from tokenleap.models.base import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class MedusaHeads:
 
     hidden_layers = (FINAL_HIDDEN,)
 
-    def __init__(self, blocks: list[list[_Block]], projections: list[Any | None], target: Any) -> None:
+    def __init__(self, blocks: list[list[_Block]], projections: list[Any | None], target: CausalLM) -> None:
         self.blocks = blocks
         self.projections = projections  # None: the target's LM head
         self.target = target
@@ -72,7 +73,7 @@ class MedusaHeads:
         return self.target.compute_logits(x) if proj is None else self._linear(x, proj)
 
 
-def load_medusa(path: str | Path, target: Any) -> MedusaHeads:
+def load_medusa(path: str | Path, target: CausalLM) -> MedusaHeads:
     folder = Path(path).expanduser()
     if not folder.is_dir() or not (folder / "config.json").is_file():
         raise TokenleapError(f"Medusa heads {str(path)!r} must be a directory with config.json and *.safetensors")

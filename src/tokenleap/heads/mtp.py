@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
 from tokenleap.heads.base import FinalHiddenHead, HeadKV, final_hidden_shape, head_linear
+from tokenleap.models.base import CausalLM
 
 MIMO_PREFIX = "model.mtp_layers."
 _PARTS = (
@@ -86,7 +87,7 @@ class MtpHead(FinalHiddenHead):
 
     kind = "MTP"
 
-    def __init__(self, raw: dict[str, Any], weights: dict[str, torch.Tensor], target: Any) -> None:
+    def __init__(self, raw: dict[str, Any], weights: dict[str, torch.Tensor], target: CausalLM) -> None:
         tc = target.config
         c = final_hidden_shape(raw, tc, "MTP layer", rms_norm_eps=1e-6)
         h = c.hidden_size
@@ -133,6 +134,6 @@ class MtpHead(FinalHiddenHead):
         return self._rms(h + self._linear(F.silu(gate) * up, self.w_down), self.final_norm)
 
 
-def load_mtp(folder: str | Path, target: Any, layer: int = 0) -> MtpHead:
+def load_mtp(folder: str | Path, target: CausalLM, layer: int = 0) -> MtpHead:
     raw, weights = read_mtp_layer(folder, layer)
     return MtpHead(raw, weights, target)

@@ -1,1 +1,2 @@
-"""Models: the CausalLM protocol, the native Llama-family runtime, weight loaders, registry."""
+"""Models: the `CausalLM` protocol (`base.py`: the seam the engine, drafters, heads and `train/` type
+against), the native Llama-family runtime (`llama.py`), weight loaders, registry."""

@@ -40,20 +40,21 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import logging
 
 import torch
 import torch.nn.functional as F
 
 from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask, plan_rows
+from tokenleap.errors import TokenleapError
 from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight
 from tokenleap.kernels.fused import FusedLayers
-from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KV_CACHE_TYPES, KVCache
-from tokenleap.models.config import ModelConfig, RopeScaling
+from tokenleap.models.base import ModelOutput, SeqInput
+from tokenleap.models.config import ModelConfig
+from tokenleap.models.layers import llama3_inv_freq, rope_tables  # noqa: F401  # llama3_inv_freq: re-exported, its former home
 from tokenleap.threads import torch_threads
 
 logger = logging.getLogger(__name__)
@@ -80,22 +81,6 @@ class _Layer:
     post_mlp_norm: torch.Tensor | None = None
     # The same four matrices as the kernels read them: packed bf16, or GGUF blocks.
     packed: dict[str, PackedWeight | QuantWeight] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SeqInput:
-    """New tokens of one sequence for `LlamaModel.forward_batch`."""
-
-    input_ids: torch.Tensor  # [n] int64
-    positions: torch.Tensor  # [n] int64
-    kv: KVCache
-    attn: AttentionMask | None = None  # None: causal
-
-
-@dataclass
-class ModelOutput:
-    hidden: torch.Tensor  # [n, D] after the final norm
-    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [n, D]
 
 
 class LlamaModel:
@@ -645,39 +630,6 @@ def kv_cache_dtype(name: str, default: torch.dtype, blocked: bool, head_dim: int
 # spend hundreds of MB on them); the model's context is limited to it.
 MAX_ROPE_TABLE = 32768
 ROPE_TABLE_START = 4096  # rotary rows built at load; more on demand, doubling
-
-
-def rope_tables(config: ModelConfig, theta: float, positions: int, *, scaled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin `[positions, head_dim]` (half-split layout) as transformers computes them:
-    float32 `inv_freq = 1 / theta ** (2i / d)`, scaled per Llama 3.x (`rope_scaling`), divided
-    by GGUF's `rope_freqs` and by a linear scaling factor when `scaled`, angles = float32
-    position * inv_freq."""
-    hd = config.head_dim
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-    if scaled and config.rope_scaling is not None:
-        inv_freq = llama3_inv_freq(inv_freq, config.rope_scaling)
-    if scaled and config.rope_freq_factors is not None:
-        inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
-    if scaled and config.rope_linear_factor != 1.0:
-        inv_freq = inv_freq / config.rope_linear_factor
-    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)
-    emb = torch.cat([angles, angles], dim=-1)
-    return emb.cos().contiguous(), emb.sin().contiguous()
-
-
-def llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
-    """Llama 3.x rope scaling (transformers' `_compute_llama3_parameters`): long wavelengths
-    divided by `factor`, short ones kept, a smooth blend between."""
-    import math
-
-    low_wavelen = scaling.original_max_position / scaling.low_freq_factor
-    high_wavelen = scaling.original_max_position / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled)
 
 
 def window_mask(mask: AttentionMask, start: int, positions: torch.Tensor, window: int) -> AttentionMask:

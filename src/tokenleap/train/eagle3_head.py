@@ -32,6 +32,7 @@ from tokenleap.errors import TokenleapError
 from tokenleap.heads.base import HeadShape, head_rope
 from tokenleap.heads.eagle3 import Eagle3Head
 from tokenleap.heads.loader import load_eagle3
+from tokenleap.models.base import CausalLM
 
 
 def shape_for_target(target_config: Any, draft_vocab_size: int, aux_layers: Sequence[int],
@@ -166,7 +167,7 @@ class TrainableEagle3(nn.Module):
         return outs
 
     @classmethod
-    def from_head(cls, folder: Path, target: Any) -> tuple[TrainableEagle3, torch.Tensor]:
+    def from_head(cls, folder: Path, target: CausalLM) -> tuple[TrainableEagle3, torch.Tensor]:
         """A head written by `export` (or any EAGLE-3 layout checkpoint the runtime loads) as a
         trainable module, with its draft-to-target id map."""
         from safetensors.torch import load_file

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
 from tokenleap.models.config import ModelConfig
-from tokenleap.models.llama import rope_tables
+from tokenleap.models.layers import rope_tables
 
 
 @dataclass

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from tokenleap.errors import TokenleapError
 from tokenleap.heads.base import HeadShape
 from tokenleap.heads.eagle3 import default_aux_layers
+from tokenleap.models.base import CausalLM
+from tokenleap.models.config import ModelConfig
 from tokenleap.train.data import DraftVocab, Example, Record, build_draft_vocab, load_records, tokenize
 from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
 from tokenleap.train.medusa_head import MedusaShape, TrainableMedusa
@@ -175,7 +177,7 @@ class Features:
         return n + (0 if self.hidden is self.aux else self.hidden.numel() * self.hidden.element_size())
 
 
-def forward_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int]) -> Features:
+def forward_features(model: CausalLM, ids: Sequence[int], aux_layers: Sequence[int]) -> Features:
     """One target forward over `ids` (the aux states as the runtime's `Eagle3Head.aux_from`
     builds them: the input of each aux layer; no aux layers: the final hidden states)."""
     t = len(ids)
@@ -190,23 +192,23 @@ def forward_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int]) 
         hidden = out.hidden.to(torch.bfloat16)
         parts = [F.embedding(x, model.embed) if layer == 0 else out.hidden_states[layer - 1] for layer in aux_layers]
         aux = torch.cat([p.to(torch.bfloat16) for p in parts], dim=-1) if parts else hidden
-        argmax = _logits(model, out.hidden, model.lm_head).argmax(dim=-1).to(torch.int32)
+        argmax = _logits(model.config, out.hidden, model.lm_head).argmax(dim=-1).to(torch.int32)
     return Features(aux.clone(), hidden.clone() if parts else aux.clone(), argmax.clone())
 
 
-def _logits(model: Any, hidden: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
+def _logits(config: ModelConfig, hidden: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
     logits = F.linear(hidden.to(lm.dtype), lm).float()
-    cap = getattr(model.config, "final_logit_softcap", None)
+    cap = config.final_logit_softcap
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
-def target_features(model: Any, ids: Sequence[int], aux_layers: Sequence[int], draft_ids: torch.Tensor
+def target_features(model: CausalLM, ids: Sequence[int], aux_layers: Sequence[int], draft_ids: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The aux states [T, 3H] (float32), the target's full-vocabulary argmax [T] and its logits
     over the draft vocabulary [T, Vd] of one sequence."""
     f = forward_features(model, ids, aux_layers)
     with torch.inference_mode():
-        dl = _logits(model, f.hidden, model.lm_head[draft_ids])
+        dl = _logits(model.config, f.hidden, model.lm_head[draft_ids])
     return f.aux.float(), f.argmax.long(), dl.clone()
 
 
@@ -241,7 +243,7 @@ class FeatureCache:
 class RuntimeFeatures:
     """Target features from the runtime's CPU model: one forward a sequence, kept in `cache`."""
 
-    def __init__(self, model: Any, aux_layers: Sequence[int], cache: FeatureCache | None = None) -> None:
+    def __init__(self, model: CausalLM, aux_layers: Sequence[int], cache: FeatureCache | None = None) -> None:
         self.model, self.aux_layers, self.cache = model, tuple(aux_layers), cache
         self.config = model.config
         self.device = torch.device("cpu")
@@ -330,7 +332,7 @@ def make_batch(source: RuntimeFeatures | TorchFeatures, examples: Sequence[Examp
         ids[r, :n] = torch.tensor(ex.ids)
         nxt[r, : n - 1] = torch.tensor(ex.mask[1:], dtype=torch.bool)
     with torch.inference_mode():
-        logp = torch.log_softmax(_logits(source, hidden, lm_draft), dim=-1)
+        logp = torch.log_softmax(_logits(source.config, hidden, lm_draft), dim=-1)
     t2d = t2d_index.to(dev)
     valid = (t2d[am] >= 0) & nxt.to(dev)
     return Batch(aux, ids.to(dev), logp.clone(), valid, t2d[am].clamp(min=0), sum(len(e.ids) for e in examples), nxt.to(dev))
