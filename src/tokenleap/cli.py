@@ -61,81 +61,63 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-tokens", type=int, default=0, help="no end of sequence before this many tokens (default: %(default)s)")
 
 
-def _ngram_defaults() -> dict[str, Any]:
-    """The n-gram flags' defaults, as the config and the drafters have them (for the help)."""
-    from tokenleap.config import SpecConfig
-    from tokenleap.drafters.ngram_map import NgramMapK4VDrafter, NgramMapKDrafter
-
-    d = SpecConfig("ngram")
-    hits = f"ngram-map-k {NgramMapKDrafter.DEFAULT_MIN_HITS}, ngram-map-k4v {NgramMapK4VDrafter.DEFAULT_MIN_HITS}"
-    return {"n": d.ngram_size_n, "m": d.ngram_size_m, "lookup_min": d.prompt_lookup_min, "lookup_max": d.prompt_lookup_max, "hits": hits}
-
-
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    ng = _ngram_defaults()
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
     from tokenleap.drafters import methods
 
     g.add_argument("--spec-type", default="none", help=methods.spec_type_help())
-    g.add_argument("--model-draft", "-md", default=None, help="draft model for --spec-type draft-model (name, .gguf or folder), or the head directory for --spec-type eagle3 / eagle / medusa")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config as a JSON object (instead of the flags below), e.g. '{\"method\": \"ngram\"}'")
-    g.add_argument("--draft-layers", type=int, default=None, help="use only the draft model's first N layers")
     # llama.cpp's spellings and environment variables (a string default goes through `type`: a bad value is a usage error)
     g.add_argument("--draft-max", "--draft", "--draft-n", type=int, default=os.environ.get("LLAMA_ARG_DRAFT_MAX", "16"),
                    help="draft tokens per step at most (env LLAMA_ARG_DRAFT_MAX; default: %(default)s)")
     g.add_argument("--draft-min", "--draft-n-min", type=int, default=os.environ.get("LLAMA_ARG_DRAFT_MIN", "0"),
                    help="shorter drafts are not verified (env LLAMA_ARG_DRAFT_MIN; default: %(default)s)")
-    g.add_argument("--spec-ngram-size-n", type=int, default=None,
-                   help=f"n-gram key length (ngram: the longest n-gram looked up; default {ng['n']}, ngram: {ng['lookup_max']})")
-    g.add_argument("--spec-ngram-size-m", type=int, default=None, help=f"m-gram draft length of the llama.cpp n-gram types (default {ng['m']})")
-    g.add_argument("--spec-ngram-min-hits", type=int, default=None,
-                   help=f"occurrences a key's m-gram needs before it is drafted (default: {ng['hits']})")
-    g.add_argument("--prompt-lookup-min", type=int, default=None, help=f"ngram: shortest n-gram looked up (default {ng['lookup_min']})")
-    g.add_argument("--spec-ngram-cache", default=None, help="ngram-cache: statistics file to load")
     g.add_argument("--spec-sampled-tree", default=None, choices=["full", "first-path"],
                    help="how sampled requests verify a token-tree draft: every branch (lossless) or the first path (default: full)")
     g.add_argument("--spec-acceptance", default=None, choices=["exact", "typical-lossy"],
                    help="sampled requests: exact (lossless) or Medusa's typical acceptance, which changes the output distribution (default: exact)")
     g.add_argument("--spec-typical-threshold", type=float, default=None, help="typical-lossy: posterior threshold (default 0.09)")
     g.add_argument("--spec-typical-alpha", type=float, default=None, help="typical-lossy: entropy factor (default 0.3)")
-    g.add_argument("--spec-tree-topk", type=int, default=None, help="eagle3 / eagle / medusa: 1 drafts chains, k > 1 dynamic token trees (default 1)")
-    g.add_argument("--spec-tree-depth", type=int, default=None, help="eagle3 / eagle trees: depth (default 6; the node count is --draft-max)")
     g.add_argument("--stats", action="store_true", help="print speculation statistics after each answer")
     _add_method_option_args(p)
 
 
+def _flag_dest(flag: str) -> str:
+    return "spec_flag:" + flag
+
+
 def _add_method_option_args(p: argparse.ArgumentParser) -> None:
-    """A flag per option of each method that has its own (`--spec-<method>-<option>`), from the
-    method records: type from the option's annotation, help from the record."""
+    """The methods' options as flags, from the method records: one flag per spelling the options
+    declare (`--spec-ngram-size-n`, llama.cpp's `--model-draft` / `-md`, ...; a user's option
+    `--spec-<method>-<option>`), shared by the methods that declare it; its type from the
+    option's annotation, its help from the options' help and defaults."""
     import typing
 
     from tokenleap.drafters import methods
 
-    records = [r for r in methods.all_methods() if r.options is not None]
-    if not records:
+    flags = methods.cli_options()
+    if not flags:
         return
-    g = p.add_argument_group("speculative methods' own options")
-    for record in records:
-        types = methods.option_types(record)
-        for f in record.option_fields:
-            tp = types.get(f.name)
-            args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_args(tp) else [tp]
-            base = args[0] if len(args) == 1 else None
-            kwargs: dict[str, Any] = {"dest": methods.option_dest(record, f.name), "default": None,
-                                      "help": methods.option_help(record, f).replace("%", "%%")}
-            if base is bool:
-                kwargs["action"] = argparse.BooleanOptionalAction
-            else:
-                kwargs["metavar"] = f.name.upper()
-                if base in (int, float, str):
-                    kwargs["type"] = base
-            try:
-                g.add_argument(methods.option_flag(record, f.name), **kwargs)
-            except argparse.ArgumentError as exc:  # a flag another option or command already has
-                logging.getLogger(__name__).warning("method %r: no flag for option %r (%s)", record.name, f.name, exc)
-
-
+    g = p.add_argument_group("speculative methods' options (each sets the option of the --spec-type methods that have it)")
+    for flag, owners in flags.items():
+        record, f = owners[0]
+        tp = methods.option_types(record).get(f.name)
+        args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_args(tp) else [tp]
+        base = args[0] if len(args) == 1 else None
+        spellings = list(dict.fromkeys(s for r, fld in owners for s in methods.option_flags(r, fld)))
+        kwargs: dict[str, Any] = {"dest": _flag_dest(flag), "default": None, "help": methods.flag_help(owners).replace("%", "%%")}
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            metavars: dict[Any, str] = {int: "N", float: "X"}
+            kwargs["metavar"] = metavars.get(base, "PATH" if f.name == "model" or "path" in f.name else "VALUE")
+            if base in (int, float, str):
+                kwargs["type"] = base
+        try:
+            g.add_argument(*spellings, **kwargs)
+        except argparse.ArgumentError as exc:  # a flag another option or command already has
+            logging.getLogger(__name__).warning("method %r: no flag for option %r (%s)", record.name, f.name, exc)
 
 
 def _chain_members(spec_type: str) -> list[str]:
@@ -160,42 +142,28 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
 
     members = [methods.canonical(m) for m in _chain_members(args.spec_type)]
     model_methods = methods.model_methods()  # the methods that read --model-draft
-    if args.model_draft is not None and not any(m in model_methods for m in members):
+    if getattr(args, _flag_dest(methods.MODEL_FLAGS[0]), None) is not None and not any(m in model_methods for m in members):
         raise TokenleapError(f"--model-draft is for a draft model or head ({', '.join(model_methods)}); --spec-type "
                              f"{args.spec_type} uses none. To draft with both, chain them: --spec-type {args.spec_type}+draft-model")
     spec: dict[str, Any] = {"method": args.spec_type, "num_speculative_tokens": args.draft_max, "draft_min": args.draft_min}
     options: dict[str, dict[str, Any]] = {}
-    for record in methods.all_methods():  # --spec-<method>-<option>
-        for f in record.option_fields:
-            value = getattr(args, methods.option_dest(record, f.name), None)
-            if value is None:
-                continue
-            if record.name not in members:
-                raise TokenleapError(f"{methods.option_flag(record, f.name)} is an option of method {record.name!r}; --spec-type {args.spec_type} "
-                                     "does not use it")
-            options.setdefault(record.name, {})[f.name] = value
+    for flag, owners in methods.cli_options().items():  # each sets its option of the chosen methods that have it
+        value = getattr(args, _flag_dest(flag), None)
+        if value is None:
+            continue
+        used = [(r, f) for r, f in owners if r.name in members]
+        if not used:
+            names = ", ".join(repr(r.name) for r, _ in owners)
+            raise TokenleapError(f"{flag} is an option of method{'s' if len(owners) > 1 else ''} {names}; --spec-type {args.spec_type} "
+                                 "does not use it")
+        for r, f in used:
+            options.setdefault(r.name, {})[f.name] = value
     if options:
         spec["method_options"] = options
-    if args.spec_type in ("ngram", "ngram-tree"):
-        if args.spec_ngram_size_n is not None:
-            spec["prompt_lookup_max"] = args.spec_ngram_size_n
-        if args.prompt_lookup_min is not None:
-            spec["prompt_lookup_min"] = args.prompt_lookup_min
-    elif args.spec_ngram_size_n is not None:
-        spec["ngram_size_n"] = args.spec_ngram_size_n
-    for flag, key in (("spec_ngram_size_m", "ngram_size_m"), ("spec_ngram_min_hits", "ngram_min_hits"), ("spec_ngram_cache", "ngram_cache_path"),
-                      ("spec_sampled_tree", "sampled_tree"), ("spec_acceptance", "acceptance"),
+    for flag, key in (("spec_sampled_tree", "sampled_tree"), ("spec_acceptance", "acceptance"),
                       ("spec_typical_threshold", "typical_threshold"), ("spec_typical_alpha", "typical_alpha")):
         if getattr(args, flag) is not None:
             spec[key] = getattr(args, flag)
-    if args.model_draft is not None:
-        spec["model"] = args.model_draft
-    if args.draft_layers is not None:
-        spec["draft_layers"] = args.draft_layers
-    if getattr(args, "spec_tree_topk", None) is not None:
-        spec["eagle_tree_topk"] = args.spec_tree_topk
-    if getattr(args, "spec_tree_depth", None) is not None:
-        spec["eagle_tree_depth"] = args.spec_tree_depth
     return spec
 
 

@@ -7,9 +7,10 @@ the same records, so both reject the same bad input with the same message.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenleap.errors import TokenleapError
 from tokenleap.models.registry import DEFAULT_MODEL
@@ -82,27 +83,26 @@ MAX_DRAFT_TOKENS = 64  # llama.cpp's --draft-max 64; k + 1 verify rows go throug
 DEFAULT_DRAFT_TOKENS = 16  # the default draft length cap
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SpecConfig:
-    """Speculative decoding settings, named as in vLLM's `speculative_config` dict."""
+    """Speculative decoding settings, named as in vLLM's `speculative_config` dict.
+
+    The fields are the engine-wide controls, which apply whatever the method: the draft length cap
+    and floor, adaptive drafting, how sampled requests verify trees and accept tokens. Each
+    method's own options (prompt lookup's n-gram sizes, suffix trees' limits, the draft model or
+    head and its tree shape, ...) are a frozen dataclass declared with the method's record
+    (`tokenleap.drafters.methods.MethodRecord.options`) and held in `method_options`, one instance
+    per method the config uses, defaults filled in. They are given as `speculative_config`'s flat
+    keys (`{"method": "ngram", "prompt_lookup_max": 3}`), as keyword arguments here
+    (`SpecConfig("ngram", prompt_lookup_max=3)`) or as `method_options={method: {option: value}}`;
+    a built-in option of a method the config does not use is validated and dropped. Reading
+    `config.prompt_lookup_max` gives the option of the config's method (or the first chain member
+    that has it), else the option's default; `options_for(method)` gives the options object.
+    """
 
     method: str
     num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS  # draft length cap (llama.cpp: --draft-max; adaptive drafting picks within it)
     draft_min: int = 0  # drafts shorter than this are not verified (llama.cpp: --draft-min)
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 4
-    ngram_size_n: int = 3  # llama.cpp n-gram family: key length (--spec-ngram-size-n)
-    ngram_size_m: int = 16  # llama.cpp n-gram family: drafted m-gram length (--spec-ngram-size-m)
-    ngram_min_hits: int | None = None  # ngram-map-k / -k4v: occurrences needed (--spec-ngram-min-hits; None: the method's default)
-    ngram_cache_path: str | None = None  # ngram-cache: static statistics file to load
-    ngram_cache_max_entries: int = 1 << 18  # ngram-cache: (n-gram, token) pairs kept per level (LRU)
-    ngram_mod_pool_size: int = 1 << 20  # ngram-mod: hash pool slots (4 bytes each, allocated on first use)
-    suffix_decoding_max_tree_depth: int = 64  # suffix: longest suffix indexed and matched
-    suffix_decoding_max_spec_factor: float = 1.0  # suffix: draft <= factor * match length
-    suffix_decoding_min_token_prob: float = 0.1  # suffix: stop below this path probability
-    suffix_decoding_max_cached_requests: int = 1000  # suffix: finished outputs kept (FIFO)
-    model: str | None = None  # the draft model (method "draft-model"), head directory ("eagle3", "eagle", "medusa") or MTP checkpoint ("mtp"; default: the target's own folder)
-    draft_layers: int | None = None  # use only the draft model's first N layers
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
     chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins (draftless ones before a draft model)
@@ -110,14 +110,23 @@ class SpecConfig:
     acceptance: str = "exact"  # sampled requests: "exact" (lossless) or "typical-lossy" (Medusa's typical acceptance, NOT lossless)
     typical_threshold: float = 0.09  # typical-lossy: accept x when p(x) > min(threshold, alpha * exp(-H(p)))
     typical_alpha: float = 0.3
-    eagle_tree_topk: int = 1  # eagle3 / eagle (EAGLE-1/2 heads) / medusa: 1 drafts a chain; k > 1 an EAGLE-2 dynamic tree expanding k children of k nodes per depth
-    eagle_tree_depth: int = 6  # eagle3 trees: depth (the node count is the draft budget, num_speculative_tokens)
-    # the options of methods that have their own (registered methods: MethodRecord.options), as
-    # ((method, options dataclass instance), ...) for the method or a chain's members; given as
-    # {method: {option: value}} (or top-level keys in `from_dict`), defaults filled in
+    # each used method's own options: ((method, options dataclass instance), ...) for the method
+    # or a chain's members; given as {method: {option: value}}, defaults filled in
     method_options: tuple[tuple[str, Any], ...] = ()
 
-    def __post_init__(self) -> None:
+    def __init__(self, method: str, num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS, draft_min: int = 0, *, drafter: object | None = None,
+                 adaptive: bool = True, chain: tuple[str, ...] | str = (), sampled_tree: str = "full", acceptance: str = "exact",
+                 typical_threshold: float = 0.09, typical_alpha: float = 0.3, method_options: Any = (), **options: Any) -> None:
+        """`**options`: methods' options by their flat names (`prompt_lookup_max=3`), laid over
+        `method_options`."""
+        values = {"method": method, "num_speculative_tokens": num_speculative_tokens, "draft_min": draft_min, "drafter": drafter,
+                  "adaptive": adaptive, "chain": chain, "sampled_tree": sampled_tree, "acceptance": acceptance,
+                  "typical_threshold": typical_threshold, "typical_alpha": typical_alpha, "method_options": method_options}
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        self._validate(options)
+
+    def _validate(self, flat: dict[str, Any]) -> None:
         method = str(self.method).strip().lower()
         method = canonical_method(method)
         if "+" in method:  # "suffix+ngram": a chain, the first that proposes wins
@@ -133,37 +142,6 @@ class SpecConfig:
             raise TokenleapError(f"num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_speculative_tokens}")
         if not 0 <= self.draft_min <= self.num_speculative_tokens:
             raise TokenleapError(f"draft_min must be in [0, num_speculative_tokens], got {self.draft_min}")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise TokenleapError(
-                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
-            )
-        if self.ngram_size_n < 1 or self.ngram_size_m < 1 or (self.ngram_min_hits is not None and self.ngram_min_hits < 1):
-            raise TokenleapError(
-                f"ngram_size_n, ngram_size_m and ngram_min_hits must be >= 1, got "
-                f"{self.ngram_size_n}, {self.ngram_size_m}, {self.ngram_min_hits}"
-            )
-        if self.ngram_cache_max_entries < 1 or self.ngram_mod_pool_size < 1:
-            raise TokenleapError(
-                f"ngram_cache_max_entries and ngram_mod_pool_size must be >= 1, got "
-                f"{self.ngram_cache_max_entries} and {self.ngram_mod_pool_size}"
-            )
-        if self.suffix_decoding_max_tree_depth < 1 or self.suffix_decoding_max_spec_factor < 0:
-            raise TokenleapError(
-                f"need suffix_decoding_max_tree_depth >= 1 and suffix_decoding_max_spec_factor >= 0, got "
-                f"{self.suffix_decoding_max_tree_depth} and {self.suffix_decoding_max_spec_factor}"
-            )
-        if not 0 <= self.suffix_decoding_min_token_prob <= 1 or self.suffix_decoding_max_cached_requests < 0:
-            raise TokenleapError(
-                f"need suffix_decoding_min_token_prob in [0, 1] and suffix_decoding_max_cached_requests >= 0, got "
-                f"{self.suffix_decoding_min_token_prob} and {self.suffix_decoding_max_cached_requests}"
-            )
-        if record.needs_model and not self.model:  # eagle3 without a model: the head shipped for the target
-            raise TokenleapError(f"method {method!r} needs {record.needs_model}: speculative_config['model'] (CLI: --model-draft)")
-        if not 1 <= self.eagle_tree_topk <= 16 or not 1 <= self.eagle_tree_depth <= MAX_DRAFT_TOKENS:
-            raise TokenleapError(
-                f"need eagle_tree_topk in [1, 16] and eagle_tree_depth in [1, {MAX_DRAFT_TOKENS}], got "
-                f"{self.eagle_tree_topk} and {self.eagle_tree_depth}"
-            )
         if isinstance(self.chain, str):
             object.__setattr__(self, "chain", tuple(m.strip() for m in self.chain.split(",") if m.strip()))
         object.__setattr__(self, "chain", tuple(canonical_method(m) for m in self.chain))
@@ -175,7 +153,13 @@ class SpecConfig:
                     f"method 'chain' needs 'chain': a list of methods from {', '.join(m for m in names if m not in ('chain', 'custom'))}"
                     + (f"; not allowed: {', '.join(bad)}" if bad else "")
                 )
-        object.__setattr__(self, "method_options", methods.normalize_options(self.chain if method == "chain" else (method,), self.method_options))
+        involved = self.chain if method == "chain" else (method,)
+        given: Any = self.method_options
+        if flat:
+            given = methods.merge_options(given, methods.flat_options("+".join(involved), flat))
+        object.__setattr__(self, "method_options", methods.normalize_options(involved, given))
+        if record.needs_model and not getattr(self.options_for(method), "model", None):  # eagle3 without a model: the head shipped for the target
+            raise TokenleapError(f"method {method!r} needs {record.needs_model}: speculative_config['model'] (CLI: --model-draft)")
         if self.sampled_tree not in SAMPLED_TREE_MODES:
             raise TokenleapError(f"sampled_tree must be one of {', '.join(SAMPLED_TREE_MODES)}, got {self.sampled_tree!r}")
         if self.acceptance not in ACCEPTANCE_RULES:
@@ -186,6 +170,24 @@ class SpecConfig:
             )
         if method == "custom" and self.drafter is None:
             raise TokenleapError("method 'custom' needs a drafter object: speculative_config['drafter']")
+
+    if not TYPE_CHECKING:  # the library's own code reads options objects (typed); users and old code may read the flat names
+
+        def __getattr__(self, name: str) -> Any:
+            """A method option by its flat name (`config.prompt_lookup_max`): the config's method's
+            (or the first chain member's that has it), else the built-in option's default."""
+            if name.startswith("_") or "method_options" not in self.__dict__:
+                raise AttributeError(name)
+            from tokenleap.drafters import methods
+
+            for _, opts in self.__dict__["method_options"]:
+                if any(f.name == name for f in dataclasses.fields(opts)):
+                    return getattr(opts, name)
+            for record in methods.all_methods():
+                for f in record.option_fields:
+                    if f.name == name:
+                        return getattr(record.default_options(), name)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def drafter_key(self) -> tuple[Hashable, ...]:
         """What identifies the drafter serving this config: its method, the fields the method
@@ -214,13 +216,10 @@ class SpecConfig:
                 raise TokenleapError("speculative_config needs a 'method' (or a draft 'model')")
             return None
         known = set(cls.__dataclass_fields__)
-        if set(raw) - known:  # a method's own options, as top-level keys
+        if set(raw) - known:  # methods' own options, as top-level keys (any built-in method's, as when SpecConfig held them all)
             from tokenleap.drafters import methods
 
-            options, raw = methods.split_options(str(raw.get("method", "")), raw)
-            if options:
-                raw["method_options"] = methods.merge_options(raw.get("method_options"), options)
-            known |= set(methods.option_owners(str(raw.get("method", ""))))
+            known |= set(methods.option_owners(str(raw.get("method", "")))) | methods.builtin_option_names()
         unknown = sorted(set(raw) - known)
         if unknown:
             raise TokenleapError(f"unknown speculative_config key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")

@@ -204,6 +204,51 @@ def test_builtin_names_aliases_and_keys_come_from_the_records() -> None:
         tokenleap.register_method(dataclasses.replace(REPEAT, name="ngram"))
 
 
+def test_builtin_option_is_declared_once_and_derived_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    """A built-in method's option (suffix's tree depth) is a field of its options dataclass: that
+    gives its flag in `tokenleap generate --help`, its property in the server's per-request schema
+    (with the request limit) and its validation; SpecConfig holds only engine-wide controls."""
+    from tokenleap.cli import _spec_dict, build_parser, main
+    from tokenleap.drafters.ngram import NgramOptions
+    from tokenleap.drafters.suffix import SuffixOptions
+    from tokenleap.server.handlers import speculative
+    from tokenleap.server.protocol import ChatCompletionRequest, SpeculativeOverride
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--spec-suffix-max-tree-depth N suffix: longest suffix indexed and matched (default: 64)" in help_text, help_text
+    assert "ngram, ngram-tree (prompt_lookup_max): longest n-gram looked up (default: 4)" in help_text  # one flag, two meanings
+    spec = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "suffix", "--spec-suffix-max-tree-depth", "16"])))
+    assert spec is not None and spec.options_for() == SuffixOptions(suffix_decoding_max_tree_depth=16)
+    with pytest.raises(TokenleapError, match="--spec-suffix-max-tree-depth is an option of method 'suffix'; --spec-type ngram does not use it"):
+        _spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "ngram", "--spec-suffix-max-tree-depth", "16"]))
+    chained = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "ngram+ngram-mod", "--spec-ngram-size-n", "5"])))
+    assert chained is not None and chained.options_for("ngram") == NgramOptions(prompt_lookup_max=5) and chained.options_for("ngram-mod").ngram_size_n == 5
+
+    props = ChatCompletionRequest.model_json_schema()["$defs"]["SpeculativeOverride"]["properties"]
+    depth = props["suffix_decoding_max_tree_depth"]
+    assert (depth["type"], depth["default"], depth["maximum"]) == ("integer", 64, 256) and "suffix" in depth["description"]
+    assert "suffix_decoding_max_cached_requests" not in props and "model" not in props  # the operator's: not per request
+    state = SimpleNamespace(llm=SimpleNamespace(engine=SimpleNamespace(spec=None)), max_draft_tokens=16)
+    spec = speculative(state, SpeculativeOverride.model_validate({"method": "suffix", "suffix_decoding_max_tree_depth": 16}))  # type: ignore[arg-type]
+    assert isinstance(spec, SpecConfig) and spec.options_for() == SuffixOptions(suffix_decoding_max_tree_depth=16)
+    with pytest.raises(Exception, match="suffix_decoding_max_tree_depth must be <= 256 in a request"):
+        SpeculativeOverride.model_validate({"method": "suffix", "suffix_decoding_max_tree_depth": 1000})
+
+    with pytest.raises(TokenleapError, match="suffix_decoding_max_tree_depth >= 1"):
+        SuffixOptions(suffix_decoding_max_tree_depth=0)
+    with pytest.raises(TokenleapError, match="suffix_decoding_max_tree_depth >= 1"):
+        SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 0})
+    with pytest.raises(TokenleapError, match="option suffix_decoding_max_tree_depth must be int"):
+        SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": "16"})
+    assert SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 1000}) is not None  # the library has no request limit
+    assert SpecConfig("suffix").method_options == (("suffix", SuffixOptions()),)
+    assert "suffix_decoding_max_tree_depth" not in {f.name for f in dataclasses.fields(SpecConfig)}
+    options = {f.name for r in methods.builtin_methods() for f in r.option_fields}
+    assert not options & {f.name for f in dataclasses.fields(SpecConfig)}, "a method's option is a field of its options, not of SpecConfig"
+
+
 def test_docs_hold_the_generated_methods_table() -> None:
     table = methods.methods_table(methods.builtin_methods())
     assert table in (ROOT / "docs" / "speculative-decoding.md").read_text(), "regenerate: print(methods_table(builtin_methods()))"

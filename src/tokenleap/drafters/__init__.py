@@ -6,9 +6,10 @@ in `BUILTIN_METHODS` below; users add theirs with `tokenleap.register_method` or
 flags and help, the server's per-request schema and the docs' table are derived from them.
 
 An engine keeps one drafter per `drafter_key`: the method, the config fields it reads
-(`METHOD_FIELDS`, each record's `fields`) and its options, so configs that differ only in
-per-request controls (`CONTROL_FIELDS`: the draft length cap and floor, adaptive drafting) or in
-other methods' knobs share a drafter and its state across requests. A user's drafter object is
+(`METHOD_FIELDS`, each record's `fields`: `method_options` for a method with options, `chain`,
+`drafter`) and its options, so configs that differ only in per-request controls
+(`CONTROL_FIELDS`: the draft length cap and floor, adaptive drafting) or in other methods'
+options share a drafter and its state across requests. A user's drafter object is
 keyed by identity. Draft models are loaded once per registry (`LoadedModels`), whatever the
 number of drafters that use them.
 """

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
-from tokenleap.drafters.methods import MethodRecord
+from tokenleap.drafters.methods import MODEL_FLAGS, MethodRecord, option, options_of
+from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache, resync
 from tokenleap.models.base import CausalLM
 from tokenleap.sampling import logits_to_probs
@@ -101,13 +102,13 @@ class LoadedModels:
     def __init__(self) -> None:
         self._models: dict[tuple[Path, Any, bool, str | None], Any] = {}
 
-    def get(self, config: SpecConfig, *, target: CausalLM, tokenizer: Any, target_path: Any = None) -> tuple[Any, Any]:
+    def get(self, model: str, *, target: CausalLM, tokenizer: Any, target_path: Any = None) -> tuple[Any, Any]:
         """The draft model, and its tokenizer when its vocabulary differs from the target's
         (None when they share one: the draft then speaks the target's ids)."""
         from tokenleap.models import loading
         from tokenleap.models.registry import resolve
 
-        source = resolve(str(config.model))
+        source = resolve(model)
         path = source.path.resolve()
         if target_path is not None and path == Path(target_path).resolve():
             return target, None  # the target's own weights (shared, not copied)
@@ -123,13 +124,27 @@ class LoadedModels:
         return self._models[key]
 
 
+@dataclass(frozen=True)
+class DraftModelOptions:
+    """The draft-model method's options: which model, and how many of its layers."""
+
+    model: str | None = option(None, help="the draft model (a registered name, a .gguf file or a folder)", flags=MODEL_FLAGS, per_request=False)
+    draft_layers: int | None = option(None, help="use only the draft model's first N layers (default: all)", flags=("--draft-layers",),
+                                      per_request=False)
+
+    def __post_init__(self) -> None:
+        if self.draft_layers is not None and self.draft_layers < 1:
+            raise TokenleapError(f"draft_layers must be >= 1, got {self.draft_layers}")
+
+
 def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, models: LoadedModels | None = None,
            **_: Any) -> Drafter:
     from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
 
-    model, draft_tok = (models or LoadedModels()).get(config, target=target, tokenizer=tokenizer, target_path=target_path)
-    if config.draft_layers is not None:
-        model = model.with_layers(config.draft_layers)
+    opts = options_of(config, "draft-model", DraftModelOptions)
+    model, draft_tok = (models or LoadedModels()).get(str(opts.model), target=target, tokenizer=tokenizer, target_path=target_path)
+    if opts.draft_layers is not None:
+        model = model.with_layers(opts.draft_layers)
     if draft_tok is not None:
         return CrossTokenizerDrafter(model, draft_tok, tokenizer)
     return DraftModelDrafter(model)
@@ -141,8 +156,7 @@ def _loaded_models(registry: Any) -> dict[str, Any]:
 
 METHOD = MethodRecord(
     "draft-model", _build, "a smaller LM; with the target's tokenizer it returns q for lossless sampling, with another it drafts through text",
-    fields=("model", "draft_layers"), aliases=("draft_model", "draft"), per_request=False, needs_model="a draft model", shared=_loaded_models,
+    options=DraftModelOptions, aliases=("draft_model", "draft"), per_request=False, needs_model="a draft model", shared=_loaded_models,
     doc="a smaller LM; with the target's tokenizer it samples and returns q for lossless sampling, with another tokenizer it drafts greedily "
         "through text ([models.md](models.md), Draft models with another tokenizer)",
-    knobs="`model` / `--model-draft`, `draft_layers` / `--draft-layers`",
 )

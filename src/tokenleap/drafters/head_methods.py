@@ -5,17 +5,68 @@ drafters (`head_drafter.py`) load only when a drafter is made (their factories i
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenleap.drafters.base import Drafter
-from tokenleap.drafters.methods import MethodRecord
+from tokenleap.drafters.methods import MODEL_FLAGS, MethodRecord, option, options_of
 from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:
     from tokenleap.config import SpecConfig
 
-_TREE_KNOBS = "`eagle_tree_topk` / `--spec-tree-topk` (1 = chain), `eagle_tree_depth` / `--spec-tree-depth`"
+MAX_TREE_TOPK = 16
+
+
+def _topk() -> Any:
+    return option(1, help="1 drafts chains, k > 1 EAGLE-2 dynamic trees expanding k children of k nodes per depth",
+                  flags=("--spec-tree-topk",), per_request=False)
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """An EAGLE-1/2 head's options: its directory and the draft's shape (a chain, or a tree whose
+    node count is the draft budget, num_speculative_tokens)."""
+
+    model: str | None = option(None, help="the head directory", flags=MODEL_FLAGS, per_request=False)
+    eagle_tree_topk: int = _topk()
+    eagle_tree_depth: int = option(6, help="tree depth (the node count is the draft budget, --draft-max)", flags=("--spec-tree-depth",), per_request=False)
+
+    def __post_init__(self) -> None:
+        from tokenleap.config import MAX_DRAFT_TOKENS
+
+        if not 1 <= self.eagle_tree_topk <= MAX_TREE_TOPK or not 1 <= self.eagle_tree_depth <= MAX_DRAFT_TOKENS:
+            raise TokenleapError(
+                f"need eagle_tree_topk in [1, {MAX_TREE_TOPK}] and eagle_tree_depth in [1, {MAX_DRAFT_TOKENS}], got "
+                f"{self.eagle_tree_topk} and {self.eagle_tree_depth}"
+            )
+
+
+@dataclass(frozen=True)
+class Eagle3Options(HeadOptions):
+    """An EAGLE-3 head's options (no directory: the head shipped for the target)."""
+
+    model: str | None = option(None, help="the head directory (default: the head shipped for the target)", flags=MODEL_FLAGS, per_request=False)
+
+
+@dataclass(frozen=True)
+class MtpOptions(HeadOptions):
+    """MTP layers' options (no folder: the target's own)."""
+
+    model: str | None = option(None, help="a folder holding the MTP layers (default: the target's own)", flags=MODEL_FLAGS, per_request=False)
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    """Medusa heads' options: their directory and the candidates per head (1: a chain)."""
+
+    model: str | None = option(None, help="the Medusa heads directory", flags=MODEL_FLAGS, per_request=False)
+    eagle_tree_topk: int = _topk()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.eagle_tree_topk <= MAX_TREE_TOPK:
+            raise TokenleapError(f"need eagle_tree_topk in [1, {MAX_TREE_TOPK}], got {self.eagle_tree_topk}")
 
 
 def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None,
@@ -24,7 +75,8 @@ def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], An
     from tokenleap.heads.base import measure_step_cost
     from tokenleap.heads.loader import load_eagle3
 
-    if not config.model:  # the head shipped for this model (tokenleap/heads)
+    opts = options_of(config, config.method, HeadOptions)  # eagle3 or eagle
+    if not opts.model:  # the head shipped for this model (tokenleap/heads)
         from tokenleap.heads.shipped import shipped_head, shipped_heads
 
         path = shipped_head("eagle3", target_name)
@@ -34,14 +86,14 @@ def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], An
                 f"no EAGLE-3 head ships for model {target_name!r} (shipped: {have}): train one with "
                 f"`tokenleap train-drafter -o DIR` and pass speculative_config['model'] = DIR (CLI: --model-draft DIR)"
             )
-        config = dataclasses.replace(config, model=str(path))
+        opts = dataclasses.replace(opts, model=str(path))
     heads = heads if heads is not None else {}
-    key = (Path(str(config.model)).expanduser().resolve(), id(target))
+    key = (Path(str(opts.model)).expanduser().resolve(), id(target))
     if key not in heads:  # one copy of a head's weights (and its measured step cost) per registry and target
-        head = load_eagle3(str(config.model), target)
+        head = load_eagle3(str(opts.model), target)
         heads[key] = (head, measure_step_cost(head))
     head, step = heads[key]
-    tree = TreeShape(config.eagle_tree_topk, config.eagle_tree_depth)
+    tree = TreeShape(opts.eagle_tree_topk, opts.eagle_tree_depth)
     # per draft token: a chain runs one head step per token; a tree one step (of k rows, about the
     # cost of one row on this CPU) per depth for up to k nodes
     per_token = step / tree.topk
@@ -55,7 +107,8 @@ def _mtp(config: SpecConfig, *, target: Any, target_path: Any = None, heads: dic
     from tokenleap.heads.base import measure_step_cost
     from tokenleap.heads.mtp import load_mtp
 
-    folder = config.model or (str(target_path) if target_path is not None and Path(target_path).is_dir() else None)
+    opts = options_of(config, "mtp", MtpOptions)
+    folder = opts.model or (str(target_path) if target_path is not None and Path(target_path).is_dir() else None)
     if folder is None:
         raise TokenleapError("method 'mtp' reads the MTP layers of the target's Hugging Face folder; this target is not one "
                              "(a GGUF file's nextn tensors are not read): pass speculative_config['model'] = a folder holding them")
@@ -65,7 +118,7 @@ def _mtp(config: SpecConfig, *, target: Any, target_path: Any = None, heads: dic
         head = load_mtp(folder, target)
         heads[key] = (head, measure_step_cost(head))
     head, step = heads[key]
-    tree = TreeShape(config.eagle_tree_topk, config.eagle_tree_depth)
+    tree = TreeShape(opts.eagle_tree_topk, opts.eagle_tree_depth)
     return HeadDrafter(head, tree, relative_draft_cost=step / tree.topk)
 
 
@@ -73,7 +126,8 @@ def _medusa(config: SpecConfig, *, target: Any, **_: Any) -> Drafter:
     from tokenleap.drafters.head_drafter import MedusaDrafter
     from tokenleap.heads.medusa import load_medusa
 
-    return MedusaDrafter(load_medusa(str(config.model), target), topk=config.eagle_tree_topk)
+    opts = options_of(config, "medusa", MedusaOptions)
+    return MedusaDrafter(load_medusa(str(opts.model), target), topk=opts.eagle_tree_topk)
 
 
 def _eagle_heads(registry: Any) -> dict[str, Any]:
@@ -87,21 +141,17 @@ def _mtp_heads(registry: Any) -> dict[str, Any]:
 _HEADS_DOC = ("an EAGLE-3 (or EAGLE-1/2) head over the target's hidden states: chains, or EAGLE-2 dynamic trees")
 EAGLE3 = MethodRecord(
     "eagle3", _eagle3, "an EAGLE-3 head over the target's hidden states (default: the head shipped for the target)",
-    fields=("model", "eagle_tree_topk", "eagle_tree_depth"), aliases=("draft-eagle3", "eagle-3"), per_request=False, shared=_eagle_heads,
+    options=Eagle3Options, aliases=("draft-eagle3", "eagle-3"), per_request=False, shared=_eagle_heads,
     doc=f"{_HEADS_DOC}; without `model` the head shipped for the target",
-    knobs=f"`model` / `--model-draft` (head directory), {_TREE_KNOBS}",
 )
 EAGLE = MethodRecord(  # EAGLE-1/2 heads, same loader (it tells the layouts apart)
     "eagle", _eagle3, "an EAGLE-1/2 head over the target's hidden states",
-    fields=("model", "eagle_tree_topk", "eagle_tree_depth"), per_request=False, needs_model="an EAGLE head directory", shared=_eagle_heads,
-    doc=_HEADS_DOC, knobs=f"`model` / `--model-draft` (head directory), {_TREE_KNOBS}",
+    options=HeadOptions, per_request=False, needs_model="an EAGLE head directory", shared=_eagle_heads, doc=_HEADS_DOC,
 )
 MEDUSA = MethodRecord(
-    "medusa", _medusa, "Medusa heads: chains or trees", fields=("model", "eagle_tree_topk"), per_request=False,
-    needs_model="Medusa heads directory", knobs="`model` / `--model-draft` (heads directory), `eagle_tree_topk` / `--spec-tree-topk` (1 = chain)",
+    "medusa", _medusa, "Medusa heads: chains or trees", options=MedusaOptions, per_request=False, needs_model="Medusa heads directory",
 )
 MTP = MethodRecord(  # MiMo MTP layers (model None: the target's own folder)
-    "mtp", _mtp, "the target checkpoint's own MTP layer (MiMo), chains or trees", fields=("model", "eagle_tree_topk", "eagle_tree_depth"),
+    "mtp", _mtp, "the target checkpoint's own MTP layer (MiMo), chains or trees", options=MtpOptions,
     aliases=("mimo_mtp", "mimo-mtp", "deepseek_mtp"), shared=_mtp_heads,
-    knobs="`model` (default: the target's folder), `eagle_tree_topk`, `eagle_tree_depth`",
 )

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from tokenleap.drafters.base import Draft, StatelessDrafter
-from tokenleap.drafters.methods import MethodRecord
+from tokenleap.drafters.methods import MethodRecord, options_of
+from tokenleap.drafters.ngram import NgramOptions
 
 if TYPE_CHECKING:
     from tokenleap.config import SpecConfig
@@ -86,12 +87,12 @@ class LookupTreeDrafter(StatelessDrafter):
 
 
 def _build(config: SpecConfig, **_: Any) -> LookupTreeDrafter:
-    return LookupTreeDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+    opts = options_of(config, "ngram-tree", NgramOptions)
+    return LookupTreeDrafter(opts.prompt_lookup_min, opts.prompt_lookup_max)
 
 
 METHOD = MethodRecord(
     "ngram-tree", _build, "prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged",
-    fields=("prompt_lookup_min", "prompt_lookup_max"),
+    options=NgramOptions,
     doc="prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged (`drafters/lookup_tree.py`)",
-    knobs="`prompt_lookup_min` / `--prompt-lookup-min`, `prompt_lookup_max` / `--spec-ngram-size-n`",
 )

@@ -1,18 +1,23 @@
 """Speculative methods as records: one `MethodRecord` per method, everything else derived.
 
-A method is its name, its aliases, a one-line help, the `SpecConfig` fields its factory reads,
-its own options (a frozen dataclass whose fields are the option names with their defaults and
-whose `__post_init__` validates them with a `TokenleapError` naming the option), the factory,
-whether a server request may pick it and whether it needs a model path. Each built-in method's
-record sits next to its drafter and is listed once in `tokenleap.drafters.BUILTIN_METHODS`; a
-user's method comes in through `register_method(record)` or the entry point group
-`tokenleap.methods` (each entry point loads a MethodRecord; read lazily, once per process).
+A method is its name, its aliases, a one-line help, its own options (a frozen dataclass whose
+fields are the option names with their defaults, made with `option(...)` to carry their help,
+CLI spellings and server limits, and whose `__post_init__` validates them with a
+`TokenleapError` naming the option), the factory, whether a server request may pick it and
+whether it needs a model path. Each built-in method's record and options sit next to its drafter
+and are listed once in `tokenleap.drafters.BUILTIN_METHODS`; a user's method comes in through
+`register_method(record)` or the entry point group `tokenleap.methods` (each entry point loads a
+MethodRecord; read lazily, once per process). `SpecConfig` keeps the engine-wide controls and one
+options object per method it uses (`method_options`).
 
 Derived from the records: the method names and aliases `SpecConfig` accepts
-(`method_names`, `canonical`), the drafter keys (`drafter_key`), the drafter registry
-(`tokenleap.drafters.default_registry`), the CLI's `--spec-type` help and per-option flags
-(`--spec-<method>-<option>`), the server's set of per-request methods and its per-request schema
-of options, and the methods table in docs/speculative-decoding.md (`methods_table`).
+(`method_names`, `canonical`), the flat `speculative_config` option keys and their split between
+a chain's members (`split_options`, `flat_options`), the drafter keys (`drafter_key`), the
+drafter registry (`tokenleap.drafters.default_registry`), the CLI's `--spec-type` help and the
+options' flags (`cli_options`, `flag_help`: declared spellings, shared by the methods that
+declare them, else `--spec-<method>-<option>`), the server's set of per-request methods and its
+per-request schema of options (`options_json_schema`, `check_request_options`), and the methods
+table in docs/speculative-decoding.md (`methods_table`).
 
 This module imports nothing of the drafters at import time (the built-in list is read on first
 use), so drafter modules, `config.py` and the engine can all import it.
@@ -23,19 +28,34 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
+import math
 import threading
 import types
 import typing
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tokenleap.errors import TokenleapError
 
 logger = logging.getLogger(__name__)
+_O = TypeVar("_O")
 
 ENTRY_POINT_GROUP = "tokenleap.methods"
+OPTIONS_FIELD = "method_options"  # the SpecConfig field holding the methods' options
 CHAIN_SEPARATOR = "+"
+MODEL_FLAGS = ("--model-draft", "-md")  # llama.cpp's: the draft model, or a draft head's directory (option `model`)
+
+
+def option(default: Any, *, help: str, flags: tuple[str, ...] = (), per_request: bool = True, request_max: float | None = None) -> Any:
+    """A field of a method's options dataclass with what the CLI and the server derive from it:
+    `help` (the flag's help and the server schema's description), `flags` (the CLI spellings; the
+    first is the flag's name, several methods may share one: the value goes to every method of the
+    chosen `--spec-type` that has it; default `--spec-<method>-<option>`), `per_request` (False: a
+    server request may not set it: files, memory bounds, operator choices) and `request_max` (the
+    largest value a server request may ask for; the library takes larger ones)."""
+    metadata = {"help": help, "flags": tuple(flags), "per_request": per_request, "request_max": request_max}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -44,7 +64,9 @@ class MethodRecord:
     what the caller offers (target, tokenizer, target_path, target_name, ...) and the keyword
     arguments `shared(registry)` made once per drafter registry (records that name the same
     `shared` function share what it made). `options`: a frozen dataclass type of the method's own
-    options, read by the factory as `config.options_for(record.name)`."""
+    options (fields made with `option(...)` carry their help, CLI flags and server limits), read
+    by the factory as `options_of(config, record.name)` (or `config.options_for(record.name)`);
+    `fields` then lists `method_options` too."""
 
     name: str
     factory: Callable[..., Any]
@@ -66,7 +88,10 @@ class MethodRecord:
             raise TokenleapError(f"method {name!r}: factory must be callable, got {self.factory!r}")
         if self.options is not None and not (dataclasses.is_dataclass(self.options) and isinstance(self.options, type)):
             raise TokenleapError(f"method {name!r}: options must be a dataclass type, got {self.options!r}")
-        object.__setattr__(self, "fields", tuple(self.fields))
+        fields = tuple(self.fields)
+        if self.options is not None and OPTIONS_FIELD not in fields:  # the factory reads its options there (`options_of`)
+            fields = (*fields, OPTIONS_FIELD)
+        object.__setattr__(self, "fields", fields)
         object.__setattr__(self, "aliases", tuple(self.aliases))
 
     @property
@@ -238,6 +263,8 @@ def _check_value(record: MethodRecord, option: str, value: Any, tp: Any) -> Any:
     elif tp is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
+        if ok and not math.isfinite(value):
+            raise TokenleapError(f"method {record.name!r}: option {option} must be a finite number, got {value!r}")
     elif tp is str:
         ok = isinstance(value, str)
     if not ok:
@@ -277,6 +304,42 @@ def make_options(record: MethodRecord, raw: Mapping[str, Any] | Any) -> Any:
         return record.options(**values)
     except TypeError as exc:
         raise TokenleapError(f"method {record.name!r}: bad options: {exc}") from exc
+
+
+def options_of(config: Any, name: str, cls: type[_O]) -> _O:
+    """Method `name`'s options in `config` (read from its `method_options` field: what a factory
+    reads, so the record's `fields` name it), as an instance of `cls`."""
+    opts = next((o for m, o in getattr(config, OPTIONS_FIELD) if m == name), None)
+    if opts is None:  # a config made without the method's options: the defaults
+        opts = make_options(get(name), {})
+    if not isinstance(opts, cls):
+        raise TokenleapError(f"method {name!r}: options must be {cls.__name__}, got {type(opts).__name__}")
+    return opts
+
+
+def builtin_option_names() -> frozenset[str]:
+    """Every option name of the built-in methods: `speculative_config` keys (and SpecConfig
+    keyword arguments) taken whatever the method, as they were when SpecConfig held them all;
+    options of methods a config does not use are validated and dropped."""
+    return frozenset(f.name for r in _builtins() for f in r.option_fields)
+
+
+def flat_options(method: str, flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Top-level option keys (`speculative_config`'s flat spelling) as {method: {option: value}}:
+    the options of `method` (or its chain's members), and built-in options of methods it does not
+    use, checked by those methods' options and dropped (an error if bad, as they always were).
+    A key that is neither is a TokenleapError naming it."""
+    options, rest = split_options(method, flat)
+    others: dict[str, dict[str, Any]] = {}
+    for key, value in rest.items():
+        owners = [r for r in _builtins() if any(f.name == key for f in r.option_fields)]
+        if not owners:
+            raise TokenleapError(f"speculative method {method!r} has no option(s) {key}")
+        for r in owners:
+            others.setdefault(r.name, {})[key] = value
+    for name, raw in others.items():
+        make_options(get(name), raw)
+    return options
 
 
 def normalize_options(involved: Iterable[str], given: Any) -> tuple[tuple[str, Any], ...]:
@@ -351,7 +414,7 @@ def drafter_key(config: Any) -> tuple[Hashable, ...]:
     if config.method == "chain":
         return ("chain", *(drafter_key(dataclasses.replace(config, method=m)) for m in config.chain))
     record = get(config.method)
-    key: tuple[Hashable, ...] = (config.method, *(getattr(config, f) for f in record.fields))
+    key: tuple[Hashable, ...] = (config.method, *(getattr(config, f) for f in record.fields if f != OPTIONS_FIELD))
     if record.options is not None:
         key = (*key, config.options_for(config.method))
     return key
@@ -368,21 +431,77 @@ def server_side_methods() -> frozenset[str]:
 
 def model_methods() -> tuple[str, ...]:
     """Methods that read `speculative_config['model']` (the CLI's --model-draft)."""
-    return tuple(r.name for r in all_methods() if "model" in r.fields)
+    return tuple(r.name for r in all_methods() if reads_model(r))
+
+
+def reads_model(record: MethodRecord) -> bool:
+    """Whether a method reads `speculative_config['model']` (an option, or a field of a user's method)."""
+    return "model" in record.fields or _field(record, "model") is not None
+
+
+def _field(record: MethodRecord, option: str) -> dataclasses.Field[Any] | None:
+    return next((f for f in record.option_fields if f.name == option), None)
+
+
+def option_flags(record: MethodRecord, f: dataclasses.Field[Any]) -> tuple[str, ...]:
+    """The CLI spellings of an option: its `flags` metadata, else `--spec-<method>-<option>`."""
+    flags = tuple(f.metadata.get("flags") or ()) if f.metadata else ()
+    return flags or (f"--spec-{record.name}-{f.name}".replace("_", "-"),)
 
 
 def option_flag(record: MethodRecord, option: str) -> str:
-    return f"--spec-{record.name}-{option}".replace("_", "-")
+    f = _field(record, option)
+    return option_flags(record, f)[0] if f is not None else f"--spec-{record.name}-{option}".replace("_", "-")
 
 
 def option_dest(record: MethodRecord, option: str) -> str:
     return f"spec_option:{record.name}:{option}"
 
 
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else None
+
+
 def option_help(record: MethodRecord, f: dataclasses.Field[Any]) -> str:
     text = f.metadata.get("help") if f.metadata else None
-    default = f.default if f.default is not dataclasses.MISSING else None
-    return f"{record.name}: {text or f.name.replace('_', ' ')} (default: {default})"
+    return f"{record.name}: {text or f.name.replace('_', ' ')} (default: {_default(f)})"
+
+
+def cli_options() -> dict[str, list[tuple[MethodRecord, dataclasses.Field[Any]]]]:
+    """Each CLI flag of the methods' options (its first spelling) -> the (method, option) pairs it
+    sets, every method in order: a flag several methods share sets each of them."""
+    out: dict[str, list[tuple[MethodRecord, dataclasses.Field[Any]]]] = {}
+    for r in all_methods():
+        for f in r.option_fields:
+            out.setdefault(option_flags(r, f)[0], []).append((r, f))
+    return out
+
+
+def flag_help(owners: Sequence[tuple[MethodRecord, dataclasses.Field[Any]]]) -> str:
+    """A shared flag's help: per meaning, the methods, the option's dict key where it is not the
+    flag's, the help and the default (per method where they differ)."""
+    groups: dict[tuple[str, str], list[tuple[MethodRecord, dataclasses.Field[Any]]]] = {}
+    for r, f in owners:
+        text = (f.metadata.get("help") if f.metadata else None) or f.name.replace("_", " ")
+        groups.setdefault((text, f.name), []).append((r, f))
+    parts = []
+    several_keys = len({f.name for _, f in owners}) > 1
+    for (text, name), members_ in groups.items():
+        names = ", ".join(r.name for r, _ in members_)
+        key = f" ({name})" if several_keys else ""
+        defaults = [_default(f) for _, f in members_]
+        if all(d is None for d in defaults):
+            shown = ""  # no default, or the help tells it
+        elif len(set(map(repr, defaults))) == 1:
+            shown = f" (default: {defaults[0]})"
+        else:
+            shown = " (default: " + ", ".join(f"{r.name} {_default(f)}" for r, f in members_) + ")"
+        parts.append(f"{names}{key}: {text}{shown}")
+    return "; ".join(parts)
+
+
+def is_per_request(f: dataclasses.Field[Any]) -> bool:
+    return bool(f.metadata.get("per_request", True)) if f.metadata else True
 
 
 def spec_type_help() -> str:
@@ -392,7 +511,7 @@ def spec_type_help() -> str:
         if r.name in ("custom", "chain"):
             continue  # custom: an object, the library's speculative_config only; chain: spelled a+b
         aliases = [a for a in r.aliases if a != r.name.replace("-", "_")]
-        needs = " [--model-draft]" if r.needs_model else " [--model-draft: optional]" if "model" in r.fields else ""
+        needs = " [--model-draft]" if r.needs_model else " [--model-draft: optional]" if reads_model(r) else ""
         parts.append(r.name + (f" (alias {', '.join(aliases)})" if aliases else "") + needs)
     return (" | ".join(parts) + " | a+b (a chain: the first that proposes; draftless methods before a draft model). "
             "llama.cpp's underscore spellings (ngram_simple) work too (default: %(default)s)")
@@ -414,8 +533,24 @@ def per_request_options() -> dict[str, list[tuple[MethodRecord, dataclasses.Fiel
     for r in all_methods():
         if r.per_request:
             for f in r.option_fields:
-                out.setdefault(f.name, []).append((r, f))
+                if is_per_request(f):
+                    out.setdefault(f.name, []).append((r, f))
     return out
+
+
+def check_request_options(flat: Mapping[str, Any]) -> None:
+    """A server request's option values against their `request_max` (a ValueError naming it)."""
+    owners = per_request_options()
+    for key, value in flat.items():
+        limit = request_max(owners.get(key, []))
+        if limit is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
+            raise ValueError(f"{key} must be <= {limit} in a request, got {value}")
+
+
+def request_max(owners: Sequence[tuple[MethodRecord, dataclasses.Field[Any]]]) -> float | None:
+    """The largest value a server request may give an option (the least of its methods' `request_max`)."""
+    limits: list[float] = [f.metadata["request_max"] for _, f in owners if f.metadata and f.metadata.get("request_max") is not None]
+    return min(limits) if limits else None
 
 
 def options_json_schema() -> dict[str, dict[str, Any]]:
@@ -427,6 +562,9 @@ def options_json_schema() -> dict[str, dict[str, Any]]:
         prop["description"] = "; ".join(option_help(rec, fld) for rec, fld in owners)
         if f.default is not dataclasses.MISSING:
             prop["default"] = f.default
+        limit = request_max(owners)
+        if limit is not None:
+            prop["maximum"] = limit
         props[option] = prop
     return props
 
@@ -436,8 +574,11 @@ def _knobs_cell(r: MethodRecord) -> str:
         return r.knobs
     cells = []
     for f in r.option_fields:
-        default = f" (default {f.default})" if f.default is not dataclasses.MISSING else ""
-        cells.append(f"`{f.name}` / `{option_flag(r, f.name)}`{default}")
+        value = _default(f)
+        shown = f"2^{value.bit_length() - 1}" if isinstance(value, int) and value >= 1024 and value & (value - 1) == 0 else str(value)
+        default = f" (default {shown})" if value is not None else ""
+        server_side = " (not per request)" if r.per_request and not is_per_request(f) else ""
+        cells.append(f"`{f.name}` / `{option_flag(r, f.name)}`{default}{server_side}")
     return ", ".join(cells) or "none"
 
 
@@ -454,4 +595,4 @@ def methods_table(records: Iterable[MethodRecord] | None = None) -> str:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "MethodRecord", "canonical", "drafter_key", "find", "get", "load_entry_points", "make_options", "method_names",
-           "all_methods", "methods_table", "register_method", "unregister_method"]
+           "all_methods", "methods_table", "option", "options_of", "register_method", "unregister_method"]

@@ -9,12 +9,14 @@ is never its own match.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from tokenleap.drafters.base import Draft, StatelessDrafter
-from tokenleap.drafters.methods import MethodRecord
+from tokenleap.drafters.methods import MethodRecord, option, options_of
+from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:
     from tokenleap.config import SpecConfig
@@ -51,12 +53,26 @@ class NgramDrafter(StatelessDrafter):
         return Draft(arr[start : start + max_tokens].tolist())
 
 
+@dataclass(frozen=True)
+class NgramOptions:
+    """Prompt lookup's options (methods `ngram` and `ngram-tree`)."""
+
+    prompt_lookup_min: int = option(1, help="shortest n-gram looked up", flags=("--prompt-lookup-min",), request_max=64)
+    prompt_lookup_max: int = option(4, help="longest n-gram looked up", flags=("--spec-ngram-size-n",), request_max=64)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise TokenleapError(
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+
+
 def _build(config: SpecConfig, **_: Any) -> NgramDrafter:
-    return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+    opts = options_of(config, "ngram", NgramOptions)
+    return NgramDrafter(opts.prompt_lookup_min, opts.prompt_lookup_max)
 
 
 METHOD = MethodRecord(
-    "ngram", _build, "prompt lookup: the longest suffix match in prompt + output (vLLM)",
-    fields=("prompt_lookup_min", "prompt_lookup_max"), aliases=("prompt-lookup", "prompt_lookup"),
-    knobs="`prompt_lookup_min` / `--prompt-lookup-min`, `prompt_lookup_max` / `--spec-ngram-size-n`",
+    "ngram", _build, "prompt lookup: the longest suffix match in prompt + output (vLLM)", options=NgramOptions,
+    aliases=("prompt-lookup", "prompt_lookup"),
 )

@@ -29,12 +29,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import ItemsView, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.errors import TokenleapError
-from tokenleap.drafters.methods import MethodRecord
+from tokenleap.drafters.methods import MethodRecord, option, options_of
+from tokenleap.drafters.ngram_map import llamacpp_shared, ngram_size_n_option
 
 if TYPE_CHECKING:
     from tokenleap.config import SpecConfig
@@ -202,19 +204,28 @@ def load_stats(path: Path) -> Stats:
     return stats
 
 
+@dataclass(frozen=True)
+class NgramCacheOptions:
+    """ngram-cache's options: the longest n-gram (capped at 4), a static statistics file and the
+    bound on the statistics kept per level."""
+
+    ngram_size_n: int = ngram_size_n_option()
+    ngram_cache_path: str | None = option(None, help="static statistics file to load", flags=("--spec-ngram-cache",), per_request=False)
+    ngram_cache_max_entries: int = option(DEFAULT_MAX_ENTRIES, help="(n-gram, token) pairs kept per level, least recently updated dropped",
+                                          flags=("--spec-ngram-cache-max-entries",), per_request=False)
+
+    def __post_init__(self) -> None:
+        if self.ngram_size_n < 1 or self.ngram_cache_max_entries < 1:
+            raise TokenleapError(f"ngram_size_n and ngram_cache_max_entries must be >= 1, got {self.ngram_size_n} and {self.ngram_cache_max_entries}")
+
+
 def _build(config: SpecConfig, *, dynamic: dict[tuple[int, int], Stats], **_: Any) -> NgramCacheDrafter:
     # one engine-wide statistics table per (n_max, bound) for a registry's drafters
-    n_max, bound = min(config.ngram_size_n, 4), config.ngram_cache_max_entries
+    opts = options_of(config, "ngram-cache", NgramCacheOptions)
+    n_max, bound = min(opts.ngram_size_n, 4), opts.ngram_cache_max_entries
     shared = dynamic.setdefault((n_max, bound), Stats(bound))
-    return NgramCacheDrafter(n_max=n_max, static_path=config.ngram_cache_path, max_entries=bound, dynamic=shared)
+    return NgramCacheDrafter(n_max=n_max, static_path=opts.ngram_cache_path, max_entries=bound, dynamic=shared)
 
 
-def _method() -> MethodRecord:
-    from tokenleap.drafters.ngram_map import LLAMACPP_FIELDS, llamacpp_shared
-
-    return MethodRecord("ngram-cache", _build, "n-gram statistics of the request, the engine and a static file",
-                        fields=(*LLAMACPP_FIELDS, "ngram_cache_path", "ngram_cache_max_entries"), shared=llamacpp_shared,
-                        knobs="`ngram_cache_path` / `--spec-ngram-cache`, `ngram_cache_max_entries` (default 2^18, least recently updated dropped)")
-
-
-METHOD = _method()
+METHOD = MethodRecord("ngram-cache", _build, "n-gram statistics of the request, the engine and a static file",
+                      options=NgramCacheOptions, shared=llamacpp_shared)

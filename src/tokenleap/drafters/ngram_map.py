@@ -29,7 +29,8 @@ import numpy as np
 
 from tokenleap.drafters.base import Draft, DraftRequest, StatelessDrafter
 from tokenleap.drafters.ngram import longest_suffix_match
-from tokenleap.drafters.methods import MethodRecord
+from tokenleap.drafters.methods import MethodRecord, option, options_of
+from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:
     from tokenleap.config import SpecConfig
@@ -198,9 +199,44 @@ class NgramMapK4VDrafter:
         self._tables.pop(request_id, None)
 
 
-_NGRAM_KNOBS = ("`ngram_size_n`, `ngram_size_m`, `ngram_min_hits` / `--spec-ngram-size-n`, `--spec-ngram-size-m`, `--spec-ngram-min-hits` "
-                f"(default min hits: map-k {NgramMapKDrafter.DEFAULT_MIN_HITS}, k4v {NgramMapK4VDrafter.DEFAULT_MIN_HITS})")
-LLAMACPP_FIELDS = ("ngram_size_n", "ngram_size_m", "ngram_min_hits")  # every llama.cpp n-gram type's drafters are keyed by all three
+def ngram_size_n_option() -> Any:
+    """`ngram_size_n`, the key length every llama.cpp n-gram type has (`--spec-ngram-size-n`)."""
+    return option(3, help="n-gram key length", flags=("--spec-ngram-size-n",), request_max=64)
+
+
+@dataclass(frozen=True)
+class NgramSimpleOptions:
+    """ngram-simple's options: the key length n and the drafted m-gram length m."""
+
+    ngram_size_n: int = ngram_size_n_option()
+    ngram_size_m: int = option(16, help="m-gram draft length", flags=("--spec-ngram-size-m",), request_max=64)
+
+    def __post_init__(self) -> None:
+        if self.ngram_size_n < 1 or self.ngram_size_m < 1:
+            raise TokenleapError(f"ngram_size_n and ngram_size_m must be >= 1, got {self.ngram_size_n} and {self.ngram_size_m}")
+
+
+_MIN_HITS_HELP = "occurrences a key's m-gram needs before it is drafted"
+
+
+@dataclass(frozen=True)
+class NgramMapKOptions(NgramSimpleOptions):
+    """ngram-map-k's options: n, m and the occurrences a value needs (`min_hits`)."""
+
+    ngram_min_hits: int = option(NgramMapKDrafter.DEFAULT_MIN_HITS, help=_MIN_HITS_HELP, flags=("--spec-ngram-min-hits",), request_max=1024)
+
+    def __post_init__(self) -> None:
+        if self.ngram_size_n < 1 or self.ngram_size_m < 1 or self.ngram_min_hits < 1:
+            raise TokenleapError(
+                f"ngram_size_n, ngram_size_m and ngram_min_hits must be >= 1, got {self.ngram_size_n}, {self.ngram_size_m}, {self.ngram_min_hits}"
+            )
+
+
+@dataclass(frozen=True)
+class NgramMapK4VOptions(NgramMapKOptions):
+    """ngram-map-k4v's options: those of ngram-map-k, with its own default min hits."""
+
+    ngram_min_hits: int = option(NgramMapK4VDrafter.DEFAULT_MIN_HITS, help=_MIN_HITS_HELP, flags=("--spec-ngram-min-hits",), request_max=1024)
 
 
 def llamacpp_shared(registry: Any) -> dict[str, Any]:
@@ -210,22 +246,23 @@ def llamacpp_shared(registry: Any) -> dict[str, Any]:
 
 
 def _simple(config: SpecConfig, **_: Any) -> NgramSimpleDrafter:
-    return NgramSimpleDrafter(config.ngram_size_n, config.ngram_size_m)
+    opts = options_of(config, "ngram-simple", NgramSimpleOptions)
+    return NgramSimpleDrafter(opts.ngram_size_n, opts.ngram_size_m)
 
 
-def _map_k(config: SpecConfig, **_: Any) -> NgramMapKDrafter:  # min hits: as given, else the drafter's own default
-    hits = config.ngram_min_hits
-    return NgramMapKDrafter(config.ngram_size_n, config.ngram_size_m, NgramMapKDrafter.DEFAULT_MIN_HITS if hits is None else hits)
+def _map_k(config: SpecConfig, **_: Any) -> NgramMapKDrafter:
+    opts = options_of(config, "ngram-map-k", NgramMapKOptions)
+    return NgramMapKDrafter(opts.ngram_size_n, opts.ngram_size_m, opts.ngram_min_hits)
 
 
 def _map_k4v(config: SpecConfig, **_: Any) -> NgramMapK4VDrafter:
-    hits = config.ngram_min_hits
-    return NgramMapK4VDrafter(config.ngram_size_n, config.ngram_size_m, NgramMapK4VDrafter.DEFAULT_MIN_HITS if hits is None else hits)
+    opts = options_of(config, "ngram-map-k4v", NgramMapK4VOptions)
+    return NgramMapK4VDrafter(opts.ngram_size_n, opts.ngram_size_m, opts.ngram_min_hits)
 
 
 SIMPLE = MethodRecord("ngram-simple", _simple, "llama.cpp's ngram-simple: the m tokens after the last earlier match of the last n",
-                      fields=LLAMACPP_FIELDS, shared=llamacpp_shared, knobs=_NGRAM_KNOBS)
+                      options=NgramSimpleOptions, shared=llamacpp_shared)
 MAP_K = MethodRecord("ngram-map-k", _map_k, "llama.cpp's ngram-map-k: an n-gram map over the request's history, capped by each key's last accepted length",
-                     fields=LLAMACPP_FIELDS, shared=llamacpp_shared, knobs=_NGRAM_KNOBS)
+                     options=NgramMapKOptions, shared=llamacpp_shared)
 MAP_K4V = MethodRecord("ngram-map-k4v", _map_k4v, "llama.cpp's ngram-map-k4v: up to 4 values per key, capped by each key and value's last accepted length",
-                       fields=LLAMACPP_FIELDS, shared=llamacpp_shared, knobs=_NGRAM_KNOBS)
+                       options=NgramMapK4VOptions, shared=llamacpp_shared)

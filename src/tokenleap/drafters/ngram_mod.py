@@ -22,13 +22,15 @@ not depend on other requests. Its n-grams still go into the shared pool (see
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.errors import TokenleapError
-from tokenleap.drafters.methods import MethodRecord
+from tokenleap.drafters.methods import MethodRecord, option, options_of
+from tokenleap.drafters.ngram_map import ngram_size_n_option
 
 if TYPE_CHECKING:
     from tokenleap.config import SpecConfig
@@ -159,17 +161,24 @@ def pools_shared(registry: Any) -> dict[str, Any]:
     return {"pools": PoolStore()}
 
 
+@dataclass(frozen=True)
+class NgramModOptions:
+    """ngram-mod's options: the key length and the shared pool's size."""
+
+    ngram_size_n: int = ngram_size_n_option()
+    ngram_mod_pool_size: int = option(DEFAULT_POOL_SIZE, help="hash pool slots (4 bytes each, allocated on first use)",
+                                      flags=("--spec-ngram-mod-pool-size",), per_request=False)
+
+    def __post_init__(self) -> None:
+        if self.ngram_size_n < 1 or self.ngram_mod_pool_size < 1:
+            raise TokenleapError(f"ngram_size_n and ngram_mod_pool_size must be >= 1, got {self.ngram_size_n} and {self.ngram_mod_pool_size}")
+
+
 def _build(config: SpecConfig, *, pools: PoolStore, **_: Any) -> NgramModDrafter:  # one pool per (n, size) for every drafter of a registry
-    n, size = config.ngram_size_n, config.ngram_mod_pool_size
+    opts = options_of(config, "ngram-mod", NgramModOptions)
+    n, size = opts.ngram_size_n, opts.ngram_mod_pool_size
     return NgramModDrafter(n, size, pool=pools.get(n, size))
 
 
-def _method() -> MethodRecord:
-    from tokenleap.drafters.ngram_map import LLAMACPP_FIELDS
-
-    return MethodRecord("ngram-mod", _build, "llama.cpp's ngram-mod: a constant-size rolling-hash pool shared by all requests",
-                        fields=(*LLAMACPP_FIELDS, "ngram_mod_pool_size"), shared=pools_shared,
-                        knobs="`ngram_size_n` / `--spec-ngram-size-n`, `ngram_mod_pool_size` (slots, default 2^20 = 4 MiB, allocated on first use)")
-
-
-METHOD = _method()
+METHOD = MethodRecord("ngram-mod", _build, "llama.cpp's ngram-mod: a constant-size rolling-hash pool shared by all requests",
+                      options=NgramModOptions, shared=pools_shared)

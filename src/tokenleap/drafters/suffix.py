@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.errors import TokenleapError
-from tokenleap.drafters.methods import MethodRecord
+from tokenleap.drafters.methods import MethodRecord, option, options_of
 
 if TYPE_CHECKING:
     from tokenleap.config import SpecConfig
@@ -428,20 +428,41 @@ def _extends(tokens: Sequence[int], indexed: Sequence[int]) -> bool:
     return len(tokens) >= n and (n == 0 or tokens[n - 1] == indexed[n - 1])
 
 
+@dataclass(frozen=True)
+class SuffixOptions:
+    """The suffix method's options (vLLM's `suffix_decoding_*` keys)."""
+
+    suffix_decoding_max_tree_depth: int = option(64, help="longest suffix indexed and matched", flags=("--spec-suffix-max-tree-depth",),
+                                                 request_max=256)
+    suffix_decoding_max_spec_factor: float = option(1.0, help="draft at most factor x match length tokens", flags=("--spec-suffix-max-spec-factor",),
+                                                    request_max=64)
+    suffix_decoding_min_token_prob: float = option(0.1, help="stop a draft below this path probability", flags=("--spec-suffix-min-token-prob",))
+    suffix_decoding_max_cached_requests: int = option(1000, help="finished outputs kept in the global tree (FIFO)",
+                                                      flags=("--spec-suffix-max-cached-requests",), per_request=False)
+
+    def __post_init__(self) -> None:
+        if self.suffix_decoding_max_tree_depth < 1 or self.suffix_decoding_max_spec_factor < 0:
+            raise TokenleapError(
+                f"need suffix_decoding_max_tree_depth >= 1 and suffix_decoding_max_spec_factor >= 0, got "
+                f"{self.suffix_decoding_max_tree_depth} and {self.suffix_decoding_max_spec_factor}"
+            )
+        if not 0 <= self.suffix_decoding_min_token_prob <= 1 or self.suffix_decoding_max_cached_requests < 0:
+            raise TokenleapError(
+                f"need suffix_decoding_min_token_prob in [0, 1] and suffix_decoding_max_cached_requests >= 0, got "
+                f"{self.suffix_decoding_min_token_prob} and {self.suffix_decoding_max_cached_requests}"
+            )
+
+
 def _build(config: SpecConfig, **_: Any) -> SuffixDrafter:
+    opts = options_of(config, "suffix", SuffixOptions)
     return SuffixDrafter(
         SuffixConfig(
-            max_depth=config.suffix_decoding_max_tree_depth,
-            max_spec_factor=config.suffix_decoding_max_spec_factor,
-            min_token_prob=config.suffix_decoding_min_token_prob,
-            max_cached_requests=config.suffix_decoding_max_cached_requests,
+            max_depth=opts.suffix_decoding_max_tree_depth,
+            max_spec_factor=opts.suffix_decoding_max_spec_factor,
+            min_token_prob=opts.suffix_decoding_min_token_prob,
+            max_cached_requests=opts.suffix_decoding_max_cached_requests,
         )
     )
 
 
-METHOD = MethodRecord(
-    "suffix", _build, "suffix trees per request and over earlier outputs (SuffixDecoding)",
-    fields=("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
-            "suffix_decoding_max_cached_requests"),
-    knobs="`suffix_decoding_*`",
-)
+METHOD = MethodRecord("suffix", _build, "suffix trees per request and over earlier outputs (SuffixDecoding)", options=SuffixOptions)

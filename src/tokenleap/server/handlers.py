@@ -179,11 +179,13 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
         return False
     knobs = override.knobs()
     default = state.llm.engine.spec
-    if override.method_options():  # a method's own options (method records): {method: {option: value}} over the server's
+    if override.method_options():  # methods' own options (method records): {method: {option: value}} over the server's
         options, rest = methods.split_options(method, override.method_options())
-        if rest:
-            raise APIError(400, f"speculative method {method!r} has no option(s) {', '.join(sorted(rest))}", param="speculative")
+        foreign = sorted(set(rest) - methods.builtin_option_names())  # a built-in method's option: checked and dropped, as in the library
+        if foreign:
+            raise APIError(400, f"speculative method {method!r} has no option(s) {', '.join(foreign)}", param="speculative")
         knobs["method_options"] = methods.merge_options(default.method_options if default is not None else None, options)
+        knobs.update(rest)
     cap = state.max_draft_tokens
     if knobs.get("num_speculative_tokens", 0) > cap:  # its cost curve was not measured: refuse
         raise APIError(400, f"num_speculative_tokens must be <= {cap} on this server (its --max-num-speculative-tokens), "

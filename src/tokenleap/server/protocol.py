@@ -59,8 +59,9 @@ def _method_options_schema(schema: dict[str, Any]) -> None:
 
 class SpeculativeOverride(_Strict):
     """Per-request speculation: `{"method": "none"}` turns it off; any other method (with the
-    knobs below, and the options of methods that have their own, from the method records)
-    replaces the server's default config for this request."""
+    engine-wide controls below, and the options of the methods a request may pick, from the
+    method records: `prompt_lookup_max`, `ngram_size_n`, `suffix_decoding_*`, ...) replaces the
+    server's default config for this request."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, json_schema_extra=_method_options_schema)
     _method_options: dict[str, Any] = PrivateAttr(default_factory=dict)
@@ -69,7 +70,8 @@ class SpeculativeOverride(_Strict):
     @classmethod
     def _split_method_options(cls, data: Any, handler: Any) -> Any:
         """Options of per-request methods (method records) are taken out before the strict
-        field validation and checked by the method's options when the config is built."""
+        field validation, held to their per-request limits here and checked by the method's
+        options when the config is built."""
         options: dict[str, Any] = {}
         if isinstance(data, dict):
             from tokenleap.drafters import methods
@@ -77,6 +79,7 @@ class SpeculativeOverride(_Strict):
             names = methods.per_request_options()
             options = {k: v for k, v in data.items() if k in names and v is not None}
             data = {k: v for k, v in data.items() if k not in names}
+            methods.check_request_options(options)
         model = handler(data)
         model._method_options = options
         return model
@@ -85,14 +88,6 @@ class SpeculativeOverride(_Strict):
     num_speculative_tokens: Optional[int] = None
     draft_min: Optional[int] = Field(None, ge=0)
     adaptive: Optional[bool] = None
-    prompt_lookup_min: Optional[int] = Field(None, ge=1, le=64)
-    prompt_lookup_max: Optional[int] = Field(None, ge=1, le=64)
-    ngram_size_n: Optional[int] = Field(None, ge=1, le=64)
-    ngram_size_m: Optional[int] = Field(None, ge=1, le=64)
-    ngram_min_hits: Optional[int] = Field(None, ge=1, le=1024)
-    suffix_decoding_max_tree_depth: Optional[int] = Field(None, ge=1, le=256)
-    suffix_decoding_max_spec_factor: Optional[float] = Field(None, ge=0, le=64)
-    suffix_decoding_min_token_prob: Optional[float] = None
     sampled_tree: Optional[str] = None  # "full" | "first-path": how a sampled request verifies a tree draft
     acceptance: Optional[str] = None  # "exact" | "typical-lossy" (Medusa's typical acceptance: not lossless)
     typical_threshold: Optional[float] = Field(None, ge=0, le=1)
