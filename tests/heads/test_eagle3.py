@@ -135,8 +135,7 @@ def reference_head(t: dict[str, torch.Tensor], feats: list[torch.Tensor], tok_em
 
 def reference_chain(target: LlamaModel, t: dict[str, torch.Tensor], tokens: list[int], k: int) -> list[int]:
     """k draft tokens after `tokens`, recomputing everything from scratch at every step."""
-    out = target._forward_torch(torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1), target.new_kv_cache(), __import__(
-        "tokenleap.attention.ops", fromlist=["causal_mask"]).causal_mask(), (0,))
+    out = target.forward(torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1), target.new_kv_cache(), return_hidden=(0,))
     embed = target.embed.float()
     aux = torch.cat([embed[torch.tensor(tokens[:-1])], out.hidden_states[0], out.hidden_states[0]], dim=-1)
     feats = list(aux @ t["fc.weight"].T)

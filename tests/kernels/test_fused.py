@@ -98,7 +98,7 @@ def test_qk_norm_fused_equals_per_call(kernels: CpuKernels) -> None:
         w[f"layers.{i}.q_norm"] = 1.0 + 0.3 * torch.randn(config.head_dim, generator=g)
         w[f"layers.{i}.k_norm"] = 1.0 + 0.3 * torch.randn(config.head_dim, generator=g)
     model = LlamaModel(config, w, torch.float32, kernels)
-    assert not model.general and model.layers[0].q_norm is not None
+    assert model.path == "fused" and model.layers[0].q_norm is not None
     _assert_same(model, config.vocab_size)
     plain = LlamaModel(TINY_CONFIG, make_tiny_weights(TINY_CONFIG), torch.float32, kernels)
     ids = torch.arange(5)

@@ -1,13 +1,122 @@
-"""Building blocks of the Llama family shared by the runtime (`models.llama`) and the torch target
-of training (`train.torch_target`): the rotary tables."""
+"""The Llama family's decoder block, written once in Python, and its rotary tables.
+
+`decoder_layer` is the block of every architecture `models.config` describes (Touvron et al.,
+2023, and its descendants): pre-RMSNorm, fused Q/K/V (with Qwen2's biases), QK-norm (Qwen3,
+Gemma 3) and a query scale (Gemma 3), rotary embeddings + grouped-query attention, the output
+linear, post-norms (Gemma 3), a SwiGLU or GeGLU MLP, residual adds. What a forward runs each piece
+on is its `BlockOps`: the runtime's kernels per call, torch ops over the rows of one or several
+sequences (`models.llama`), or torch over padded batches on any device (`train.torch_target`).
+The activations between the pieces are float32 everywhere.
+
+Written elsewhere, on purpose: the fused C path (`kernels/forward.h`: all layers of a plain Llama
+or Qwen3 block in one call, and its per-call reference loop in `LlamaModel._forward_fused`), whose
+bits are those of the kernels' own fused epilogues (residual adds and SwiGLU inside the linears),
+and the draft heads' layers (`heads/`), whose inputs and residuals differ (fused features, one
+layer over their own cache).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
+from tokenleap.kernels import PackedWeight, QuantWeight
 from tokenleap.models.config import ModelConfig, RopeScaling
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's weights: norms in float32, the four (fused) linears dense in the model
+    dtype (None when only their quantized form is kept) and, in `packed`, as the kernels read them."""
+
+    attn_norm: torch.Tensor  # [D]
+    wqkv: torch.Tensor | None  # [Q + 2KV, D]
+    bqkv: torch.Tensor | None  # [Q + 2KV]
+    wo: torch.Tensor | None  # [D, Q]
+    mlp_norm: torch.Tensor  # [D]
+    w_gate_up: torch.Tensor | None  # [2F, D]
+    w_down: torch.Tensor | None  # [D, F]
+    q_norm: torch.Tensor | None = None  # [hd] QK-norm (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # [D] Gemma 3 post-norms
+    post_mlp_norm: torch.Tensor | None = None
+    # The same four matrices as the kernels read them: packed bf16, or GGUF blocks.
+    packed: dict[str, PackedWeight | QuantWeight] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BlockOps:
+    """What one forward runs the pieces of `decoder_layer` on. Each takes and returns float32."""
+
+    # (x [.., in], layer, weight name, pre-norm weight or None) -> x @ W.T [.., out]
+    linear: Callable[[torch.Tensor, LayerWeights, str, torch.Tensor | None], torch.Tensor]
+    # (qkv, layer) -> qkv with QK-norm and the query scale applied (in place or not)
+    qk_norm: Callable[[torch.Tensor, LayerWeights], torch.Tensor]
+    # (qkv, layer index) -> attention output [.., Q]: rotary embedding, K/V write, attention
+    attention: Callable[[torch.Tensor, int], torch.Tensor]
+    # (x, sublayer output, post-norm weight or None) -> the residual stream after the sublayer
+    residual: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def decoder_layer(x: torch.Tensor, layer: LayerWeights, idx: int, config: ModelConfig, ops: BlockOps) -> torch.Tensor:
+    """One decoder layer of the Llama family over the residual stream `x` [.., D] (float32)."""
+    qkv = ops.linear(x, layer, "wqkv", layer.attn_norm)
+    if layer.bqkv is not None:
+        qkv = qkv + layer.bqkv
+    qkv = ops.qk_norm(qkv, layer)
+    a = ops.attention(qkv, idx)
+    x = ops.residual(x, ops.linear(a, layer, "wo", None), layer.post_attn_norm)
+    gate, up = ops.linear(x, layer, "w_gate_up", layer.mlp_norm).chunk(2, dim=-1)
+    act = F.gelu(gate, approximate="tanh") if config.activation == "gelu_tanh" else F.silu(gate)
+    return ops.residual(x, ops.linear(act * up, layer, "w_down", None), layer.post_mlp_norm)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, in float32."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
+
+
+def torch_linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    """float32 `[.., in]` (RMSNorm-ed first with `norm`) -> float32 `x @ w.T` in `w`'s dtype."""
+    if norm is not None:
+        x = rms_norm(x, norm, eps)
+    return F.linear(x.to(w.dtype), w).float()
+
+
+def torch_qk_norm(qkv: torch.Tensor, layer: LayerWeights, config: ModelConfig) -> torch.Tensor:
+    """QK-norm (RMSNorm over each head of Q and K) and the query scale, in place on float32 `qkv`."""
+    c = config
+    nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+    q_end, k_end = c.q_size, c.q_size + c.kv_size
+    lead = qkv.shape[:-1]
+    if layer.q_norm is not None:
+        qkv[..., :q_end] = rms_norm(qkv[..., :q_end].view(*lead, nq, hd), layer.q_norm, c.rms_norm_eps).view(*lead, -1)
+        qkv[..., q_end:k_end] = rms_norm(qkv[..., q_end:k_end].view(*lead, nkv, hd), layer.k_norm, c.rms_norm_eps).view(*lead, -1)
+    q_mult = query_multiplier(c)
+    if q_mult is not None:
+        qkv[..., :q_end] *= q_mult
+    return qkv
+
+
+def query_multiplier(config: ModelConfig) -> float | None:
+    """The factor on the queries that turns attention's head_dim ** -0.5 into the model's own
+    scale (Gemma 3's `query_pre_attn_scalar`), or None."""
+    return config.query_scale * config.head_dim**0.5 if config.query_scale is not None else None
+
+
+def torch_residual(x: torch.Tensor, y: torch.Tensor, norm: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """`x + y`, `y` RMSNorm-ed first when the architecture has post-norms."""
+    return x + y if norm is None else x + rms_norm(y, norm, eps)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (half-split "NeoX" layout) of `x` [.., hd], `cos` / `sin` broadcast to it."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def rope_tables(config: ModelConfig, theta: float, positions: int, *, scaled: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,22 +14,26 @@ the model dtype (bfloat16 or float32); activations and attention arithmetic run 
 KV cache is float32, or bfloat16 in the kernels' blocked layout for bfloat16 models on the
 AVX512-BF16 kernels (as transformers keeps K/V in the model dtype).
 
-`forward_batch` (decoding, verification of drafts of any length, batched steps) and forwards of
-up to `ROW_PATH_MAX_ROWS` new tokens run on the row-invariant kernels of `tokenleap.kernels` (norms, packed linears with fused
-residual adds, fused rotary + KV write + attention), so a row's result never depends on the
-other rows: verifying a draft is bit-identical to decoding it token by token, and batching
-requests does not change their output. bfloat16 models run their prefill on the kernels too
-(1.5x faster than torch's GEMM with AVX512-BF16, ~9x on an AVX2-only CPU, and chunking a prompt
-cannot change it); longer forwards
-of fp32 models (prompt prefill, shared by both paths) use torch's GEMM and SDPA.
+Which code serves the forwards is decided once, at load (`ExecutionPath`, `LlamaModel.path`):
 
-Plain Llama blocks, and Qwen3's (QK-norm, one more kernel call on the kernels), take the fused
-path above, whose layers are one C call (`kernels/fused.py`). The other extras (Gemma 3's QK-norm,
-scaled embeddings, post-norms, GeGLU and attention scale, sliding-window layers with
-their own rope base) take `_forward_general`, which keeps the same row-invariant pieces (the
-kernels' linears; attention on the kernels when head_dim fits them, else torch's row path) and
-adds the extras as per-row torch ops. Sliding-window attention (Beltagy et al., 2020; Mistral,
-Gemma 3) is a mask: the cache keeps every slot (slot i holds position i), and a local layer's row
+- FUSED (plain Llama blocks, and Qwen3's QK-norm, on the kernels): `forward_batch` (decoding,
+  verification of drafts of any length, batched steps) and forwards of up to `ROW_PATH_MAX_ROWS`
+  new tokens run all layers in one C call (`kernels/fused.py`) made of the row-invariant kernels of
+  `tokenleap.kernels` (norms, packed linears with fused residual adds, fused rotary + KV write +
+  attention), so a row's result never depends on the other rows: verifying a draft is
+  bit-identical to decoding it token by token, and batching requests does not change their
+  output. bfloat16 and GGUF models run their prefill on the kernels too (1.5x faster than torch's
+  GEMM with AVX512-BF16, ~9x on an AVX2-only CPU, and chunking a prompt cannot change it).
+- KERNELS (the other extras: Gemma 3's QK-norm, scaled embeddings, post-norms, GeGLU and
+  attention scale, sliding-window layers with their own rope base; or a head dim the kernels'
+  attention lacks): the decoder block of `models.layers` with the same row-invariant pieces (the
+  kernels' linears; attention on the kernels when head_dim fits them, else torch's row path) and
+  the extras as per-row torch ops.
+- TORCH (no kernels): the same block on torch ops.
+
+Longer forwards of fp32 models (prompt prefill) run the block on torch's GEMM and SDPA.
+
+Sliding-window attention (Beltagy et al., 2020; Mistral, Gemma 3) is a mask: the cache keeps every slot (slot i holds position i), and a local layer's row
 at position p sees the slots of positions > p - window, so truncating the cache (rejected draft
 tokens) stays exact. Rotary tables follow transformers (float32 `inv_freq`, Llama 3.x scaling of
 the frequencies, or GGUF's `rope_freqs` divisors).
@@ -39,10 +43,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +58,18 @@ from tokenleap.kernels.fused import FusedLayers
 from tokenleap.kv.cache import KV_CACHE_TYPES, KVCache
 from tokenleap.models.base import ModelOutput, SeqInput
 from tokenleap.models.config import ModelConfig
-from tokenleap.models.layers import llama3_inv_freq, rope_tables  # noqa: F401  # llama3_inv_freq: re-exported, its former home
+from tokenleap.models.layers import (
+    BlockOps,
+    LayerWeights,
+    apply_rope,
+    decoder_layer,
+    llama3_inv_freq,  # noqa: F401  # re-exported: its home was this module
+    query_multiplier,
+    rope_tables,
+    torch_linear,
+    torch_qk_norm,
+    torch_residual,
+)
 from tokenleap.threads import torch_threads
 
 logger = logging.getLogger(__name__)
@@ -65,22 +80,26 @@ logger = logging.getLogger(__name__)
 ROW_PATH_MAX_ROWS = 32
 
 
-@dataclass
-class _Layer:
-    attn_norm: torch.Tensor  # [D]
-    # dense weights in the model dtype (None when only the quantized form is kept)
-    wqkv: torch.Tensor | None  # [Q + 2KV, D]
-    bqkv: torch.Tensor | None  # [Q + 2KV]
-    wo: torch.Tensor | None  # [D, Q]
-    mlp_norm: torch.Tensor  # [D]
-    w_gate_up: torch.Tensor | None  # [2F, D]
-    w_down: torch.Tensor | None  # [D, F]
-    q_norm: torch.Tensor | None = None  # [hd] QK-norm (Qwen3, Gemma 3)
-    k_norm: torch.Tensor | None = None
-    post_attn_norm: torch.Tensor | None = None  # [D] Gemma 3 post-norms
-    post_mlp_norm: torch.Tensor | None = None
-    # The same four matrices as the kernels read them: packed bf16, or GGUF blocks.
-    packed: dict[str, PackedWeight | QuantWeight] = field(default_factory=dict)
+_Layer = LayerWeights  # its former name
+
+
+class ExecutionPath(str, enum.Enum):
+    """Which code serves a model's forwards, chosen once at load (`LlamaModel.path`).
+
+    - FUSED: the kernels run the Llama block (plain Llama, and Qwen3's with QK-norm) over every
+      decode / verify / batched row (and bf16 or GGUF prompts): all layers in one C call
+      (`kernels/fused.py`; `LlamaModel.fused` None: the per-call loop it is bit-identical to).
+      Long float32 prompts take the torch block.
+    - KERNELS: the other architectures (Gemma 3, Mistral, ...) or head dims outside the kernels'
+      attention: `models.layers.decoder_layer` with the kernels' linears, norms and attention per
+      call and the extras in torch; long float32 prompts take the torch block.
+    - TORCH: no kernels: `decoder_layer` on torch ops (not row-invariant across a GEMM's rows, so
+      each sequence of a batch runs alone, its short forwards attending row by row).
+    """
+
+    FUSED = "fused"
+    KERNELS = "kernels"
+    TORCH = "torch"
 
 
 class LlamaModel:
@@ -118,11 +137,13 @@ class LlamaModel:
         self.kernel_attention = kernels is not None and config.head_dim in kernels.attention_head_dims(
             dtype == torch.bfloat16
         )
-        # the fused Llama path, or the general one (the architectures' extras, torch attention)
-        # (Qwen3's QK-norm takes the fused path on the kernels only: the torch path has no QK-norm)
-        self.general = not (config.plain_llama or (config.fused_layers and kernels is not None)) or (
-            kernels is not None and not self.kernel_attention
-        )
+        # the one decision of which code serves the forwards (ExecutionPath)
+        self.path = ExecutionPath.TORCH
+        if kernels is not None:
+            self.path = ExecutionPath.FUSED if config.fused_layers and self.kernel_attention else ExecutionPath.KERNELS
+        # without kernels, plain Llama blocks have always attended short forwards row by row with
+        # torch's SDPA (`attend`), the other architectures with `_attend_rows`: kept, for their bits
+        self._sdpa_rows = self.path is ExecutionPath.TORCH and config.plain_llama
         # bf16 models on the kernels keep K/V in bf16, laid out for the kernel's bf16 attention
         # (half the bytes, dot products without horizontal sums); fp32 models keep fp32 K/V
         self.kv_blocked = self.kernel_attention and kernels is not None and kernels.bf16_attention and dtype == torch.bfloat16
@@ -177,7 +198,7 @@ class LlamaModel:
         if kernels is not None:
             self.lm_head_packed = self._head_blocks or kernels.pack(self.lm_head)
         self.norm = f32("norm")
-        self.layers: list[_Layer] = []
+        self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
             p = f"layers.{i}."
             bias = None
@@ -189,7 +210,7 @@ class LlamaModel:
                 "w_gate_up": linear([p + "gate", p + "up"]),
                 "w_down": linear([p + "down"]),
             }
-            layer = _Layer(
+            layer = LayerWeights(
                 attn_norm=f32(p + "attn_norm"),
                 wqkv=fused["wqkv"][0],
                 bqkv=bias,
@@ -210,7 +231,7 @@ class LlamaModel:
             self.layers.append(layer)
         # the fused path's layers as one kernel call (kernels/fused.py; None: a call per op)
         self.fused: FusedLayers | None = None
-        if kernels is not None and not self.general:
+        if kernels is not None and self.path is ExecutionPath.FUSED:
             self.fused = FusedLayers(
                 kernels,
                 [
@@ -332,15 +353,10 @@ class LlamaModel:
         return_hidden: Sequence[int] = (),
     ) -> ModelOutput:
         """Run `n` new tokens; their K/V go to cache slots `kv.length ..`, which are committed."""
-        if self.general:
-            return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden, row_invariant=False)
-        if self.kernels is not None and (input_ids.shape[0] <= ROW_PATH_MAX_ROWS or self.kernel_prefill):
-            return self.forward_batch([SeqInput(input_ids, positions, kv, attn)], return_hidden=return_hidden)
-        if not self.config.plain_llama:  # a long fp32 prefill of a QK-norm model: the general path's torch GEMM
-            return self._forward_general([SeqInput(input_ids, positions, kv, attn)], return_hidden, row_invariant=False)
-        self._rope_upto(positions)
-        with torch_threads(self._prefill_threads()):
-            return self._forward_torch(input_ids, positions, kv, attn or causal_mask(), return_hidden)
+        seqs = [SeqInput(input_ids, positions, kv, attn)]
+        if self.path is ExecutionPath.FUSED and (input_ids.shape[0] <= ROW_PATH_MAX_ROWS or self.kernel_prefill):
+            return self._forward_fused(seqs, return_hidden)
+        return self._forward_blocks(seqs, return_hidden, row_invariant=False)
 
     def _prefill_threads(self) -> int | None:
         """Torch threads for a torch-GEMM forward: the kernels' pool size (sized from torch's
@@ -353,23 +369,34 @@ class LlamaModel:
         the order of `seqs`. Each row is computed exactly as in a forward of its own: this is the
         row-invariant path at every row count (a verify forward of a 64-token draft is 65
         single-row forwards, bit for bit), where `forward` sends long fp32 prompts to torch."""
-        kernels = self.kernels
-        if self.general and kernels is not None:
-            return self._forward_general(seqs, return_hidden, row_invariant=True)
-        if kernels is None:  # torch ops, not row-invariant; attention still row by row
-            outs = [self._forward_alone(s, return_hidden) for s in seqs]
-            return ModelOutput(
-                torch.cat([o.hidden for o in outs]),
-                {i: torch.cat([o.hidden_states[i] for o in outs]) for i in return_hidden},
-            )
-        c = self.config
-        groups = []
+        if self.path is ExecutionPath.FUSED:
+            return self._forward_fused(seqs, return_hidden)
+        if self.path is ExecutionPath.KERNELS:
+            return self._forward_blocks(seqs, return_hidden, row_invariant=True)
+        # torch ops, not row-invariant across a GEMM's rows: each sequence alone, attending row by row
+        outs = [self._forward_blocks([s], return_hidden, row_invariant=True) for s in seqs]
+        return ModelOutput(
+            torch.cat([o.hidden for o in outs]),
+            {i: torch.cat([o.hidden_states[i] for o in outs]) for i in return_hidden},
+        )
+
+    def _reserve(self, seqs: Sequence[SeqInput]) -> list[int]:
+        """Check each cache's layout, make room for the new rows; their first slots."""
+        starts = []
         for s in seqs:
             if s.kv.blocked != self.kv_blocked or s.kv.dtype != self.kv_dtype:
                 raise ValueError("KV cache layout does not match the model's (make it with new_kv_cache)")
             s.kv.reserve(int(s.input_ids.shape[0]))
-            groups.append(RowGroup(s.kv, s.kv.length, s.positions, s.attn or causal_mask()))
-        plan = plan_rows(groups)
+            starts.append(s.kv.length)
+        return starts
+
+    def _forward_fused(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int]) -> ModelOutput:
+        """ExecutionPath.FUSED: the Llama block on the kernels, row-invariant at every row count."""
+        kernels = self.kernels
+        assert kernels is not None  # FUSED is chosen with kernels only
+        c = self.config
+        starts = self._reserve(seqs)
+        plan = plan_rows([RowGroup(s.kv, st, s.positions, s.attn or causal_mask()) for s, st in zip(seqs, starts)])
         self._rope_upto(plan.positions)
         eps = c.rms_norm_eps
         x = self.embed_tokens(torch.cat([s.input_ids for s in seqs]))  # [rows, D]
@@ -378,6 +405,7 @@ class LlamaModel:
             for s in seqs:
                 s.kv.commit(int(s.input_ids.shape[0]))
             return ModelOutput(kernels.rmsnorm(x, self.norm, eps), hidden_states)
+        # the per-call loop the fused call is bit-identical to (its reference: `fused` None)
         hidden_states = {}
         for idx, layer in enumerate(self.layers):
             pk = layer.packed
@@ -395,55 +423,6 @@ class LlamaModel:
             s.kv.commit(int(s.input_ids.shape[0]))
         return ModelOutput(kernels.rmsnorm(x, self.norm, eps), hidden_states)
 
-    def _forward_alone(self, s: SeqInput, return_hidden: Sequence[int]) -> ModelOutput:
-        """One sequence without kernels, attending row by row whatever its row count."""
-        if self.general:
-            return self._forward_general([s], return_hidden, row_invariant=True)
-        self._rope_upto(s.positions)
-        return self._forward_torch(s.input_ids, s.positions, s.kv, s.attn or causal_mask(), return_hidden, row_path=True)
-
-    def _forward_torch(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv: KVCache,
-        attn: AttentionMask,
-        return_hidden: Sequence[int],
-        row_path: bool | None = None,
-    ) -> ModelOutput:
-        """The torch path: prefill (batched GEMM and SDPA), or every forward without kernels
-        (then short forwards, and `forward_batch`'s, attend row by row)."""
-        c = self.config
-        n = input_ids.shape[0]
-        start = kv.length
-        kv.reserve(n)
-        if row_path is None:
-            row_path = n <= ROW_PATH_MAX_ROWS
-        lin = self._linear
-        cos = self._cos[positions].unsqueeze(1)  # [n, 1, hd]
-        sin = self._sin[positions].unsqueeze(1)
-        half = c.head_dim // 2
-        nq, nkv = c.num_heads, c.num_kv_heads
-        x = self.embed_tokens(input_ids)  # [n, D]
-        hidden_states: dict[int, torch.Tensor] = {}
-        for idx, layer in enumerate(self.layers):
-            h = self._rms_norm(x, layer.attn_norm)
-            qkv = lin(h, layer.wqkv, layer.bqkv)  # type: ignore[arg-type]  # [n, Q + 2KV]; the torch path runs on dense weights (only quantized models drop them, and they run on the kernels)
-            qk = qkv[:, : c.q_size + c.kv_size].view(n, nq + nkv, c.head_dim)
-            rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
-            qk = qk * cos + rotated * sin  # [n, nq + nkv, hd]
-            v = qkv[:, c.q_size + c.kv_size :].view(n, nkv, c.head_dim)
-            kv.write(idx, start, qk[:, nq:].transpose(0, 1), v.transpose(0, 1))
-            a = attend(qk[:, :nq], kv, idx, start, attn, row_path=row_path)
-            x = x + lin(a, layer.wo, None)  # type: ignore[arg-type]  # as above
-            h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = lin(h, layer.w_gate_up, None).chunk(2, dim=-1)  # type: ignore[arg-type]  # as above
-            x = x + lin(F.silu(gate) * up, layer.w_down, None)  # type: ignore[arg-type]  # as above
-            if idx in return_hidden:
-                hidden_states[idx] = x
-        kv.commit(n)
-        return ModelOutput(self._rms_norm(x, self.norm), hidden_states)
-
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
         """LM head over `hidden[indices]` (all rows when None): float32 `[rows, vocab]`."""
@@ -458,31 +437,24 @@ class LlamaModel:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _forward_general(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], *, row_invariant: bool) -> ModelOutput:
-        """Any supported architecture (see the module docstring), one or several sequences.
-        `row_invariant` (`forward_batch`: decode and verify rows): the kernels at every row count."""
+    def _forward_blocks(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], *, row_invariant: bool) -> ModelOutput:
+        """`decoder_layer` over one or several sequences (ExecutionPath.KERNELS and TORCH, and
+        FUSED's long fp32 prompts). `row_invariant` (`forward_batch`: decode and verify rows): the
+        kernels at every row count."""
         rows = sum(int(s.input_ids.shape[0]) for s in seqs)
         # kernels for decode / verify rows (and bf16 prefill); torch GEMM + SDPA for fp32 prefills
         row_invariant = row_invariant or len(seqs) > 1 or rows <= ROW_PATH_MAX_ROWS
         on_kernels = self.kernels is not None and (row_invariant or self.kernel_prefill)
         # the kernel path runs torch's small ops single-threaded, a torch GEMM prefill multi-threaded (threads.py)
         with torch_threads(1 if on_kernels else self._prefill_threads()):
-            return self._forward_general_on(seqs, return_hidden, rows, on_kernels, row_invariant)
+            return self._forward_blocks_on(seqs, return_hidden, on_kernels, row_invariant)
 
-    def _forward_general_on(
-        self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], rows: int, on_kernels: bool, row_invariant: bool
-    ) -> ModelOutput:
+    def _forward_blocks_on(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], on_kernels: bool, row_invariant: bool) -> ModelOutput:
         c = self.config
-        kernels = self.kernels
+        kernels = self.kernels if on_kernels else None
         eps = c.rms_norm_eps
         nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        q_end, k_end = c.q_size, c.q_size + c.kv_size
-        starts = []
-        for s in seqs:
-            if s.kv.blocked != self.kv_blocked or s.kv.dtype != self.kv_dtype:
-                raise ValueError("KV cache layout does not match the model's (make it with new_kv_cache)")
-            s.kv.reserve(int(s.input_ids.shape[0]))
-            starts.append(s.kv.length)
+        starts = self._reserve(seqs)
         positions = torch.cat([s.positions for s in seqs])
         self._rope_upto(positions)
         masks = [s.attn or causal_mask() for s in seqs]
@@ -490,7 +462,7 @@ class LlamaModel:
         if c.sliding_window is not None:
             local_masks = [window_mask(m, st, s.positions, c.sliding_window) for m, st, s in zip(masks, starts, seqs)]
         plans = {}
-        if on_kernels and self.kernel_attention:
+        if kernels is not None and self.kernel_attention:
             plans[False] = plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, masks)])
             if local_masks is masks or int(positions.max()) < (c.sliding_window or 0):  # no row reaches past the window
                 plans[True] = plans[False]
@@ -501,61 +473,53 @@ class LlamaModel:
             # token trees over blocked caches: the kernel lets a tree row see every cached slot,
             # so once the window binds, their sliding layers attend in torch (row path)
 
-        def lin(x: torch.Tensor, layer: _Layer, name: str, norm: torch.Tensor | None = None) -> torch.Tensor:
-            dense = getattr(layer, name)
-            if on_kernels and kernels is not None:
-                return kernels.linear(x, layer.packed.get(name, dense), norm=(norm, eps) if norm is not None else None)
-            if norm is not None:
-                x = self._rms_norm(x, norm)
-            return self._linear(x, dense, None)
-
-        x = self.embed_tokens(torch.cat([s.input_ids for s in seqs]))  # [rows, D]
-        if c.embed_scale != 1.0:
-            x = x * torch.tensor(c.embed_scale, dtype=torch.float32)
-        q_mult = c.query_scale * hd**0.5 if c.query_scale is not None else None
-        hidden_states: dict[int, torch.Tensor] = {}
-        for idx, layer in enumerate(self.layers):
-            qkv = lin(x, layer, "wqkv", layer.attn_norm)
-            if layer.bqkv is not None:
-                qkv = qkv + layer.bqkv
-            if on_kernels and kernels is not None and layer.q_norm is not None and layer.k_norm is not None:  # one C call each (norms.h)
-                qkv = qkv.contiguous()
-                kernels.head_norm(qkv, 0, nq, hd, layer.q_norm, eps, q_mult if q_mult is not None else 1.0)
-                kernels.head_norm(qkv, q_end, nkv, hd, layer.k_norm, eps)
-            else:
-                if layer.q_norm is not None:
-                    qkv[:, :q_end] = self._rms_norm(qkv[:, :q_end].view(rows, nq, hd), layer.q_norm).view(rows, -1)
-                    qkv[:, q_end:k_end] = self._rms_norm(qkv[:, q_end:k_end].view(rows, nkv, hd), layer.k_norm).view(rows, -1)
-                if q_mult is not None:
-                    qkv[:, :q_end] *= q_mult
+        def attention(qkv: torch.Tensor, idx: int) -> torch.Tensor:
             local = c.is_sliding(idx)
             cos, sin = (self._cos_local, self._sin_local) if local else (self._cos, self._sin)
             plan = plans.get(local)
             if plan is not None and kernels is not None:  # plans are made on the kernels only
-                a = kernels.attention(qkv.contiguous(), plan, idx, nq, nkv, hd, cos, sin)
-            else:
-                a = self._attend_torch(qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or row_invariant)
-            o = lin(a, layer, "wo")
-            x = self._post_norm_add(x, o, layer.post_attn_norm, on_kernels)
-            gate, up = lin(x, layer, "w_gate_up", layer.mlp_norm).chunk(2, dim=-1)
-            act = F.gelu(gate, approximate="tanh") if c.activation == "gelu_tanh" else F.silu(gate)
-            d = lin(act * up, layer, "w_down")
-            x = self._post_norm_add(x, d, layer.post_mlp_norm, on_kernels)
+                return kernels.attention(qkv.contiguous(), plan, idx, nq, nkv, hd, cos, sin)
+            return self._attend_torch(qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or row_invariant)
+
+        if kernels is not None:
+            q_mult = query_multiplier(c)
+
+            def linear(x: torch.Tensor, layer: LayerWeights, name: str, norm: torch.Tensor | None) -> torch.Tensor:
+                return kernels.linear(x, layer.packed.get(name, getattr(layer, name)), norm=(norm, eps) if norm is not None else None)
+
+            def qk_norm(qkv: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+                if layer.q_norm is None or layer.k_norm is None:
+                    return torch_qk_norm(qkv, layer, c)
+                qkv = qkv.contiguous()  # one C call each (norms.h)
+                kernels.head_norm(qkv, 0, nq, hd, layer.q_norm, eps, q_mult if q_mult is not None else 1.0)
+                kernels.head_norm(qkv, c.q_size, nkv, hd, layer.k_norm, eps)
+                return qkv
+
+            def residual(x: torch.Tensor, y: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
+                if norm is not None and x.is_contiguous():  # post-norm and add: one fused C call, in place
+                    kernels.rmsnorm_add(x, y, norm, eps)
+                    return x
+                return torch_residual(x, y, norm, eps)
+
+            ops = BlockOps(linear, qk_norm, attention, residual)
+        else:
+            ops = BlockOps(
+                lambda x, layer, name, norm: torch_linear(x, getattr(layer, name), norm, eps),
+                lambda qkv, layer: torch_qk_norm(qkv, layer, c),
+                attention,
+                lambda x, y, norm: torch_residual(x, y, norm, eps),
+            )
+        x = self.embed_tokens(torch.cat([s.input_ids for s in seqs]))  # [rows, D]
+        if c.embed_scale != 1.0:
+            x = x * torch.tensor(c.embed_scale, dtype=torch.float32)
+        hidden_states: dict[int, torch.Tensor] = {}
+        for idx, layer in enumerate(self.layers):
+            x = decoder_layer(x, layer, idx, c, ops)
             if idx in return_hidden:
                 hidden_states[idx] = x.clone()
         for s in seqs:
             s.kv.commit(int(s.input_ids.shape[0]))
         return ModelOutput(self._rms_norm(x, self.norm), hidden_states)
-
-    def _post_norm_add(self, x: torch.Tensor, y: torch.Tensor, norm: torch.Tensor | None, on_kernels: bool) -> torch.Tensor:
-        """The residual stream plus a sublayer's output `y`, post-normed first when the
-        architecture has post-norms (Gemma 3; on the kernels: one fused C call, in place)."""
-        if norm is None:
-            return x + y
-        if on_kernels and self.kernels is not None and x.is_contiguous():
-            self.kernels.rmsnorm_add(x, y, norm, self.config.rms_norm_eps)
-            return x
-        return x + self._rms_norm(y, norm)
 
     def _attend_torch(
         self,
@@ -571,22 +535,19 @@ class LlamaModel:
         """Rotary embedding, K/V write and attention in torch, sequence by sequence."""
         c = self.config
         nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        half = hd // 2
         outs = []
         offset = 0
         for s, start, mask in zip(seqs, starts, masks):
             n = int(s.input_ids.shape[0])
             part = qkv[offset : offset + n]
             offset += n
-            qk = part[:, : c.q_size + c.kv_size].reshape(n, nq + nkv, hd)
-            rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
-            qk = qk * cos[s.positions].unsqueeze(1) + rotated * sin[s.positions].unsqueeze(1)
+            qk = apply_rope(part[:, : c.q_size + c.kv_size].reshape(n, nq + nkv, hd), cos[s.positions].unsqueeze(1), sin[s.positions].unsqueeze(1))
             v = part[:, c.q_size + c.kv_size :].reshape(n, nkv, hd)
             s.kv.write(idx, start, qk[:, nq:].transpose(0, 1), v.transpose(0, 1))
-            if row_path:
+            if row_path and not self._sdpa_rows:
                 outs.append(self._attend_rows(qk[:, :nq], s.kv, idx, start, mask))
             else:
-                outs.append(attend(qk[:, :nq], s.kv, idx, start, mask, row_path=False))
+                outs.append(attend(qk[:, :nq], s.kv, idx, start, mask, row_path=row_path))
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def _attend_rows(self, q: torch.Tensor, kv: KVCache, idx: int, start: int, mask: AttentionMask) -> torch.Tensor:
