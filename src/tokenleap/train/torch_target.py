@@ -3,18 +3,18 @@ for training drafter heads off the runtime's CPU kernels: the target's aux state
 states and logits over padded batches (one forward a batch), and batched greedy generation with a
 key/value cache (self-distillation; left-padded prompts, finished rows dropped as they end).
 
-The same weights (canonical names from `models.loaders`) and math as `models.llama`'s torch
-path: RMSNorm, half-split rotary embeddings (Su et al., 2021; Llama 3.x / linear scaling through
-`rope_tables`), grouped-query attention (Ainslie et al., 2023) via
-`F.scaled_dot_product_attention`, SwiGLU; Qwen2's biases and Qwen3's QK-norm. Gemma 3 and
-sliding-window targets are refused with a message (their heads train on the CPU path).
+The same weights (canonical names from `models.loaders`) and the same decoder block as the
+runtime's (`models.layers.decoder_layer`, run here on torch ops over padded batches): RMSNorm,
+half-split rotary embeddings (Su et al., 2021; Llama 3.x / linear scaling through `rope_tables`),
+grouped-query attention (Ainslie et al., 2023) via `F.scaled_dot_product_attention` over this
+module's own cache, SwiGLU; Qwen2's biases and Qwen3's QK-norm. Gemma 3 and sliding-window targets
+are refused with a message (their heads train on the CPU path).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,20 +22,7 @@ import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
 from tokenleap.models.config import ModelConfig
-from tokenleap.models.layers import rope_tables
-
-
-@dataclass
-class _Layer:
-    attn_norm: torch.Tensor
-    wqkv: torch.Tensor
-    bqkv: torch.Tensor | None
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    wo: torch.Tensor
-    mlp_norm: torch.Tensor
-    w_gate_up: torch.Tensor
-    w_down: torch.Tensor
+from tokenleap.models.layers import BlockOps, LayerWeights, apply_rope, decoder_layer, rms_norm, rope_tables, torch_linear, torch_qk_norm, torch_residual
 
 
 def check_supported(config: ModelConfig) -> None:
@@ -64,13 +51,16 @@ class TorchTarget:
         def w(name: str) -> torch.Tensor:
             return weights[name].to(self.device, dtype)
 
-        def f32(name: str) -> torch.Tensor | None:
-            return weights[name].to(self.device, torch.float32) if name in weights else None
+        def f32(name: str) -> torch.Tensor:
+            return weights[name].to(self.device, torch.float32)
+
+        def f32_opt(name: str) -> torch.Tensor | None:
+            return f32(name) if name in weights else None
 
         self.embed = w("embed")
         self.lm_head = w("lm_head") if "lm_head" in weights and not c.tie_word_embeddings else self.embed
         self.norm = weights["norm"].to(self.device, torch.float32)
-        self.layers: list[_Layer] = []
+        self.layers: list[LayerWeights] = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
             biases = [weights.get(p + n + "_bias") for n in ("q", "k", "v")]
@@ -78,11 +68,11 @@ class TorchTarget:
             if any(b is not None for b in biases):
                 sizes = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim)
                 bqkv = torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]).to(self.device, dtype)
-            self.layers.append(_Layer(
-                attn_norm=f32(p + "attn_norm"),  # type: ignore[arg-type]  # every layer has its norms (None is for the optional q/k norms)
+            self.layers.append(LayerWeights(
+                attn_norm=f32(p + "attn_norm"),
                 wqkv=torch.cat([weights[p + "q"], weights[p + "k"], weights[p + "v"]]).to(self.device, dtype),
-                bqkv=bqkv, q_norm=f32(p + "q_norm"), k_norm=f32(p + "k_norm"), wo=w(p + "o"),
-                mlp_norm=f32(p + "mlp_norm"),  # type: ignore[arg-type]  # as above
+                bqkv=bqkv, q_norm=f32_opt(p + "q_norm"), k_norm=f32_opt(p + "k_norm"), wo=w(p + "o"),
+                mlp_norm=f32(p + "mlp_norm"),
                 w_gate_up=torch.cat([weights[p + "gate"], weights[p + "up"]]).to(self.device, dtype), w_down=w(p + "down"),
             ))
         positions = min(max_positions, c.max_position)
@@ -105,13 +95,6 @@ class TorchTarget:
     def max_positions(self) -> int:
         return int(self.cos.shape[0])
 
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), (x.shape[-1],), weight, self.config.rms_norm_eps)
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                 cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None, cache_len: int = 0,
@@ -123,20 +106,15 @@ class TorchTarget:
         c = self.config
         b, t = ids.shape
         nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        eps = c.rms_norm_eps
         cos = self.cos[positions].unsqueeze(2)  # [B, T, 1, hd]
         sin = self.sin[positions].unsqueeze(2)
-        x = F.embedding(ids, self.embed).float()
         attn_mask = mask.unsqueeze(1) if mask is not None else None
-        hidden: dict[int, torch.Tensor] = {}
-        for idx, layer in enumerate(self.layers):
-            h = self._rms(x, layer.attn_norm).to(self.dtype)
-            qkv = F.linear(h, layer.wqkv, layer.bqkv).float()
-            q = qkv[..., : nq * hd].view(b, t, nq, hd)
-            k = qkv[..., nq * hd : (nq + nkv) * hd].view(b, t, nkv, hd)
+
+        def attention(qkv: torch.Tensor, idx: int) -> torch.Tensor:
+            q = apply_rope(qkv[..., : nq * hd].view(b, t, nq, hd), cos, sin)
+            k = apply_rope(qkv[..., nq * hd : (nq + nkv) * hd].view(b, t, nkv, hd), cos, sin)
             v = qkv[..., (nq + nkv) * hd :].view(b, t, nkv, hd)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, heads, T, hd]
             if cache is not None:
                 ck, cv = cache[idx]
@@ -146,13 +124,21 @@ class TorchTarget:
             if nkv != nq:
                 k, v = k.repeat_interleave(nq // nkv, dim=1), v.repeat_interleave(nq // nkv, dim=1)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
-            x = x + F.linear(a.transpose(1, 2).reshape(b, t, nq * hd), layer.wo).float()
-            h = self._rms(x, layer.mlp_norm).to(self.dtype)
-            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down).float()
+            return a.transpose(1, 2).reshape(b, t, nq * hd)
+
+        ops = BlockOps(
+            lambda x, layer, name, norm: torch_linear(x, getattr(layer, name), norm, eps),
+            lambda qkv, layer: torch_qk_norm(qkv, layer, c),
+            attention,
+            lambda x, y, norm: torch_residual(x, y, norm, eps),
+        )
+        x = F.embedding(ids, self.embed).float()
+        hidden: dict[int, torch.Tensor] = {}
+        for idx, layer in enumerate(self.layers):
+            x = decoder_layer(x, layer, idx, c, ops)
             if idx in return_hidden:
                 hidden[idx] = x
-        return self._rms(x, self.norm), hidden
+        return rms_norm(x, self.norm, eps), hidden
 
     def logits(self, hidden: torch.Tensor, lm_head: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits of normed hidden states (over the rows of `lm_head`, default the whole vocabulary)."""
