@@ -127,13 +127,15 @@ def test_verify_rows_equal_single_rows_across_rollback(pair):
     _check_rollback(model, name)
 
 
-def test_q8_0_cache_verify_rows_equal_single_rows_across_rollback(pair, kernels, tmp_path):
-    """The same over a q8_0 KV cache (bf16 model; head dims that are multiples of 32)."""
-    name, hf, _ = pair
-    head_dim = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads
-    if kernels is None or not kernels.bf16_attention or head_dim % 32:
-        pytest.skip("q8_0 caches need the blocked attention kernels and head dims in 32s")
-    hf.save_pretrained(str(tmp_path))
+Q8_CASES = [name for name, (_, _, extra) in CASES.items() if extra.get("head_dim", 16) % 32 == 0]  # q8_0: 32-dim blocks
+
+
+@pytest.mark.parametrize("name", Q8_CASES)
+def test_q8_0_cache_verify_rows_equal_single_rows_across_rollback(name, kernels, tmp_path):
+    """The same over a q8_0 KV cache (bf16 model; the cases whose head dim is a multiple of 32)."""
+    if kernels is None or not kernels.bf16_attention:
+        pytest.skip("q8_0 caches need the blocked attention kernels")
+    _make(name, tmp_path)
     config, weights = load_hf_folder(tmp_path)
     model = LlamaModel(config, weights, torch.bfloat16, kernels, kv_cache_type="q8_0")
     assert model.new_kv_cache().dtype == torch.int8
