@@ -145,11 +145,10 @@ class KVCache:
         n = k.shape[1]
         if self.blocked and self.kv_type == KV_Q8_0:
             slots = torch.arange(start, start + n)
-            H, D = self.num_kv_heads, self.head_dim
             for kind, x in enumerate((k, v)):
                 q, d = q8_quantize(x)
                 q_view, d_view = self._q8(kind)
-                q_view[layer, :, slots // 16, slots % 16] = q.reshape(H, n, *q_view.shape[4:])
+                q_view[layer, :, slots // 16, slots % 16] = q.reshape(self.num_kv_heads, n, *q_view.shape[4:])
                 d_view[layer, :, slots // 16, slots % 16] = d
             return
         if self.blocked:
@@ -188,8 +187,8 @@ class KVCache:
         return q8_dequantize(q[layer, :, :blocks].reshape(H, blocks * 16, D), d[layer, :, :blocks].reshape(H, blocks * 16, D // 32))[:, :end]
 
     def storage(self) -> torch.Tensor:
-        """The whole `[layers, 2, kv_heads, capacity, head_dim]` tensor (for the kernels; its
-        address changes when the cache grows)."""
+        """The whole `[layers, 2, kv_heads, capacity, head_dim]` tensor (q8_0: `head_dim * 17/16`
+        bytes a slot) for the kernels; its address changes when the cache grows."""
         return self._data
 
     def commit(self, n: int) -> None:
