@@ -748,29 +748,6 @@ static inline __attribute__((always_inline)) void pv_q8_tile(
     }
 }
 
-/* The same sums for many queries: block bb of V already widened to fp32 (vf: [16][hd]), the
- * sums continued in obuf (query g's row at o + g * hd), so that the widening is done once for
- * all of a job's query tiles. Each sum's steps are pv_q8_tile's, in the same order. */
-static inline __attribute__((always_inline)) void pv_q8_block(
-        const float *const *pp, const float *vf, const uint16_t *vd, int64_t bb, int64_t hd, float *o, const int QN,
-        const int ND, const int64_t d0) {
-    __m512 t[24];
-    for (int g = 0; g < QN; g++)
-        for (int d = 0; d < ND; d++) t[g * ND + d] = _mm512_loadu_ps(o + g * hd + (d0 + d) * 16);
-    float w[8][4][16];
-    for (int j = 0; j < ND / 2; j++) {
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vd + (d0 / 2 + j) * 16)));
-        for (int g = 0; g < QN; g++) _mm512_storeu_ps(w[g][j], _mm512_mul_ps(_mm512_loadu_ps(pp[g] + bb * 16), dv));
-    }
-    for (int s = 0; s < 16; s++)
-        for (int d = 0; d < ND; d++) {
-            const __m512 v = _mm512_loadu_ps(vf + s * hd + (d0 + d) * 16);
-            for (int g = 0; g < QN; g++) t[g * ND + d] = _mm512_fmadd_ps(_mm512_set1_ps(w[g][d / 2][s]), v, t[g * ND + d]);
-        }
-    for (int g = 0; g < QN; g++)
-        for (int d = 0; d < ND; d++) _mm512_storeu_ps(o + g * hd + (d0 + d) * 16, t[g * ND + d]);
-}
-
 static void attn_q8_task(void *arg, int tid, int nthreads) {
     attn16_ctx *a = (attn16_ctx *)arg;
     (void)nthreads;
@@ -827,51 +804,9 @@ static void attn_q8_task(void *arg, int tid, int nthreads) {
             /* pass 2: probabilities exp(s - max) in place (fp32); 1 / sum */
             float inv[AQ];
             for (int64_t qi = 0; qi < Q; qi++) inv[qi] = softmax_row16(sc + qi * a->max_slots, mxv[qi], nb, 0);
-            /* pass 3: P.V, QV queries at a time, over 8 dim chunks at most per pass; more queries
-             * than one tile: block by block, each block of V widened once for all the tiles */
+            /* pass 3: P.V, QV queries at a time, over 8 dim chunks at most per pass */
             const int QV = ND >= 8 ? 3 : ND == 4 ? 6 : 8;
             const int NH = ND > 8 ? 8 : ND;
-            if (Q > QV) {
-                float obuf[AQ * 256], vf[16 * 256];
-                for (int64_t i = 0; i < Q * hd; i++) obuf[i] = 0.0f;
-                for (int64_t bb = 0; bb < nb; bb++) {
-                    const uint8_t *vb = bb < src.split ? src.v + bb * 16 * rb : src.tv + (bb - src.split) * 16 * rb;
-                    for (int64_t i = 0; i < 16 * hd; i += 16)
-                        _mm512_storeu_ps(vf + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(vb + i)))));
-                    const uint16_t *vd = (const uint16_t *)(vb + 16 * hd);
-                    for (int64_t q0 = 0; q0 < Q; q0 += QV) {
-                        const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
-                        const float *pp[8];
-                        for (int g = 0; g < qn; g++) pp[g] = sc + (q0 + g) * a->max_slots;
-                        float *o = obuf + q0 * hd;
-                        for (int64_t d0 = 0; d0 < ND; d0 += NH) {
-#define PVB(ND_, QMAX_)                                                                                   \
-                            switch (qn < QMAX_ ? qn : QMAX_) {                                           \
-                                case 1: pv_q8_block(pp, vf, vd, bb, hd, o, 1, ND_, d0); break;           \
-                                case 2: pv_q8_block(pp, vf, vd, bb, hd, o, 2, ND_, d0); break;           \
-                                case 3: pv_q8_block(pp, vf, vd, bb, hd, o, 3, ND_, d0); break;           \
-                                case 4: pv_q8_block(pp, vf, vd, bb, hd, o, 4 < QMAX_ ? 4 : QMAX_, ND_, d0); break; \
-                                case 5: pv_q8_block(pp, vf, vd, bb, hd, o, 5 < QMAX_ ? 5 : QMAX_, ND_, d0); break; \
-                                case 6: pv_q8_block(pp, vf, vd, bb, hd, o, 6 < QMAX_ ? 6 : QMAX_, ND_, d0); break; \
-                                case 7: pv_q8_block(pp, vf, vd, bb, hd, o, 7 < QMAX_ ? 7 : QMAX_, ND_, d0); break; \
-                                default: pv_q8_block(pp, vf, vd, bb, hd, o, 8 < QMAX_ ? 8 : QMAX_, ND_, d0); break; \
-                            }
-                            switch (NH) {
-                                case 2: PVB(2, 8) break;
-                                case 4: PVB(4, 6) break;
-                                default: PVB(8, 3) break;
-                            }
-#undef PVB
-                        }
-                    }
-                }
-                for (int64_t qi = 0; qi < Q; qi++) {
-                    float *orow = a->out + (qrow[qi] * a->heads + qhead[qi]) * hd;
-                    for (int64_t d = 0; d < hd; d += 16)
-                        _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(obuf + qi * hd + d), _mm512_set1_ps(inv[qi])));
-                }
-                continue;
-            }
             for (int64_t q0 = 0; q0 < Q; q0 += QV) {
                 const int qn = (int)(Q - q0 < QV ? Q - q0 : QV);
                 const float *pp[8];
