@@ -522,9 +522,173 @@ static inline __attribute__((always_inline)) void qk_tile(
     }
 }
 
+/* The K tile over two groups at once (16 outputs a 512-bit vector; AVX-512 VNNI only): group g in
+ * the low half, g + 1 in the high half, each half loaded from its own group's stream, so one
+ * broadcast of four activations feeds 16 outputs (the 8-output tile spends as many broadcasts as
+ * vpdpbusd). Every lane computes exactly what qk_tile computes for its output (the same exact
+ * integer sums, the same float steps in the same order): the same bits. Used from
+ * tlq_pair_rows rows up (tl_quant_pair). */
+#if TLQ_HAS_VNNI && defined(__AVX512BW__)
+#define TLQ_HAS_PAIR 1
+#ifndef TLQ_PF2
+#define TLQ_PF2 2
+#endif
+static inline __attribute__((always_inline)) __m512i qk_pair(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)), _mm256_loadu_si256((const __m256i *)b), 1);
+}
+static inline __attribute__((always_inline)) __m512i qk_join(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+/* qk_nibbles for the two groups' blocks b0 / b1 */
+static inline __attribute__((always_inline)) void qk_nibbles2(const uint8_t *b0, const uint8_t *b1, int t, int q5, __m512i *wl, __m512i *wh) {
+    const __m512i lo4 = _mm512_set1_epi8(15), raw = qk_pair(b0 + 32 * t, b1 + 32 * t);
+    *wl = _mm512_and_si512(raw, lo4);
+    *wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
+    if (q5) {
+        const __m512i hb = qk_pair(b0 + 128, b1 + 128), m10 = _mm512_set1_epi8(0x10);
+        const __m512i lo = t == 0 ? _mm512_slli_epi16(hb, 4) : t == 1 ? _mm512_slli_epi16(hb, 3) : t == 2 ? _mm512_slli_epi16(hb, 2) : _mm512_slli_epi16(hb, 1);
+        const __m512i hi = t == 0 ? hb : t == 1 ? _mm512_srli_epi16(hb, 1) : t == 2 ? _mm512_srli_epi16(hb, 2) : _mm512_srli_epi16(hb, 3);
+        *wl = _mm512_or_si512(*wl, _mm512_and_si512(lo, m10));
+        *wh = _mm512_or_si512(*wh, _mm512_and_si512(hi, m10));
+    }
+}
+/* q6_vector for the two groups' blocks b0 / b1 */
+static inline __attribute__((always_inline)) __m512i q6_vector2(const uint8_t *b0, const uint8_t *b1, int g) {
+    const __m512i lo4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const int t = g & 3;
+    const __m512i raw = qk_pair(b0 + 32 * t, b1 + 32 * t);
+    const __m512i lo = _mm512_and_si512(g < 4 ? raw : _mm512_srli_epi16(raw, 4), lo4);
+    const __m512i hb = qk_pair(b0 + 128 + 32 * (g >> 2), b1 + 128 + 32 * (g >> 2));
+    const __m512i hi = t == 0 ? _mm512_slli_epi16(hb, 4) : t == 1 ? _mm512_slli_epi16(hb, 2) : t == 2 ? hb : _mm512_srli_epi16(hb, 2);
+    return _mm512_or_si512(lo, _mm512_and_si512(hi, m30));
+}
+/* two groups' f16 factors at `off` in their superblock headers -> 16 floats */
+static inline __attribute__((always_inline)) __m512 qk_half2(const uint8_t *s0, const uint8_t *s1, int off) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(s0 + off))),
+                                                   _mm_loadu_si128((const __m128i *)(s1 + off)), 1));
+}
+
+static inline __attribute__((always_inline)) void qk_tile2(
+        const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y,
+        int64_t m0, int64_t g, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
+    format &= ~TLQ_VNNI;
+    const int q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
+    const int64_t nsb = in_dim / 256, sbb = 8 * q_group_bytes(format), head = q6 ? 144 : 128, bb = q6 ? 192 : q5 ? 160 : 128;
+    const uint8_t *wg0 = w + g * nsb * sbb, *wg1 = wg0 + nsb * sbb;
+    const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1; /* independent partial sums per row */
+    __m512 acc[QR];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t sbi = 0; sbi < nsb; sbi++) {
+        const uint8_t *s0 = wg0 + sbi * sbb, *s1 = wg1 + sbi * sbb;
+        /* two superblocks ahead in each stream; past a stream's end, the next pair's same stream
+         * (the next group is the other stream of this pair, already on its way) */
+        const int64_t ahead = TLQ_PF2 * sbb + (sbi + TLQ_PF2 >= nsb ? nsb * sbb : 0);
+        __m256i sc0[16], mp0[8], sc1[16], mp1[8];
+        qk_scales(s0, format, 0, sc0, mp0);
+        qk_scales(s1, format, 0, sc1, mp1);
+        __m512i S[QR];
+        for (int r = 0; r < NR; r++) S[r] = _mm512_setzero_si512();
+        for (int bi = 0; bi < 8; bi++) {
+            const uint8_t *b0 = s0 + head + bi * bb, *b1 = s1 + head + bi * bb;
+            const int64_t xo = sbi * 256 + bi * 32;
+            qk_prefetch(s0 + ahead, sbb, bi);
+            qk_prefetch(s1 + ahead, sbb, bi);
+            __m512i part[QR][QS];
+            for (int r = 0; r < NR; r++)
+                for (int p = 0; p < (q6 ? 4 : NS); p++) part[r][p] = _mm512_setzero_si512();
+            if (q6) { /* two runs of 16 with their own scales: parts 0 / 1 (2 / 3 for 1-2 rows) */
+                const int NH = NR <= 2 ? 2 : 1;
+#pragma GCC unroll 8
+                for (int gi = 0; gi < 8; gi++) {
+                    const __m512i wv = q6_vector2(b0, b1, gi);
+                    const int p = (gi >> 2) * NH + (gi & (NH - 1));
+                    for (int r = 0; r < NR; r++)
+                        part[r][p] = _mm512_dpbusd_epi32(part[r][p], wv, _mm512_set1_epi32(qk_x(xq, (m0 + r) * in_dim + xo, gi)));
+                }
+                const __m512i slo = qk_join(sc0[2 * bi], sc1[2 * bi]), shi = qk_join(sc0[2 * bi + 1], sc1[2 * bi + 1]);
+                for (int r = 0; r < NR; r++) {
+                    const __m512i lo = NH == 2 ? _mm512_add_epi32(part[r][0], part[r][1]) : part[r][0];
+                    const __m512i hi = NH == 2 ? _mm512_add_epi32(part[r][2], part[r][3]) : part[r][1];
+                    S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(lo, slo), _mm512_mullo_epi32(hi, shi)));
+                }
+                continue;
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                __m512i wl, wh;
+                qk_nibbles2(b0, b1, t, q5, &wl, &wh);
+                for (int r = 0; r < NR; r++) {
+                    const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + xo);
+                    part[r][(2 * t) % NS] = _mm512_dpbusd_epi32(part[r][(2 * t) % NS], wl, _mm512_set1_epi32(xr[2 * t]));
+                    part[r][(2 * t + 1) % NS] = _mm512_dpbusd_epi32(part[r][(2 * t + 1) % NS], wh, _mm512_set1_epi32(xr[2 * t + 1]));
+                }
+            }
+            const __m512i scv = qk_join(sc0[bi], sc1[bi]);
+            for (int r = 0; r < NR; r++) {
+                __m512i v = part[r][0];
+                for (int p = 1; p < NS; p++) v = _mm512_add_epi32(v, part[r][p]);
+                S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(v, scv));
+            }
+        }
+        const __m512 d = qk_half2(s0, s1, 0);
+        const __m512 nmin = q6 ? d : _mm512_xor_ps(qk_half2(s0, s1, 16), _mm512_set1_ps(-0.0f));
+        __m512i mp[8];
+        for (int k = 0; k < (q6 ? 8 : 4); k++) mp[k] = qk_join(mp0[k], mp1[k]);
+        for (int r = 0; r < NR; r++) {
+            const int32_t *bs = xb + ((m0 + r) * nsb + sbi) * QK_BS;
+            const __m512 dx = _mm512_set1_ps(xd[(m0 + r) * nsb + sbi]);
+            __m512i M = _mm512_setzero_si512();
+            if (q6) {
+                for (int k = 0; k < 8; k++) M = _mm512_add_epi32(M, _mm512_madd_epi16(mp[k], _mm512_set1_epi32(bs[4 + k])));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(S[r], _mm512_slli_epi32(M, 5))), _mm512_mul_ps(d, dx), acc[r]);
+            } else {
+                for (int k = 0; k < 4; k++) M = _mm512_add_epi32(M, _mm512_madd_epi16(mp[k], _mm512_set1_epi32(bs[k])));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(d, dx), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(nmin, dx), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        __m512 v = acc[r];
+        if (b) v = _mm512_add_ps(v, _mm512_loadu_ps(b + g * 8));
+        float *dst = y + (m0 + r) * out_dim + g * 8;
+        if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(dst), v);
+        _mm512_storeu_ps(dst, v);
+    }
+}
+#else
+#define TLQ_HAS_PAIR 0
+#endif
+static int tlq_pair_rows = 4; /* the two-group tile from this many rows up (0: never) */
+
+/* Set from how many rows the K-quants use the two-group tile (0: never; -1: leave as is);
+ * returns the setting in force (0 when this build has no such tile). */
+int tl_quant_pair(int rows) {
+    if (rows >= 0) tlq_pair_rows = rows;
+    return TLQ_HAS_PAIR ? tlq_pair_rows : 0;
+}
+
 static inline __attribute__((always_inline)) void qk_groups(
         const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
+#if TLQ_HAS_PAIR
+    const int pair = (format & TLQ_VNNI) && tlq_pair_rows > 0 && rows >= tlq_pair_rows;
+    for (; pair && g_lo + 1 < g_hi; g_lo += 2)
+        for (int64_t m0 = 0; m0 < rows; m0 += QR) {
+#define QK_T(NR_) qk_tile2(xq, xd, xb, w, b, y, m0, g_lo, in_dim, out_dim, format, accumulate, NR_)
+            switch (rows - m0 < QR ? rows - m0 : QR) {
+                case 8: QK_T(8); break;
+                case 7: QK_T(7); break;
+                case 6: QK_T(6); break;
+                case 5: QK_T(5); break;
+                case 4: QK_T(4); break;
+                case 3: QK_T(3); break;
+                case 2: QK_T(2); break;
+                default: QK_T(1); break;
+            }
+#undef QK_T
+        }
+#endif
     for (int64_t g = g_lo; g < g_hi; g++)
         for (int64_t m0 = 0; m0 < rows; m0 += QR) {
 #define QK_T(NR_) qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_)
