@@ -530,9 +530,7 @@ static inline __attribute__((always_inline)) void qk_tile(
  * tlq_pair_rows rows up (tl_quant_pair). */
 #if TLQ_HAS_VNNI && defined(__AVX512BW__)
 #define TLQ_HAS_PAIR 1
-#ifndef TLQ_PF2
-#define TLQ_PF2 2
-#endif
+#define TLQ_PF2 2 /* superblocks ahead (1 to 16 measured alike at 5 rows) */
 static inline __attribute__((always_inline)) __m512i qk_pair(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)), _mm256_loadu_si256((const __m256i *)b), 1);
 }
