@@ -15,7 +15,8 @@ with the same threads:
 * replay drafts (`--replay`): a Spec-Bench prompt's greedy output is recorded, then decoded again
   with a drafter that proposes the known continuation, right every time (acceptance 1.0) or
   right with probability `--replay-p` per token; decode tokens/s against plain for draft lengths
-  1-8, and whether every output is identical to plain decoding.
+  1-8 (the median ratio of `--replay-rounds` back-to-back pairs), and whether every output is
+  identical to plain decoding.
 
     .venv/bin/python benchmarks/model_sizes.py benchmarks/.peer/models/llama-3.2-1b-Q4_K_M.gguf \\
         --llama-bench benchmarks/.peer/llama.cpp/build/bin/llama-bench --replay   # -> results/model_sizes.json
@@ -164,9 +165,11 @@ class ReplayDrafter:
         return None
 
 
-def replay(path: Path, prompt: str, tokens: int, lengths: Sequence[int], p: float) -> dict[str, Any]:
-    """Plain greedy decoding against replay drafts of each length (acceptance 1.0, and `p`)."""
-    llm = LLM(model=str(path))
+def replay(llm: LLM, prompt: str, tokens: int, lengths: Sequence[int], p: float, rounds: int = 3) -> dict[str, Any]:
+    """Plain greedy decoding against replay drafts of each length (acceptance 1.0, and `p`):
+    `rounds` back-to-back pairs of runs (plain, then speculative) per case; the speed-up is the
+    median of the pairs' ratios (the host's read bandwidth moves within seconds, and the plain
+    rate, memory-bound, moves with it)."""
     ids = llm.chat_token_ids([{"role": "user", "content": prompt}])
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
@@ -180,14 +183,23 @@ def replay(path: Path, prompt: str, tokens: int, lengths: Sequence[int], p: floa
     rows: list[dict[str, Any]] = []
     for k in lengths:
         for prob in (1.0, p):
-            _, plain_tps, _ = run(None)
-            spec = SpecConfig(method="custom", drafter=ReplayDrafter(reference, prob), num_speculative_tokens=k, adaptive=False)
-            out, tps, per_forward = run(spec)
-            rows.append({"k": k, "p": prob, "plain_tps": plain_tps, "spec_tps": tps, "speedup": tps / plain_tps,
-                         "tokens_per_forward": per_forward, "identical": out == plain_ids})
-            print(f"  replay k={k} p={prob}: {tps:.1f} vs plain {plain_tps:.1f} tok/s ({tps / plain_tps:.2f}x), "
-                  f"{per_forward:.2f} tokens/forward, identical={out == plain_ids}", flush=True)
-    return {"prompt_tokens": len(ids), "tokens": tokens, "rows": rows}
+            pairs: list[tuple[float, float]] = []
+            identical = True
+            per_forward = 0.0
+            for _ in range(rounds):
+                _, plain_tps, _ = run(None)
+                spec = SpecConfig(method="custom", drafter=ReplayDrafter(reference, prob), num_speculative_tokens=k, adaptive=False)
+                out, tps, per_forward = run(spec)
+                identical = identical and out == plain_ids
+                pairs.append((plain_tps, tps))
+            speedup = statistics.median(s / b for b, s in pairs)
+            rows.append({"k": k, "p": prob, "plain_tps": statistics.median(b for b, _ in pairs),
+                         "spec_tps": statistics.median(s for _, s in pairs), "speedup": speedup,
+                         "speedups": [s / b for b, s in pairs], "tokens_per_forward": per_forward, "identical": identical})
+            print(f"  replay k={k} p={prob}: {rows[-1]['spec_tps']:.1f} vs plain {rows[-1]['plain_tps']:.1f} tok/s, "
+                  f"speed-up {speedup:.2f}x (median of {', '.join(f'{r:.2f}' for r in rows[-1]['speedups'])}), "
+                  f"{per_forward:.2f} tokens/forward, identical={identical}", flush=True)
+    return {"prompt_tokens": len(ids), "tokens": tokens, "rounds": rounds, "rows": rows}
 
 
 def measure(path: Path, bench: str | None, threads: int) -> dict[str, Any]:
@@ -226,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay-lengths", type=csv_of(int), default="1,2,4,8")
     ap.add_argument("--replay-p", type=float, default=0.7)
     ap.add_argument("--replay-tokens", type=int, default=96)
+    ap.add_argument("--replay-rounds", type=int, default=3, help="plain / replay pairs per case (the median ratio is reported)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "model_sizes.json")
     args = ap.parse_args(argv)
     missing = [str(f) for f in args.files if not f.is_file()]
@@ -237,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.files:
         row = measure(path, args.llama_bench, args.threads)
         if args.replay:
-            row["replay"] = replay(path, prompt, args.replay_tokens, args.replay_lengths, args.replay_p)
+            row["replay"] = replay(LLM(model=str(path)), prompt, args.replay_tokens, args.replay_lengths, args.replay_p,
+                                   args.replay_rounds)
         result["rows"].append(row)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
