@@ -50,3 +50,38 @@ def test_default_quantization_keeps_gguf_blocks_only_in_bf16_on_the_kernels(tmp_
     assert resolve_quantization(folder, torch.bfloat16, kernels, None) is None
     assert resolve_quantization(gguf, torch.bfloat16, kernels, "none") is None
     assert resolve_quantization(gguf, torch.float32, kernels, "gguf") == "gguf"
+
+
+def test_weight_cache_drops_entries_of_gone_or_changed_files_and_the_least_recently_used(tmp_path: Path) -> None:
+    import os
+
+    from safetensors.torch import save_file
+
+    from tokenleap.models.loading import _source_of, prune_weight_cache
+
+    cache = tmp_path / "weights"
+    cache.mkdir()
+
+    def entry(name: str, gguf: Path | None, age: float) -> Path:
+        f = cache / f"{name}.safetensors"
+        save_file({"w": torch.zeros(2)}, str(f), metadata=_source_of(gguf) if gguf else {"config": "{}"})
+        os.utime(f, (1e9 - age, 1e9 - age))
+        return f
+
+    ggufs = []
+    for i in range(6):
+        g = tmp_path / f"m{i}.gguf"
+        g.write_bytes(b"x" * (i + 1))
+        ggufs.append(g)
+    keep = entry("keep", ggufs[0], 100)
+    current = [entry(f"c{i}", ggufs[i], i) for i in range(1, 6)]  # c1 the most recently used
+    old = entry("old", None, 0)  # written before entries recorded their source
+    deleted = tmp_path / "deleted.gguf"
+    deleted.write_bytes(b"y")
+    gone = entry("gone", deleted, 0)
+    deleted.unlink()
+    changed = entry("changed", ggufs[5], 0)
+    ggufs[5].write_bytes(b"longer now")  # so c5 is stale too
+    removed = prune_weight_cache(cache, keep, limit=2)
+    assert set(removed) == {gone, changed, old, current[4], current[2], current[3]}
+    assert sorted(p.name for p in cache.iterdir()) == ["c1.safetensors", "c2.safetensors", "keep.safetensors"]

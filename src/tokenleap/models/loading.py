@@ -1,7 +1,8 @@
 """Load a resolved model source into a runnable model and its tokenizer.
 
 Dequantizing a GGUF takes seconds; the float32 result is cached once as safetensors in the user
-cache (keyed by the file's path, size and mtime) and memory-mapped on later loads.
+cache (keyed by the file's path, size and mtime) and memory-mapped on later loads. Entries whose
+GGUF is gone or changed are dropped, and only the few most recently used others kept.
 """
 
 from __future__ import annotations
@@ -31,11 +32,50 @@ logger = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 
 
+WEIGHT_CACHE_KEEP = 4  # dequantized models kept in the cache beside the one in use (the most recently used)
+
+
+def _source_of(path: Path) -> dict[str, str]:
+    stat = path.stat()
+    return {"source": str(path.resolve()), "size": str(stat.st_size), "mtime": str(int(stat.st_mtime))}
+
+
+def _still_current(meta: dict[str, str]) -> bool:
+    """Whether a cache entry's GGUF is still there, unchanged (size and mtime)."""
+    try:
+        return {k: meta.get(k) for k in ("source", "size", "mtime")} == _source_of(Path(meta["source"]))
+    except (KeyError, OSError):
+        return False
+
+
+def prune_weight_cache(folder: Path, keep: Path, limit: int = WEIGHT_CACHE_KEEP) -> list[Path]:
+    """Drop the cached weights of GGUF files that are gone or changed (a deleted clone, a
+    temporary copy: each would otherwise leave its float32 copy behind for good), then all but
+    the `limit` most recently used others; `keep` stays. Returns what was removed."""
+    from safetensors import safe_open
+
+    removed, current = [], []
+    for f in folder.glob("*.safetensors"):
+        if f == keep:
+            continue
+        try:
+            with safe_open(str(f), "pt") as h:
+                fresh = _still_current(h.metadata() or {})
+        except Exception:  # unreadable, or an entry from before sources were recorded
+            fresh = False
+        (current if fresh else removed).append(f)
+    current.sort(key=lambda f: f.stat().st_mtime, reverse=True)
+    removed += current[limit:]
+    for f in removed:
+        f.unlink(missing_ok=True)
+    return removed
+
+
 def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file, save_file
 
-    stat = path.stat()
-    key = hashlib.sha256(f"v2:{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:16]
+    source = _source_of(path)
+    key = hashlib.sha256(f"v3:{source['source']}:{source['size']}:{source['mtime']}".encode()).hexdigest()[:16]
     cached = cache_dir() / "weights" / f"{key}.safetensors"
     if cached.is_file():
         try:
@@ -43,15 +83,19 @@ def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
 
             with safe_open(str(cached), "pt") as f:
                 meta = f.metadata()
-            return ModelConfig.from_dict(json.loads(meta["config"])), load_file(str(cached))
+            config, weights = ModelConfig.from_dict(json.loads(meta["config"])), load_file(str(cached))
+            os.utime(cached)  # most recently used (prune_weight_cache keeps those)
+            return config, weights
         except Exception as exc:  # a damaged cache file: rebuild it
             logger.warning("ignoring unreadable weight cache %s: %s", cached, exc)
     config, weights = load_gguf(path)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".tmp{os.getpid()}")
-        save_file(weights, str(tmp), metadata={"config": json.dumps(dataclasses.asdict(config))})
+        save_file(weights, str(tmp), metadata={"config": json.dumps(dataclasses.asdict(config)), **source})
         os.replace(tmp, cached)
+        for gone in prune_weight_cache(cached.parent, cached):
+            logger.info("removed cached weights %s (their GGUF is gone or changed, or unused for longest)", gone.name)
     except OSError as exc:  # a read-only or full cache only costs speed
         logger.warning("could not cache dequantized weights: %s", exc)
     return config, weights
