@@ -54,7 +54,8 @@ def prune_weight_cache(folder: Path, keep: Path, limit: int = WEIGHT_CACHE_KEEP)
     the `limit` most recently used others; `keep` stays. Returns what was removed."""
     from safetensors import safe_open
 
-    removed, current = [], []
+    removed: list[Path] = []
+    current: list[Path] = []
     for f in folder.glob("*.safetensors"):
         if f == keep:
             continue
