@@ -78,7 +78,7 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         if not self.hf.chat_template:
-            raise TokenleapError("this model has no chat template; use generate() with a plain prompt")
+            raise TokenleapError("this model has no chat template: give it a plain prompt (generate() with a string; on the command line, --raw)")
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise TokenleapError(f"each chat message needs 'role' and 'content', got {m!r}")
