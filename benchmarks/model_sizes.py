@@ -47,6 +47,7 @@ from tokenleap import LLM, SamplingParams  # noqa: E402
 from tokenleap.config import SpecConfig  # noqa: E402
 from tokenleap.drafters.base import Draft, DraftRequest  # noqa: E402
 from tokenleap.engine.speculation import _time_rows  # noqa: E402
+from tokenleap.errors import TokenleapError  # noqa: E402
 
 _LOAD_SCRIPT = r"""
 import json, resource, sys, time
@@ -170,7 +171,10 @@ def replay(llm: LLM, prompt: str, tokens: int, lengths: Sequence[int], p: float,
     `rounds` back-to-back pairs of runs (plain, then speculative) per case; the speed-up is the
     median of the pairs' ratios (the host's read bandwidth moves within seconds, and the plain
     rate, memory-bound, moves with it)."""
-    ids = llm.chat_token_ids([{"role": "user", "content": prompt}])
+    try:
+        ids = llm.chat_token_ids([{"role": "user", "content": prompt}])
+    except TokenleapError:  # no chat template (make_gguf's Mistral shape): the plain prompt
+        ids = llm.tokenizer.encode(prompt)
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
     def run(spec: SpecConfig | None) -> tuple[list[int], float, float]:
