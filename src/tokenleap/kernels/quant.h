@@ -530,7 +530,8 @@ static inline __attribute__((always_inline)) void qk_tile(
  * tlq_pair_rows rows up (tl_quant_pair). */
 #if TLQ_HAS_VNNI && defined(__AVX512BW__)
 #define TLQ_HAS_PAIR 1
-#define TLQ_PF2 2 /* superblocks ahead (1 to 16 measured alike at 5 rows) */
+#define TLQ_PF2 2    /* superblocks ahead into L1 (1 to 16 measured alike at 5 rows) */
+#define TLQ_PF2_L2 8 /* and into L2, up to 6 rows (4-5 rows on cold weights: 0.78-0.99x the time with it) */
 static inline __attribute__((always_inline)) __m512i qk_pair(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)), _mm256_loadu_si256((const __m256i *)b), 1);
 }
@@ -578,9 +579,11 @@ static inline __attribute__((always_inline)) void qk_tile2(
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t sbi = 0; sbi < nsb; sbi++) {
         const uint8_t *s0 = wg0 + sbi * sbb, *s1 = wg1 + sbi * sbb;
-        /* two superblocks ahead in each stream; past a stream's end, the next pair's same stream
-         * (the next group is the other stream of this pair, already on its way) */
+        /* TLQ_PF2 superblocks ahead in each stream into L1, TLQ_PF2_L2 into L2; past a stream's
+         * end, the next pair's same stream (the next group is this pair's other stream, already
+         * on its way) */
         const int64_t ahead = TLQ_PF2 * sbb + (sbi + TLQ_PF2 >= nsb ? nsb * sbb : 0);
+        const int64_t far = TLQ_PF2_L2 * sbb + (sbi + TLQ_PF2_L2 >= nsb ? nsb * sbb : 0);
         __m256i sc0[16], mp0[8], sc1[16], mp1[8];
         qk_scales(s0, format, 0, sc0, mp0);
         qk_scales(s1, format, 0, sc1, mp1);
@@ -591,6 +594,11 @@ static inline __attribute__((always_inline)) void qk_tile2(
             const int64_t xo = sbi * 256 + bi * 32;
             qk_prefetch(s0 + ahead, sbb, bi);
             qk_prefetch(s1 + ahead, sbb, bi);
+            if (NR <= 6) /* a constant per instantiation; 8 rows measured 0.97-1.05x the time with it */
+                for (int64_t pf = bi * sbb / 8; pf < (bi + 1) * sbb / 8; pf += 64) {
+                    _mm_prefetch((const char *)(s0 + far + pf), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(s1 + far + pf), _MM_HINT_T1);
+                }
             __m512i part[QR][QS];
             for (int r = 0; r < NR; r++)
                 for (int p = 0; p < (q6 ? 4 : NS); p++) part[r][p] = _mm512_setzero_si512();
