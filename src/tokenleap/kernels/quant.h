@@ -674,6 +674,29 @@ int tl_quant_pair(int rows) {
     return TLQ_HAS_PAIR ? tlq_pair_rows : 0;
 }
 
+/* T(NR) for n rows (1 <= n <= QR), each row count its own instantiation of the tile */
+#if QR == 8
+#define QK_BY_ROWS(n, T)                                                                                        \
+    switch (n) {                                                                                                 \
+        case 8: T(8); break;                                                                                     \
+        case 7: T(7); break;                                                                                     \
+        case 6: T(6); break;                                                                                     \
+        case 5: T(5); break;                                                                                     \
+        case 4: T(4); break;                                                                                     \
+        case 3: T(3); break;                                                                                     \
+        case 2: T(2); break;                                                                                     \
+        default: T(1); break;                                                                                    \
+    }
+#else
+#define QK_BY_ROWS(n, T)                                                                                        \
+    switch (n) {                                                                                                 \
+        case 4: T(4); break;                                                                                     \
+        case 3: T(3); break;                                                                                     \
+        case 2: T(2); break;                                                                                     \
+        default: T(1); break;                                                                                    \
+    }
+#endif
+
 static inline __attribute__((always_inline)) void qk_groups(
         const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
@@ -682,34 +705,14 @@ static inline __attribute__((always_inline)) void qk_groups(
     for (; pair && g_lo + 1 < g_hi; g_lo += 2)
         for (int64_t m0 = 0; m0 < rows; m0 += QR) {
 #define QK_T(NR_) qk_tile2(xq, xd, xb, w, b, y, m0, g_lo, in_dim, out_dim, format, accumulate, NR_)
-            switch (rows - m0 < QR ? rows - m0 : QR) {
-                case 8: QK_T(8); break;
-                case 7: QK_T(7); break;
-                case 6: QK_T(6); break;
-                case 5: QK_T(5); break;
-                case 4: QK_T(4); break;
-                case 3: QK_T(3); break;
-                case 2: QK_T(2); break;
-                default: QK_T(1); break;
-            }
+            QK_BY_ROWS(rows - m0 < QR ? rows - m0 : QR, QK_T)
 #undef QK_T
         }
 #endif
     for (int64_t g = g_lo; g < g_hi; g++)
         for (int64_t m0 = 0; m0 < rows; m0 += QR) {
 #define QK_T(NR_) qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_)
-            switch (rows - m0 < QR ? rows - m0 : QR) {
-#if QR == 8
-                case 8: QK_T(8); break;
-                case 7: QK_T(7); break;
-                case 6: QK_T(6); break;
-                case 5: QK_T(5); break;
-#endif
-                case 4: QK_T(4); break;
-                case 3: QK_T(3); break;
-                case 2: QK_T(2); break;
-                default: QK_T(1); break;
-            }
+            QK_BY_ROWS(rows - m0 < QR ? rows - m0 : QR, QK_T)
 #undef QK_T
         }
 }
