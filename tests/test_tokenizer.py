@@ -125,3 +125,39 @@ def test_another_file_of_the_same_model_reuses_the_conversion(
     assert first.encode(text) == second.encode(text) == again.encode(text)
     names = sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir())
     assert len(names) == 3 and sum(n.startswith("content-") for n in names) == 1 and sum(n.endswith(".ref") for n in names) == 2, names
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m-instruct", "gemma3-270m"])
+def test_the_cached_folder_loads_as_autotokenizer_loads_it(model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`load_saved` builds the cached tokenizer folder directly (the fast path of every load):
+    on the real models it is the tokenizer `AutoTokenizer.from_pretrained` makes of that folder
+    (ids with and without special tokens, decoded text with and without them, special ids,
+    vocabulary size, chat template), and a first load (the conversion) gives what later ones do."""
+    from transformers import AutoTokenizer
+
+    from tokenleap.models.registry import resolve
+    from tokenleap.tokenizer import load_saved
+
+    monkeypatch.setenv("TOKENLEAP_CACHE", str(tmp_path / "cache"))
+    path = resolve(model).path
+    first, later = Tokenizer.from_gguf(path), Tokenizer.from_gguf(path)
+    (folder,) = [p for p in (tmp_path / "cache" / "tokenizers").iterdir() if p.name.startswith("content-")]
+    direct, auto = load_saved(folder), AutoTokenizer.from_pretrained(str(folder))
+    specials = [t for t in auto.all_special_tokens][:8] + [str(auto.convert_ids_to_tokens(len(auto) - 1))]
+    texts = [MULTIBYTE, "Speculative decoding, losslessly: ¿sí? 東京\n\n  code:\tx = [1, 2]", " ".join(specials) + " tail"]
+    for text in texts:
+        for special in (True, False):
+            ids = auto.encode(text, add_special_tokens=special)
+            assert direct.encode(text, add_special_tokens=special) == ids, (text, special)
+            assert first.hf.encode(text, add_special_tokens=special) == later.hf.encode(text, add_special_tokens=special) == ids
+            for skip in (True, False):
+                assert direct.decode(ids, skip_special_tokens=skip) == auto.decode(ids, skip_special_tokens=skip)
+    assert (direct.bos_token_id, direct.eos_token_id, direct.pad_token_id, len(direct)) == (auto.bos_token_id, auto.eos_token_id, auto.pad_token_id, len(auto))
+    assert sorted(direct.all_special_ids) == sorted(auto.all_special_ids)
+    assert direct.chat_template == auto.chat_template  # (the Gemma 3 270M file has none)
+    if auto.chat_template:
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
+        assert direct.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
+            auto.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert first.apply_chat_template(messages) == later.apply_chat_template(messages)
