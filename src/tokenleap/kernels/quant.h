@@ -399,10 +399,7 @@ static inline __attribute__((always_inline)) int32_t qk_x(const int8_t *xq, int6
 }
 
 /* Prefetch the superblock two ahead an eighth per block of 32 (as the 32-input tiles prefetch
- * per block): all of it at once per superblock ran 5-8 rows ~15 % slower on cold weights. For
- * one row of Q4K, none at all, or non-temporal ones where a group's stream does not fit L1
- * beside the activations (in_dim >= 8192), measured alike (benchmarks/quant_stream.py: within
- * 2 % of these, in both memory states), so there are only these. */
+ * per block): all of it at once per superblock ran 5-8 rows ~15 % slower on cold weights */
 static inline __attribute__((always_inline)) void qk_prefetch(const uint8_t *ahead, int64_t sbb, int bi) {
     for (int64_t pf = bi * sbb / 8; pf < (bi + 1) * sbb / 8; pf += 64) _mm_prefetch((const char *)(ahead + pf), _MM_HINT_T0);
 }
@@ -447,18 +444,10 @@ static inline __attribute__((always_inline)) void qk_tile(
                     }
                     continue;
                 }
-                /* Q4K with the high nibbles in place (q << 4: and 0xf0, no shift): the parts that
-                 * take them (the odd ones) sum 16 times their integer sum, exactly, and one
-                 * arithmetic shift per block gives it back (0.97x the warm one-row time) */
-                const int hi16 = !q5 && NS >= 2;
 #pragma GCC unroll 4
                 for (int t = 0; t < 4; t++) {
                     __m256i wl, wh;
-                    if (hi16) {
-                        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 * t));
-                        wl = _mm256_and_si256(raw, _mm256_set1_epi8(15));
-                        wh = _mm256_and_si256(raw, _mm256_set1_epi8((char)0xf0));
-                    } else qk_nibbles(blk, t, q5, &wl, &wh);
+                    qk_nibbles(blk, t, q5, &wl, &wh);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + xo);
                         part[r][(2 * t) % NS] = tlq_dpbusd(part[r][(2 * t) % NS], wl, _mm256_set1_epi32(xr[2 * t]));
@@ -466,18 +455,8 @@ static inline __attribute__((always_inline)) void qk_tile(
                     }
                 }
                 for (int r = 0; r < NR; r++) {
-                    __m256i v;
-                    if (hi16) { /* parts 0 (2): low nibbles, 1 (3): high ones times 16 */
-                        __m256i lo = part[r][0], hi = part[r][1];
-                        if (NS == 4) {
-                            lo = _mm256_add_epi32(lo, part[r][2]);
-                            hi = _mm256_add_epi32(hi, part[r][3]);
-                        }
-                        v = _mm256_add_epi32(lo, _mm256_srai_epi32(hi, 4));
-                    } else {
-                        v = part[r][0];
-                        for (int p = 1; p < NS; p++) v = _mm256_add_epi32(v, part[r][p]);
-                    }
+                    __m256i v = part[r][0];
+                    for (int p = 1; p < NS; p++) v = _mm256_add_epi32(v, part[r][p]);
                     S[r] = _mm256_add_epi32(S[r], _mm256_mullo_epi32(v, sc[bi]));
                 }
             }
