@@ -42,15 +42,20 @@ SHAPES = {"llama-3.2-3b": ((5120, 3072), (16384, 3072), (3072, 8192), (128256, 3
 KERNEL_DIR = "src/tokenleap/kernels"
 
 
-def build_revision(rev: str, variant: str, workdir: Path) -> Path:
-    """Compile revision `rev`'s kernel sources for `variant`; returns the shared library."""
+def revision_sources(rev: str, workdir: Path) -> Path:
+    """Revision `rev`'s kernel sources (.c / .h) written into `workdir`; returns it."""
     names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{KERNEL_DIR}"],
                            check=True, capture_output=True, text=True).stdout.split()
     for name in names:
         if name.endswith((".c", ".h")):
             blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{KERNEL_DIR}/{name}"], check=True, capture_output=True).stdout
             (workdir / name).write_bytes(blob)
-    source = workdir / ("kernels.c" if variant == "avx512" else "kernels_avx2.c")
+    return workdir
+
+
+def build_revision(rev: str, variant: str, workdir: Path) -> Path:
+    """Compile revision `rev`'s kernel sources for `variant`; returns the shared library."""
+    source = revision_sources(rev, workdir) / ("kernels.c" if variant == "avx512" else "kernels_avx2.c")
     out = workdir / f"baseline_{variant}.so"
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
     subprocess.run([compiler, *_FLAGS, str(source), "-o", str(out), "-lm"], check=True, capture_output=True, text=True)

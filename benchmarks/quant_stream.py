@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from kernel_ab import revision_sources  # noqa: E402
 from model_sizes import cpu_name, csv_of  # noqa: E402
 
 from tokenleap.kernels.build import _FLAGS, cpu_flags, kernel_variant  # noqa: E402
@@ -49,18 +50,6 @@ def build(source_dir: Path, variant: str, out: Path) -> Path:
     subprocess.run([compiler, *flags, f"-I{source_dir}", f'-DKERNELS_SOURCE="{source}"',
                     str(ROOT / "benchmarks" / "quant_stream.c"), "-o", str(out), "-lm"], check=True, capture_output=True, text=True)
     return out
-
-
-def revision_sources(rev: str, workdir: Path) -> Path:
-    """Revision `rev`'s kernel sources (.c / .h) written into `workdir`."""
-    rel = KERNEL_DIR.relative_to(ROOT)
-    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{rel}"],
-                           check=True, capture_output=True, text=True).stdout.split()
-    for name in names:
-        if name.endswith((".c", ".h")):
-            blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}/{name}"], check=True, capture_output=True).stdout
-            (workdir / name).write_bytes(blob)
-    return workdir
 
 
 def run_once(binary: Path, fmt: int, out_dim: int, in_dim: int, mb: float, rows: int, threads: int) -> dict[str, float]:
