@@ -228,23 +228,25 @@ def test_vnni_and_avx2_integer_sums_give_the_same_bits(kernels: CpuKernels) -> N
 def test_two_group_tile_gives_the_one_group_tiles_bits(kernels: CpuKernels) -> None:
     """The K-quants' two-group tile (16 outputs a 512-bit vector, AVX-512 VNNI) against the
     8-output tile: every K type, 1 to 9 rows, bias, accumulation, an odd number of groups (a
-    leftover group) and a Q4_K + Q6_K stack whose split is odd: the same bits."""
+    leftover group), a Q4_K + Q6_K stack whose split is odd, and 8,192 inputs (where the default
+    takes the two-group tile at any row count): the same bits."""
     default, vnni = kernels.quant_pair_rows(), kernels.quant_vnni()
     try:
         if not kernels.quant_vnni(True) or kernels.quant_pair_rows(1) != 1:
             pytest.skip("no two-group tile on this CPU / kernel variant")
         g = torch.Generator().manual_seed(13)
         stack = QuantWeight.cat([_quant_weight(12, 24, 512, 21), _quant_weight(14, 32, 512, 22)])
-        for w in [_quant_weight(t, 56, 512, seed=t + 9) for t in K_TYPES] + [stack]:
-            x, b = torch.randn(9, 512, generator=g) * 2, torch.randn(w.out_dim, generator=g)
+        for w in [_quant_weight(t, 56, 512, seed=t + 9) for t in K_TYPES] + [stack, _quant_weight(12, 24, 8192, 23)]:
+            x, b = torch.randn(9, w.in_dim, generator=g) * 2, torch.randn(w.out_dim, generator=g)
             base = torch.randn(9, w.out_dim, generator=g)
             for rows in range(1, 10):
                 got = {}
-                for pair in (1, 0):
+                for pair in (default, 1, 0):
                     kernels.quant_pair_rows(pair)
                     acc = base[:rows].clone()
                     got[pair] = (kernels.linear(x[:rows], w, b), kernels.linear(x[:rows], w, out=acc), acc)
                 assert all(torch.equal(a, c) for a, c in zip(got[0], got[1], strict=True)), (w.name, rows)
+                assert all(torch.equal(a, c) for a, c in zip(got[0], got[default], strict=True)), (w.name, rows)
     finally:
         kernels.quant_pair_rows(default)
         kernels.quant_vnni(vnni)

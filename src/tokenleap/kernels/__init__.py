@@ -161,8 +161,9 @@ class CpuKernels:
     def quant_pair_rows(self, rows: int | None = None) -> int:
         """From how many rows the K-quant linears use the two-group tile (16 outputs a 512-bit
         vector, one activation broadcast for both groups; AVX-512 VNNI only; the same bits as the
-        8-output tile): with `rows`, set it (0: never); returns the setting in force (0 where the
-        build has no such tile)."""
+        8-output tile; at any row count for 8,192+ inputs, as a down projection has): with `rows`,
+        set it (0: never, at any size); returns the setting in force (0 where the build has no
+        such tile)."""
         if not hasattr(self.lib, "tl_quant_pair"):
             return 0
         return int(self.lib.tl_quant_pair(-1 if rows is None else int(rows)))

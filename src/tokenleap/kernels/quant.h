@@ -527,7 +527,7 @@ static inline __attribute__((always_inline)) void qk_tile(
  * broadcast of four activations feeds 16 outputs (the 8-output tile spends as many broadcasts as
  * vpdpbusd). Every lane computes exactly what qk_tile computes for its output (the same exact
  * integer sums, the same float steps in the same order): the same bits. Used from
- * tlq_pair_rows rows up (tl_quant_pair). */
+ * tlq_pair_rows rows up (tl_quant_pair), and at any row count from TLQ_PAIR_IN inputs up. */
 #if TLQ_HAS_VNNI && defined(__AVX512BW__)
 #define TLQ_HAS_PAIR 1
 #define TLQ_PF2 2    /* superblocks ahead into L1 (1 to 16 measured alike at 5 rows) */
@@ -666,6 +666,11 @@ static inline __attribute__((always_inline)) void qk_tile2(
 #define TLQ_HAS_PAIR 0
 #endif
 static int tlq_pair_rows = 4; /* the two-group tile from this many rows up (0: never) */
+/* ... and at any row count from this many inputs up (a down projection's): one row's cold stream
+ * through it ran at 0.83 of a plain read where the 8-output tile ran at 0.66 (Q4_K [4096, 14336],
+ * the fast memory state; 0.91 vs 0.88 in the slow one; Q6_K likewise), while at 2,048-4,096 inputs
+ * it gained in the fast state and lost in the slow one (benchmarks/quant_stream.py, s21) */
+#define TLQ_PAIR_IN 8192
 
 /* Set from how many rows the K-quants use the two-group tile (0: never; -1: leave as is);
  * returns the setting in force (0 when this build has no such tile). */
@@ -701,7 +706,7 @@ static inline __attribute__((always_inline)) void qk_groups(
         const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
 #if TLQ_HAS_PAIR
-    const int pair = (format & TLQ_VNNI) && tlq_pair_rows > 0 && rows >= tlq_pair_rows;
+    const int pair = (format & TLQ_VNNI) && tlq_pair_rows > 0 && (rows >= tlq_pair_rows || in_dim >= TLQ_PAIR_IN);
     for (; pair && g_lo + 1 < g_hi; g_lo += 2)
         for (int64_t m0 = 0; m0 < rows; m0 += QR) {
 #define QK_T(NR_) qk_tile2(xq, xd, xb, w, b, y, m0, g_lo, in_dim, out_dim, format, accumulate, NR_)
