@@ -161,3 +161,37 @@ def test_the_cached_folder_loads_as_autotokenizer_loads_it(model: str, tmp_path:
         assert direct.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
             auto.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert first.apply_chat_template(messages) == later.apply_chat_template(messages)
+
+
+def test_the_tokenizer_cache_drops_what_no_file_uses(model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ref whose GGUF is gone is dropped at the next conversion, then the converted folder no
+    ref names (once older than the grace period); refs beyond the limit go oldest first; the
+    file in use keeps its tokenizer."""
+    import os
+    import shutil
+
+    from tokenleap.tokenizer import prune_tokenizer_cache
+
+    monkeypatch.setenv("TOKENLEAP_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "cache" / "tokenizers"
+    gone = tmp_path / "gone.gguf"
+    shutil.copyfile(model_path, gone)
+    Tokenizer.from_gguf(gone)
+    (old_folder,) = list(root.glob("content-*"))
+    os.utime(old_folder, (1, 1))  # converted long ago
+    gone.unlink()
+    os.rename(old_folder, root / "content-0000000000000000")  # as if it were another tokenizer's
+    for ref in root.glob("*.ref"):  # and the ref names that folder
+        lines = ref.read_text().splitlines()
+        ref.write_text("\n".join(["content-0000000000000000", *lines[1:]]) + "\n")
+    Tokenizer.from_gguf(model_path)  # converts again (the old folder's name no longer matches) and prunes
+    names = sorted(p.name for p in root.iterdir())
+    assert len(names) == 2 and "content-0000000000000000" not in names, names
+    keep = next(root.glob("*.ref"))
+    for i in range(5):  # refs of files still there, used at different times
+        ref = root / f"{i:016x}.ref"
+        ref.write_text(keep.read_text())
+        os.utime(ref, (1000 + i, 1000 + i))
+    removed = prune_tokenizer_cache(root, keep, limit=2)
+    assert sorted(p.name for p in removed) == [f"{i:016x}.ref" for i in range(3)]
+    assert Tokenizer.from_gguf(model_path).encode("hello") == Tokenizer.from_folder(next(root.glob("content-*"))).encode("hello")

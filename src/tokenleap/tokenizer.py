@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,13 @@ class Tokenizer:
         root = cache_dir() / "tokenizers"
         key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:16]
         ref = root / f"{key}.ref"  # names the content folder this file's tokenizer is in
-        for folder in (root / key, root / ref.read_text().strip() if ref.is_file() else None):  # (an older cache: a folder per file)
+        named = _ref_folder(ref) if ref.is_file() else None
+        for folder in (root / key, root / named if named else None):  # (an older cache: a folder per file)
             if folder is not None and (folder / "tokenizer_config.json").exists():
+                try:
+                    os.utime(ref if named else folder)  # most recently used (prune_tokenizer_cache keeps those)
+                except OSError:  # a read-only cache
+                    pass
                 return cls(load_saved(folder), extra_eos_ids)
         shared = root / f"content-{_tokenizer_digest(path)}"
         if (shared / "tokenizer_config.json").exists():
@@ -57,8 +63,13 @@ class Tokenizer:
             _save_atomically(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), shared)
             hf = load_saved(shared)  # as every later load builds it
         tmp = ref.with_name(ref.name + f".tmp{os.getpid()}")
-        tmp.write_text(shared.name)
+        tmp.write_text(shared.name + "\n" + json.dumps({"source": str(path.resolve()), "size": stat.st_size, "mtime": int(stat.st_mtime)}) + "\n")
         os.replace(tmp, ref)
+        try:
+            for gone in prune_tokenizer_cache(root, ref):
+                logger.info("removed cached tokenizer %s (its GGUF is gone or changed, or unused for longest)", gone.name)
+        except OSError:  # pruning only saves space
+            pass
         return cls(hf, extra_eos_ids)
 
     @classmethod
@@ -113,6 +124,60 @@ class IncrementalDetokenizer:
         full = self._tok.decode(self.token_ids[self._prefix_offset :], self._skip)
         self._prefix_offset = self._read_offset = len(self.token_ids)
         return full[len(prefix) :] if len(full) > len(prefix) else ""
+
+
+TOKENIZER_CACHE_KEEP = 8  # GGUF files whose converted tokenizer stays cached beside the one in use
+_CONVERSION_GRACE_S = 3600  # a converted folder younger than this may be another process's, not yet named by a ref
+
+
+def _ref_folder(ref: Path) -> str:
+    """The converted folder a ref names (its first line)."""
+    lines = ref.read_text().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _ref_is_stale(ref: Path) -> bool:
+    """Whether a ref's GGUF is gone or changed (refs from before sources were recorded: never)."""
+    lines = ref.read_text().splitlines()
+    if len(lines) < 2:
+        return False
+    try:
+        source = json.loads(lines[1])
+        stat = Path(source["source"]).stat()
+        return (stat.st_size, int(stat.st_mtime)) != (source["size"], source["mtime"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return True
+
+
+def prune_tokenizer_cache(root: Path, keep: Path, limit: int = TOKENIZER_CACHE_KEEP) -> list[Path]:
+    """Drop the refs of GGUF files that are gone or changed (a deleted clone, a temporary copy),
+    then all but the `limit` most recently used others (with the older cache's per-file folders),
+    then every converted folder no ref names any more (unless younger than an hour: another
+    process may have converted it and not yet written its ref). `keep` (a ref) stays. Returns
+    what was removed."""
+    removed: list[Path] = []
+    entries: list[Path] = []
+    for entry in root.iterdir():
+        if entry == keep or ".tmp" in entry.name or entry.name.startswith("content-"):
+            continue
+        if entry.suffix == ".ref":
+            (removed if _ref_is_stale(entry) else entries).append(entry)
+        elif entry.is_dir():
+            entries.append(entry)  # an older cache's folder for one file
+    entries.sort(key=lambda e: e.stat().st_mtime, reverse=True)
+    removed += entries[limit:]
+    for entry in removed:
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    named = {_ref_folder(r) for r in root.glob("*.ref")}
+    now = time.time()
+    for folder in root.glob("content-*"):
+        if folder.name not in named and ".tmp" not in folder.name and now - folder.stat().st_mtime > _CONVERSION_GRACE_S:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def _tokenizer_digest(path: Path) -> str:

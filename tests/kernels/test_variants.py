@@ -96,3 +96,19 @@ def test_kernels_build_wherever_they_can() -> None:
         except subprocess.CalledProcessError as exc:
             pytest.fail(f"kernels_{variant} does not compile:\n{exc.stderr[-3000:]}")
     assert kernel_variant(flags) is None or load_kernels() is not None
+
+
+def test_the_kernel_cache_keeps_the_most_recently_used_builds_of_a_variant(tmp_path: Path) -> None:
+    from tokenleap.kernels.build import prune_kernel_cache
+
+    builds = [tmp_path / f"tokenleap_kernels_avx2_{i:016x}.so" for i in range(7)]
+    for age, f in enumerate(builds):  # builds[0] the most recently used
+        f.write_bytes(b"so")
+        os.utime(f, (1_000_000 - age, 1_000_000 - age))
+    other = tmp_path / "tokenleap_kernels_avx512_0000000000000000.so"
+    other.write_bytes(b"so")
+    os.utime(other, (1, 1))  # the oldest file, but another variant's
+    in_use = builds[6]  # the least recently used, but the one being loaded
+    removed = prune_kernel_cache(tmp_path, "avx2", in_use, limit=2)
+    assert sorted(removed) == sorted(builds[2:6])
+    assert {f.name for f in tmp_path.iterdir()} == {builds[0].name, builds[1].name, in_use.name, other.name}

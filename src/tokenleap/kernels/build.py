@@ -48,6 +48,21 @@ def kernel_variant(flags: frozenset[str]) -> str | None:
     return None
 
 
+KERNEL_CACHE_KEEP = 4  # builds of a variant kept beside the one in use (the most recently used)
+
+
+def prune_kernel_cache(folder: Path, variant: str, keep: Path, limit: int = KERNEL_CACHE_KEEP) -> list[Path]:
+    """Remove all but the `limit` most recently used builds of `variant` in `folder` (every
+    other tokenleap version or CPU leaves one behind); `keep` stays. A process that has a removed
+    build loaded keeps it (the file is only unlinked). Returns what was removed."""
+    builds = [f for f in folder.glob(f"tokenleap_kernels_{variant}_*.so") if f != keep]
+    builds.sort(key=lambda f: f.stat().st_mtime, reverse=True)
+    removed = builds[limit:]
+    for f in removed:
+        f.unlink(missing_ok=True)
+    return removed
+
+
 def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
     source = _SOURCES[variant]
     parts = [source.read_bytes(), *(h.read_bytes() for h in _HEADERS), " ".join(_FLAGS).encode(), compiler.encode()]
@@ -55,6 +70,10 @@ def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"tokenleap_kernels_{variant}_{digest}.so"
     if target.exists():
+        try:
+            os.utime(target)  # most recently used (prune_kernel_cache keeps those)
+        except OSError:  # a read-only cache
+            pass
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -66,6 +85,10 @@ def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
             text=True,
         )
         os.replace(tmp_out, target)  # atomic: concurrent processes never see half a file
+    try:
+        prune_kernel_cache(target.parent, variant, target)
+    except OSError:  # pruning only saves space
+        pass
     return target
 
 
