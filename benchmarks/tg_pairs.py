@@ -84,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         tg(llm, 16, repeats=1)  # warm up
         pairs = []
         for i in range(args.pairs):
-            p = pair(llm, args.llama_bench, path, args.threads, args.tokens, ours_first=i % 2 == 0)
+            try:
+                p = pair(llm, args.llama_bench, path, args.threads, args.tokens, ours_first=i % 2 == 0)
+            except RuntimeError as exc:  # llama-bench failed (its stderr is printed above)
+                print(f"tg_pairs: {path.name}: {exc}", file=sys.stderr)
+                return 1
             pairs.append(p)
             print(f"  {path.name} pair {i + 1}: tokenleap {p['tokenleap']:.2f} vs llama.cpp {p['llama_cpp']:.2f} tok/s "
                   f"({p['ratio']:.2f}x), read {p['read_before']:.0f} / {p['read_after']:.0f} GB/s", flush=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenleap.errors import TokenleapError
-from tokenleap.paths import cache_dir
+from tokenleap.paths import cache_dir, source_identity, still_current
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Tokenizer:
             _save_atomically(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), shared)
             hf = load_saved(shared)  # as every later load builds it
         tmp = ref.with_name(ref.name + f".tmp{os.getpid()}")
-        tmp.write_text(shared.name + "\n" + json.dumps({"source": str(path.resolve()), "size": stat.st_size, "mtime": int(stat.st_mtime)}) + "\n")
+        tmp.write_text(shared.name + "\n" + json.dumps(source_identity(path)) + "\n")
         os.replace(tmp, ref)
         try:
             for gone in prune_tokenizer_cache(root, ref):
@@ -142,10 +142,8 @@ def _ref_is_stale(ref: Path) -> bool:
     if len(lines) < 2:
         return False
     try:
-        source = json.loads(lines[1])
-        stat = Path(source["source"]).stat()
-        return (stat.st_size, int(stat.st_mtime)) != (source["size"], source["mtime"])
-    except (OSError, KeyError, TypeError, ValueError):
+        return not still_current(json.loads(lines[1]))
+    except ValueError:  # not JSON
         return True
 
 

@@ -57,14 +57,15 @@ def test_weight_cache_drops_entries_of_gone_or_changed_files_and_the_least_recen
 
     from safetensors.torch import save_file
 
-    from tokenleap.models.loading import _source_of, prune_weight_cache
+    from tokenleap.models.loading import prune_weight_cache
+    from tokenleap.paths import source_identity
 
     cache = tmp_path / "weights"
     cache.mkdir()
 
     def entry(name: str, gguf: Path | None, age: float) -> Path:
         f = cache / f"{name}.safetensors"
-        save_file({"w": torch.zeros(2)}, str(f), metadata=_source_of(gguf) if gguf else {"config": "{}"})
+        save_file({"w": torch.zeros(2)}, str(f), metadata=source_identity(gguf) if gguf else {"config": "{}"})
         os.utime(f, (1e9 - age, 1e9 - age))
         return f
 

@@ -24,7 +24,7 @@ from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel
 from tokenleap.models.loaders import load_gguf, load_hf_folder
 from tokenleap.models.registry import ModelSource
-from tokenleap.paths import cache_dir
+from tokenleap.paths import cache_dir, source_identity, still_current
 from tokenleap.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -33,19 +33,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.f
 
 
 WEIGHT_CACHE_KEEP = 4  # dequantized models kept in the cache beside the one in use (the most recently used)
-
-
-def _source_of(path: Path) -> dict[str, str]:
-    stat = path.stat()
-    return {"source": str(path.resolve()), "size": str(stat.st_size), "mtime": str(int(stat.st_mtime))}
-
-
-def _still_current(meta: dict[str, str]) -> bool:
-    """Whether a cache entry's GGUF is still there, unchanged (size and mtime)."""
-    try:
-        return {k: meta.get(k) for k in ("source", "size", "mtime")} == _source_of(Path(meta["source"]))
-    except (KeyError, OSError):
-        return False
 
 
 def prune_weight_cache(folder: Path, keep: Path, limit: int = WEIGHT_CACHE_KEEP) -> list[Path]:
@@ -61,7 +48,7 @@ def prune_weight_cache(folder: Path, keep: Path, limit: int = WEIGHT_CACHE_KEEP)
             continue
         try:
             with safe_open(str(f), "pt") as h:
-                fresh = _still_current(h.metadata() or {})
+                fresh = still_current(h.metadata() or {})
         except Exception:  # unreadable, or an entry from before sources were recorded
             fresh = False
         (current if fresh else removed).append(f)
@@ -75,7 +62,7 @@ def prune_weight_cache(folder: Path, keep: Path, limit: int = WEIGHT_CACHE_KEEP)
 def _load_gguf_cached(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file, save_file
 
-    source = _source_of(path)
+    source = source_identity(path)
     key = hashlib.sha256(f"v3:{source['source']}:{source['size']}:{source['mtime']}".encode()).hexdigest()[:16]
     cached = cache_dir() / "weights" / f"{key}.safetensors"
     if cached.is_file():
