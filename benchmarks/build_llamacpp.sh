@@ -4,6 +4,9 @@
 # user would build it: cmake Release, defaults (GGML_NATIVE=ON), no curl. Never a dependency of
 # tokenleap: the binaries land in benchmarks/.peer/ (git-ignored).
 #   benchmarks/build_llamacpp.sh            # -> benchmarks/.peer/llama.cpp/build/bin/llama-bench
+# BUILD names another build folder, CMAKE_EXTRA adds cmake flags; e.g. an AVX2-only peer on an
+# AVX-512 host, to hold our AVX2 kernels against it:
+#   BUILD=build-avx2 CMAKE_EXTRA="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" benchmarks/build_llamacpp.sh
 set -euo pipefail
 cd "$(dirname "$0")"
 PEER=.peer
@@ -17,7 +20,8 @@ if [ ! -d "$PEER/llama.cpp" ]; then
   mv "$PEER/llama_cpp_python-$VERSION/vendor/llama.cpp" "$PEER/llama.cpp"
   rm -rf "$PEER/llama_cpp_python-$VERSION"
 fi
-cmake -S "$PEER/llama.cpp" -B "$PEER/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+BUILD=${BUILD:-build}
+cmake -S "$PEER/llama.cpp" -B "$PEER/llama.cpp/$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF ${CMAKE_EXTRA:-} > "$PEER/cmake.log"
-cmake --build "$PEER/llama.cpp/build" --config Release -j "${JOBS:-2}" --target ${TARGETS:-llama-bench} > "$PEER/build.log"
-echo "$PWD/$PEER/llama.cpp/build/bin/llama-bench"
+cmake --build "$PEER/llama.cpp/$BUILD" --config Release -j "${JOBS:-2}" --target ${TARGETS:-llama-bench} > "$PEER/build.log"
+echo "$PWD/$PEER/llama.cpp/$BUILD/bin/llama-bench"

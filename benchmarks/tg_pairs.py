@@ -32,12 +32,13 @@ from quant_decode import llama_bench  # noqa: E402
 from tokenleap import LLM  # noqa: E402
 
 
-def pair(llm: LLM, bench: str, path: Path, threads: int, tokens: int, ours_first: bool) -> dict[str, Any]:
-    """One back-to-back pair with the read rate before and after it."""
+def pair(llm: LLM, bench: str, path: Path, threads: int, tokens: int, ours_first: bool,
+         extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One back-to-back pair with the read rate before and after it (`extra`: more llama-bench flags)."""
     before = read_bandwidth(3)
     if ours_first:
         ours = tg(llm, tokens, repeats=1)
-    peer = llama_bench(bench, path, threads, gen=str(tokens), repeats=1)
+    peer = llama_bench(bench, path, threads, gen=str(tokens), repeats=1, extra=extra)
     if not ours_first:
         ours = tg(llm, tokens, repeats=1)
     after = read_bandwidth(3)
@@ -69,15 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fast-gbps", type=float, default=45.0, help="read rate above which a pair counts as the fast memory state")
+    ap.add_argument("--llama-args", default="", help='more llama-bench flags, e.g. "-mmp 0" (weights read into memory instead of mapped)')
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tg_pairs.json")
     args = ap.parse_args(argv)
+    extra = tuple(args.llama_args.split())
     missing = [str(f) for f in args.files if not f.is_file()]
     if missing:
         ap.error(f"no such file(s): {missing}")
     if not Path(args.llama_bench).is_file():
         ap.error(f"no llama-bench at {args.llama_bench} (build it: benchmarks/build_llamacpp.sh)")
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "threads": args.threads,
-                              "tokens": args.tokens, "fast_gbps": args.fast_gbps, "command": " ".join(sys.argv), "files": {}}
+                              "tokens": args.tokens, "fast_gbps": args.fast_gbps, "llama_args": list(extra), "command": " ".join(sys.argv), "files": {}}
     print(result["cpu"], flush=True)
     for path in args.files:
         llm = LLM(model=str(path))
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs = []
         for i in range(args.pairs):
             try:
-                p = pair(llm, args.llama_bench, path, args.threads, args.tokens, ours_first=i % 2 == 0)
+                p = pair(llm, args.llama_bench, path, args.threads, args.tokens, ours_first=i % 2 == 0, extra=extra)
             except RuntimeError as exc:  # llama-bench failed (its stderr is printed above)
                 print(f"tg_pairs: {path.name}: {exc}", file=sys.stderr)
                 return 1

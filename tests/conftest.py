@@ -148,16 +148,14 @@ def model_bf16(weights: tuple[ModelConfig, dict[str, torch.Tensor]]) -> LlamaMod
 
 
 @pytest.fixture(scope="session")
-def hf_model(model_path: Path) -> torch.nn.Module:
+def hf_model(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
     """transformers' own Llama on the same GGUF, in float32: the reference implementation."""
     pytest.importorskip("accelerate")
-    from transformers import AutoModelForCausalLM
+    from hf_reference import hf_causal_lm
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_pretrained(model_path.parent, gguf_file=model_path.name, dtype=torch.float32)
-    model.eval()
-    return model
+        return hf_causal_lm(model_path, tmp_path_factory.mktemp("hf_reference"))
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,11 @@ decoding in the default dtype, and SmolLM2 drafting for it across tokenizers. Sl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from hf_reference import hf_causal_lm  # tests/hf_reference.py
 
 from tokenleap import LLM, SamplingParams
 from tokenleap.bench import default_spec_bench, load_questions
@@ -26,11 +29,10 @@ def prompts() -> list[str]:
     return [q.turns[0] for q in questions[:3]]
 
 
-def test_fp32_greedy_identical_to_transformers(prompts: list[str]) -> None:
-    transformers = pytest.importorskip("transformers")
+def test_fp32_greedy_identical_to_transformers(prompts: list[str], tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
     llm = LLM(model="gemma3-270m", dtype="float32")
-    path = llm.source.path
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    hf = hf_causal_lm(llm.source.path, tmp_path)
     hf.generation_config.eos_token_id = None  # exactly TOKENS tokens, no logit altered
     params = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
     for text in prompts:
