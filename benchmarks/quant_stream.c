@@ -12,6 +12,7 @@
 #include KERNELS_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static double now(void) {
@@ -39,8 +40,8 @@ static void read_task(void *ctx, int tid, int nthreads) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 8) {
-        fprintf(stderr, "usage: %s FORMAT OUT IN MB REPS ROWS THREADS\n", argv[0]);
+    if (argc != 8 && argc != 9) {
+        fprintf(stderr, "usage: %s FORMAT OUT IN MB REPS ROWS THREADS [HUGE]\n", argv[0]);
         return 2;
     }
     const int fmt = atoi(argv[1]), reps = atoi(argv[5]), rows = atoi(argv[6]);
@@ -57,7 +58,10 @@ int main(int argc, char **argv) {
     const int64_t nblk = kq ? in_dim / 256 : in_dim / 32, blk = kq ? 8 * q_group_bytes(fmt) : q_group_bytes(fmt);
     const int64_t bytes = out_dim / 8 * nblk * blk;
     const int64_t nw = mb * 1e6 / bytes > 1 ? (int64_t)(mb * 1e6 / bytes) : 1;
-    uint8_t *w = aligned_alloc(64, (size_t)((bytes * nw + 4095) / 4096 * 4096));
+    const size_t wsize = (size_t)((bytes * nw + (2 << 20) - 1) / (2 << 20) * (2 << 20));
+    uint8_t *w = aligned_alloc(2 << 20, wsize);
+    /* HUGE 1: the weights on transparent huge pages (as the library's weight arena), else 4 KiB pages */
+    madvise(w, wsize, argc == 9 && atoi(argv[8]) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     for (int64_t i = 0; i < bytes * nw; i++) w[i] = (uint8_t)((uint64_t)i * 2654435761u >> 13);
     for (int64_t g = 0; g < out_dim / 8 * nblk * nw; g++) { /* f16 factors 1.0 (random bits may be NaN) */
         uint16_t *s = (uint16_t *)(w + g * blk);

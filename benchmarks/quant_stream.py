@@ -3,7 +3,8 @@
 Builds `benchmarks/quant_stream.c` (one row through a sequence of distinct cold weights of one
 layer shape, then a plain two-thread read of 256 MB in the same moment) from this checkout's
 kernel sources and, with `--baseline REV`, from that revision's, then runs the builds in turn
-until `--seconds` are up. Each run gives the kernel's GB/s as a fraction of the read's; runs are
+until `--seconds` are up (`--pages both`: each with the weights on 4 KiB pages and on transparent
+huge pages, as the library keeps them). Each run gives the kernel's GB/s as a fraction of the read's; runs are
 split by the read rate (this host's bandwidth swings between ~30 and ~55 GB/s within minutes,
 and a kernel can keep up with the slow state and not with the fast one) and the medians are
 reported per build, shape and state. The bar of issue 22 ("95 % of the memory floor") is this
@@ -35,10 +36,10 @@ from tokenleap.kernels.build import _FLAGS, cpu_flags, kernel_variant  # noqa: E
 
 KERNEL_DIR = ROOT / "src" / "tokenleap" / "kernels"
 FORMATS = {"Q4_K": 5, "Q6_K": 6, "Q5_K": 7, "Q4_0": 3, "Q8_0": 2}  # quant.h's TLQ_* kernel formats
-# a layer's QKV, gate+up and down ([out, in]), as the decode calls them
-SHAPES = {"llama-3.2-1b": ((3072, 2048), (16384, 2048), (2048, 8192)),
-          "llama-3.2-3b": ((5120, 3072), (16384, 3072), (3072, 8192)),
-          "llama-3.1-8b": ((6144, 4096), (28672, 4096), (4096, 14336))}
+# a layer's QKV, gate+up and down, then the LM head ([out, in]), as the decode calls them
+SHAPES = {"llama-3.2-1b": ((3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048)),
+          "llama-3.2-3b": ((5120, 3072), (16384, 3072), (3072, 8192), (128256, 3072)),
+          "llama-3.1-8b": ((6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096))}
 _LINE = re.compile(r"gbps ([\d.]+) read ([\d.]+) ratio ([\d.]+) us_per_call ([\d.]+)")
 
 
@@ -52,9 +53,10 @@ def build(source_dir: Path, variant: str, out: Path) -> Path:
     return out
 
 
-def run_once(binary: Path, fmt: int, out_dim: int, in_dim: int, mb: float, rows: int, threads: int) -> dict[str, float]:
-    """One run: the kernel's and the read's best of 3, as quant_stream.c prints them."""
-    text = subprocess.run([str(binary), str(fmt), str(out_dim), str(in_dim), str(mb), "3", str(rows), str(threads)],
+def run_once(binary: Path, fmt: int, out_dim: int, in_dim: int, mb: float, rows: int, threads: int, huge: bool = True) -> dict[str, float]:
+    """One run: the kernel's and the read's best of 3, as quant_stream.c prints them (`huge`: the
+    weights on transparent huge pages, as the library keeps them; else on 4 KiB pages)."""
+    text = subprocess.run([str(binary), str(fmt), str(out_dim), str(in_dim), str(mb), "3", str(rows), str(threads), str(int(huge))],
                           check=True, capture_output=True, text=True, timeout=600).stdout
     m = _LINE.search(text)
     if m is None:
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mb", type=float, default=150.0, help="bytes of distinct weights per run")
     ap.add_argument("--seconds", type=float, default=60.0, help="per type and shape")
     ap.add_argument("--fast-gbps", type=float, default=45.0, help="read rate above which a run counts as the fast memory state")
+    ap.add_argument("--pages", choices=("huge", "4k", "both"), default="huge",
+                    help="the weights on transparent huge pages (as the library keeps them), on 4 KiB pages, or both in turn (an A/B)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quant_stream.json")
     args = ap.parse_args(argv)
     unknown = [t for t in args.types if t not in FORMATS]
@@ -100,16 +104,19 @@ def main(argv: list[str] | None = None) -> int:
                 binaries = {"baseline": build(src, variant, Path(tmp) / "baseline"), **binaries}
             except subprocess.CalledProcessError as exc:
                 ap.error(f"could not build the kernels of {args.baseline!r}: {(exc.stderr or '').strip()[:300]}")
+        pages = {"huge": [True], "4k": [False], "both": [False, True]}[args.pages]
+        cases = {(f"{label} {'huge' if huge else '4k'}" if len(pages) > 1 else label): (binary, huge)
+                 for label, binary in binaries.items() for huge in pages}
         result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "variant": variant, "threads": args.threads,
-                  "rows": args.rows, "baseline": args.baseline, "shape": args.shape, "fast_gbps": args.fast_gbps, "cases": {}}
+                  "rows": args.rows, "baseline": args.baseline, "shape": args.shape, "pages": args.pages, "fast_gbps": args.fast_gbps, "cases": {}}
         print(f"{result['cpu']}, {variant} kernels, {args.threads} threads, {args.rows} row(s)", flush=True)
         for name in args.types:
             for out_dim, in_dim in SHAPES[args.shape]:
-                runs: dict[str, list[dict[str, float]]] = {label: [] for label in binaries}
+                runs: dict[str, list[dict[str, float]]] = {label: [] for label in cases}
                 t0 = time.perf_counter()
                 while time.perf_counter() - t0 < args.seconds or not all(runs.values()):
-                    for label, binary in binaries.items():
-                        runs[label].append(run_once(binary, FORMATS[name], out_dim, in_dim, args.mb, args.rows, args.threads))
+                    for label, (binary, huge) in cases.items():
+                        runs[label].append(run_once(binary, FORMATS[name], out_dim, in_dim, args.mb, args.rows, args.threads, huge))
                 key = f"{name} [{out_dim},{in_dim}]"
                 result["cases"][key] = {label: summarize(r, args.fast_gbps) for label, r in runs.items()}
                 for label, states in result["cases"][key].items():

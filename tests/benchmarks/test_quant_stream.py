@@ -18,8 +18,8 @@ def test_a_build_streams_a_shape_and_reports_its_fraction_of_the_read(load_bench
         pytest.skip("no kernels or no C compiler on this machine")
     m = load_benchmark("quant_stream")
     binary = m.build(m.KERNEL_DIR, variant, tmp_path / "qs")
-    for fmt in (m.FORMATS["Q4_K"], m.FORMATS["Q8_0"]):
-        run = m.run_once(binary, fmt, 256, 512, 1.0, rows=2, threads=2)
+    for fmt, huge in ((m.FORMATS["Q4_K"], True), (m.FORMATS["Q8_0"], False)):
+        run = m.run_once(binary, fmt, 256, 512, 1.0, rows=2, threads=2, huge=huge)
         assert run["gbps"] > 0 and run["read"] > 0 and run["us_per_call"] > 0
         assert run["ratio"] == pytest.approx(run["gbps"] / run["read"], rel=1e-2)
     runs = [{"gbps": 30.0, "read": 50.0, "ratio": 0.6}, {"gbps": 30.0, "read": 33.0, "ratio": 0.9}, {"gbps": 31.0, "read": 33.0, "ratio": 0.94}]

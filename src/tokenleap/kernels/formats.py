@@ -6,6 +6,7 @@ reference of the repack and of the dequantization the tests check the C code aga
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import cast
 
@@ -189,13 +190,31 @@ def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarra
     return out.reshape(groups, -1)
 
 
+_HUGE_PAGE = 2 << 20
+
+
 def _weight_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor for weights, from numpy's allocator: it asks the kernel for
-    transparent huge pages on buffers of 4 MB and more (`madvise(MADV_HUGEPAGE)`; torch's does
-    not), and streaming a weight through 2 MB pages instead of 4 KB ones spares the TLB misses
-    (measured: the default model's step 3.1-3.4 ms with its 30 MB LM head on huge pages, 3.5-4.0 ms
-    without)."""
-    return torch.from_numpy(np.empty(shape, dtype=np.uint8))
+    """An uninitialised uint8 tensor for weights. One of 2 MB or more is its own private anonymous
+    mapping, starting on a 2 MB boundary, with `madvise(MADV_HUGEPAGE)` over its whole 2 MB pages
+    (and over the last, partly used one when it is at least half used, so no more than 1 MB per
+    weight is resident beyond its bytes); smaller ones come from numpy's allocator.
+
+    Why: a decode streams every weight once per token, and on 4 KiB pages the core's stream breaks
+    at every page (TLB misses, prefetchers stopping at page ends). Measured with
+    `benchmarks/quant_stream.py` (one row, Zen 4, slow memory state): Q4_K linears of Llama 3.2
+    1B's shapes read at 0.85-0.90 of a plain read on 4 KiB pages and 1.01-1.04 on huge pages. numpy's
+    allocator madvises only buffers of 4 MB and more, and an unaligned buffer's ends stay on small
+    pages: a 1B model's weights were 60 % on huge pages (`AnonHugePages`), now all but the short
+    tails. Hosts without `madvise` get numpy's buffer."""
+    n = int(np.prod(shape))
+    if n < _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.from_numpy(np.empty(shape, dtype=np.uint8))
+    region = mmap.mmap(-1, n + 2 * _HUGE_PAGE, flags=mmap.MAP_PRIVATE)  # untouched pages cost nothing
+    whole = np.frombuffer(region, dtype=np.uint8)
+    lead = -whole.ctypes.data % _HUGE_PAGE
+    tail = n % _HUGE_PAGE
+    region.madvise(mmap.MADV_HUGEPAGE, lead, n - tail + (_HUGE_PAGE if 2 * tail >= _HUGE_PAGE else 0))
+    return torch.from_numpy(whole[lead : lead + n].reshape(shape))  # the view keeps the mapping alive
 
 
 def _distinct(types: tuple[int, ...]) -> tuple[int, ...]:
