@@ -29,3 +29,5 @@ def test_kv_attention_measures_every_layout(load_benchmark: Callable[[str], Modu
     out = m.measure([64], [1, 3], 2, 2)
     assert out["variant"] == kernels.variant and len(out["rows"]) == 2
     assert all(r["fp32_us"] > 0 and r["bf16_us"] > 0 and r["q8_0_us"] > 0 for r in out["rows"])
+    both = m.measure([1024], [1], 1, 16, pages="both")["rows"][0]  # 16 layers at 1,024 tokens: caches past 2 MB
+    assert both["bf16_4k_us"] > 0 and both["q8_0_4k_us"] > 0 and "fp32_4k_us" not in both

@@ -3,9 +3,7 @@ the weights and quantizes the activations as the kernel does, and row invariance
 
 from __future__ import annotations
 
-import mmap
 import threading
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -276,33 +274,3 @@ def test_rows_are_the_dequantized_rows(kernels: CpuKernels, qtype: int) -> None:
     with pytest.raises(IndexError):
         w.rows(torch.tensor([40]))
 
-
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds `address` (/proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=1)[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(v, 16) for v in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "VmFlags:":
-            return line.split()[1:]
-    return []
-
-
-def test_big_weight_buffers_start_on_huge_pages_and_small_ones_do_not() -> None:
-    from tokenleap.kernels.formats import _HUGE_PAGE, _weight_buffer
-
-    big = _weight_buffer((5, _HUGE_PAGE // 2 + 3))  # 2.5 pages: the half-used last page is madvised too
-    short = _weight_buffer((5, _HUGE_PAGE // 4 + 3))  # 1.25 pages: the last one stays on small pages
-    small = _weight_buffer((100, 1000))
-    for t in (big, short, small):
-        t.fill_(7)
-        assert int(t.sum()) == 7 * t.numel()
-    assert big.shape == (5, _HUGE_PAGE // 2 + 3)
-    if not hasattr(mmap, "MADV_HUGEPAGE") or not Path("/proc/self/smaps").is_file():
-        return
-    assert big.data_ptr() % _HUGE_PAGE == 0 and short.data_ptr() % _HUGE_PAGE == 0
-    assert "hg" in _vm_flags(big.data_ptr()) and "hg" in _vm_flags(big.data_ptr() + big.numel() - 1)
-    assert "hg" in _vm_flags(short.data_ptr()) and "hg" not in _vm_flags(short.data_ptr() + short.numel() - 1)
-    assert "hg" not in _vm_flags(small.data_ptr())

@@ -6,12 +6,13 @@ reference of the repack and of the dequantization the tests check the C code aga
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 import torch
+
+from tokenleap.kernels.memory import huge_page_tensor
 
 @dataclass(frozen=True)
 class PackedWeight:
@@ -190,31 +191,12 @@ def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarra
     return out.reshape(groups, -1)
 
 
-_HUGE_PAGE = 2 << 20
-
-
 def _weight_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor for weights. One of 2 MB or more is its own private anonymous
-    mapping, starting on a 2 MB boundary, with `madvise(MADV_HUGEPAGE)` over its whole 2 MB pages
-    (and over the last, partly used one when it is at least half used, so no more than 1 MB per
-    weight is resident beyond its bytes); smaller ones come from numpy's allocator.
-
-    Why: a decode streams every weight once per token, and on 4 KiB pages the core's stream breaks
-    at every page (TLB misses, prefetchers stopping at page ends). Measured with
-    `benchmarks/quant_stream.py` (one row, Zen 4, slow memory state): Q4_K linears of Llama 3.2
-    1B's shapes read at 0.85-0.90 of a plain read on 4 KiB pages and 1.01-1.04 on huge pages. numpy's
-    allocator madvises only buffers of 4 MB and more, and an unaligned buffer's ends stay on small
-    pages: a 1B model's weights were 60 % on huge pages (`AnonHugePages`), now all but the short
-    tails. Hosts without `madvise` get numpy's buffer."""
-    n = int(np.prod(shape))
-    if n < _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.from_numpy(np.empty(shape, dtype=np.uint8))
-    region = mmap.mmap(-1, n + 2 * _HUGE_PAGE, flags=mmap.MAP_PRIVATE)  # untouched pages cost nothing
-    whole = np.frombuffer(region, dtype=np.uint8)
-    lead = -whole.ctypes.data % _HUGE_PAGE
-    tail = n % _HUGE_PAGE
-    region.madvise(mmap.MADV_HUGEPAGE, lead, n - tail + (_HUGE_PAGE if 2 * tail >= _HUGE_PAGE else 0))
-    return torch.from_numpy(whole[lead : lead + n].reshape(shape))  # the view keeps the mapping alive
+    """An uninitialised uint8 tensor for weights: from 2 MB on, on transparent huge pages
+    (`memory.huge_page_tensor`: a 1B file's weights 574 -> 782 MB on huge pages, decode 1.04x);
+    smaller ones from numpy's allocator."""
+    buffer = huge_page_tensor(shape)
+    return buffer if buffer is not None else torch.from_numpy(np.empty(shape, dtype=np.uint8))
 
 
 def _distinct(types: tuple[int, ...]) -> tuple[int, ...]:

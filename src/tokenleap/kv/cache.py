@@ -34,6 +34,7 @@ import torch
 
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import KV_BF16, KV_Q8_0, kv_slot_bytes
+from tokenleap.kernels.memory import huge_page_tensor
 
 KV_CACHE_TYPES = {"bf16": torch.bfloat16, "q8_0": torch.int8}  # llama.cpp's names of the blocked formats
 
@@ -91,6 +92,10 @@ class KVCache:
             capacity = -(-capacity // 16) * 16
         width = kv_slot_bytes(KV_Q8_0, self.head_dim) if self.dtype == torch.int8 else self.head_dim
         shape = (self.num_layers, 2, self.num_kv_heads, capacity, width)
+        if self.device.type == "cpu":  # on huge pages from 2 MB on: a decode streams the cache (kernels/memory.py)
+            data = huge_page_tensor(shape, self.dtype)
+            if data is not None:
+                return data  # zero-filled, its pages committed as they are written
         if self.blocked:  # the kernel multiplies unused slots by probability 0: no NaN garbage
             return torch.zeros(shape, dtype=self.dtype, device=self.device)
         return torch.empty(shape, dtype=self.dtype, device=self.device)
@@ -235,7 +240,8 @@ class KVCache:
     def fork(self) -> KVCache:
         """An independent copy holding the same slots (parallel sampling shares a prompt's prefill)."""
         twin = copy.copy(self)
-        twin._data = self._data.clone()
+        twin._data = self._alloc(self.capacity)
+        twin._data.copy_(self._data)
         return twin
 
     def free(self) -> None:
