@@ -14,6 +14,7 @@ import torch
 
 from tokenleap.kernels.memory import huge_page_tensor
 
+
 @dataclass(frozen=True)
 class PackedWeight:
     """A bf16 `[out, in]` weight in the kernels' output-interleaved layout `[out/16, in/2, 16, 2]`.
