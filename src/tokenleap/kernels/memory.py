@@ -33,6 +33,9 @@ def huge_page_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -
     whole = np.frombuffer(region, dtype=np.uint8)
     lead = -whole.ctypes.data % HUGE_PAGE
     tail = n % HUGE_PAGE
-    region.madvise(mmap.MADV_HUGEPAGE, lead, n - tail + (HUGE_PAGE if 2 * tail >= HUGE_PAGE else 0))
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE, lead, n - tail + (HUGE_PAGE if 2 * tail >= HUGE_PAGE else 0))
+    except OSError:  # a kernel built without transparent huge pages: the aligned buffer still serves
+        pass
     # the view keeps the mapping alive; it is unmapped when the last tensor over it goes
     return torch.from_numpy(whole[lead : lead + n]).view(dtype).reshape(shape)
