@@ -7,8 +7,9 @@ a decode row and a verified draft of 5 rows. The cache holds `--layers` layers, 
 (16 layers at 8k tokens: 128 MB of bf16, past the last-level cache, so K and V stream from
 memory as in a real decode step); the figure is microseconds per layer of the fastest of
 `--repeats` passes. `--pages both` times the blocked caches on 4 KiB pages too (the library keeps
-a cache of 2 MB or more on transparent huge pages: kernels/memory.py), in alternation. Each variant runs in its own process (`TOKENLEAP_KERNELS`), so an AVX-512
-host measures the AVX2 kernels too.
+a cache of 2 MB or more on transparent huge pages: kernels/memory.py), in alternation. Each
+variant runs in its own process (`TOKENLEAP_KERNELS`), so an AVX-512 host measures the AVX2
+kernels too.
 
     .venv/bin/python benchmarks/kv_attention.py --depths 1024,8192   # -> results/kv_attention.json
 """
