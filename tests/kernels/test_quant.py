@@ -273,4 +273,3 @@ def test_rows_are_the_dequantized_rows(kernels: CpuKernels, qtype: int) -> None:
     assert torch.equal(w.rows(ids), w.dequantize()[ids])
     with pytest.raises(IndexError):
         w.rows(torch.tensor([40]))
-

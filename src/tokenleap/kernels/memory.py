@@ -26,7 +26,7 @@ HUGE_PAGE = 2 << 20
 def huge_page_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor | None:
     """A zero-filled tensor of `shape` and `dtype` on its own huge-page mapping, or None when it
     is under 2 MB or this system has no `madvise` (the caller then allocates as it would)."""
-    n = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    n = int(np.prod(shape)) * dtype.itemsize
     if n < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
     region = mmap.mmap(-1, n + 2 * HUGE_PAGE, flags=mmap.MAP_PRIVATE)
