@@ -1,8 +1,12 @@
 """One kernel call for a forward's layers (`FusedLayers`, kernels/fused.py) against the per-call
-loop it replaced (five ctypes calls per layer), on the default model.
+loop it replaced (five to seven ctypes calls per layer), on the default model or `--model`.
 
-One process per weight form (`--quantization gguf`, the default: the GGUF's Q4_1 blocks kept;
-`none`: bf16), the two settings alternating ABBA over `--rounds` rounds:
+`--against per_call` (the default): the fused path's own per-call reference loop (`fused` None,
+the same bits); `--against blocks`: the per-op decoder block (`ExecutionPath.KERNELS`:
+`models.layers.decoder_layer` on the kernels, torch ops between them), which served Gemma 3 and
+Mistral before they took the fused path. One process per weight form (`--quantization gguf`,
+the default: the GGUF's blocks kept; `none`: bf16), the two settings alternating ABBA over
+`--rounds` rounds:
 - plain greedy decoding (`LLM.generate`, EOS ignored, one request at a time) of `--max-tokens`
   tokens after each of `--prompts` Spec-Bench first turns: decode tokens/s (prefill excluded, as `tokenleap bench`
   splits it) and whether both settings give the same tokens;
@@ -11,6 +15,8 @@ One process per weight form (`--quantization gguf`, the default: the GGUF's Q4_1
 
     .venv/bin/python benchmarks/fused_layers.py                    # -> results/fused_layers.json
     .venv/bin/python benchmarks/fused_layers.py --quantization none --out results/fused_layers_bf16.json
+    .venv/bin/python benchmarks/fused_layers.py --model benchmarks/.peer/models/gemma3-4b-Q4_K_M.gguf --against blocks \
+        --max-tokens 32 --out results/fused_layers_gemma3_4b.json
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +33,10 @@ import torch
 
 from tokenleap import LLM, SamplingParams
 from tokenleap.bench import default_spec_bench, load_questions
+from tokenleap.models.llama import ExecutionPath
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_sizes import cpu_name  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 
@@ -43,6 +53,8 @@ def _forward_ms(model, kv, ids: torch.Tensor, rows: int, context: int, reps: int
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="a registered model or a GGUF path (default: the default model)")
+    ap.add_argument("--against", default="per_call", choices=["per_call", "blocks"])
     ap.add_argument("--quantization", default="gguf", choices=["gguf", "none"])
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -50,25 +62,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "fused_layers.json")
     args = ap.parse_args(argv)
-    llm = LLM(quantization=args.quantization)
+    llm = LLM(model=args.model, quantization=args.quantization) if args.model else LLM(quantization=args.quantization)
     model = llm.model
-    fused = model.fused
+    fused, path = model.fused, model.path
     if fused is None:
-        raise SystemExit("this model does not take the fused Llama path (no kernels?)")
+        raise SystemExit("this model does not take the fused path (no kernels?)")
     prompts = [q.turns[0] for q in load_questions(default_spec_bench(), per_group=1)[: args.prompts]]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm up
     ids = torch.randint(0, model.config.vocab_size, (300,), generator=torch.Generator().manual_seed(0))
     kv = model.new_kv_cache(512)
     model.forward(ids, torch.arange(300), kv)
-    settings = {"fused": fused, "per_call": None}
-    names = list(settings)
+    other = args.against
+    names = ["fused", other]
     stats = {n: {"decode_s": 0.0, "decode_tokens": 0, "f1_ms": [], "f8_ms": []} for n in names}
     outputs: dict[str, list[list[int]]] = {}
     load_before = os.getloadavg()
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            model.fused = settings[name]
+            if name == "per_call":
+                model.fused = None
+            elif name == "blocks":
+                model.path = ExecutionPath.KERNELS
             try:
                 outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]  # one stream at a time
                 for o in outs:
@@ -78,9 +93,13 @@ def main(argv: list[str] | None = None) -> int:
                 stats[name]["f1_ms"].append(_forward_ms(model, kv, ids, 1, 300, args.reps))
                 stats[name]["f8_ms"].append(_forward_ms(model, kv, ids, 8, 300, args.reps))
             finally:
-                model.fused = fused
+                model.fused, model.path = fused, path
     result: dict[str, object] = {
-        "machine": platform.processor() or platform.machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": cpu_name(),
+        "command": " ".join(sys.argv),
+        "model": args.model or "default",
+        "against": other,
         "kernels": model.kernels.variant,
         "quantization": args.quantization,
         "prompts": args.prompts,
@@ -88,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "load_before": load_before,
         "load_after": os.getloadavg(),
-        "identical": outputs["fused"] == outputs["per_call"],
+        "identical": outputs["fused"] == outputs[other],
     }
     for name in names:
         s = stats[name]
@@ -99,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
             "forward_8_rows_ms": round(f8, 3),
             "verify_cost_8_over_1": round(f8 / f1, 2),
         }
-    result["decode_speedup"] = round(result["fused"]["decode_tok_s"] / result["per_call"]["decode_tok_s"], 3)
-    result["forward_1_row_speedup"] = round(result["per_call"]["forward_1_row_ms"] / result["fused"]["forward_1_row_ms"], 3)
-    result["forward_8_rows_speedup"] = round(result["per_call"]["forward_8_rows_ms"] / result["fused"]["forward_8_rows_ms"], 3)
+    fu, ot = result["fused"], result[other]
+    assert isinstance(fu, dict) and isinstance(ot, dict)
+    result["decode_speedup"] = round(fu["decode_tok_s"] / ot["decode_tok_s"], 3)
+    result["forward_1_row_speedup"] = round(ot["forward_1_row_ms"] / fu["forward_1_row_ms"], 3)
+    result["forward_8_rows_speedup"] = round(ot["forward_8_rows_ms"] / fu["forward_8_rows_ms"], 3)
     print(json.dumps(result, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -106,6 +106,43 @@ def test_qk_norm_fused_equals_per_call(kernels: CpuKernels) -> None:
                            plain.forward(ids, torch.arange(5), plain.new_kv_cache(16)).hidden)
 
 
+def _gemma_like(kernels: CpuKernels, dtype: torch.dtype) -> LlamaModel:
+    """A tiny Gemma 3 block: QK-norm with a query scale, post-norms, GeGLU, scaled embeddings,
+    a sliding window of 16 on the first layer (own rope base), global rope scaling on the other."""
+    config = dataclasses.replace(
+        TINY_CONFIG, architecture="gemma3", qk_norm=True, post_norms=True, activation="gelu_tanh", embed_scale=8.0,
+        query_scale=0.2, sliding_window=16, sliding_layers=(True, False), rope_theta=1e6, rope_local_theta=1e4,
+        rope_linear_factor=8.0, tie_word_embeddings=True,
+    )  # fmt: skip
+    w = make_tiny_weights(config)
+    g = torch.Generator().manual_seed(5)
+    for i in range(config.num_layers):
+        for n, size in (("q_norm", config.head_dim), ("k_norm", config.head_dim), ("post_attn_norm", config.hidden_size), ("post_mlp_norm", config.hidden_size)):
+            w[f"layers.{i}.{n}"] = 1.0 + 0.3 * torch.randn(size, generator=g)
+    return LlamaModel(config, {k: v.to(dtype) if v.dim() == 2 else v for k, v in w.items()}, dtype, kernels)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gemma3_block_fused_equals_per_call(kernels: CpuKernels, dtype: torch.dtype) -> None:
+    """Gemma 3's blocks take the fused path: local and global layers (their own plans and rope
+    tables, the window binding from position 16 on), post-norms, GeGLU, the query scale."""
+    model = _gemma_like(kernels, dtype)
+    assert model.path == "fused" and model.fused is not None and model.fused.has_local and model.fused.post_norms
+    _assert_same(model, TINY_CONFIG.vocab_size)
+    # the blocks differ from a plain Llama's, and the window changes what a late row sees
+    plain = LlamaModel(TINY_CONFIG, make_tiny_weights(TINY_CONFIG), torch.float32, kernels)
+    unwindowed = copy.copy(model)
+    unwindowed.config = dataclasses.replace(model.config, sliding_window=None, sliding_layers=None)
+
+    def decode(m: LlamaModel) -> torch.Tensor:
+        kv = m.new_kv_cache(64)
+        return torch.cat([m.forward(torch.tensor([i]), torch.tensor([i]), kv).hidden for i in range(20)])
+
+    hidden, wide = decode(model), decode(unwindowed)
+    assert not torch.equal(hidden[:1], decode(plain)[:1])
+    assert torch.equal(hidden[:16], wide[:16]) and not torch.equal(hidden[16:], wide[16:])
+
+
 def test_tiny_bf16_fused_equals_per_call(tiny_model_bf16: LlamaModel) -> None:
     _assert_same(tiny_model_bf16, TINY_CONFIG.vocab_size)
 

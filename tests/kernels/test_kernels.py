@@ -214,6 +214,21 @@ def test_rmsnorm_and_silu_mul_match_torch(kernels: CpuKernels) -> None:
     torch.testing.assert_close(kernels.silu_mul(gu), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_gelu_mul_matches_torch(kernels: CpuKernels) -> None:
+    """GeGLU's gate (Gemma 3) in C: within a few ulp of torch's tanh-approximate GELU, saturated
+    inputs included, and each row its own (the same bits alone)."""
+    g = _gen(25)
+    gu = torch.randn(4, 2 * 1024, generator=g) * 3
+    gu[0, :6] = torch.tensor([-100.0, 100.0, 0.0, -9.0, 1e20, -1e20])
+    ref = F.gelu(gu[:, :1024], approximate="tanh") * gu[:, 1024:]
+    out = kernels.glu_mul(gu, "gelu_tanh")
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=2e-6)
+    assert torch.isfinite(out).all()
+    assert torch.equal(kernels.glu_mul(gu[2:3], "gelu_tanh"), out[2:3])
+    with pytest.raises(ValueError, match="unknown MLP gate"):
+        kernels.glu_mul(gu, "relu")
+
+
 def test_head_norm_and_rmsnorm_add_match_torch(kernels: CpuKernels) -> None:
     """Gemma 3's fused QK-norm (query scale folded in) and post-norm + residual (norms.h)."""
     g = torch.Generator().manual_seed(7)

@@ -125,11 +125,12 @@ def test_fused_norm_and_gate_give_the_same_bits(kernels: CpuKernels, qtype: int)
     g = torch.Generator().manual_seed(9)
     x, nw, gu = torch.randn(5, n, generator=g), torch.rand(n, generator=g) + 0.5, torch.randn(5, 2 * n, generator=g) * 3
     assert torch.equal(kernels.linear(x, w, norm=(nw, 1e-5)), kernels.linear(kernels.rmsnorm(x, nw, 1e-5), w))
-    assert torch.equal(kernels.linear(gu, w, glu=True), kernels.linear(kernels.silu_mul(gu), w))
     base = torch.randn(5, 48, generator=g)
-    acc = base.clone()
-    kernels.linear(gu, w, out=acc, glu=True)
-    assert torch.equal(acc, base + kernels.linear(kernels.silu_mul(gu), w))
+    for act in ("silu", "gelu_tanh"):
+        assert torch.equal(kernels.linear(gu, w, glu=act), kernels.linear(kernels.glu_mul(gu, act), w))
+        acc = base.clone()
+        kernels.linear(gu, w, out=acc, glu=act)
+        assert torch.equal(acc, base + kernels.linear(kernels.glu_mul(gu, act), w))
 
 
 def test_mixed_type_stacks_fuse_by_kernel_format(kernels: CpuKernels) -> None:

@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import torch
 
-from tokenleap.kernels.abi import ATTN_FP32, AttnDesc
+from tokenleap.kernels.abi import ATTN_FP32, GLU_GELU_TANH, GLU_KINDS, AttnDesc
 from tokenleap.kernels.build import bind, build_library, cpu_flags, kernel_variant
 from tokenleap.kernels.formats import QUANT_TYPES, PackedWeight, QuantWeight
 
@@ -87,17 +87,17 @@ class CpuKernels:
         out: torch.Tensor | None = None,
         *,
         norm: tuple[torch.Tensor, float] | None = None,
-        glu: bool = False,
+        glu: str | None = None,
     ) -> torch.Tensor:
         """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight bf16/fp32 `[out, in]`, packed or
         quantized. With `out` (contiguous fp32 `[rows, out]`), the result is added to it in place.
         The input may be formed first, the same bits either way (quantized weights fuse it into
-        their call): `norm=(w, eps)` RMSNorms x; `glu` takes x = (gate | up) `[rows, 2 in]` and
-        uses `silu(gate) * up`."""
+        their call): `norm=(w, eps)` RMSNorms x; `glu` ("silu" or "gelu_tanh") takes x = (gate |
+        up) `[rows, 2 in]` and uses `act(gate) * up` (`glu_mul`)."""
         if isinstance(weight, QuantWeight):
             return self._linear_quant(x, weight, bias, out, norm, glu)
-        if glu:
-            x = self.silu_mul(x)
+        if glu is not None:
+            x = self.glu_mul(x, glu)
         elif norm is not None:
             x = self.rmsnorm(x, norm[0], norm[1])
         if isinstance(weight, PackedWeight):
@@ -175,13 +175,14 @@ class CpuKernels:
         bias: torch.Tensor | None,
         out: torch.Tensor | None,
         norm: tuple[torch.Tensor, float] | None = None,
-        glu: bool = False,
+        glu: str | None = None,
     ) -> torch.Tensor:
         """`tl_linear_q`: each row of x (RMSNormed or gated first when asked) quantized to int8
         blocks of 32 with its own scale (of 256 for the K-quants: ggml's Q8_K), then exact
         integer block dot products with the weight's blocks (see quant.h)."""
         rows, in_dim = x.shape
-        if glu:
+        glu_kind = self._glu_kind(glu) if glu is not None else 0
+        if glu_kind:
             in_dim //= 2
         if in_dim != weight.in_dim or x.dtype != torch.float32:
             raise ValueError(f"kernel linear: x {tuple(x.shape)} {x.dtype} does not fit {weight.name} weight [{weight.out_dim}, {weight.in_dim}]")
@@ -194,10 +195,10 @@ class CpuKernels:
         # copy for a stack of two formats or the K-quants' activations (see tl_linear_q)
         scratch = self._scratch(rows * in_dim * 7 + 8 * rows * (in_dim // 32))
         y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
-        norm_w = norm[0].contiguous() if norm is not None and not glu else None
+        norm_w = norm[0].contiguous() if norm is not None and not glu_kind else None
         self.lib.tl_linear_q(
             x.data_ptr(), norm_w.data_ptr() if norm_w is not None else None, float(norm[1]) if norm is not None and norm_w is not None else 0.0,
-            int(glu), scratch, weight.data.data_ptr(), weight.format,
+            glu_kind, scratch, weight.data.data_ptr(), weight.format,
             bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, in_dim, weight.out_dim, int(out is not None),
         )
         return y
@@ -227,10 +228,29 @@ class CpuKernels:
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """`silu(gate) * up` for fp32 `[rows, 2f]` = (gate | up), f a multiple of 16."""
+        return self.glu_mul(gate_up, "silu")
+
+    def glu_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+        """`act(gate) * up` for fp32 `[rows, 2f]` = (gate | up), f a multiple of 16: SwiGLU's
+        ("silu") or GeGLU's ("gelu_tanh", as g / (1 + exp(-2k)): within 2 ulp of torch's
+        `gelu(approximate="tanh")`)."""
+        kind = self._glu_kind(activation)
         rows, width = gate_up.shape
+        if gate_up.dtype != torch.float32 or width % 32:
+            raise ValueError(f"glu_mul: needs fp32 [rows, 2f] with f a multiple of 16, got {tuple(gate_up.shape)} {gate_up.dtype}")
         y = torch.empty(rows, width // 2, dtype=torch.float32)
-        self.lib.tl_silu_mul(gate_up.contiguous().data_ptr(), y.data_ptr(), rows, width // 2)
+        fn = self.lib.tl_gelu_mul if kind == GLU_GELU_TANH else self.lib.tl_silu_mul
+        fn(gate_up.contiguous().data_ptr(), y.data_ptr(), rows, width // 2)
         return y
+
+    def _glu_kind(self, activation: str) -> int:
+        """tl_linear_q's / forward.h's gate code (TL_GLU_*) for an activation name."""
+        kind = GLU_KINDS.get(activation)
+        if kind is None:
+            raise ValueError(f"unknown MLP gate {activation!r} (the kernels have {', '.join(GLU_KINDS)})")
+        if kind == GLU_GELU_TANH and not hasattr(self.lib, "tl_gelu_mul"):
+            raise ValueError("these kernels have no tl_gelu_mul")
+        return kind
 
     def attention_head_dims(self, blocked: bool, kv_type: int = KV_BF16) -> tuple[int, ...]:
         """Head dims the fused attention serves: 16..128 over fp32 caches; with blocked bf16

@@ -16,6 +16,8 @@ _i64 = ctypes.c_int64
 _i32 = ctypes.c_int32
 
 LIN_F32, LIN_BF16, LIN_PACKED, LIN_QUANT = 0, 1, 2, 3  # tl_lin_desc.kind (TL_LIN_*)
+GLU_SILU, GLU_GELU_TANH = 1, 2  # the MLP's gate (norms.h's TL_GLU_*): tl_forward_desc.glu, tl_linear_q's glu
+GLU_KINDS = {"silu": GLU_SILU, "gelu_tanh": GLU_GELU_TANH}  # by `ModelConfig.activation`
 ATTN_FP32 = 0  # tl_attn_desc.kv: fp32 caches (tl_attention); 1 + KV_* for blocked ones (tl_attention_bf16)
 
 
@@ -26,11 +28,11 @@ class LinDesc(ctypes.Structure):
 
 
 class LayerDesc(ctypes.Structure):
-    """tl_layer_desc: a decoder layer's four linears and norms."""
+    """tl_layer_desc: a decoder layer's four linears, norms, and whether it is a sliding-window layer."""
 
     _fields_ = [
         ("qkv", LinDesc), ("wo", LinDesc), ("gate_up", LinDesc), ("down", LinDesc), ("attn_norm", _p), ("mlp_norm", _p),
-        ("q_norm", _p), ("k_norm", _p),
+        ("q_norm", _p), ("k_norm", _p), ("post_attn_norm", _p), ("post_mlp_norm", _p), ("local", _i32),
     ]  # fmt: skip
 
 
@@ -47,11 +49,13 @@ class AttnDesc(ctypes.Structure):
 
 
 class ForwardDesc(ctypes.Structure):
-    """tl_forward_desc: a forward's residual stream, layers, work buffers and attention."""
+    """tl_forward_desc: a forward's residual stream, layers, MLP gate, work buffers and attention
+    (global and sliding-window layers')."""
 
     _fields_ = [
         ("x", _p), ("rows", _i64), ("dim", _i64), ("inter", _i64), ("eps", ctypes.c_float),
+        ("q_mult", ctypes.c_float), ("glu", _i32),
         ("n_layers", _i64), ("layers", _p), ("hidden_out", _p),
         ("qkv", _p), ("a", _p), ("gu", _p), ("tmp", _p), ("acc", _p), ("scratch", _p),
-        ("attn", AttnDesc),
+        ("attn", AttnDesc), ("attn_local", AttnDesc),
     ]  # fmt: skip

@@ -107,6 +107,9 @@ def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
     lib.tl_rmsnorm.restype = None
     lib.tl_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64]
     lib.tl_silu_mul.restype = None
+    if hasattr(lib, "tl_gelu_mul"):  # not in the kernels before 2026-11-27 (kernel_ab.py builds those)
+        lib.tl_gelu_mul.argtypes = [_ptr, _ptr, _i64, _i64]
+        lib.tl_gelu_mul.restype = None
     lib.tl_head_norm.argtypes = [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, ctypes.c_float, ctypes.c_float]
     lib.tl_head_norm.restype = None
     lib.tl_rmsnorm_add.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float]

@@ -438,6 +438,19 @@ void tl_silu_mul(const float *gu, float *y, int64_t rows, int64_t f) {
         }
 }
 
+/* GeGLU's gating (Gemma): y[r, i] = gelu_tanh(gu[r, i]) * gu[r, f + i], gu = [rows, 2f]. The
+ * tanh form 0.5 g (1 + tanh(k)), k = sqrt(2 / pi) (g + 0.044715 g^3), is g / (1 + exp(-2k)):
+ * silu's shape with exp16 (1-2 ulp from torch's gelu(approximate="tanh")); large |g| give g or -0. */
+void tl_gelu_mul(const float *gu, float *y, int64_t rows, int64_t f) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < f; i += 16) {
+            const __m512 g = _mm512_loadu_ps(gu + r * 2 * f + i), u = _mm512_loadu_ps(gu + r * 2 * f + f + i);
+            const __m512 z = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(TL_GELU_B), _mm512_set1_ps(TL_GELU_A)));
+            const __m512 gelu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(z)));
+            _mm512_storeu_ps(y + r * f + i, _mm512_mul_ps(gelu, u));
+        }
+}
+
 
 typedef struct {
     tl_counter ctr;

@@ -263,6 +263,18 @@ void tl_silu_mul(const float *gu, float *y, int64_t rows, int64_t f) {
         }
 }
 
+/* GeGLU's gating (Gemma): y[r, i] = gelu_tanh(gu[r, i]) * gu[r, f + i] as g / (1 + exp(-2k)),
+ * k = sqrt(2 / pi) (g + 0.044715 g^3) (see kernels.c). */
+void tl_gelu_mul(const float *gu, float *y, int64_t rows, int64_t f) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < f; i += 8) {
+            const __m256 g = _mm256_loadu_ps(gu + r * 2 * f + i), u = _mm256_loadu_ps(gu + r * 2 * f + f + i);
+            const __m256 z = _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(TL_GELU_B), _mm256_set1_ps(TL_GELU_A)));
+            const __m256 gelu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(z)));
+            _mm256_storeu_ps(y + r * f + i, _mm256_mul_ps(gelu, u));
+        }
+}
+
 /* ---------------------------------------------------------------------------------------
  * Attention over fp32 KV caches [layers, 2, kv_heads, cap, hd]. A job is one query row and a
  * span of heads sharing a kv head. Per (row, head): score of slot j = hsum8 of an 8-lane FMA

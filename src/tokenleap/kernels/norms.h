@@ -6,6 +6,13 @@
 #include <math.h>
 #include <stdint.h>
 
+/* The MLP gates' kinds (tl_linear_q's and forward.h's `glu`) and GeGLU's constants: exp's
+ * argument -2 sqrt(2 / pi) (g + 0.044715 g^3) = g (A + B g^2) (tl_gelu_mul, each variant). */
+#define TL_GLU_SILU 1
+#define TL_GLU_GELU_TANH 2
+#define TL_GELU_A (-1.5957691216057308f)  /* -2 sqrt(2 / pi) */
+#define TL_GELU_B (-0.07135481627260025f) /* -2 sqrt(2 / pi) * 0.044715 */
+
 static inline float tl_row_rms_scale(const float *x, int64_t dim, float eps) {
     float ss = 0.0f;
     for (int64_t i = 0; i < dim; i++) ss += x[i] * x[i];

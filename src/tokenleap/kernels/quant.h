@@ -796,6 +796,12 @@ static void q_task(void *ctx, int tid, int nthreads) {
 
 int tl_quant_group_bytes(int format) { return (format >= TLQ_Q4X8 && format <= TLQ_Q40X8) || (format >= TLQ_Q4K && format <= TLQ_Q5K) ? (int)q_group_bytes(format) : 0; }
 
+/* The gated MLP's input from (gate | up) [rows, 2f]: `kind` TL_GLU_SILU or TL_GLU_GELU_TANH. */
+static void tl_glu_mul(const float *gu, float *y, int64_t rows, int64_t f, int kind) {
+    if (kind == TL_GLU_GELU_TANH) tl_gelu_mul(gu, y, rows, f);
+    else tl_silu_mul(gu, y, rows, f);
+}
+
 /* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); x fp32 [rows, in_dim], quantized first into
  * `scratch` (with R = rows * in_dim: R + R / 4 bytes for the 32-input formats' activations, 4 R
  * more when fusing, then R more for a second copy (a stack of two 32-input formats of which
@@ -805,15 +811,15 @@ int tl_quant_group_bytes(int format) { return (format >= TLQ_Q4X8 && format <= T
  * give: TLQ_STACK(f1, f2, split)): groups [0, split) in f1, then groups [split, out_dim / 8) in
  * f2 (its bytes right after f1's), each output computed as it would be alone. Fused inputs (one
  * call instead of two, the same bits): with `norm_w`, x is RMSNormed
- * first (tl_rmsnorm, `eps`); with `glu`, x is [rows, 2 in_dim] = (gate | up) and the input is
- * tl_silu_mul(x). */
+ * first (tl_rmsnorm, `eps`); with `glu` (TL_GLU_*), x is [rows, 2 in_dim] = (gate | up) and the
+ * input is tl_glu_mul(x): silu(gate) * up, or gelu_tanh(gate) * up. */
 void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_t *scratch, const uint8_t *w,
                  int format, const float *b, float *y, int64_t rows, int64_t in_dim, int64_t out_dim, int accumulate) {
     int8_t *xq = (int8_t *)scratch;
     float *xd = (float *)(scratch + rows * in_dim), *xs = xd + rows * (in_dim / 32);
     if (norm_w || glu) {
         float *tmp = xs + rows * (in_dim / 32);
-        if (glu) tl_silu_mul(x, tmp, rows, in_dim);
+        if (glu) tl_glu_mul(x, tmp, rows, in_dim, glu);
         else tl_rmsnorm(x, norm_w, tmp, rows, in_dim, eps);
         x = tmp;
     }

@@ -101,12 +101,10 @@ class ModelConfig:
 
     @property
     def fused_layers(self) -> bool:
-        """Whether the fused kernel path serves the model: a plain Llama block, or one with
-        QK-norm and nothing else new (Qwen3)."""
-        return self.plain_llama or (
-            self.qk_norm and self.sliding_window is None and not self.post_norms and self.activation == "silu"
-            and self.embed_scale == 1.0 and self.query_scale is None
-        )
+        """Whether the fused kernel path (kernels/forward.h) can run the model's block: every
+        variation here (biases, QK-norm, post-norms, GeGLU, sliding-window layers with their own
+        rope tables, scaled embeddings), a query scale where QK-norm carries it (Gemma 3)."""
+        return self.query_scale is None or self.qk_norm
 
     @property
     def plain_llama(self) -> bool:

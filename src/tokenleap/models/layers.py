@@ -8,11 +8,10 @@ on is its `BlockOps`: the runtime's kernels per call, torch ops over the rows of
 sequences (`models.llama`), or torch over padded batches on any device (`train.torch_target`).
 The activations between the pieces are float32 everywhere.
 
-Written elsewhere, on purpose: the fused C path (`kernels/forward.h`: all layers of a plain Llama
-or Qwen3 block in one call, and its per-call reference loop in `LlamaModel._forward_fused`), whose
-bits are those of the kernels' own fused epilogues (residual adds and SwiGLU inside the linears),
-and the draft heads' layers (`heads/`), whose inputs and residuals differ (fused features, one
-layer over their own cache).
+Written elsewhere, on purpose: the fused C path (`kernels/forward.h`: all layers in one call, and
+its per-call reference loop in `LlamaModel._forward_fused`), whose bits are those of the
+kernels' own fused epilogues (residual adds inside the linears), and the draft heads' layers
+(`heads/`), whose inputs and residuals differ (fused features, one layer over their own cache).
 """
 
 from __future__ import annotations
@@ -60,6 +59,9 @@ class BlockOps:
     attention: Callable[[torch.Tensor, int], torch.Tensor]
     # (x, sublayer output, post-norm weight or None) -> the residual stream after the sublayer
     residual: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    # (gate | up, layer) -> act(gate) * up @ w_down.T in one piece (the kernels' gated linear);
+    # None: the gate in torch, then `linear`
+    gated_down: Callable[[torch.Tensor, LayerWeights], torch.Tensor] | None = None
 
 
 def decoder_layer(x: torch.Tensor, layer: LayerWeights, idx: int, config: ModelConfig, ops: BlockOps) -> torch.Tensor:
@@ -70,7 +72,10 @@ def decoder_layer(x: torch.Tensor, layer: LayerWeights, idx: int, config: ModelC
     qkv = ops.qk_norm(qkv, layer)
     a = ops.attention(qkv, idx)
     x = ops.residual(x, ops.linear(a, layer, "wo", None), layer.post_attn_norm)
-    gate, up = ops.linear(x, layer, "w_gate_up", layer.mlp_norm).chunk(2, dim=-1)
+    gate_up = ops.linear(x, layer, "w_gate_up", layer.mlp_norm)
+    if ops.gated_down is not None:
+        return ops.residual(x, ops.gated_down(gate_up, layer), layer.post_mlp_norm)
+    gate, up = gate_up.chunk(2, dim=-1)
     act = F.gelu(gate, approximate="tanh") if config.activation == "gelu_tanh" else F.silu(gate)
     return ops.residual(x, ops.linear(act * up, layer, "w_down", None), layer.post_mlp_norm)
 

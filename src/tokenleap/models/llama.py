@@ -16,19 +16,20 @@ AVX512-BF16 kernels (as transformers keeps K/V in the model dtype).
 
 Which code serves the forwards is decided once, at load (`ExecutionPath`, `LlamaModel.path`):
 
-- FUSED (plain Llama blocks, and Qwen3's QK-norm, on the kernels): `forward_batch` (decoding,
-  verification of drafts of any length, batched steps) and forwards of up to `ROW_PATH_MAX_ROWS`
-  new tokens run all layers in one C call (`kernels/fused.py`) made of the row-invariant kernels of
-  `tokenleap.kernels` (norms, packed linears with fused residual adds, fused rotary + KV write +
-  attention), so a row's result never depends on the other rows: verifying a draft is
-  bit-identical to decoding it token by token, and batching requests does not change their
-  output. bfloat16 and GGUF models run their prefill on the kernels too (1.5x faster than torch's
-  GEMM with AVX512-BF16, ~9x on an AVX2-only CPU, and chunking a prompt cannot change it).
-- KERNELS (the other extras: Gemma 3's QK-norm, scaled embeddings, post-norms, GeGLU and
-  attention scale, sliding-window layers with their own rope base; or a head dim the kernels'
-  attention lacks): the decoder block of `models.layers` with the same row-invariant pieces (the
-  kernels' linears; attention on the kernels when head_dim fits them, else torch's row path) and
-  the extras as per-row torch ops.
+- FUSED (every architecture here on the kernels, where their attention serves the head dim):
+  `forward_batch` (decoding, verification of drafts of any length, batched steps) and forwards
+  of up to `ROW_PATH_MAX_ROWS` new tokens run all layers in one C call (`kernels/fused.py`) made
+  of the row-invariant kernels of `tokenleap.kernels` (norms, linears with fused residual adds
+  and gates, QK-norm, post-norms, fused rotary + KV write + attention, a sliding-window layer
+  with its own plan and rope tables), so a row's result never depends on the other rows:
+  verifying a draft is bit-identical to decoding it token by token, and batching requests does
+  not change their output. bfloat16 and GGUF models run their prefill on the kernels too (1.5x
+  faster than torch's GEMM with AVX512-BF16, ~9x on an AVX2-only CPU, and chunking a prompt
+  cannot change it).
+- KERNELS (a head dim the kernels' attention lacks, e.g. Gemma 3's 256 over fp32 caches; and,
+  within FUSED, token trees over blocked caches once the sliding window binds): the decoder
+  block of `models.layers` with the same row-invariant pieces (the kernels' linears, norms and
+  gates; attention on the kernels where they serve it, else torch's row path).
 - TORCH (no kernels): the same block on torch ops.
 
 Longer forwards of fp32 models (prompt prefill) run the block on torch's GEMM and SDPA.
@@ -53,7 +54,7 @@ import torch.nn.functional as F
 
 from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask, plan_rows
 from tokenleap.errors import TokenleapError
-from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight
+from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight, RowPlan
 from tokenleap.kernels.fused import FusedLayers
 from tokenleap.kv.cache import KV_CACHE_TYPES, KVCache
 from tokenleap.models.base import ModelOutput, SeqInput
@@ -86,13 +87,14 @@ _Layer = LayerWeights  # its former name
 class ExecutionPath(str, enum.Enum):
     """Which code serves a model's forwards, chosen once at load (`LlamaModel.path`).
 
-    - FUSED: the kernels run the Llama block (plain Llama, and Qwen3's with QK-norm) over every
-      decode / verify / batched row (and bf16 or GGUF prompts): all layers in one C call
+    - FUSED: the kernels run the block (Llama, Qwen2/3, Mistral, Gemma 3) over every decode /
+      verify / batched row (and bf16 or GGUF prompts): all layers in one C call
       (`kernels/fused.py`; `LlamaModel.fused` None: the per-call loop it is bit-identical to).
-      Long float32 prompts take the torch block.
-    - KERNELS: the other architectures (Gemma 3, Mistral, ...) or head dims outside the kernels'
-      attention: `models.layers.decoder_layer` with the kernels' linears, norms and attention per
-      call and the extras in torch; long float32 prompts take the torch block.
+      Long float32 prompts take the torch block; token trees over blocked caches past a sliding
+      window take the KERNELS block (their local layers attend in torch).
+    - KERNELS: head dims outside the kernels' attention (or a query scale without QK-norm):
+      `models.layers.decoder_layer` with the kernels' linears, norms, gates and attention per
+      call; long float32 prompts take the torch block.
     - TORCH: no kernels: `decoder_layer` on torch ops (not row-invariant across a GEMM's rows, so
       each sequence of a batch runs alone, its short forwards attending row by row).
     """
@@ -242,11 +244,14 @@ class LlamaModel:
                         "w_down": layer.packed.get("w_down", layer.w_down),
                         "attn_norm": layer.attn_norm, "mlp_norm": layer.mlp_norm,
                         "q_norm": layer.q_norm, "k_norm": layer.k_norm,
+                        "post_attn_norm": layer.post_attn_norm, "post_mlp_norm": layer.post_mlp_norm,
+                        "local": config.is_sliding(i),
                     }
-                    for layer in self.layers
+                    for i, layer in enumerate(self.layers)
                 ],
                 dim=config.hidden_size, inter=config.intermediate_size, heads=config.num_heads,
                 kv_heads=config.num_kv_heads, head_dim=config.head_dim, eps=config.rms_norm_eps,
+                activation=config.activation, q_mult=query_multiplier(config),
             )  # fmt: skip
         self._rope_cap = min(config.max_position, MAX_ROPE_TABLE)
         if self._rope_cap < config.max_position:
@@ -391,37 +396,83 @@ class LlamaModel:
         return starts
 
     def _forward_fused(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int]) -> ModelOutput:
-        """ExecutionPath.FUSED: the Llama block on the kernels, row-invariant at every row count."""
+        """ExecutionPath.FUSED: the block on the kernels, row-invariant at every row count."""
         kernels = self.kernels
         assert kernels is not None  # FUSED is chosen with kernels only
+        if self._window_in_torch(seqs):  # token trees over blocked caches past the window
+            return self._forward_blocks(seqs, return_hidden, row_invariant=True)
         c = self.config
         starts = self._reserve(seqs)
-        plan = plan_rows([RowGroup(s.kv, st, s.positions, s.attn or causal_mask()) for s, st in zip(seqs, starts)])
-        self._rope_upto(plan.positions)
+        plans = self._row_plans(seqs, starts)
+        self._rope_upto(plans[False].positions)
         eps = c.rms_norm_eps
-        x = self.embed_tokens(torch.cat([s.input_ids for s in seqs]))  # [rows, D]
+        x = self._embed(seqs)  # [rows, D]
+        glob = plans[False], self._cos, self._sin
+        local = plans[True], self._cos_local, self._sin_local
         if self.fused is not None:
-            hidden_states = self.fused.run(x, plan, self._cos, self._sin, layers=len(self.layers), return_hidden=return_hidden)
+            hidden_states = self.fused.run(x, *glob, layers=len(self.layers), return_hidden=return_hidden, local=local)
             for s in seqs:
                 s.kv.commit(int(s.input_ids.shape[0]))
             return ModelOutput(kernels.rmsnorm(x, self.norm, eps), hidden_states)
         # the per-call loop the fused call is bit-identical to (its reference: `fused` None)
         hidden_states = {}
+        q_mult = query_multiplier(c)
         for idx, layer in enumerate(self.layers):
             pk = layer.packed
             qkv = kernels.linear(x, pk.get("wqkv", layer.wqkv), layer.bqkv, norm=(layer.attn_norm, eps))  # type: ignore[arg-type]  # dense is None only where pk holds the blocks
-            if layer.q_norm is not None and layer.k_norm is not None:  # QK-norm (Qwen3)
-                kernels.head_norm(qkv, 0, c.num_heads, c.head_dim, layer.q_norm, eps)
+            if layer.q_norm is not None and layer.k_norm is not None:  # QK-norm (Qwen3, Gemma 3), the query scale folded in
+                kernels.head_norm(qkv, 0, c.num_heads, c.head_dim, layer.q_norm, eps, q_mult if q_mult is not None else 1.0)
                 kernels.head_norm(qkv, c.q_size, c.num_kv_heads, c.head_dim, layer.k_norm, eps)
-            a = kernels.attention(qkv, plan, idx, c.num_heads, c.num_kv_heads, c.head_dim, self._cos, self._sin)
-            kernels.linear(a, pk.get("wo", layer.wo), None, out=x)  # type: ignore[arg-type]  # dense is None only where pk holds the blocks; x += a @ wo.T
+            plan, cos, sin = local if c.is_sliding(idx) else glob
+            a = kernels.attention(qkv, plan, idx, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
+            wo, w_down = pk.get("wo", layer.wo), pk.get("w_down", layer.w_down)
+            if layer.post_attn_norm is None:
+                kernels.linear(a, wo, None, out=x)  # type: ignore[arg-type]  # dense is None only where pk holds the blocks; x += a @ wo.T
+            else:  # Gemma 3: x += RMSNorm(a @ wo.T)
+                kernels.rmsnorm_add(x, kernels.linear(a, wo), layer.post_attn_norm, eps)  # type: ignore[arg-type]
             gate_up = kernels.linear(x, pk.get("w_gate_up", layer.w_gate_up), norm=(layer.mlp_norm, eps))  # type: ignore[arg-type]  # dense is None only where pk holds the blocks
-            kernels.linear(gate_up, pk.get("w_down", layer.w_down), None, out=x, glu=True)  # type: ignore[arg-type]  # dense is None only where pk holds the blocks; x += silu_mul(gate_up) @ w_down.T
+            if layer.post_mlp_norm is None:
+                kernels.linear(gate_up, w_down, None, out=x, glu=c.activation)  # type: ignore[arg-type]  # x += act(gate) * up @ w_down.T
+            else:
+                kernels.rmsnorm_add(x, kernels.linear(gate_up, w_down, glu=c.activation), layer.post_mlp_norm, eps)  # type: ignore[arg-type]
             if idx in return_hidden:
                 hidden_states[idx] = x.clone()
         for s in seqs:
             s.kv.commit(int(s.input_ids.shape[0]))
         return ModelOutput(kernels.rmsnorm(x, self.norm, eps), hidden_states)
+
+    def _embed(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
+        """The forward's rows' token embeddings, fp32 `[rows, D]`, times the model's embedding
+        scale (Gemma: sqrt(D))."""
+        x = self.embed_tokens(torch.cat([s.input_ids for s in seqs]))
+        if self.config.embed_scale != 1.0:
+            x = x * torch.tensor(self.config.embed_scale, dtype=torch.float32)
+        return x
+
+    def _window_in_torch(self, seqs: Sequence[SeqInput]) -> bool:
+        """Whether this forward's sliding-window layers attend in torch: token trees over
+        blocked caches once a row reaches past the window (the kernel lets a tree row see
+        every cached slot, so the window's lower bound cannot be given to it)."""
+        c = self.config
+        if c.sliding_window is None or not self.kv_blocked or all(s.attn is None or s.attn.mask is None for s in seqs):
+            return False
+        return max(int(s.positions.max()) for s in seqs) >= c.sliding_window
+
+    def _row_plans(self, seqs: Sequence[SeqInput], starts: Sequence[int]) -> dict[bool, RowPlan]:
+        """The kernels' attention plans of a forward: [False] the global layers', [True] the
+        sliding-window layers' (the same plan while no row reaches past the window), absent
+        where those attend in torch (`_window_in_torch`)."""
+        c = self.config
+        masks = [s.attn or causal_mask() for s in seqs]
+        plans = {False: plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, masks)])}
+        if c.sliding_window is None or max(int(s.positions.max()) for s in seqs) < c.sliding_window:
+            plans[True] = plans[False]  # no row reaches past the window
+        elif not self.kv_blocked:  # fp32 caches: each row's slot list honours the window
+            local_masks = [window_mask(m, st, s.positions, c.sliding_window) for m, st, s in zip(masks, starts, seqs)]
+            plans[True] = plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, local_masks)])
+        elif all(m.mask is None for m in masks):  # chains over blocked caches: a lower slot bound per row
+            plans[True] = plan_rows([RowGroup(s.kv, st, s.positions, m, c.sliding_window) for s, st, m in zip(seqs, starts, masks)])
+        return plans
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
@@ -461,17 +512,9 @@ class LlamaModel:
         local_masks = masks
         if c.sliding_window is not None:
             local_masks = [window_mask(m, st, s.positions, c.sliding_window) for m, st, s in zip(masks, starts, seqs)]
-        plans = {}
-        if kernels is not None and self.kernel_attention:
-            plans[False] = plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, masks)])
-            if local_masks is masks or int(positions.max()) < (c.sliding_window or 0):  # no row reaches past the window
-                plans[True] = plans[False]
-            elif not self.kv_blocked:  # fp32 caches: each row's slot list honours the window
-                plans[True] = plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, local_masks)])
-            elif all(m.mask is None for m in masks):  # chains over blocked caches: a lower slot bound per row
-                plans[True] = plan_rows([RowGroup(s.kv, st, s.positions, m, c.sliding_window) for s, st, m in zip(seqs, starts, masks)])
-            # token trees over blocked caches: the kernel lets a tree row see every cached slot,
-            # so once the window binds, their sliding layers attend in torch (row path)
+        # the kernels' plans; token trees over blocked caches past the window: their sliding
+        # layers attend in torch (row path)
+        plans = self._row_plans(seqs, starts) if kernels is not None and self.kernel_attention else {}
 
         def attention(qkv: torch.Tensor, idx: int) -> torch.Tensor:
             local = c.is_sliding(idx)
@@ -501,7 +544,10 @@ class LlamaModel:
                     return x
                 return torch_residual(x, y, norm, eps)
 
-            ops = BlockOps(linear, qk_norm, attention, residual)
+            def gated_down(gate_up: torch.Tensor, layer: LayerWeights) -> torch.Tensor:  # the gate inside the linear's call
+                return kernels.linear(gate_up, layer.packed.get("w_down", layer.w_down), glu=c.activation)  # type: ignore[arg-type]  # dense is None only where packed holds the blocks
+
+            ops = BlockOps(linear, qk_norm, attention, residual, gated_down)
         else:
             ops = BlockOps(
                 lambda x, layer, name, norm: torch_linear(x, getattr(layer, name), norm, eps),
@@ -509,9 +555,7 @@ class LlamaModel:
                 attention,
                 lambda x, y, norm: torch_residual(x, y, norm, eps),
             )
-        x = self.embed_tokens(torch.cat([s.input_ids for s in seqs]))  # [rows, D]
-        if c.embed_scale != 1.0:
-            x = x * torch.tensor(c.embed_scale, dtype=torch.float32)
+        x = self._embed(seqs)  # [rows, D]
         hidden_states: dict[int, torch.Tensor] = {}
         for idx, layer in enumerate(self.layers):
             x = decoder_layer(x, layer, idx, c, ops)
