@@ -69,7 +69,8 @@ GEMMA3_TOKENIZER_MODEL = "gemma3-270m"  # tokenleap's registered name: a GGUF jo
 # Mistral's v3 SentencePiece model (32768 pieces, Mistral 7B v0.3's), shipped in the data of Mistral's own `mistral-common`
 MISTRAL_TOKENIZER_MODULE, MISTRAL_TOKENIZER_FILE = "mistral_common", "data/mistral_instruct_tokenizer_240323.model.v3"
 TOKENIZERS = ("smollm2", "gemma3", "mistral-v3")  # whose vocabulary a shape gets (default_tokenizer_source)
-QUANT_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0")
+# the mixes people download; the last four hold types the kernels do not read (dequantized at load)
+QUANT_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "Q3_K_M", "Q2_K", "IQ4_XS", "IQ4_NL")
 WEIGHT_STD = 0.02
 CHUNK = 1 << 24  # elements drawn at a time
 

@@ -86,6 +86,6 @@ int main(int argc, char **argv) {
         if (dt < best_read) best_read = dt;
     }
     const double gbps = bytes * nw / best / 1e9, read = rn / best_read / 1e9;
-    printf("gbps %.2f read %.2f ratio %.4f us_per_call %.1f\n", gbps, read, gbps / read, best / nw * 1e6);
+    printf("gbps %.4f read %.4f ratio %.6f us_per_call %.1f\n", gbps, read, gbps / read, best / nw * 1e6);
     return 0;
 }

@@ -8,7 +8,9 @@ decodes `--tokens` forced tokens after a one-token prompt (as `model_sizes.tg`: 
 tg), runs `llama-bench -p 0 -n TOKENS -r 1` on the same file and threads, and measures the read
 rate again. The order within a pair alternates. A pair whose two read rates fall on the same
 side of `--fast-gbps` counts for that state; the ratio tokenleap / llama.cpp is reported per
-pair, with medians per state. JSON to `benchmarks/results/tg_pairs.json`.
+pair, with medians per state, and so is each side's share of the memory floor (the issue's
+alternative bar): the speed the pair's mean read rate allows when a step reads the bytes it
+must (`weight_bytes_per_token`: every linear and the LM head, as stored). JSON to `benchmarks/results/tg_pairs.json`.
 
     .venv/bin/python benchmarks/tg_pairs.py M/llama-3.1-8b-Q4_K_M.gguf --llama-bench B --pairs 8
 """
@@ -34,7 +36,8 @@ from tokenleap import LLM  # noqa: E402
 
 def pair(llm: LLM, bench: str, path: Path, threads: int, tokens: int, ours_first: bool,
          extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One back-to-back pair with the read rate before and after it (`extra`: more llama-bench flags)."""
+    """One back-to-back pair with the read rate before and after it (`extra`: more llama-bench
+    flags), and both sides as a share of the memory floor."""
     before = read_bandwidth(3)
     if ours_first:
         ours = tg(llm, tokens, repeats=1)
@@ -44,8 +47,10 @@ def pair(llm: LLM, bench: str, path: Path, threads: int, tokens: int, ours_first
     after = read_bandwidth(3)
     if not isinstance(peer, float):
         raise RuntimeError("llama-bench gave no tg figure")
+    floor = (before + after) / 2 * 1e9 / llm.model.weight_bytes_per_token()  # tok/s at the read rate
     return {"read_before": before, "read_after": after, "tokenleap": ours, "llama_cpp": peer, "ratio": ours / peer,
-            "order": "tokenleap first" if ours_first else "llama.cpp first"}
+            "order": "tokenleap first" if ours_first else "llama.cpp first", "floor_tok_s": floor,
+            "tokenleap_of_floor": ours / floor, "llama_cpp_of_floor": peer / floor}
 
 
 def summarize(pairs: list[dict[str, Any]], fast_gbps: float) -> dict[str, dict[str, float]]:
@@ -58,6 +63,9 @@ def summarize(pairs: list[dict[str, Any]], fast_gbps: float) -> dict[str, dict[s
                           "tokenleap": statistics.median(p["tokenleap"] for p in part),
                           "llama_cpp": statistics.median(p["llama_cpp"] for p in part),
                           "read_gbps": statistics.median((p["read_before"] + p["read_after"]) / 2 for p in part)}
+            if all("tokenleap_of_floor" in p for p in part):
+                out[state]["tokenleap_of_floor"] = statistics.median(p["tokenleap_of_floor"] for p in part)
+                out[state]["llama_cpp_of_floor"] = statistics.median(p["llama_cpp_of_floor"] for p in part)
     out["all"] = {"pairs": len(pairs), "ratio": statistics.median(p["ratio"] for p in pairs)}
     return out
 
@@ -94,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             pairs.append(p)
             print(f"  {path.name} pair {i + 1}: tokenleap {p['tokenleap']:.2f} vs llama.cpp {p['llama_cpp']:.2f} tok/s "
-                  f"({p['ratio']:.2f}x), read {p['read_before']:.0f} / {p['read_after']:.0f} GB/s", flush=True)
+                  f"({p['ratio']:.2f}x), read {p['read_before']:.0f} / {p['read_after']:.0f} GB/s, "
+                  f"of the floor {p['tokenleap_of_floor']:.2f} / {p['llama_cpp_of_floor']:.2f}", flush=True)
         summary = summarize(pairs, args.fast_gbps)
         result["files"][path.name] = {"pairs": pairs, "summary": summary}
         for state, s in summary.items():

@@ -22,6 +22,15 @@ def test_pairs_count_for_the_state_both_their_read_rates_are_in(load_benchmark: 
     assert s["fast"]["pairs"] == 1 and s["fast"]["tokenleap"] == 10.0  # the straddling pair counts for neither
     assert s["all"]["pairs"] == 4
     assert "fast" not in m.summarize(pairs[:2], fast_gbps=45.0)
+    assert "tokenleap_of_floor" not in s["slow"]  # pairs without the floor (older results) summarize as before
+
+
+def test_shares_of_the_memory_floor_are_medians_per_state(load_benchmark: Callable[[str], ModuleType]) -> None:
+    m = load_benchmark("tg_pairs")
+    pairs = [{**_pair(34, 34, 7.0, 6.6), "tokenleap_of_floor": 0.97, "llama_cpp_of_floor": 0.91},
+             {**_pair(33, 33, 7.2, 6.8), "tokenleap_of_floor": 0.95, "llama_cpp_of_floor": 0.93}]
+    s = m.summarize(pairs, fast_gbps=45.0)
+    assert s["slow"]["tokenleap_of_floor"] == pytest.approx(0.96) and s["slow"]["llama_cpp_of_floor"] == pytest.approx(0.92)
 
 
 def test_missing_files_and_binaries_are_usage_errors(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tokenleap.kernels import formats
 from tokenleap.kernels.formats import _weight_buffer
 from tokenleap.kernels.memory import HUGE_PAGE, huge_page_tensor
 
@@ -47,5 +48,17 @@ def test_other_dtypes_and_small_buffers() -> None:
     assert float(kv.float().abs().sum()) == 0.0
     assert huge_page_tensor((1000, 1000)) is None  # under 2 MB: the caller's allocator
     small = _weight_buffer((100, 1000))
-    assert small.shape == (100, 1000) and "hg" not in _vm_flags(small.data_ptr())
+    assert small.shape == (100, 1000)  # numpy's allocator (its VmFlags are whatever that allocator's region has)
     assert "hg" in _vm_flags(_weight_buffer((3, HUGE_PAGE)).data_ptr())
+
+
+def test_weight_buffers_take_a_mapping_from_2_mb_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[torch.Tensor | None] = []
+
+    def spy(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor | None:
+        made.append(huge_page_tensor(shape, dtype))
+        return made[-1]
+
+    monkeypatch.setattr(formats, "huge_page_tensor", spy)
+    small, big = _weight_buffer((100, 1000)), _weight_buffer((3, HUGE_PAGE))
+    assert made[0] is None and made[1] is big and small.shape == (100, 1000)

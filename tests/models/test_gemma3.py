@@ -5,6 +5,7 @@ decoding in the default dtype, and SmolLM2 drafting for it across tokenizers. Sl
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from hf_reference import hf_causal_lm  # tests/hf_reference.py
 
 from tokenleap import LLM, SamplingParams
 from tokenleap.bench import default_spec_bench, load_questions
+from tokenleap.models.base import SeqInput
+from tokenleap.models.llama import ExecutionPath, LlamaModel
 
 SPEC_BENCH = default_spec_bench()
 
@@ -61,6 +64,29 @@ def test_greedy_ngram_speculation_identical_to_plain(prompts: list[str], plain: 
         assert b.outputs[0].token_ids == a.outputs[0].token_ids, text[:60]
         drafted += b.metrics.spec.num_accepted_tokens
     assert drafted > 0  # speculation took part
+
+
+def test_fused_path_equals_the_per_op_block(plain: LLM) -> None:
+    """In its default dtype the model takes the fused path (every layer in one C call: QK-norm
+    with the query scale, post-norms, GeGLU, local layers with their own plan and rope base);
+    its logits are bit-identical to the per-op decoder block's (`ExecutionPath.KERNELS`) over a
+    prefill, decode steps past the 512-token window and an 8-row verify."""
+    model = plain.model
+    assert model.path is ExecutionPath.FUSED and model.fused is not None and model.fused.has_local
+    blocks = copy.copy(model)
+    blocks.path = ExecutionPath.KERNELS
+    ids = torch.randint(0, 20000, (540,), generator=torch.Generator().manual_seed(0))
+
+    def session(m: LlamaModel) -> list[torch.Tensor]:
+        kv = m.new_kv_cache(1024)
+        out = [m.compute_logits(m.forward(ids[:508], torch.arange(508), kv).hidden[-1:])]
+        for i in range(508, 516):  # the window binds from position 512 on
+            out.append(m.compute_logits(m.forward(ids[i : i + 1], torch.tensor([i]), kv).hidden))
+        verify = m.forward_batch([SeqInput(ids[516:524], torch.arange(516, 524), kv)])
+        return [*out, m.compute_logits(verify.hidden)]
+
+    for a, b in zip(session(model), session(blocks), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_draft_model_with_another_tokenizer(prompts: list[str], plain: LLM) -> None:

@@ -563,7 +563,8 @@ class LlamaModel:
                 hidden_states[idx] = x.clone()
         for s in seqs:
             s.kv.commit(int(s.input_ids.shape[0]))
-        return ModelOutput(self._rms_norm(x, self.norm), hidden_states)
+        final = kernels.rmsnorm(x, self.norm, eps) if kernels is not None else self._rms_norm(x, self.norm)  # the fused path's final norm on the kernels
+        return ModelOutput(final, hidden_states)
 
     def _attend_torch(
         self,
