@@ -14,15 +14,19 @@ from tokenleap.kernels import QUANT_TYPES, CpuKernels, QuantWeight
 
 TYPES = sorted(QUANT_TYPES)
 K_TYPES = (12, 13, 14)  # Q4_K, Q5_K, Q6_K: superblocks of 256 inputs, random blocks (gguf-py cannot quantize them)
+RANDOM_TYPES = (*K_TYPES, 20)  # and IQ4_NL (32 inputs a block): random blocks too
 
 
 def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generator) -> np.ndarray:
-    """Random K-quant superblocks with small f16 scales (every sub-scale / min / quant bit random)."""
+    """Random K-quant superblocks (or IQ4_NL blocks) with small f16 scales (every sub-scale / min /
+    quant bit random)."""
     block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
     raw = rng.integers(0, 256, size=(out_dim, in_dim // block, nbytes), dtype=np.uint8)
     scale = lambda hi: (rng.random((out_dim, in_dim // block, 1)) * hi).astype(np.float16).view(np.uint8)  # noqa: E731
     if qtype in (12, 13):  # Q4_K, Q5_K: d, dmin first
         raw[..., 0:2], raw[..., 2:4] = scale(0.002), scale(0.004)
+    elif qtype == 20:  # IQ4_NL: d first (its grid reaches +-127)
+        raw[..., 0:2] = scale(0.0005)
     else:  # Q6_K: d last
         raw[..., 208:210] = scale(0.0005)
     return raw.reshape(out_dim, -1)
@@ -30,8 +34,9 @@ def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generat
 
 def _quant_weight(qtype: int, out_dim: int, in_dim: int, seed: int) -> QuantWeight:
     rng = np.random.default_rng(seed)
-    if qtype in K_TYPES:
-        in_dim = in_dim if in_dim % 256 == 0 else 256 * (in_dim // 256 + 1)
+    if qtype in RANDOM_TYPES:
+        if qtype in K_TYPES:
+            in_dim = in_dim if in_dim % 256 == 0 else 256 * (in_dim // 256 + 1)
         blocks = _random_blocks(qtype, out_dim, in_dim, rng)
     else:
         dense = (rng.standard_normal((out_dim, in_dim)) * 0.05).astype(np.float32)

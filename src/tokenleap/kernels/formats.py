@@ -1,6 +1,6 @@
 """The weight formats the kernels read: `PackedWeight` (bf16 in an output-interleaved layout) and
 `QuantWeight` (GGUF blocks repacked for 8 outputs at a time, each format in its file's own bytes
-per weight: Q4_0, Q4_1, Q5_0 widened to Q8_0's form, Q8_0, Q4_K, Q5_K, Q6_K), with the numpy
+per weight: Q4_0, Q4_1, Q5_0 widened to Q8_0's form, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL), with the numpy
 reference of the repack and of the dequantization the tests check the C code against.
 """
 
@@ -44,19 +44,22 @@ class PackedWeight:
 # GGML quantization types the kernels read: type id -> (name, bytes per block of 32 in the file);
 # the K-quants' superblocks hold 256 inputs (144 / 210 bytes), listed here per 32
 QUANT_TYPES: dict[int, tuple[str, int]] = {
-    2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 13: ("Q5_K", 22), 14: ("Q6_K", 26)
+    2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 13: ("Q5_K", 22), 14: ("Q6_K", 26),
+    20: ("IQ4_NL", 18),
 }
 _SUPERBLOCK = {12: (256, 144), 13: (256, 176), 14: (256, 210)}  # inputs and bytes per superblock
-_Q4X8, _Q8X8, _Q40X8, _Q4K, _Q6K, _Q5K = 1, 2, 3, 5, 6, 7  # the kernels' interleaved formats (quant.h)
-_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K}
+_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K = 1, 2, 3, 4, 5, 6, 7  # the kernels' interleaved formats (quant.h)
+_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K, 20: _IQ4NL}
 # per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 176 / 210 per superblock)
-_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210}
+_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _IQ4NL: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210}
+# IQ4_NL's non-linear grid: w = d IQ4NL_VALUES[q] (ggml's kvalues_iq4nl; quant.h's tlq_iq4nl)
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
 
 def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """A 32-block GGUF tensor's blocks as integer weights and per-block scales: (q `[out, nb, 32]`
     (uint8 0..15 for the Q4 formats, int8 otherwise), d `[out, nb]` f16, m `[out, nb]` f16 or None)
-    with w = d q + m (Q4_0: m None, the kernel forms -8 d)."""
+    with w = d q + m (Q4_0: m None, the kernel forms -8 d; IQ4_NL: q the grid's indices, m None)."""
     nb = in_dim // 32
     blocks = raw.reshape(out_dim, nb, QUANT_TYPES[qtype][1])
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [out, nb]
@@ -70,7 +73,7 @@ def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.
         return (low | (high << 4)) - 16, d, None
     if qtype == 3:
         m, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], blocks[..., 4:20]
-    else:  # Q4_0: d (q - 8) = d q + m with m = -8 d, formed by the kernel in fp32 (no m stored)
+    else:  # Q4_0: d (q - 8) = d q + m with m = -8 d, formed by the kernel in fp32 (no m stored); IQ4_NL: the same bytes
         m, qs = None, blocks[..., 2:18]
     return np.concatenate([qs & 15, qs >> 4], axis=-1), d, m
 
@@ -349,9 +352,12 @@ class QuantWeight:
             w = q.astype(np.float32) * scales(0, 16)
         else:
             p = g[..., -128:].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
-            q = np.concatenate([p & 15, p >> 4], axis=-1).astype(np.float32)  # [G, o, nb, 32]
+            idx = np.concatenate([p & 15, p >> 4], axis=-1)  # [G, o, nb, 32]
             d = scales(0, 16)
-            w = q * d + (scales(16, 32) if fmt == _Q4X8 else d * np.float32(-8))
+            if fmt == _IQ4NL:
+                w = IQ4NL_VALUES[idx].astype(np.float32) * d
+            else:
+                w = idx.astype(np.float32) * d + (scales(16, 32) if fmt == _Q4X8 else d * np.float32(-8))
         return torch.from_numpy(np.ascontiguousarray(w.reshape(self.out_dim, self.in_dim)))
 
 

@@ -1,5 +1,5 @@
 /* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks (Q4_0, Q4_1,
- * Q8_0, Q4_K, Q5_K, Q6_K; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
+ * Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
  * products (included by both kernel variants).
  *
  * As llama.cpp does (ggml's vec_dot_q4_0_q8_0 / q4_1_q8_1 / q8_0_q8_0), the activations are
@@ -34,6 +34,10 @@
 #define TLQ_Q4X8 1
 #define TLQ_Q8X8 2
 #define TLQ_Q40X8 3 /* Q4_0 in its own 144 bytes: f16 d[8], then Q4X8's nibbles; m = -8 d in registers (exact) */
+/* IQ4_NL in its own 144 bytes, Q40X8's layout: w = d v[q] with v the format's non-linear grid of 16
+ * int8 values (tlq_iq4nl); the kernel looks each nibble up (vpshufb) and sums as Q8X8 does */
+#define TLQ_IQ4NL 4
+static const int8_t tlq_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /* The K-quants in their own bytes, per group of 8 outputs and superblock of 256 inputs (the
  * file's 144 / 176 / 210 bytes per output, so 1152 / 1408 / 1680 per group: nothing widened).
@@ -82,7 +86,7 @@ int tl_quant_vnni(int enable) {
 }
 
 static inline int64_t q_group_bytes(int format) {
-    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_Q4K ? 144 : format == TLQ_Q5K ? 176 : 210; /* the K-quants: per 32 inputs on average */
+    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_IQ4NL || format == TLQ_Q4K ? 144 : format == TLQ_Q5K ? 176 : 210; /* the K-quants: per 32 inputs on average */
 }
 
 /* Q6K: q (unsigned, 0..63; w = d sc (q - 32)) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's
@@ -230,6 +234,15 @@ void tl_quantize_q8k(const float *x, int8_t *q, float *d, int32_t *bs, int64_t r
 #define QS 4 /* independent integer partial sums per row at most */
 
 /* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
+/* A Q8X8 block's weight vector g (the 8 outputs' int8 values of inputs 4 g .. 4 g + 3), or for
+ * IQ4NL the same looked up from the nibbles: vector g & 3, low nibbles for g < 4, high ones after */
+static inline __attribute__((always_inline)) __m256i q8_weights(const uint8_t *blk, int64_t qoff, int g, int nl) {
+    if (!nl) return _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * (g & 3)));
+    const __m256i nib = _mm256_and_si256(g < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlq_iq4nl)), nib);
+}
+
 static inline __attribute__((always_inline)) void q_tile(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
         int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NO) {
@@ -246,7 +259,7 @@ static inline __attribute__((always_inline)) void q_tile(
         for (int j = 0; j < NO; j++) {
             const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb;
             for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(blk + TLQ_PF * gb + pf), _MM_HINT_T0);
-            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8;
+            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8, nl = format == TLQ_IQ4NL;
             const int64_t qoff = format == TLQ_Q4X8 ? 32 : 16;
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             __m256i isum[QR];
@@ -295,7 +308,7 @@ static inline __attribute__((always_inline)) void q_tile(
                     for (int p = 0; p < NS; p++) part[r][p] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int g = 0; g < 8; g++) {
-                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
+                    const __m256i wv = q8_weights(blk, qoff, g, nl);
                     w128[g & 1] = tlq_dpbusd(w128[g & 1], u128, wv);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
@@ -312,7 +325,7 @@ static inline __attribute__((always_inline)) void q_tile(
                 for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int g = 0; g < 8; g++) {
-                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
+                    const __m256i wv = q8_weights(blk, qoff, g, nl);
                     const __m256i wa = _mm256_sign_epi8(wv, wv);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
@@ -770,6 +783,8 @@ static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, 
         case TLQ_Q40X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q40X8 | TLQ_VNNI); break;
         case TLQ_Q8X8: Q_GROUPS(TLQ_Q8X8); break;
         case TLQ_Q8X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8 | TLQ_VNNI); break;
+        case TLQ_IQ4NL: Q_GROUPS(TLQ_IQ4NL); break;
+        case TLQ_IQ4NL | TLQ_VNNI: Q_GROUPS(TLQ_IQ4NL | TLQ_VNNI); break;
         case TLQ_Q4K: QK_GROUPS(q4k); break;
         case TLQ_Q4K | TLQ_VNNI: QK_GROUPS(q4k_vnni); break;
         case TLQ_Q6K: QK_GROUPS(q6k); break;
@@ -794,7 +809,7 @@ static void q_task(void *ctx, int tid, int nthreads) {
     }
 }
 
-int tl_quant_group_bytes(int format) { return (format >= TLQ_Q4X8 && format <= TLQ_Q40X8) || (format >= TLQ_Q4K && format <= TLQ_Q5K) ? (int)q_group_bytes(format) : 0; }
+int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_Q5K ? (int)q_group_bytes(format) : 0; }
 
 /* The gated MLP's input from (gate | up) [rows, 2f]: `kind` TL_GLU_SILU or TL_GLU_GELU_TANH. */
 static void tl_glu_mul(const float *gu, float *y, int64_t rows, int64_t f, int kind) {
@@ -834,7 +849,7 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
         tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
         /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
          * when only one part of a stack of two 32-input formats wants it */
-        const int flip1 = tlq_use_vnni && f1 == TLQ_Q8X8, flip2 = tlq_use_vnni && f2 == TLQ_Q8X8;
+        const int flip1 = tlq_use_vnni && (f1 == TLQ_Q8X8 || f1 == TLQ_IQ4NL), flip2 = tlq_use_vnni && (f2 == TLQ_Q8X8 || f2 == TLQ_IQ4NL);
         if (f2 && !k1 && !k2 && flip1 != flip2) {
             a32b.q = (const int8_t *)extra;
             memcpy(extra, xq, (size_t)(rows * in_dim));

@@ -18,6 +18,7 @@
 #define RP_Q4_K 12
 #define RP_Q5_K 13
 #define RP_Q6_K 14
+#define RP_IQ4_NL 20
 
 static inline float rp_f16(const uint8_t *p) { /* exact f16 -> f32 (F16C) */
     uint16_t h;
@@ -35,8 +36,8 @@ static inline void rp_nibbles(uint8_t q[8][32], uint8_t *dst) {
 /* one group of 8 outputs: src rows 8 g .. 8 g + 7 (row_bytes each) -> dst (the group's bytes) */
 static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qtype, int64_t in_dim) {
     const int64_t nb = in_dim / 32;
-    if (qtype == RP_Q4_0 || qtype == RP_Q4_1) { /* Q40X8 (144) / Q4X8 (160): d[8] (m[8]) nibbles */
-        const int bb = qtype == RP_Q4_0 ? 18 : 20, gb = qtype == RP_Q4_0 ? 144 : 160;
+    if (qtype == RP_Q4_0 || qtype == RP_Q4_1 || qtype == RP_IQ4_NL) { /* Q40X8 / IQ4NL (144), Q4X8 (160): d[8] (m[8]) nibbles */
+        const int bb = qtype == RP_Q4_1 ? 20 : 18, gb = qtype == RP_Q4_1 ? 160 : 144;
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *out = dst + b * gb;
             for (int o = 0; o < 8; o++) {
@@ -171,6 +172,7 @@ int tl_repack(const uint8_t *src, uint8_t *dst, int qtype, int64_t out_dim, int6
     switch (qtype) {
         case RP_Q4_0: format = TLQ_Q40X8, bb = 18; break;
         case RP_Q4_1: format = TLQ_Q4X8, bb = 20; break;
+        case RP_IQ4_NL: format = TLQ_IQ4NL, bb = 18; break;
         case RP_Q5_0: format = TLQ_Q8X8, bb = 22; break;
         case RP_Q8_0: format = TLQ_Q8X8, bb = 34; break;
         case RP_Q4_K: format = TLQ_Q4K, bb = 144, block = 256; break;
@@ -195,7 +197,7 @@ void tl_quant_rows(const uint8_t *w, int format, int64_t in_dim, const int64_t *
         const int o = (int)(ids[r] % 8);
         const uint8_t *base = w + ids[r] / 8 * group_stride;
         float *y = out + r * in_dim;
-        if (format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_Q8X8) {
+        if (format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_IQ4NL || format == TLQ_Q8X8) {
             const int64_t gb = q_group_bytes(format);
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *blk = base + b * gb;
@@ -210,6 +212,11 @@ void tl_quant_rows(const uint8_t *w, int format, int64_t in_dim, const int64_t *
                 for (int t = 0; t < 4; t++)
                     for (int i = 0; i < 4; i++) {
                         const uint8_t v = nib[t * 32 + o * 4 + i];
+                        if (format == TLQ_IQ4NL) {
+                            yb[4 * t + i] = (float)tlq_iq4nl[v & 15] * d;
+                            yb[16 + 4 * t + i] = (float)tlq_iq4nl[v >> 4] * d;
+                            continue;
+                        }
                         yb[4 * t + i] = (float)(v & 15) * d + m;
                         yb[16 + 4 * t + i] = (float)(v >> 4) * d + m;
                     }
