@@ -14,7 +14,7 @@ from tokenleap.kernels import QUANT_TYPES, CpuKernels, QuantWeight
 
 TYPES = sorted(QUANT_TYPES)
 K_TYPES = (12, 13, 14)  # Q4_K, Q5_K, Q6_K: superblocks of 256 inputs, random blocks (gguf-py cannot quantize them)
-RANDOM_TYPES = (*K_TYPES, 20)  # and IQ4_NL (32 inputs a block): random blocks too
+RANDOM_TYPES = (*K_TYPES, 20, 23)  # and IQ4_NL, IQ4_XS: random blocks too
 
 
 def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generator) -> np.ndarray:
@@ -25,8 +25,8 @@ def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generat
     scale = lambda hi: (rng.random((out_dim, in_dim // block, 1)) * hi).astype(np.float16).view(np.uint8)  # noqa: E731
     if qtype in (12, 13):  # Q4_K, Q5_K: d, dmin first
         raw[..., 0:2], raw[..., 2:4] = scale(0.002), scale(0.004)
-    elif qtype == 20:  # IQ4_NL: d first (its grid reaches +-127)
-        raw[..., 0:2] = scale(0.0005)
+    elif qtype in (20, 23):  # IQ4_NL, IQ4_XS: d first (the grid reaches +-127; IQ4_XS's block scales +-32)
+        raw[..., 0:2] = scale(0.0005 if qtype == 20 else 0.00002)
     else:  # Q6_K: d last
         raw[..., 208:210] = scale(0.0005)
     return raw.reshape(out_dim, -1)
@@ -35,7 +35,7 @@ def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generat
 def _quant_weight(qtype: int, out_dim: int, in_dim: int, seed: int) -> QuantWeight:
     rng = np.random.default_rng(seed)
     if qtype in RANDOM_TYPES:
-        if qtype in K_TYPES:
+        if qtype in (*K_TYPES, 23):
             in_dim = in_dim if in_dim % 256 == 0 else 256 * (in_dim // 256 + 1)
         blocks = _random_blocks(qtype, out_dim, in_dim, rng)
     else:
@@ -53,7 +53,7 @@ def _quant_weight(qtype: int, out_dim: int, in_dim: int, seed: int) -> QuantWeig
 def _reference(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """float64: activations quantized per row in blocks of 32 (d = max|x|/127, round half even;
     the K-quants: blocks of 256, as ggml's Q8_K), times the dequantized weights."""
-    xb = x.double().reshape(x.shape[0], -1, 256 if w.name in ("Q4_K", "Q5_K", "Q6_K") else 32)
+    xb = x.double().reshape(x.shape[0], -1, 256 if w.name in ("Q4_K", "Q5_K", "Q6_K") else 32)  # IQ4_XS: blocks of 32
     d = xb.abs().amax(-1, keepdim=True) / 127
     q = torch.where(d > 0, torch.round(xb / torch.where(d > 0, d, 1)), 0)
     xq = (q * d).reshape(x.shape)

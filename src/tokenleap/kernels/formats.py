@@ -1,6 +1,6 @@
 """The weight formats the kernels read: `PackedWeight` (bf16 in an output-interleaved layout) and
 `QuantWeight` (GGUF blocks repacked for 8 outputs at a time, each format in its file's own bytes
-per weight: Q4_0, Q4_1, Q5_0 widened to Q8_0's form, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL), with the numpy
+per weight: Q4_0, Q4_1, Q5_0 widened to Q8_0's form, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), with the numpy
 reference of the repack and of the dequantization the tests check the C code against.
 """
 
@@ -45,13 +45,13 @@ class PackedWeight:
 # the K-quants' superblocks hold 256 inputs (144 / 210 bytes), listed here per 32
 QUANT_TYPES: dict[int, tuple[str, int]] = {
     2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 13: ("Q5_K", 22), 14: ("Q6_K", 26),
-    20: ("IQ4_NL", 18),
+    20: ("IQ4_NL", 18), 23: ("IQ4_XS", 17),
 }
-_SUPERBLOCK = {12: (256, 144), 13: (256, 176), 14: (256, 210)}  # inputs and bytes per superblock
-_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K = 1, 2, 3, 4, 5, 6, 7  # the kernels' interleaved formats (quant.h)
-_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K, 20: _IQ4NL}
-# per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 176 / 210 per superblock)
-_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _IQ4NL: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210}
+_SUPERBLOCK = {12: (256, 144), 13: (256, 176), 14: (256, 210), 23: (256, 136)}  # inputs and bytes per superblock
+_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS = 1, 2, 3, 4, 5, 6, 7, 8  # the kernels' interleaved formats (quant.h)
+_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K, 20: _IQ4NL, 23: _IQ4XS}
+# per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 176 / 210 / 136 per superblock)
+_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _IQ4NL: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210, _IQ4XS: 136}
 # IQ4_NL's non-linear grid: w = d IQ4NL_VALUES[q] (ggml's kvalues_iq4nl; quant.h's tlq_iq4nl)
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
@@ -130,6 +130,34 @@ def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndar
     return np.concatenate([_by_output(blk[..., 208:210], groups), scales, body], axis=-1).reshape(groups, -1)
 
 
+def _repack_iq4xs(raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
+    """IQ4_XS superblocks (f16 d, u16 scales_h, u8 scales_l[4], 128 nibble bytes) -> quant.h's
+    IQ4XS groups: d[8], scales_l[8][4], scales_h[8][2], then 8 blocks of Q4X8's nibble bytes."""
+    groups, nsb = out_dim // 8, in_dim // 256
+    blk = raw.reshape(out_dim, nsb, 136)
+    qs = blk[..., 8:].reshape(out_dim, nsb * 8, 16)  # [out, nb, 16]: byte l holds input l low, l + 16 high
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1)  # [out, nb, 32]
+    nib = _nibbles(q, groups).reshape(groups, nsb, 1024)
+    head = [_by_output(blk[..., 0:2], groups), _by_output(blk[..., 4:8], groups), _by_output(blk[..., 2:4], groups)]
+    return np.concatenate([*head, nib], axis=-1).reshape(groups, -1)
+
+
+def _dequantize_iq4xs(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
+    """quant.h's IQ4XS groups -> float32 `[out, in]`: d (ls - 32) v[q] per block of 32."""
+    groups, nsb = out_dim // 8, in_dim // 256
+    g = g.reshape(groups, nsb, -1)
+    d = np.ascontiguousarray(g[..., 0:16]).view(np.float16).astype(np.float32)  # [G, nsb, o]
+    sl = np.ascontiguousarray(g[..., 16:48]).view(np.uint32)  # [G, nsb, o]
+    sh = np.ascontiguousarray(g[..., 48:64]).view(np.uint16).astype(np.uint32)
+    j = np.arange(8, dtype=np.uint32)
+    ls = ((sl[..., None] >> (4 * j)) & 15) | (((sh[..., None] >> (2 * j)) & 3) << 4)  # [G, nsb, o, j]
+    dl = d[..., None] * (ls.astype(np.float32) - np.float32(32))
+    p = g[..., 64:].reshape(groups, nsb, 8, 4, 8, 4).transpose(0, 4, 1, 2, 3, 5).reshape(groups, 8, nsb, 8, 16)
+    v = IQ4NL_VALUES[np.concatenate([p & 15, p >> 4], axis=-1)].astype(np.float32)  # [G, o, nsb, j, 32]
+    w = v * dl.transpose(0, 2, 1, 3)[..., None]
+    return np.ascontiguousarray(w.reshape(out_dim, in_dim))
+
+
 def _dequantize_k(g: np.ndarray, fmt: int, out_dim: int, in_dim: int) -> np.ndarray:
     """quant.h's Q4K / Q5K / Q6K groups `[G, in/32 * group bytes]` -> float32 `[out, in]`."""
     groups, nsb = out_dim // 8, in_dim // 256
@@ -177,6 +205,8 @@ def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarra
     nb, groups, fmt = in_dim // 32, out_dim // 8, _FORMAT[qtype]
     if fmt in (_Q4K, _Q5K, _Q6K):
         return _repack_k(raw, qtype, out_dim, in_dim)
+    if fmt == _IQ4XS:
+        return _repack_iq4xs(raw, out_dim, in_dim)
     q, d, m = _decode(raw, qtype, out_dim, in_dim)
     out = np.empty((groups, nb, _GROUP_BYTES[fmt]), dtype=np.uint8)
 
@@ -342,6 +372,8 @@ class QuantWeight:
         groups, nb, fmt = self.out_dim // 8, self.in_dim // 32, self.format
         if fmt in (_Q4K, _Q5K, _Q6K):
             return torch.from_numpy(_dequantize_k(self.data.numpy(), fmt, self.out_dim, self.in_dim))
+        if fmt == _IQ4XS:
+            return torch.from_numpy(_dequantize_iq4xs(self.data.numpy(), self.out_dim, self.in_dim))
         g = self.data.numpy().reshape(groups, nb, -1)
 
         def scales(lo: int, hi: int) -> np.ndarray:  # [G, nb, 8] f16 -> [G, 8, nb, 1] fp32

@@ -1,5 +1,5 @@
 /* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks (Q4_0, Q4_1,
- * Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
+ * Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
  * products (included by both kernel variants).
  *
  * As llama.cpp does (ggml's vec_dot_q4_0_q8_0 / q4_1_q8_1 / q8_0_q8_0), the activations are
@@ -38,6 +38,13 @@
  * int8 values (tlq_iq4nl); the kernel looks each nibble up (vpshufb) and sums as Q8X8 does */
 #define TLQ_IQ4NL 4
 static const int8_t tlq_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* IQ4_XS in its own bytes, per group of 8 outputs and superblock of 256 inputs (1088 bytes: the
+ * file's 136 per output): f16 d[8]; scales_l as 8 x 4 bytes; scales_h as 8 x 2 bytes; then 8
+ * blocks of Q4X8's 128 nibble bytes. Block j of output o: w = d (ls - 32) v[q], ls = the 4 bits
+ * at 4 j of scales_l | the 2 bits at 2 j of scales_h << 4; d (ls - 32) is exact in fp32, so the
+ * 32-input step is IQ4NL's with that scale */
+#define TLQ_IQ4XS 8
+#define TLQ_IQ4XS_SB 1088 /* bytes per group and superblock */
 
 /* The K-quants in their own bytes, per group of 8 outputs and superblock of 256 inputs (the
  * file's 144 / 176 / 210 bytes per output, so 1152 / 1408 / 1680 per group: nothing widened).
@@ -86,7 +93,8 @@ int tl_quant_vnni(int enable) {
 }
 
 static inline int64_t q_group_bytes(int format) {
-    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_IQ4NL || format == TLQ_Q4K ? 144 : format == TLQ_Q5K ? 176 : 210; /* the K-quants: per 32 inputs on average */
+    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_IQ4NL || format == TLQ_Q4K ? 144
+         : format == TLQ_Q5K ? 176 : format == TLQ_IQ4XS ? 136 : 210; /* the 256-input formats: per 32 inputs on average */
 }
 
 /* Q6K: q (unsigned, 0..63; w = d sc (q - 32)) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's
@@ -234,11 +242,12 @@ void tl_quantize_q8k(const float *x, int8_t *q, float *d, int32_t *bs, int64_t r
 #define QS 4 /* independent integer partial sums per row at most */
 
 /* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
-/* A Q8X8 block's weight vector g (the 8 outputs' int8 values of inputs 4 g .. 4 g + 3), or for
- * IQ4NL the same looked up from the nibbles: vector g & 3, low nibbles for g < 4, high ones after */
-static inline __attribute__((always_inline)) __m256i q8_weights(const uint8_t *blk, int64_t qoff, int g, int nl) {
-    if (!nl) return _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * g));
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * (g & 3)));
+/* A Q8X8 block's weight vector g (the 8 outputs' int8 values of inputs 4 g .. 4 g + 3) from its
+ * bytes q, or for IQ4NL / IQ4XS the same looked up from the nibbles: vector g & 3, low nibbles for
+ * g < 4, high ones after */
+static inline __attribute__((always_inline)) __m256i q8_weights(const uint8_t *q, int g, int nl) {
+    if (!nl) return _mm256_loadu_si256((const __m256i *)(q + 32 * g));
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * (g & 3)));
     const __m256i nib = _mm256_and_si256(g < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlq_iq4nl)), nib);
 }
@@ -257,11 +266,25 @@ static inline __attribute__((always_inline)) void q_tile(
         for (int j = 0; j < NO; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t bi = 0; bi < nb; bi++) {
         for (int j = 0; j < NO; j++) {
-            const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb;
-            for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(blk + TLQ_PF * gb + pf), _MM_HINT_T0);
-            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8, nl = format == TLQ_IQ4NL;
+            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8, nl = format == TLQ_IQ4NL || format == TLQ_IQ4XS;
             const int64_t qoff = format == TLQ_Q4X8 ? 32 : 16;
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb, *qb = blk + qoff;
+            __m256 dw;
+            if (format == TLQ_IQ4XS) { /* the superblock's header, then block bi % 8's nibbles */
+                const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * TLQ_IQ4XS_SB;
+                const int jb = (int)(bi & 7);
+                qb = sb + 64 + 128 * jb;
+                _mm_prefetch((const char *)(qb + TLQ_PF * 136), _MM_HINT_T0);
+                _mm_prefetch((const char *)(qb + TLQ_PF * 136 + 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(qb + TLQ_PF * 136 + 128), _MM_HINT_T0);
+                const __m256i sl = _mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(sb + 16)), _mm_cvtsi32_si128(4 * jb));
+                const __m256i sh = _mm256_srl_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(sb + 48))), _mm_cvtsi32_si128(2 * jb));
+                const __m256i ls = _mm256_or_si256(_mm256_and_si256(sl, _mm256_set1_epi32(15)), _mm256_slli_epi32(_mm256_and_si256(sh, _mm256_set1_epi32(3)), 4));
+                dw = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb)), _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
+            } else {
+                for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(blk + TLQ_PF * gb + pf), _MM_HINT_T0);
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            }
             __m256i isum[QR];
             if (q4 && vnni) { /* vpdpbusd: the same exact integer sums, one instruction per 4 inputs */
                 /* NS independent partial sums per row (added at the end: integer, so the same
@@ -308,7 +331,7 @@ static inline __attribute__((always_inline)) void q_tile(
                     for (int p = 0; p < NS; p++) part[r][p] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int g = 0; g < 8; g++) {
-                    const __m256i wv = q8_weights(blk, qoff, g, nl);
+                    const __m256i wv = q8_weights(qb, g, nl);
                     w128[g & 1] = tlq_dpbusd(w128[g & 1], u128, wv);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
@@ -325,7 +348,7 @@ static inline __attribute__((always_inline)) void q_tile(
                 for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int g = 0; g < 8; g++) {
-                    const __m256i wv = q8_weights(blk, qoff, g, nl);
+                    const __m256i wv = q8_weights(qb, g, nl);
                     const __m256i wa = _mm256_sign_epi8(wv, wv);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
@@ -785,6 +808,8 @@ static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, 
         case TLQ_Q8X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8 | TLQ_VNNI); break;
         case TLQ_IQ4NL: Q_GROUPS(TLQ_IQ4NL); break;
         case TLQ_IQ4NL | TLQ_VNNI: Q_GROUPS(TLQ_IQ4NL | TLQ_VNNI); break;
+        case TLQ_IQ4XS: Q_GROUPS(TLQ_IQ4XS); break;
+        case TLQ_IQ4XS | TLQ_VNNI: Q_GROUPS(TLQ_IQ4XS | TLQ_VNNI); break;
         case TLQ_Q4K: QK_GROUPS(q4k); break;
         case TLQ_Q4K | TLQ_VNNI: QK_GROUPS(q4k_vnni); break;
         case TLQ_Q6K: QK_GROUPS(q6k); break;
@@ -809,7 +834,7 @@ static void q_task(void *ctx, int tid, int nthreads) {
     }
 }
 
-int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_Q5K ? (int)q_group_bytes(format) : 0; }
+int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_IQ4XS ? (int)q_group_bytes(format) : 0; }
 
 /* The gated MLP's input from (gate | up) [rows, 2f]: `kind` TL_GLU_SILU or TL_GLU_GELU_TANH. */
 static void tl_glu_mul(const float *gu, float *y, int64_t rows, int64_t f, int kind) {
@@ -849,7 +874,8 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
         tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
         /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
          * when only one part of a stack of two 32-input formats wants it */
-        const int flip1 = tlq_use_vnni && (f1 == TLQ_Q8X8 || f1 == TLQ_IQ4NL), flip2 = tlq_use_vnni && (f2 == TLQ_Q8X8 || f2 == TLQ_IQ4NL);
+        const int flip1 = tlq_use_vnni && (f1 == TLQ_Q8X8 || f1 == TLQ_IQ4NL || f1 == TLQ_IQ4XS);
+        const int flip2 = tlq_use_vnni && (f2 == TLQ_Q8X8 || f2 == TLQ_IQ4NL || f2 == TLQ_IQ4XS);
         if (f2 && !k1 && !k2 && flip1 != flip2) {
             a32b.q = (const int8_t *)extra;
             memcpy(extra, xq, (size_t)(rows * in_dim));

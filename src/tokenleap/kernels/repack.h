@@ -19,6 +19,7 @@
 #define RP_Q5_K 13
 #define RP_Q6_K 14
 #define RP_IQ4_NL 20
+#define RP_IQ4_XS 23
 
 static inline float rp_f16(const uint8_t *p) { /* exact f16 -> f32 (F16C) */
     uint16_t h;
@@ -46,6 +47,18 @@ static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qt
                 if (qtype == RP_Q4_1) memcpy(out + 16 + 2 * o, blk + 2, 2);
                 const uint8_t *qs = blk + bb - 16; /* byte l: input l low, l + 16 high: one nibble byte as is */
                 for (int t = 0; t < 4; t++) memcpy(out + gb - 128 + t * 32 + o * 4, qs + 4 * t, 4);
+            }
+        }
+    } else if (qtype == RP_IQ4_XS) { /* IQ4XS (1088 per superblock): d[8], scales_l[8][4], scales_h[8][2], 8 x 128 nibble bytes */
+        for (int64_t s = 0; s < in_dim / 256; s++) {
+            uint8_t *out = dst + s * TLQ_IQ4XS_SB;
+            for (int o = 0; o < 8; o++) {
+                const uint8_t *sb = src + o * row_bytes + s * 136; /* f16 d, u16 scales_h, u8 scales_l[4], qs[128] */
+                memcpy(out + 2 * o, sb, 2);
+                memcpy(out + 16 + 4 * o, sb + 4, 4);
+                memcpy(out + 48 + 2 * o, sb + 2, 2);
+                for (int j = 0; j < 8; j++)
+                    for (int t = 0; t < 4; t++) memcpy(out + 64 + 128 * j + t * 32 + o * 4, sb + 8 + 16 * j + 4 * t, 4);
             }
         }
     } else if (qtype == RP_Q8_0 || qtype == RP_Q5_0) { /* Q8X8 (272): d[8], byte (g, o, i) = q[o][4 g + i] */
@@ -173,6 +186,7 @@ int tl_repack(const uint8_t *src, uint8_t *dst, int qtype, int64_t out_dim, int6
         case RP_Q4_0: format = TLQ_Q40X8, bb = 18; break;
         case RP_Q4_1: format = TLQ_Q4X8, bb = 20; break;
         case RP_IQ4_NL: format = TLQ_IQ4NL, bb = 18; break;
+        case RP_IQ4_XS: format = TLQ_IQ4XS, bb = 136, block = 256; break;
         case RP_Q5_0: format = TLQ_Q8X8, bb = 22; break;
         case RP_Q8_0: format = TLQ_Q8X8, bb = 34; break;
         case RP_Q4_K: format = TLQ_Q4K, bb = 144, block = 256; break;
@@ -230,12 +244,21 @@ void tl_quant_rows(const uint8_t *w, int format, int64_t in_dim, const int64_t *
             for (int j = 0; j < 8; j++) {
                 float *yb = y + 256 * s + 32 * j;
                 uint8_t q[32];
-                const uint8_t *body = sb + (format == TLQ_Q6K ? 144 + 192 * j : 128 + (format == TLQ_Q5K ? 160 : 128) * j);
+                const uint8_t *body = sb + (format == TLQ_Q6K ? 144 + 192 * j : format == TLQ_IQ4XS ? 64 + 128 * j : 128 + (format == TLQ_Q5K ? 160 : 128) * j);
                 for (int t = 0; t < 4; t++)
                     for (int i = 0; i < 4; i++) {
                         const uint8_t v = body[t * 32 + o * 4 + i];
                         q[4 * t + i] = v & 15, q[16 + 4 * t + i] = v >> 4;
                     }
+                if (format == TLQ_IQ4XS) {
+                    uint32_t sl;
+                    uint16_t sh;
+                    memcpy(&sl, sb + 16 + 4 * o, 4);
+                    memcpy(&sh, sb + 48 + 2 * o, 2);
+                    const float dl = d * (float)((int)((sl >> (4 * j)) & 15 | ((sh >> (2 * j)) & 3) << 4) - 32);
+                    for (int x = 0; x < 32; x++) yb[x] = (float)tlq_iq4nl[q[x]] * dl;
+                    continue;
+                }
                 if (format == TLQ_Q6K) {
                     const float lo = d * (float)(int8_t)sb[16 + (2 * j) * 8 + o], hi = d * (float)(int8_t)sb[16 + (2 * j + 1) * 8 + o];
                     for (int x = 0; x < 32; x++) {
