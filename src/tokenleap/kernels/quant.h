@@ -1,5 +1,5 @@
 /* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks (Q4_0, Q4_1,
- * Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
+ * Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
  * products (included by both kernel variants).
  *
  * As llama.cpp does (ggml's vec_dot_q4_0_q8_0 / q4_1_q8_1 / q8_0_q8_0), the activations are
@@ -45,6 +45,16 @@ static const int8_t tlq_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1
  * 32-input step is IQ4NL's with that scale */
 #define TLQ_IQ4XS 8
 #define TLQ_IQ4XS_SB 1088 /* bytes per group and superblock */
+/* Q3_K in its own bytes, per group of 8 outputs and superblock of 256 inputs (880 bytes: the
+ * file's 110 per output): f16 d[8]; the file's 12 bytes of 6-bit scales as three vectors of
+ * 8 x 4 bytes (bytes 0-3, 4-7, 8-11 of each output's); then per block of 32 inputs 96 bytes:
+ * 2 x 32 bytes of the values' low 2 bits (in vector u, byte (o, i) holds those of input
+ * 4 (4 u + s) + i at bits 2 s) and 32 bytes of their third bits (byte (o, i): input 4 g + i's at
+ * bit g). Sub-block k of 16 inputs: w = d (sc_k - 32) (q - 4), q = low | third << 2 in 0..7; the
+ * 16-input integer sums of (q - 4) x are multiplied by their integer scales and added as
+ * integers, one float step per block of 32 */
+#define TLQ_Q3K 9
+#define TLQ_Q3K_SB 880
 
 /* The K-quants in their own bytes, per group of 8 outputs and superblock of 256 inputs (the
  * file's 144 / 176 / 210 bytes per output, so 1152 / 1408 / 1680 per group: nothing widened).
@@ -94,7 +104,7 @@ int tl_quant_vnni(int enable) {
 
 static inline int64_t q_group_bytes(int format) {
     return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_IQ4NL || format == TLQ_Q4K ? 144
-         : format == TLQ_Q5K ? 176 : format == TLQ_IQ4XS ? 136 : 210; /* the 256-input formats: per 32 inputs on average */
+         : format == TLQ_Q5K ? 176 : format == TLQ_IQ4XS ? 136 : format == TLQ_Q3K ? 110 : 210; /* the 256-input formats: per 32 inputs on average */
 }
 
 /* Q6K: q (unsigned, 0..63; w = d sc (q - 32)) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's
@@ -252,6 +262,24 @@ static inline __attribute__((always_inline)) __m256i q8_weights(const uint8_t *q
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlq_iq4nl)), nib);
 }
 
+/* Q3K: the 8 outputs' sub-block scales sc - 32 (int32 lanes) of sub-block k from the header */
+static inline __attribute__((always_inline)) __m256i q3_scale(const uint8_t *sb, int k) {
+    const __m256i low = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * ((k % 8) / 4)));
+    const __m256i high = _mm256_loadu_si256((const __m256i *)(sb + 80));
+    const __m256i l4 = _mm256_and_si256(_mm256_srl_epi32(low, _mm_cvtsi32_si128(8 * (k % 4) + 4 * (k / 8))), _mm256_set1_epi32(15));
+    const __m256i h2 = _mm256_and_si256(_mm256_srl_epi32(high, _mm_cvtsi32_si128(8 * (k % 4) + 2 * (k / 4))), _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(l4, _mm256_slli_epi32(h2, 4)), _mm256_set1_epi32(32));
+}
+
+/* Q3K: a block's weight vector g as signed int8 q - 4 (body: the block's 96 bytes) */
+static inline __attribute__((always_inline)) __m256i q3_weights(const uint8_t *body, int g) {
+    const __m256i crumbs = _mm256_loadu_si256((const __m256i *)(body + 32 * (g / 4)));
+    const __m256i thirds = _mm256_loadu_si256((const __m256i *)(body + 64));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(crumbs, _mm_cvtsi32_si128(2 * (g % 4))), _mm256_set1_epi8(3));
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(thirds, _mm_cvtsi32_si128(g)), _mm256_set1_epi8(1));
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 2)), _mm256_set1_epi8(4));
+}
+
 static inline __attribute__((always_inline)) void q_tile(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
         int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NO) {
@@ -270,7 +298,14 @@ static inline __attribute__((always_inline)) void q_tile(
             const int64_t qoff = format == TLQ_Q4X8 ? 32 : 16;
             const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb, *qb = blk + qoff;
             __m256 dw;
-            if (format == TLQ_IQ4XS) { /* the superblock's header, then block bi % 8's nibbles */
+            if (format == TLQ_Q3K) { /* the superblock's header (d; the sub-scales, read below), then block bi % 8 */
+                const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * TLQ_Q3K_SB;
+                blk = sb;
+                qb = sb + 112 + 96 * (bi & 7);
+                _mm_prefetch((const char *)(qb + TLQ_PF * 110), _MM_HINT_T0);
+                _mm_prefetch((const char *)(qb + TLQ_PF * 110 + 64), _MM_HINT_T0);
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
+            } else if (format == TLQ_IQ4XS) { /* the superblock's header, then block bi % 8's nibbles */
                 const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * TLQ_IQ4XS_SB;
                 const int jb = (int)(bi & 7);
                 qb = sb + 64 + 128 * jb;
@@ -286,7 +321,36 @@ static inline __attribute__((always_inline)) void q_tile(
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             }
             __m256i isum[QR];
-            if (q4 && vnni) { /* vpdpbusd: the same exact integer sums, one instruction per 4 inputs */
+            if (format == TLQ_Q3K) { /* per 16-input half: its exact sum of (q - 4) x times its scale */
+                const __m256i u128 = _mm256_set1_epi8((char)0x80);
+                for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+                for (int h = 0; h < 2; h++) {
+                    __m256i hs[QR], w128 = _mm256_setzero_si256();
+                    for (int r = 0; r < NR; r++) hs[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                    for (int s4 = 0; s4 < 4; s4++) {
+                        const int g = 4 * h + s4;
+                        const __m256i wv = q3_weights(qb, g);
+                        if (vnni) { /* activations offset to unsigned, as Q8X8's VNNI form */
+                            w128 = tlq_dpbusd(w128, u128, wv);
+                            for (int r = 0; r < NR; r++) {
+                                const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                                hs[r] = tlq_dpbusd(hs[r], _mm256_set1_epi32(xr[g]), wv);
+                            }
+                        } else {
+                            const __m256i wa = _mm256_sign_epi8(wv, wv);
+                            for (int r = 0; r < NR; r++) {
+                                const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                                const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
+                                hs[r] = _mm256_add_epi32(hs[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
+                            }
+                        }
+                    }
+                    const __m256i sc = q3_scale(blk, 2 * (int)(bi & 7) + h);
+                    for (int r = 0; r < NR; r++)
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(vnni ? _mm256_sub_epi32(hs[r], w128) : hs[r], sc));
+                }
+            } else if (q4 && vnni) { /* vpdpbusd: the same exact integer sums, one instruction per 4 inputs */
                 /* NS independent partial sums per row (added at the end: integer, so the same
                  * sum): one chain of 8 dependent vpdpbusd per block left a row latency-bound */
                 __m256i part[QR][QS];
@@ -810,6 +874,8 @@ static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, 
         case TLQ_IQ4NL | TLQ_VNNI: Q_GROUPS(TLQ_IQ4NL | TLQ_VNNI); break;
         case TLQ_IQ4XS: Q_GROUPS(TLQ_IQ4XS); break;
         case TLQ_IQ4XS | TLQ_VNNI: Q_GROUPS(TLQ_IQ4XS | TLQ_VNNI); break;
+        case TLQ_Q3K: Q_GROUPS(TLQ_Q3K); break;
+        case TLQ_Q3K | TLQ_VNNI: Q_GROUPS(TLQ_Q3K | TLQ_VNNI); break;
         case TLQ_Q4K: QK_GROUPS(q4k); break;
         case TLQ_Q4K | TLQ_VNNI: QK_GROUPS(q4k_vnni); break;
         case TLQ_Q6K: QK_GROUPS(q6k); break;
@@ -834,7 +900,7 @@ static void q_task(void *ctx, int tid, int nthreads) {
     }
 }
 
-int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_IQ4XS ? (int)q_group_bytes(format) : 0; }
+int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_Q3K ? (int)q_group_bytes(format) : 0; }
 
 /* The gated MLP's input from (gate | up) [rows, 2f]: `kind` TL_GLU_SILU or TL_GLU_GELU_TANH. */
 static void tl_glu_mul(const float *gu, float *y, int64_t rows, int64_t f, int kind) {
@@ -874,8 +940,8 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
         tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
         /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
          * when only one part of a stack of two 32-input formats wants it */
-        const int flip1 = tlq_use_vnni && (f1 == TLQ_Q8X8 || f1 == TLQ_IQ4NL || f1 == TLQ_IQ4XS);
-        const int flip2 = tlq_use_vnni && (f2 == TLQ_Q8X8 || f2 == TLQ_IQ4NL || f2 == TLQ_IQ4XS);
+        const int flip1 = tlq_use_vnni && (f1 == TLQ_Q8X8 || f1 == TLQ_IQ4NL || f1 == TLQ_IQ4XS || f1 == TLQ_Q3K);
+        const int flip2 = tlq_use_vnni && (f2 == TLQ_Q8X8 || f2 == TLQ_IQ4NL || f2 == TLQ_IQ4XS || f2 == TLQ_Q3K);
         if (f2 && !k1 && !k2 && flip1 != flip2) {
             a32b.q = (const int8_t *)extra;
             memcpy(extra, xq, (size_t)(rows * in_dim));

@@ -20,6 +20,7 @@
 #define RP_Q6_K 14
 #define RP_IQ4_NL 20
 #define RP_IQ4_XS 23
+#define RP_Q3_K 11
 
 static inline float rp_f16(const uint8_t *p) { /* exact f16 -> f32 (F16C) */
     uint16_t h;
@@ -47,6 +48,24 @@ static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qt
                 if (qtype == RP_Q4_1) memcpy(out + 16 + 2 * o, blk + 2, 2);
                 const uint8_t *qs = blk + bb - 16; /* byte l: input l low, l + 16 high: one nibble byte as is */
                 for (int t = 0; t < 4; t++) memcpy(out + gb - 128 + t * 32 + o * 4, qs + 4 * t, 4);
+            }
+        }
+    } else if (qtype == RP_Q3_K) { /* Q3K (880 per superblock): d[8], scales 3 x (8 x 4), 8 blocks of 96 */
+        for (int64_t s = 0; s < in_dim / 256; s++) {
+            uint8_t *out = dst + s * TLQ_Q3K_SB;
+            memset(out, 0, TLQ_Q3K_SB);
+            for (int o = 0; o < 8; o++) {
+                const uint8_t *sb = src + o * row_bytes + s * 110; /* hmask[32], qs[64], scales[12], f16 d */
+                memcpy(out + 2 * o, sb + 108, 2);
+                for (int v = 0; v < 3; v++) memcpy(out + 16 + 32 * v + 4 * o, sb + 96 + 4 * v, 4);
+                for (int x = 0; x < 256; x++) { /* value x: ggml's dequantize_row_q3_K order */
+                    const int n = x / 128, j = (x % 128) / 32, l = x % 32;
+                    const int q = ((sb[32 + 32 * n + l] >> (2 * j)) & 3) | ((sb[l] >> (4 * n + j)) & 1) << 2;
+                    const int b = x / 32, g = (x % 32) / 4, i = x % 4;
+                    uint8_t *body = out + 112 + 96 * b;
+                    body[32 * (g / 4) + 4 * o + i] |= (uint8_t)((q & 3) << (2 * (g % 4)));
+                    body[64 + 4 * o + i] |= (uint8_t)((q >> 2) << g);
+                }
             }
         }
     } else if (qtype == RP_IQ4_XS) { /* IQ4XS (1088 per superblock): d[8], scales_l[8][4], scales_h[8][2], 8 x 128 nibble bytes */
@@ -187,6 +206,7 @@ int tl_repack(const uint8_t *src, uint8_t *dst, int qtype, int64_t out_dim, int6
         case RP_Q4_1: format = TLQ_Q4X8, bb = 20; break;
         case RP_IQ4_NL: format = TLQ_IQ4NL, bb = 18; break;
         case RP_IQ4_XS: format = TLQ_IQ4XS, bb = 136, block = 256; break;
+        case RP_Q3_K: format = TLQ_Q3K, bb = 110, block = 256; break;
         case RP_Q5_0: format = TLQ_Q8X8, bb = 22; break;
         case RP_Q8_0: format = TLQ_Q8X8, bb = 34; break;
         case RP_Q4_K: format = TLQ_Q4K, bb = 144, block = 256; break;
@@ -245,6 +265,19 @@ void tl_quant_rows(const uint8_t *w, int format, int64_t in_dim, const int64_t *
                 float *yb = y + 256 * s + 32 * j;
                 uint8_t q[32];
                 const uint8_t *body = sb + (format == TLQ_Q6K ? 144 + 192 * j : format == TLQ_IQ4XS ? 64 + 128 * j : 128 + (format == TLQ_Q5K ? 160 : 128) * j);
+                if (format == TLQ_Q3K) { /* w = d (sc - 32) (q - 4) per 16 inputs */
+                    const uint8_t *b3 = sb + 112 + 96 * j;
+                    for (int x = 0; x < 32; x++) {
+                        const int g = x / 4, i = x % 4, k = 2 * j + x / 16;
+                        const int q = ((b3[32 * (g / 4) + 4 * o + i] >> (2 * (g % 4))) & 3) | ((b3[64 + 4 * o + i] >> g) & 1) << 2;
+                        uint32_t lw, hw;
+                        memcpy(&lw, sb + 16 + 32 * ((k % 8) / 4) + 4 * o, 4);
+                        memcpy(&hw, sb + 80 + 4 * o, 4);
+                        const int sc = (int)((lw >> (8 * (k % 4) + 4 * (k / 8))) & 15 | ((hw >> (8 * (k % 4) + 2 * (k / 4))) & 3) << 4);
+                        yb[x] = d * (float)(sc - 32) * (float)(q - 4);
+                    }
+                    continue;
+                }
                 for (int t = 0; t < 4; t++)
                     for (int i = 0; i < 4; i++) {
                         const uint8_t v = body[t * 32 + o * 4 + i];
