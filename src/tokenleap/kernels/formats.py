@@ -185,8 +185,8 @@ def _dequantize_q3k(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     low2 = (crumbs[:, :, :, None] >> (2 * s)[None, None, None, :, None, None]) & 3  # [G, nb, u, s, o, i]
     third = (thirds[:, :, None] >> np.arange(8, dtype=np.uint8)[None, None, :, None, None]) & 1  # [G, nb, g, o, i]
     q = low2.reshape(groups, nb, 8, 8, 4) | (third << 2)  # [G, nb, g, o, i]
-    q = q.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nsb, 16, 16).astype(np.float32) - np.float32(4)  # [G, o, nsb, k, 16]
-    w = dl.transpose(0, 2, 1, 3)[..., None] * q
+    qf = q.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nsb, 16, 16).astype(np.float32) - np.float32(4)  # [G, o, nsb, k, 16]
+    w = dl.transpose(0, 2, 1, 3)[..., None] * qf
     return np.ascontiguousarray(w.reshape(out_dim, in_dim))
 
 
