@@ -251,7 +251,6 @@ void tl_quantize_q8k(const float *x, int8_t *q, float *d, int32_t *bs, int64_t r
 #define QO 4 /* groups of 8 outputs per tile at most */
 #define QS 4 /* independent integer partial sums per row at most */
 
-/* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
 /* A Q8X8 block's weight vector g (the 8 outputs' int8 values of inputs 4 g .. 4 g + 3) from its
  * bytes q, or for IQ4NL / IQ4XS the same looked up from the nibbles: vector g & 3, low nibbles for
  * g < 4, high ones after */
@@ -280,6 +279,7 @@ static inline __attribute__((always_inline)) __m256i q3_weights(const uint8_t *b
     return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 2)), _mm256_set1_epi8(4));
 }
 
+/* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
 static inline __attribute__((always_inline)) void q_tile(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
         int64_t m0, int64_t g0, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR, const int NO) {
@@ -858,6 +858,8 @@ typedef struct {
 #define Q_CHUNK 4 /* groups of 8 outputs per scheduling chunk */
 
 static inline int q_is_k(int format) { return format == TLQ_Q4K || format == TLQ_Q5K || format == TLQ_Q6K; }
+/* the 32-input formats summed with signed int8 weights (their VNNI form reads the activations + 128) */
+static inline int q_signed(int format) { return format == TLQ_Q8X8 || format == TLQ_IQ4NL || format == TLQ_IQ4XS || format == TLQ_Q3K; }
 
 static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, int64_t lo, int64_t hi) {
     if (lo >= hi) return;
@@ -940,8 +942,7 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
         tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
         /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
          * when only one part of a stack of two 32-input formats wants it */
-        const int flip1 = tlq_use_vnni && (f1 == TLQ_Q8X8 || f1 == TLQ_IQ4NL || f1 == TLQ_IQ4XS || f1 == TLQ_Q3K);
-        const int flip2 = tlq_use_vnni && (f2 == TLQ_Q8X8 || f2 == TLQ_IQ4NL || f2 == TLQ_IQ4XS || f2 == TLQ_Q3K);
+        const int flip1 = tlq_use_vnni && q_signed(f1), flip2 = tlq_use_vnni && q_signed(f2);
         if (f2 && !k1 && !k2 && flip1 != flip2) {
             a32b.q = (const int8_t *)extra;
             memcpy(extra, xq, (size_t)(rows * in_dim));
