@@ -14,7 +14,7 @@ from tokenleap.kernels import QUANT_TYPES, CpuKernels, QuantWeight
 
 TYPES = sorted(QUANT_TYPES)
 K_TYPES = (12, 13, 14)  # Q4_K, Q5_K, Q6_K: superblocks of 256 inputs, random blocks (gguf-py cannot quantize them)
-RANDOM_TYPES = (*K_TYPES, 20, 23, 11)  # and IQ4_NL, IQ4_XS, Q3_K: random blocks too
+RANDOM_TYPES = (*K_TYPES, 20, 23, 11, 10)  # and IQ4_NL, IQ4_XS, Q3_K, Q2_K: random blocks too
 
 
 def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generator) -> np.ndarray:
@@ -27,6 +27,8 @@ def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generat
         raw[..., 0:2], raw[..., 2:4] = scale(0.002), scale(0.004)
     elif qtype == 11:  # Q3_K: d last (its scales reach +-32, its values +-4)
         raw[..., 108:110] = scale(0.0002)
+    elif qtype == 10:  # Q2_K: d, dmin last
+        raw[..., 80:82], raw[..., 82:84] = scale(0.002), scale(0.002)
     elif qtype in (20, 23):  # IQ4_NL, IQ4_XS: d first (the grid reaches +-127; IQ4_XS's block scales +-32)
         raw[..., 0:2] = scale(0.0005 if qtype == 20 else 0.00002)
     else:  # Q6_K: d last
@@ -37,7 +39,7 @@ def _random_blocks(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generat
 def _quant_weight(qtype: int, out_dim: int, in_dim: int, seed: int) -> QuantWeight:
     rng = np.random.default_rng(seed)
     if qtype in RANDOM_TYPES:
-        if qtype in (*K_TYPES, 23, 11):
+        if qtype in (*K_TYPES, 23, 11, 10):
             in_dim = in_dim if in_dim % 256 == 0 else 256 * (in_dim // 256 + 1)
         blocks = _random_blocks(qtype, out_dim, in_dim, rng)
     else:
@@ -120,7 +122,7 @@ def test_quant_weight_validates_and_fuses() -> None:
     with pytest.raises(ValueError, match="does not fit"):
         QuantWeight(a.data[:, :-1].contiguous(), 3, 16, 64)
     with pytest.raises(ValueError, match="unsupported"):
-        QuantWeight(a.data, 10, 16, 64)  # Q2_K: not read
+        QuantWeight(a.data, 16, 16, 64)  # IQ2_XXS: not read
     with pytest.raises(ValueError, match="cannot keep"):
         QuantWeight.from_blocks(np.zeros(20 * 12, np.uint8), 3, 12, 32)  # 12 outputs: not a multiple of 8
 
@@ -155,8 +157,8 @@ def test_mixed_type_stacks_fuse_by_kernel_format(kernels: CpuKernels) -> None:
         QuantWeight.from_blocks(np.zeros(8 * 144, np.uint8), 12, 8, 128)  # Q4_K needs in % 256
 
 
-@pytest.mark.parametrize(("first", "second"), [(12, 14), (14, 12), (12, 8), (2, 3), (8, 12), (11, 12), (23, 13), (20, 8)],
-                         ids=["Q4_K+Q6_K", "Q6_K+Q4_K", "Q4_K+Q8_0", "Q4_0+Q4_1", "Q8_0+Q4_K", "Q3_K+Q4_K", "IQ4_XS+Q5_K", "IQ4_NL+Q8_0"])
+@pytest.mark.parametrize(("first", "second"), [(12, 14), (14, 12), (12, 8), (2, 3), (8, 12), (11, 12), (23, 13), (20, 8), (10, 11)],
+                         ids=["Q4_K+Q6_K", "Q6_K+Q4_K", "Q4_K+Q8_0", "Q4_0+Q4_1", "Q8_0+Q4_K", "Q3_K+Q4_K", "IQ4_XS+Q5_K", "IQ4_NL+Q8_0", "Q2_K+Q3_K"])
 def test_two_format_stacks_equal_their_parts(kernels: CpuKernels, first: int, second: int) -> None:
     """A stack of two kernel formats (Llama Q4_K_M's Q4_K Q/K with a Q6_K V) is one call whose
     outputs are each part's alone, bit for bit, with and without VNNI (whose int8 forms differ

@@ -1,6 +1,6 @@
 """The weight formats the kernels read: `PackedWeight` (bf16 in an output-interleaved layout) and
 `QuantWeight` (GGUF blocks repacked for 8 outputs at a time, each format in its file's own bytes
-per weight: Q4_0, Q4_1, Q5_0 widened to Q8_0's form, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), with the numpy
+per weight: Q4_0, Q4_1, Q5_0 widened to Q8_0's form, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), with the numpy
 reference of the repack and of the dequantization the tests check the C code against.
 """
 
@@ -45,13 +45,13 @@ class PackedWeight:
 # the K-quants' superblocks hold 256 inputs (144 / 210 bytes), listed here per 32
 QUANT_TYPES: dict[int, tuple[str, int]] = {
     2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 13: ("Q5_K", 22), 14: ("Q6_K", 26),
-    20: ("IQ4_NL", 18), 23: ("IQ4_XS", 17), 11: ("Q3_K", 14),
+    20: ("IQ4_NL", 18), 23: ("IQ4_XS", 17), 11: ("Q3_K", 14), 10: ("Q2_K", 10),
 }
-_SUPERBLOCK = {12: (256, 144), 13: (256, 176), 14: (256, 210), 23: (256, 136), 11: (256, 110)}  # inputs and bytes per superblock
-_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS, _Q3K = 1, 2, 3, 4, 5, 6, 7, 8, 9  # the kernels' interleaved formats (quant.h)
-_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K, 20: _IQ4NL, 23: _IQ4XS, 11: _Q3K}
-# per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 176 / 210 / 136 / 110 per superblock)
-_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _IQ4NL: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210, _IQ4XS: 136, _Q3K: 110}
+_SUPERBLOCK = {12: (256, 144), 13: (256, 176), 14: (256, 210), 23: (256, 136), 11: (256, 110), 10: (256, 84)}  # inputs and bytes per superblock
+_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS, _Q3K, _Q2K = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10  # the kernels' interleaved formats (quant.h)
+_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K, 20: _IQ4NL, 23: _IQ4XS, 11: _Q3K, 10: _Q2K}
+# per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 176 / 210 / 136 / 110 / 84 per superblock)
+_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _IQ4NL: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210, _IQ4XS: 136, _Q3K: 110, _Q2K: 84}
 # IQ4_NL's non-linear grid: w = d IQ4NL_VALUES[q] (ggml's kvalues_iq4nl; quant.h's tlq_iq4nl)
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
@@ -154,16 +154,58 @@ def _q3k_values(raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     return (low | (third << 2)).reshape(out_dim, in_dim)
 
 
+def _crumbs(q: np.ndarray, groups: int) -> np.ndarray:
+    """Values' low 2 bits `[G, o, nb, u, s, i]` (input 4 (4 u + s) + i of a block) -> the
+    Q3K / Q2K crumb bytes `[G, nb, 64]`: in vector u, byte (o, i) holds inputs 4 (4 u + s) + i at bits 2 s."""
+    nb = q.shape[2]
+    crumbs = ((q & 3) << (2 * np.arange(4, dtype=np.uint8))[:, None]).sum(axis=4, dtype=np.uint8)  # [G, o, nb, u, i]
+    return crumbs.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 64)
+
+
+def _q2k_values(raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
+    """Q2_K superblocks (scales[16], qs[64], f16 d, f16 dmin) -> q `[out, in]` in 0..3
+    (w = d sc q - dmin m), in ggml's value order."""
+    blk = raw.reshape(out_dim, in_dim // 256, 84)
+    x = np.arange(256)
+    n, j, lane = x // 128, (x % 128) // 32, x % 32
+    return ((blk[..., 16 + 32 * n + lane] >> (2 * j).astype(np.uint8)) & 3).reshape(out_dim, in_dim)
+
+
+def _repack_q2k(raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
+    """Q2_K superblocks -> quant.h's Q2K groups: d[8], dmin[8], the scale bytes 0-3 / ... / 12-15
+    as four 8 x 4 runs, then per block of 32 the values' crumbs (64 bytes)."""
+    groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
+    blk = raw.reshape(out_dim, nsb, 84)
+    body = _crumbs(_q2k_values(raw, out_dim, in_dim).reshape(groups, 8, nb, 2, 4, 4), groups).reshape(groups, nsb, 512)
+    head = [_by_output(blk[..., 80:82], groups), _by_output(blk[..., 82:84], groups),
+            *(_by_output(blk[..., 4 * v : 4 * v + 4], groups) for v in range(4))]
+    return np.concatenate([*head, body], axis=-1).reshape(groups, -1)
+
+
+def _dequantize_q2k(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
+    """quant.h's Q2K groups -> float32 `[out, in]`: (d sc) q - dmin m per 16 inputs."""
+    groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
+    g = g.reshape(groups, nsb, -1)
+    d, dmin = (np.ascontiguousarray(g[..., a : a + 16]).view(np.float16).astype(np.float32) for a in (0, 16))  # [G, nsb, o]
+    scm = g[..., 32:160].reshape(groups, nsb, 4, 8, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 8, 16)  # [G, nsb, o, k]
+    dl = d[..., None] * (scm & 15).astype(np.float32)
+    ml = dmin[..., None] * (scm >> 4).astype(np.float32)
+    crumbs = g[..., 160:].reshape(groups, nb, 2, 8, 4)  # [G, nb, u, o, i]
+    s = np.arange(4, dtype=np.uint8)
+    q = (crumbs[:, :, :, None] >> (2 * s)[None, None, None, :, None, None]) & 3  # [G, nb, u, s, o, i]
+    qf = q.reshape(groups, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nsb, 16, 16).astype(np.float32)
+    w = dl.transpose(0, 2, 1, 3)[..., None] * qf - ml.transpose(0, 2, 1, 3)[..., None]
+    return np.ascontiguousarray(w.reshape(out_dim, in_dim))
+
+
 def _repack_q3k(raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     """Q3_K superblocks -> quant.h's Q3K groups: d[8], the scales' bytes 0-3 / 4-7 / 8-11 as three
     8 x 4 runs, then per block of 32 the low 2 bits (2 x 32 bytes) and third bits (32 bytes)."""
     groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
     blk = raw.reshape(out_dim, nsb, 110)
     q = _q3k_values(raw, out_dim, in_dim).reshape(groups, 8, nb, 2, 4, 4)  # [G, o, nb, u, s, i]: input 4 (4 u + s) + i
-    crumbs = ((q & 3) << (2 * np.arange(4, dtype=np.uint8))[:, None]).sum(axis=4, dtype=np.uint8)  # [G, o, nb, u, i]
     thirds = (((q >> 2) & 1).reshape(groups, 8, nb, 8, 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=3, dtype=np.uint8)  # [G, o, nb, i]
-    body = np.concatenate([crumbs.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 64),
-                           thirds.transpose(0, 2, 1, 3).reshape(groups, nb, 32)], axis=-1).reshape(groups, nsb, 768)
+    body = np.concatenate([_crumbs(q, groups), thirds.transpose(0, 2, 1, 3).reshape(groups, nb, 32)], axis=-1).reshape(groups, nsb, 768)
     head = [_by_output(blk[..., 108:110], groups), *(_by_output(blk[..., 96 + 4 * v : 100 + 4 * v], groups) for v in range(3))]
     return np.concatenate([*head, body], axis=-1).reshape(groups, -1)
 
@@ -257,6 +299,8 @@ def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarra
         return _repack_iq4xs(raw, out_dim, in_dim)
     if fmt == _Q3K:
         return _repack_q3k(raw, out_dim, in_dim)
+    if fmt == _Q2K:
+        return _repack_q2k(raw, out_dim, in_dim)
     q, d, m = _decode(raw, qtype, out_dim, in_dim)
     out = np.empty((groups, nb, _GROUP_BYTES[fmt]), dtype=np.uint8)
 
@@ -426,6 +470,8 @@ class QuantWeight:
             return torch.from_numpy(_dequantize_iq4xs(self.data.numpy(), self.out_dim, self.in_dim))
         if fmt == _Q3K:
             return torch.from_numpy(_dequantize_q3k(self.data.numpy(), self.out_dim, self.in_dim))
+        if fmt == _Q2K:
+            return torch.from_numpy(_dequantize_q2k(self.data.numpy(), self.out_dim, self.in_dim))
         g = self.data.numpy().reshape(groups, nb, -1)
 
         def scales(lo: int, hi: int) -> np.ndarray:  # [G, nb, 8] f16 -> [G, 8, nb, 1] fp32

@@ -1,5 +1,5 @@
 /* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks (Q4_0, Q4_1,
- * Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
+ * Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
  * products (included by both kernel variants).
  *
  * As llama.cpp does (ggml's vec_dot_q4_0_q8_0 / q4_1_q8_1 / q8_0_q8_0), the activations are
@@ -55,6 +55,13 @@ static const int8_t tlq_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1
  * integers, one float step per block of 32 */
 #define TLQ_Q3K 9
 #define TLQ_Q3K_SB 880
+/* Q2_K in its own bytes, per group of 8 outputs and superblock of 256 inputs (672 bytes: the
+ * file's 84 per output): f16 d[8], f16 dmin[8]; the file's 16 scale bytes (sc | m << 4 per 16
+ * inputs) as four vectors of 8 x 4 bytes; then per block of 32 inputs Q3K's 2 x 32 bytes of low
+ * bits. Sub-block k: w = d sc_k q - dmin m_k, q in 0..3: per 16-input half the exact sums of q x
+ * and of x, times sc and m, added as integers; two float steps per block of 32 */
+#define TLQ_Q2K 10
+#define TLQ_Q2K_SB 672
 
 /* The K-quants in their own bytes, per group of 8 outputs and superblock of 256 inputs (the
  * file's 144 / 176 / 210 bytes per output, so 1152 / 1408 / 1680 per group: nothing widened).
@@ -104,7 +111,7 @@ int tl_quant_vnni(int enable) {
 
 static inline int64_t q_group_bytes(int format) {
     return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_IQ4NL || format == TLQ_Q4K ? 144
-         : format == TLQ_Q5K ? 176 : format == TLQ_IQ4XS ? 136 : format == TLQ_Q3K ? 110 : 210; /* the 256-input formats: per 32 inputs on average */
+         : format == TLQ_Q5K ? 176 : format == TLQ_IQ4XS ? 136 : format == TLQ_Q3K ? 110 : format == TLQ_Q2K ? 84 : 210; /* the 256-input formats: per 32 inputs on average */
 }
 
 /* Q6K: q (unsigned, 0..63; w = d sc (q - 32)) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's
@@ -270,11 +277,23 @@ static inline __attribute__((always_inline)) __m256i q3_scale(const uint8_t *sb,
     return _mm256_sub_epi32(_mm256_or_si256(l4, _mm256_slli_epi32(h2, 4)), _mm256_set1_epi32(32));
 }
 
+/* Q3K / Q2K: a block's low 2 bits of weight vector g (unsigned 0..3; body: the block's bytes) */
+static inline __attribute__((always_inline)) __m256i q_crumbs(const uint8_t *body, int g) {
+    const __m256i crumbs = _mm256_loadu_si256((const __m256i *)(body + 32 * (g / 4)));
+    return _mm256_and_si256(_mm256_srl_epi16(crumbs, _mm_cvtsi32_si128(2 * (g % 4))), _mm256_set1_epi8(3));
+}
+
+/* Q2K: the 8 outputs' scale (sc) and min factor (m) of sub-block k, int32 lanes */
+static inline __attribute__((always_inline)) void q2_scale(const uint8_t *sb, int k, __m256i *sc, __m256i *m) {
+    const __m256i v = _mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(sb + 32 + 32 * (k / 4))), _mm_cvtsi32_si128(8 * (k % 4)));
+    *sc = _mm256_and_si256(v, _mm256_set1_epi32(15));
+    *m = _mm256_and_si256(_mm256_srli_epi32(v, 4), _mm256_set1_epi32(15));
+}
+
 /* Q3K: a block's weight vector g as signed int8 q - 4 (body: the block's 96 bytes) */
 static inline __attribute__((always_inline)) __m256i q3_weights(const uint8_t *body, int g) {
-    const __m256i crumbs = _mm256_loadu_si256((const __m256i *)(body + 32 * (g / 4)));
     const __m256i thirds = _mm256_loadu_si256((const __m256i *)(body + 64));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(crumbs, _mm_cvtsi32_si128(2 * (g % 4))), _mm256_set1_epi8(3));
+    const __m256i lo = q_crumbs(body, g);
     const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(thirds, _mm_cvtsi32_si128(g)), _mm256_set1_epi8(1));
     return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 2)), _mm256_set1_epi8(4));
 }
@@ -298,7 +317,14 @@ static inline __attribute__((always_inline)) void q_tile(
             const int64_t qoff = format == TLQ_Q4X8 ? 32 : 16;
             const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb, *qb = blk + qoff;
             __m256 dw;
-            if (format == TLQ_Q3K) { /* the superblock's header (d; the sub-scales, read below), then block bi % 8 */
+            if (format == TLQ_Q2K) { /* the superblock's header (d, dmin; the scales, read below), then block bi % 8 */
+                const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * TLQ_Q2K_SB;
+                blk = sb;
+                qb = sb + 160 + 64 * (bi & 7);
+                _mm_prefetch((const char *)(qb + TLQ_PF * 84), _MM_HINT_T0);
+                _mm_prefetch((const char *)(qb + TLQ_PF * 84 + 64), _MM_HINT_T0);
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
+            } else if (format == TLQ_Q3K) { /* the superblock's header (d; the sub-scales, read below), then block bi % 8 */
                 const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * TLQ_Q3K_SB;
                 blk = sb;
                 qb = sb + 112 + 96 * (bi & 7);
@@ -320,8 +346,37 @@ static inline __attribute__((always_inline)) void q_tile(
                 for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(blk + TLQ_PF * gb + pf), _MM_HINT_T0);
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             }
-            __m256i isum[QR];
-            if (format == TLQ_Q3K) { /* per 16-input half: its exact sum of (q - 4) x times its scale */
+            __m256i isum[QR], msum[QR];
+            if (format == TLQ_Q2K) { /* per 16-input half: the exact sums of q x and of x, times sc and m */
+                const __m256i one8 = _mm256_set1_epi8(1);
+                for (int r = 0; r < NR; r++) isum[r] = msum[r] = _mm256_setzero_si256();
+                for (int h = 0; h < 2; h++) {
+                    __m256i hs[QR], xsum[QR];
+                    for (int r = 0; r < NR; r++) hs[r] = xsum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                    for (int s4 = 0; s4 < 4; s4++) {
+                        const int g = 4 * h + s4;
+                        const __m256i wv = q_crumbs(qb, g);
+                        for (int r = 0; r < NR; r++) {
+                            const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                            const __m256i xv = _mm256_set1_epi32(xr[g]);
+                            if (vnni) {
+                                hs[r] = tlq_dpbusd(hs[r], wv, xv);
+                                xsum[r] = tlq_dpbusd(xsum[r], one8, xv);
+                            } else {
+                                hs[r] = _mm256_add_epi32(hs[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones));
+                                xsum[r] = _mm256_add_epi32(xsum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xv), ones));
+                            }
+                        }
+                    }
+                    __m256i sc, mn;
+                    q2_scale(blk, 2 * (int)(bi & 7) + h, &sc, &mn);
+                    for (int r = 0; r < NR; r++) {
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(hs[r], sc));
+                        msum[r] = _mm256_add_epi32(msum[r], _mm256_mullo_epi32(xsum[r], mn));
+                    }
+                }
+            } else if (format == TLQ_Q3K) { /* per 16-input half: its exact sum of (q - 4) x times its scale */
                 const __m256i u128 = _mm256_set1_epi8((char)0x80);
                 for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
                 for (int h = 0; h < 2; h++) {
@@ -428,6 +483,10 @@ static inline __attribute__((always_inline)) void q_tile(
                 const int64_t xi = (m0 + r) * nb + bi;
                 acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[xi])), acc[r][j]);
                 if (q4) acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[xi]), acc[r][j]);
+                if (format == TLQ_Q2K) { /* - dmin sum(m x), after the scaled sum */
+                    const __m256 mdw = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))));
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r]), _mm256_mul_ps(mdw, _mm256_set1_ps(xd[xi])), acc[r][j]);
+                }
             }
         }
     }
@@ -878,6 +937,8 @@ static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, 
         case TLQ_IQ4XS | TLQ_VNNI: Q_GROUPS(TLQ_IQ4XS | TLQ_VNNI); break;
         case TLQ_Q3K: Q_GROUPS(TLQ_Q3K); break;
         case TLQ_Q3K | TLQ_VNNI: Q_GROUPS(TLQ_Q3K | TLQ_VNNI); break;
+        case TLQ_Q2K: Q_GROUPS(TLQ_Q2K); break;
+        case TLQ_Q2K | TLQ_VNNI: Q_GROUPS(TLQ_Q2K | TLQ_VNNI); break;
         case TLQ_Q4K: QK_GROUPS(q4k); break;
         case TLQ_Q4K | TLQ_VNNI: QK_GROUPS(q4k_vnni); break;
         case TLQ_Q6K: QK_GROUPS(q6k); break;
@@ -902,7 +963,7 @@ static void q_task(void *ctx, int tid, int nthreads) {
     }
 }
 
-int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_Q3K ? (int)q_group_bytes(format) : 0; }
+int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_Q2K ? (int)q_group_bytes(format) : 0; }
 
 /* The gated MLP's input from (gate | up) [rows, 2f]: `kind` TL_GLU_SILU or TL_GLU_GELU_TANH. */
 static void tl_glu_mul(const float *gu, float *y, int64_t rows, int64_t f, int kind) {

@@ -21,6 +21,7 @@
 #define RP_IQ4_NL 20
 #define RP_IQ4_XS 23
 #define RP_Q3_K 11
+#define RP_Q2_K 10
 
 static inline float rp_f16(const uint8_t *p) { /* exact f16 -> f32 (F16C) */
     uint16_t h;
@@ -65,6 +66,23 @@ static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qt
                     uint8_t *body = out + 112 + 96 * b;
                     body[32 * (g / 4) + 4 * o + i] |= (uint8_t)((q & 3) << (2 * (g % 4)));
                     body[64 + 4 * o + i] |= (uint8_t)((q >> 2) << g);
+                }
+            }
+        }
+    } else if (qtype == RP_Q2_K) { /* Q2K (672 per superblock): d[8], dmin[8], scales 4 x (8 x 4), 8 blocks of 64 */
+        for (int64_t s = 0; s < in_dim / 256; s++) {
+            uint8_t *out = dst + s * TLQ_Q2K_SB;
+            memset(out, 0, TLQ_Q2K_SB);
+            for (int o = 0; o < 8; o++) {
+                const uint8_t *sb = src + o * row_bytes + s * 84; /* scales[16], qs[64], f16 d, f16 dmin */
+                memcpy(out + 2 * o, sb + 80, 2);
+                memcpy(out + 16 + 2 * o, sb + 82, 2);
+                for (int v = 0; v < 4; v++) memcpy(out + 32 + 32 * v + 4 * o, sb + 4 * v, 4);
+                for (int x = 0; x < 256; x++) { /* value x: ggml's dequantize_row_q2_K order */
+                    const int n = x / 128, j = (x % 128) / 32, l = x % 32;
+                    const int q = (sb[16 + 32 * n + l] >> (2 * j)) & 3;
+                    const int b = x / 32, g = (x % 32) / 4, i = x % 4;
+                    out[160 + 64 * b + 32 * (g / 4) + 4 * o + i] |= (uint8_t)(q << (2 * (g % 4)));
                 }
             }
         }
@@ -207,6 +225,7 @@ int tl_repack(const uint8_t *src, uint8_t *dst, int qtype, int64_t out_dim, int6
         case RP_IQ4_NL: format = TLQ_IQ4NL, bb = 18; break;
         case RP_IQ4_XS: format = TLQ_IQ4XS, bb = 136, block = 256; break;
         case RP_Q3_K: format = TLQ_Q3K, bb = 110, block = 256; break;
+        case RP_Q2_K: format = TLQ_Q2K, bb = 84, block = 256; break;
         case RP_Q5_0: format = TLQ_Q8X8, bb = 22; break;
         case RP_Q8_0: format = TLQ_Q8X8, bb = 34; break;
         case RP_Q4_K: format = TLQ_Q4K, bb = 144, block = 256; break;
@@ -265,6 +284,17 @@ void tl_quant_rows(const uint8_t *w, int format, int64_t in_dim, const int64_t *
                 float *yb = y + 256 * s + 32 * j;
                 uint8_t q[32];
                 const uint8_t *body = sb + (format == TLQ_Q6K ? 144 + 192 * j : format == TLQ_IQ4XS ? 64 + 128 * j : 128 + (format == TLQ_Q5K ? 160 : 128) * j);
+                if (format == TLQ_Q2K) { /* w = d sc q - dmin m per 16 inputs */
+                    const uint8_t *b2 = sb + 160 + 64 * j;
+                    const float dmin = rp_f16(sb + 16 + 2 * o);
+                    for (int x = 0; x < 32; x++) {
+                        const int g = x / 4, i = x % 4, k = 2 * j + x / 16;
+                        const int q = (b2[32 * (g / 4) + 4 * o + i] >> (2 * (g % 4))) & 3;
+                        const uint8_t scm = sb[32 + 32 * (k / 4) + 4 * o + k % 4];
+                        yb[x] = d * (float)(scm & 15) * (float)q - dmin * (float)(scm >> 4);
+                    }
+                    continue;
+                }
                 if (format == TLQ_Q3K) { /* w = d (sc - 32) (q - 4) per 16 inputs */
                     const uint8_t *b3 = sb + 112 + 96 * j;
                     for (int x = 0; x < 32; x++) {
