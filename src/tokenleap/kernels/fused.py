@@ -163,7 +163,8 @@ class FusedLayers:
                     outs[i] = hidden[i].data_ptr()
             f.hidden_out = ctypes.addressof(outs)
         f.attn, _work = kernels.attention_desc(plan, self.heads, self.kv_heads, hd, cos, sin)  # _work: alive for the call
-        f.attn_local, _work_local = self._local_desc(plan, cos, sin, local, f.attn)
+        if self.has_local:  # the struct is read for sliding-window layers only
+            f.attn_local, _work_local = self._local_desc(plan, cos, sin, local, f.attn)
         if kernels.lib.tl_forward_layers(ctypes.byref(f)) != 0:
             raise ValueError("fused layers: a layer needs a kernel this build lacks")
         return hidden
@@ -172,8 +173,8 @@ class FusedLayers:
         self, plan: RowPlan, cos: torch.Tensor, sin: torch.Tensor, local: tuple[RowPlan, torch.Tensor, torch.Tensor] | None, desc: AttnDesc
     ) -> tuple[AttnDesc, object]:
         """The sliding-window layers' attention struct (and its work buffers to keep alive): the
-        global one's copy when no layer is local or nothing differs."""
-        if not self.has_local or local is None or (local[0] is plan and local[1] is cos and local[2] is sin):
+        global one's copy when nothing differs."""
+        if local is None or (local[0] is plan and local[1] is cos and local[2] is sin):
             return AttnDesc.from_buffer_copy(desc), None
         lplan, lcos, lsin = local
         if lplan.rows != plan.rows or lplan.blocked != plan.blocked:

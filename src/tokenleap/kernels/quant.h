@@ -476,17 +476,17 @@ static inline __attribute__((always_inline)) void q_tile(
                     }
                 }
             }
+            /* the min term's weight factor: Q4_0's -8 d, Q4_1's m, Q2_K's -dmin (times sum(m x)) */
             const __m256 mw = format == TLQ_Q40X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
                             : format == TLQ_Q4X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
+                            : format == TLQ_Q2K ? _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))))
                                                   : _mm256_setzero_ps();
             for (int r = 0; r < NR; r++) {
                 const int64_t xi = (m0 + r) * nb + bi;
                 acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[xi])), acc[r][j]);
                 if (q4) acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[xi]), acc[r][j]);
-                if (format == TLQ_Q2K) { /* - dmin sum(m x), after the scaled sum */
-                    const __m256 mdw = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))));
-                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r]), _mm256_mul_ps(mdw, _mm256_set1_ps(xd[xi])), acc[r][j]);
-                }
+                if (format == TLQ_Q2K) /* - dmin sum(m x), after the scaled sum */
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r]), _mm256_mul_ps(mw, _mm256_set1_ps(xd[xi])), acc[r][j]);
             }
         }
     }

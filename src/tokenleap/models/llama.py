@@ -399,11 +399,11 @@ class LlamaModel:
         """ExecutionPath.FUSED: the block on the kernels, row-invariant at every row count."""
         kernels = self.kernels
         assert kernels is not None  # FUSED is chosen with kernels only
-        if self._window_in_torch(seqs):  # token trees over blocked caches past the window
-            return self._forward_blocks(seqs, return_hidden, row_invariant=True)
         c = self.config
         starts = self._reserve(seqs)
         plans = self._row_plans(seqs, starts)
+        if True not in plans:  # token trees over blocked caches past the window: the per-op block (it reserves the same slots)
+            return self._forward_blocks(seqs, return_hidden, row_invariant=True)
         self._rope_upto(plans[False].positions)
         eps = c.rms_norm_eps
         x = self._embed(seqs)  # [rows, D]
@@ -449,19 +449,12 @@ class LlamaModel:
             x = x * torch.tensor(self.config.embed_scale, dtype=torch.float32)
         return x
 
-    def _window_in_torch(self, seqs: Sequence[SeqInput]) -> bool:
-        """Whether this forward's sliding-window layers attend in torch: token trees over
-        blocked caches once a row reaches past the window (the kernel lets a tree row see
-        every cached slot, so the window's lower bound cannot be given to it)."""
-        c = self.config
-        if c.sliding_window is None or not self.kv_blocked or all(s.attn is None or s.attn.mask is None for s in seqs):
-            return False
-        return max(int(s.positions.max()) for s in seqs) >= c.sliding_window
-
     def _row_plans(self, seqs: Sequence[SeqInput], starts: Sequence[int]) -> dict[bool, RowPlan]:
         """The kernels' attention plans of a forward: [False] the global layers', [True] the
         sliding-window layers' (the same plan while no row reaches past the window), absent
-        where those attend in torch (`_window_in_torch`)."""
+        where those attend in torch: token trees over blocked caches once a row reaches past the
+        window (the kernel lets a tree row see every cached slot, so the window's lower bound
+        cannot be given to it)."""
         c = self.config
         masks = [s.attn or causal_mask() for s in seqs]
         plans = {False: plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, masks)])}
