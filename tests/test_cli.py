@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -115,6 +116,11 @@ def test_llama_cpp_ngram_mod_example_is_lossless_with_statistics(capsys: pytest.
 def test_q8_0_kv_cache_as_llama_cpp_users_type_it(capsys: pytest.CaptureFixture[str]) -> None:
     """`-ctk q8_0 -ctv q8_0`: speculative output identical to plain decoding over the same q8_0
     cache; one of the two flags alone applies to both, and says so."""
+    from tokenleap.kernels import load_kernels
+
+    kernels = load_kernels()
+    if kernels is None or not kernels.bf16_attention:
+        pytest.skip("no blocked bf16 attention in this CPU's kernel variant (AVX-512 without BF16): no q8_0 KV cache")
     base = ["generate", "Repeat this list exactly twice: apple, banana, cherry, date, elderberry, fig, grape.",
             "--temperature", "0", "-n", "48"]
     assert main([*base, "-ctk", "q8_0", "-ctv", "q8_0"]) == 0
@@ -280,3 +286,136 @@ def test_train_drafter_end_to_end_on_the_default_model(tmp_path, capsys: pytest.
     err = capsys.readouterr().err
     assert "resuming at step 3" in err and "self-distillation" not in err
     assert json.loads((out / "config.json").read_text())["tokenleap_training"]["steps"] == 4
+
+
+# --------------------------------------------------------------------------- llama.cpp's current flag names
+
+
+def _spec(*argv: str) -> Any:
+    from tokenleap.cli import _spec_dict, build_parser
+    from tokenleap.config import SpecConfig
+
+    return SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", *argv])))
+
+
+@pytest.mark.parametrize(
+    ("current", "former"),
+    [
+        (["--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-n-max", "7", "--spec-draft-n-min", "2"],
+         ["--spec-type", "draft", "-md", "x.gguf", "--draft-max", "7", "--draft-min", "2"]),
+        (["--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-p-min", "0.75"],
+         ["--spec-type", "draft-model", "--model-draft", "x.gguf", "--draft-p-min", "0.75"]),
+        (["--spec-type", "draft-eagle3", "--spec-draft-n-max", "3"], ["--spec-type", "eagle3", "--draft", "3"]),
+        (["--spec-type", "draft-mtp", "--spec-draft-n-max", "3"], ["--spec-type", "mtp", "--draft-n", "3"]),
+        (["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "12", "--spec-ngram-simple-size-m", "48"],
+         ["--spec-type", "ngram_simple", "--spec-ngram-size-n", "12", "--spec-ngram-size-m", "48"]),
+        (["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "8", "--spec-ngram-map-k-size-m", "8", "--spec-ngram-map-k-min-hits", "2"],
+         ["--spec-type", "ngram-map-k", "--spec-ngram-size-n", "8", "--spec-ngram-size-m", "8", "--spec-ngram-min-hits", "2"]),
+        (["--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-n", "8", "--spec-ngram-map-k4v-size-m", "8", "--spec-ngram-map-k4v-min-hits", "3"],
+         ["--spec-type", "ngram-map-k4v", "--spec-ngram-size-n", "8", "--spec-ngram-size-m", "8", "--spec-ngram-min-hits", "3"]),
+        # llama.cpp's ngram-mod example, in each generation's names
+        (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64"],
+         ["--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64"]),
+        (["--spec-draft-model", "x.gguf", "--spec-draft-n-max", "5"], ["-md", "x.gguf", "--draft-max", "5"]),  # a draft model alone: its type
+        (["-md", "x.gguf"], ["--spec-type", "draft-model", "-md", "x.gguf"]),
+        (["--spec-type", "ngram-mod,ngram-simple"], ["--spec-type", "ngram-mod+ngram-simple"]),
+        (["--spec-type", "ngram-mod", "--spec-type", "ngram-simple"], ["--spec-type", "ngram-mod+ngram-simple"]),
+        (["--spec-type", "ngram-mod,draft-simple", "--spec-draft-model", "x.gguf", "--spec-ngram-mod-n-max", "32", "--spec-draft-n-max", "4"],
+         ["--spec-type", "ngram-mod+draft-model", "-md", "x.gguf", "--draft-max", "32"]),  # one cap per request: the largest
+    ],
+)
+def test_llama_cpp_current_spellings_parse_as_the_former(current: list[str], former: list[str]) -> None:
+    new, old = _spec(*current), _spec(*former)
+    assert new is not None and new == old
+
+
+def test_a_draft_model_alone_means_its_type_unless_none_is_said() -> None:
+    assert _spec("--spec-draft-model", "my-eagle3-head").method == "eagle3"  # as vLLM's model without a method: by its name
+    assert _spec("--spec-type", "none", "-md", "x.gguf") is None
+
+
+def test_a_types_own_flag_wins_over_the_shared_one_for_that_type_only() -> None:
+    spec = _spec("--spec-type", "ngram-map-k,ngram-simple", "--spec-ngram-size-n", "8", "--spec-ngram-map-k-size-n", "12")
+    assert spec.options_for("ngram-map-k").ngram_size_n == 12 and spec.options_for("ngram-simple").ngram_size_n == 8
+    spec = _spec("--spec-type", "ngram-mod", "--spec-draft-n-max", "8", "--spec-draft-n-min", "2", "--spec-ngram-mod-n-min", "4")
+    assert (spec.num_speculative_tokens, spec.draft_min) == (8, 2)  # the smallest floor given
+
+
+def test_llama_cpp_environment_variables_of_both_generations(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tokenleap.cli import build_parser
+
+    monkeypatch.setenv("LLAMA_ARG_SPEC_DRAFT_N_MAX", "9")
+    monkeypatch.setenv("LLAMA_ARG_SPEC_DRAFT_N_MIN", "3")
+    spec = _spec("--spec-type", "ngram-mod")
+    assert (spec.num_speculative_tokens, spec.draft_min) == (9, 3)
+    monkeypatch.setenv("LLAMA_ARG_DRAFT_MAX", "7")  # the former names: the current ones win
+    monkeypatch.setenv("LLAMA_ARG_DRAFT_MIN", "1")
+    assert (_spec("--spec-type", "ngram-mod").num_speculative_tokens, _spec("--spec-type", "ngram-mod").draft_min) == (9, 3)
+    assert _spec("--spec-type", "ngram-mod", "--spec-draft-n-max", "5").num_speculative_tokens == 5  # the flag wins
+    # the environment's cap counts as given: with a per-type cap, the larger applies
+    assert _spec("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "4").num_speculative_tokens == 9
+    monkeypatch.delenv("LLAMA_ARG_SPEC_DRAFT_N_MAX")
+    monkeypatch.delenv("LLAMA_ARG_SPEC_DRAFT_N_MIN")
+    spec = _spec("--spec-type", "ngram-mod")
+    assert (spec.num_speculative_tokens, spec.draft_min) == (7, 1)
+    monkeypatch.delenv("LLAMA_ARG_DRAFT_MAX")
+    monkeypatch.delenv("LLAMA_ARG_DRAFT_MIN")
+    assert _spec("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "4").num_speculative_tokens == 4  # 16 is only a default
+    monkeypatch.setenv("LLAMA_ARG_SPEC_DRAFT_N_MAX", "lots")
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["generate", "hi"])
+    assert info.value.code == 2 and "error: argument --draft-max/--spec-draft-n-max/--draft/--draft-n: invalid int value: 'lots'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--spec-type", "draft-bogus"], "unknown speculative method 'draft-bogus'"),
+        (["--spec-type", "ngram-mod,bogus"], "not allowed: bogus"),
+        (["--spec-type", "ngram-simple", "--spec-ngram-map-k-size-n", "4"], "--spec-ngram-map-k-size-n is an option of method 'ngram-map-k'; --spec-type ngram-simple does not use it"),
+        (["--spec-type", "ngram-simple", "--spec-ngram-mod-n-max", "8"], "--spec-ngram-mod-n-max is a draft length of method 'ngram-mod'"),
+        (["--spec-type", "draft-mtp", "--spec-draft-p-min", "0.5"], "--spec-draft-p-min is an option of method 'draft-model'; --spec-type draft-mtp"),
+        (["--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-p-min", "1.5"], "draft_p_min must be in [0, 1], got 1.5"),
+        (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "65"], "num_speculative_tokens must be in [1, 64], got 65"),
+        (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "9", "--spec-ngram-mod-n-max", "8"], "draft_min must be in [0, num_speculative_tokens]"),
+        (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "0"], "ngram_size_n and ngram_mod_pool_size must be >= 1"),
+        (["--spec-type", "draft-simple"], "method 'draft-model' needs a draft model"),
+        (["--spec-type", "ngram-mod", "--spec-synth-len", "8"], "--spec-synth-len (llama.cpp's synthetic acceptance rates, for benchmarking) is not supported"),
+        (["--spec-synth-rates", "0.9,0.8"], "--spec-synth-rates (llama.cpp's synthetic acceptance rates, for benchmarking) is not supported"),
+    ],
+)
+def test_bad_llama_cpp_flags_are_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "hi", *argv]) == 2  # before any model load
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err, err
+
+
+def test_a_bad_value_of_a_current_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, flag in ((["--spec-draft-n-max", "many"], "--spec-draft-n-max"), (["--spec-ngram-mod-n-match", "x"], "--spec-ngram-mod-n-match"),
+                       (["--spec-draft-p-min", "high"], "--spec-draft-p-min")):
+        with pytest.raises(SystemExit) as info:
+            main(["generate", "hi", "--spec-type", "ngram-mod", *argv])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "error: argument" in err and flag in err and "invalid" in err, err
+
+
+def test_the_server_takes_llama_cpp_type_names_and_lists_per_request() -> None:
+    """A request's `speculative.method` in llama.cpp's names: a comma list is a chain, and a list
+    naming a method only the operator may choose is refused as its `+` spelling is."""
+    from types import SimpleNamespace
+
+    from tokenleap.config import SpecConfig
+    from tokenleap.server.errors import APIError
+    from tokenleap.server.handlers import speculative
+    from tokenleap.server.protocol import SpeculativeOverride
+
+    state = SimpleNamespace(llm=SimpleNamespace(engine=SimpleNamespace(spec=None)), max_draft_tokens=16)
+
+    def ask(method: str) -> Any:
+        return speculative(state, SpeculativeOverride.model_validate({"method": method, "num_speculative_tokens": 4}))  # type: ignore[arg-type]
+
+    assert ask("ngram-mod,ngram-simple") == ask("ngram-mod+ngram-simple") == SpecConfig("ngram-mod+ngram-simple", 4)
+    assert ask("draft-mtp") == SpecConfig("mtp", 4)
+    for method in ("ngram,draft-eagle3", "ngram+eagle3", "draft-simple"):
+        with pytest.raises(APIError, match="not available per request"):
+            ask(method)

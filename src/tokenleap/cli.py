@@ -1,8 +1,11 @@
 """Command line: `tokenleap generate`, `chat`, `bench`, `serve` and `train-drafter` (argparse; the only module that prints).
 
 Option names follow vLLM / llama.cpp where they exist (`--max-tokens`, `--temperature`,
-`--top-p`, `--top-k`, `--min-p`, `--seed`, `--stop`). Errors a user can cause print one line
-`error: ...` on stderr and exit with status 2; Ctrl-C exits with 130 without a traceback.
+`--top-p`, `--top-k`, `--min-p`, `--seed`, `--stop`); llama.cpp's speculative flags in both its
+generations of names (`--draft-max` / `--spec-draft-n-max`, `--spec-ngram-size-n` /
+`--spec-ngram-map-k-size-n`, ..., their `LLAMA_ARG_*` environment variables). Errors a user can
+cause print one line `error: ...` on stderr and exit with status 2; Ctrl-C exits with 130 without
+a traceback.
 """
 
 from __future__ import annotations
@@ -61,18 +64,57 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-tokens", type=int, default=0, help="no end of sequence before this many tokens (default: %(default)s)")
 
 
+class _SpecTypes(argparse.Action):
+    """--spec-type, repeatable as in llama.cpp: each further use adds a member to the chain."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        current = getattr(namespace, self.dest)
+        joined = getattr(namespace, "spec_type_given", False) and current not in ("none", "off")
+        setattr(namespace, self.dest, f"{current}+{values}" if joined else values)
+        namespace.spec_type_given = True
+
+
+class _StoreGiven(argparse.Action):
+    """Store the value and note that it was given (`<dest>_given`), unlike a default."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest + "_given", True)
+
+
+def _env(*names: str) -> str | None:
+    """The first of these environment variables that is set (current llama.cpp's name first)."""
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+# llama.cpp's per-type draft lengths (current names): one cap and floor per request here, so with
+# several given (or --draft-max / --draft-min too) the largest cap and the smallest floor apply
+_TYPE_DRAFT_LENGTHS: dict[str, tuple[str, str]] = {"ngram-mod": ("--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max")}
+# llama.cpp's synthetic acceptance (a benchmarking drafter tokenleap does not have): a clear error, not "unrecognized arguments"
+_UNSUPPORTED_SPEC_FLAGS = ("--spec-synth-len", "--spec-synth-rates")
+
+
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("speculative decoding (llama.cpp's flag names)")
+    g = p.add_argument_group("speculative decoding (llama.cpp's flag names, current and former)")
     from tokenleap.drafters import methods
 
-    g.add_argument("--spec-type", default="none", help=methods.spec_type_help())
+    g.add_argument("--spec-type", default="none", action=_SpecTypes, help=methods.spec_type_help())
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config as a JSON object (instead of the flags below), e.g. '{\"method\": \"ngram\"}'")
     # llama.cpp's spellings and environment variables (a string default goes through `type`: a bad value is a usage error)
-    g.add_argument("--draft-max", "--draft", "--draft-n", type=int, default=os.environ.get("LLAMA_ARG_DRAFT_MAX", "16"),
-                   help="draft tokens per step at most (env LLAMA_ARG_DRAFT_MAX; default: %(default)s)")
-    g.add_argument("--draft-min", "--draft-n-min", type=int, default=os.environ.get("LLAMA_ARG_DRAFT_MIN", "0"),
-                   help="shorter drafts are not verified (env LLAMA_ARG_DRAFT_MIN; default: %(default)s)")
+    n_max, n_min = _env("LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"), _env("LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN")
+    g.add_argument("--draft-max", "--spec-draft-n-max", "--draft", "--draft-n", type=int, default=n_max or "16", action=_StoreGiven, metavar="N",
+                   help="draft tokens per step at most (env LLAMA_ARG_SPEC_DRAFT_N_MAX or LLAMA_ARG_DRAFT_MAX; default: 16)")
+    g.add_argument("--draft-min", "--spec-draft-n-min", "--draft-n-min", type=int, default=n_min or "0", action=_StoreGiven, metavar="N",
+                   help="shorter drafts are not verified (env LLAMA_ARG_SPEC_DRAFT_N_MIN or LLAMA_ARG_DRAFT_MIN; default: 0)")
+    p.set_defaults(draft_max_given=n_max is not None, draft_min_given=n_min is not None)
+    for method, (low, high) in _TYPE_DRAFT_LENGTHS.items():
+        g.add_argument(low, type=int, default=None, dest=_flag_dest(low), metavar="N",
+                       help=f"{method}: llama.cpp's per-type --draft-min (one floor per request here: the smallest given applies)")
+        g.add_argument(high, type=int, default=None, dest=_flag_dest(high), metavar="N",
+                       help=f"{method}: llama.cpp's per-type --draft-max (one cap per request here: the largest given applies)")
+    for flag in _UNSUPPORTED_SPEC_FLAGS:
+        g.add_argument(flag, default=None, dest=_flag_dest(flag), help=argparse.SUPPRESS)
     g.add_argument("--spec-sampled-tree", default=None, choices=["full", "first-path"],
                    help="how sampled requests verify a token-tree draft: every branch (lossless) or the first path (default: full)")
     g.add_argument("--spec-acceptance", default=None, choices=["exact", "typical-lossy"],
@@ -81,6 +123,9 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-typical-alpha", type=float, default=None, help="typical-lossy: entropy factor (default 0.3)")
     g.add_argument("--stats", action="store_true", help="print speculation statistics after each answer")
     _add_method_option_args(p)
+
+
+_METAVARS: dict[Any, str] = {int: "N", float: "X"}
 
 
 def _flag_dest(flag: str) -> str:
@@ -110,21 +155,56 @@ def _add_method_option_args(p: argparse.ArgumentParser) -> None:
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            metavars: dict[Any, str] = {int: "N", float: "X"}
-            kwargs["metavar"] = metavars.get(base, "PATH" if f.name == "model" or "path" in f.name else "VALUE")
+            kwargs["metavar"] = _METAVARS.get(base, "PATH" if f.name == "model" or "path" in f.name else "VALUE")
             if base in (int, float, str):
                 kwargs["type"] = base
         try:
             g.add_argument(*spellings, **kwargs)
         except argparse.ArgumentError as exc:  # a flag another option or command already has
             logging.getLogger(__name__).warning("method %r: no flag for option %r (%s)", record.name, f.name, exc)
+    for flag, (record, f) in methods.cli_own_options().items():  # a method's own spelling (llama.cpp's per-type flags)
+        tp = methods.option_types(record).get(f.name)
+        own_help = methods.option_help(record, f).replace(f"{record.name}: ", f"{record.name} only: ", 1)
+        kwargs = {"dest": _flag_dest(flag), "default": None, "metavar": _METAVARS.get(tp, "VALUE"),
+                  "help": f"{own_help}; wins over {methods.option_flags(record, f)[0]}".replace("%", "%%")}
+        if tp in (int, float, str):
+            kwargs["type"] = tp
+        try:
+            g.add_argument(flag, **kwargs)
+        except argparse.ArgumentError as exc:
+            logging.getLogger(__name__).warning("method %r: no flag %s for option %r (%s)", record.name, flag, f.name, exc)
 
 
 def _chain_members(spec_type: str) -> list[str]:
-    return [m.strip() for m in spec_type.replace(",", "+").split("+") if m.strip()]
+    from tokenleap.drafters import methods
+
+    return methods.split_chain(spec_type)
+
+
+def _draft_lengths(args: argparse.Namespace, spec_type: str, members: list[str]) -> tuple[int, int]:
+    """The request's draft cap and floor: --draft-max / --draft-min (either generation's name,
+    or their environment variables), and llama.cpp's per-type lengths of the chosen types
+    (`--spec-ngram-mod-n-max`): the largest cap and the smallest floor given."""
+    caps: list[int] = []
+    floors: list[int] = []
+    for method, flags in _TYPE_DRAFT_LENGTHS.items():
+        for flag, given in zip(flags, (floors, caps)):
+            value = getattr(args, _flag_dest(flag), None)
+            if value is None:
+                continue
+            if method not in members:
+                raise TokenleapError(f"{flag} is a draft length of method {method!r}; --spec-type {spec_type} does not use it")
+            given.append(value)
+    cap = max([*caps, *([args.draft_max] if getattr(args, "draft_max_given", False) else [])]) if caps else args.draft_max
+    floor = min([*floors, *([args.draft_min] if getattr(args, "draft_min_given", False) else [])]) if floors else args.draft_min
+    return cap, floor
 
 
 def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
+    for flag in _UNSUPPORTED_SPEC_FLAGS:
+        if getattr(args, _flag_dest(flag), None) is not None:
+            raise TokenleapError(f"{flag} (llama.cpp's synthetic acceptance rates, for benchmarking) is not supported: tokenleap has no "
+                                 "synthetic drafter; compare real drafters with `tokenleap bench --methods ...`")
     raw = getattr(args, "speculative_config", None)
     if raw is not None:  # vLLM's flag: the whole config as JSON
         if args.spec_type not in ("none", "off"):
@@ -136,16 +216,24 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
         if not isinstance(parsed, dict):
             raise TokenleapError("--speculative-config must be a JSON object, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 8}'")
         return parsed or None
-    if args.spec_type in ("none", "off"):
-        return None
     from tokenleap.drafters import methods
 
-    members = [methods.canonical(m) for m in _chain_members(args.spec_type)]
+    spec_type = args.spec_type
+    draft = getattr(args, _flag_dest(methods.MODEL_FLAGS[0]), None)
+    if spec_type in ("none", "off") and draft is not None and not getattr(args, "spec_type_given", False):
+        from tokenleap.config import infer_method
+
+        spec_type = infer_method(str(draft))  # llama.cpp's -md alone, vLLM's model without a method: a draft model (or a head, by its name)
+    if spec_type in ("none", "off"):
+        return None
+    members = [methods.canonical(m) for m in _chain_members(spec_type)]
+    method = "+".join(_chain_members(spec_type))  # llama.cpp's comma list or repeated --spec-type: a chain
     model_methods = methods.model_methods()  # the methods that read --model-draft
-    if getattr(args, _flag_dest(methods.MODEL_FLAGS[0]), None) is not None and not any(m in model_methods for m in members):
+    if draft is not None and not any(m in model_methods for m in members):
         raise TokenleapError(f"--model-draft is for a draft model or head ({', '.join(model_methods)}); --spec-type "
-                             f"{args.spec_type} uses none. To draft with both, chain them: --spec-type {args.spec_type}+draft-model")
-    spec: dict[str, Any] = {"method": args.spec_type, "num_speculative_tokens": args.draft_max, "draft_min": args.draft_min}
+                             f"{spec_type} uses none. To draft with both, chain them: --spec-type {spec_type}+draft-model")
+    cap, floor = _draft_lengths(args, spec_type, members)
+    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": cap, "draft_min": floor}
     options: dict[str, dict[str, Any]] = {}
     for flag, owners in methods.cli_options().items():  # each sets its option of the chosen methods that have it
         value = getattr(args, _flag_dest(flag), None)
@@ -154,10 +242,17 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
         used = [(r, f) for r, f in owners if r.name in members]
         if not used:
             names = ", ".join(repr(r.name) for r, _ in owners)
-            raise TokenleapError(f"{flag} is an option of method{'s' if len(owners) > 1 else ''} {names}; --spec-type {args.spec_type} "
+            raise TokenleapError(f"{flag} is an option of method{'s' if len(owners) > 1 else ''} {names}; --spec-type {spec_type} "
                                  "does not use it")
         for r, f in used:
             options.setdefault(r.name, {})[f.name] = value
+    for flag, (r, f) in methods.cli_own_options().items():  # a method's own spelling wins over the shared flag
+        value = getattr(args, _flag_dest(flag), None)
+        if value is None:
+            continue
+        if r.name not in members:
+            raise TokenleapError(f"{flag} is an option of method {r.name!r}; --spec-type {spec_type} does not use it")
+        options.setdefault(r.name, {})[f.name] = value
     if options:
         spec["method_options"] = options
     for flag, key in (("spec_sampled_tree", "sampled_tree"), ("spec_acceptance", "acceptance"),
@@ -194,10 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--questions-per-group", "-q", type=int, default=8, help="questions per group (default: %(default)s)")
     bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, Spec-Bench's protocol (default: %(default)s)")
-    bench.add_argument("--draft-max", type=int, default=16, help="draft length cap (default: %(default)s)")
+    bench.add_argument("--draft-max", "--spec-draft-n-max", type=int, default=16, help="draft length cap (default: %(default)s)")
     bench.add_argument("--no-adaptive", action="store_true",
                        help="draft exactly --draft-max tokens every step (no adaptive draft length): a drafter's acceptance, not the speed the controller would choose")
-    bench.add_argument("--model-draft", "-md", default=None, help="the draft model (draft-model) or EAGLE-3 head directory (eagle3) of the methods that need one")
+    bench.add_argument("--model-draft", "-md", "--spec-draft-model", default=None, help="the draft model (draft-model) or EAGLE-3 head directory (eagle3) of the methods that need one")
     bench.add_argument("--hf-baseline", action="store_true",
                        help="also run transformers' generate and its prompt lookup (prompt_lookup_num_tokens=10) on the same GGUF; their speedups "
                             "are relative to transformers' own plain decoding")
@@ -322,8 +417,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
     )
     cap = config.max_num_speculative_tokens
-    if cap is not None and args.spec_type not in ("none", "off") and cap < args.draft_max:  # before the model load
-        raise TokenleapError(f"--max-num-speculative-tokens ({cap}) is below --draft-max ({args.draft_max})")
+    own = (_spec_dict(args) or {}).get("num_speculative_tokens")
+    if cap is not None and isinstance(own, int) and cap < own:  # before the model load
+        raise TokenleapError(f"--max-num-speculative-tokens ({cap}) is below --draft-max ({own})")
     if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
         return _cmd_serve_ray(args, config)
     sock = bind_socket(config.host, config.port)  # a port in use fails now, not after the model load

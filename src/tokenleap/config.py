@@ -127,13 +127,16 @@ class SpecConfig:
         self._validate(options)
 
     def _validate(self, flat: dict[str, Any]) -> None:
+        from tokenleap.drafters import methods
+
         method = str(self.method).strip().lower()
+        if "," in method:  # llama.cpp's list of types ("ngram-mod,draft-mtp"): a chain as "ngram-mod+draft-mtp"
+            method = "+".join(methods.split_chain(method))
         method = canonical_method(method)
         if "+" in method:  # "suffix+ngram": a chain, the first that proposes wins
             object.__setattr__(self, "chain", tuple(method.split("+")))
             method = "chain"
         object.__setattr__(self, "method", method)
-        from tokenleap.drafters import methods
 
         record = methods.find(method)
         if record is None:

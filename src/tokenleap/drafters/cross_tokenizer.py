@@ -27,6 +27,7 @@ from typing import ClassVar
 import torch
 
 from tokenleap.drafters.base import Draft, DraftRequest
+from tokenleap.drafters.draft_model import unsure
 from tokenleap.kv.cache import KVCache, resync
 from tokenleap.models.base import CausalLM
 from tokenleap.tokenizer import Tokenizer
@@ -50,8 +51,9 @@ class CrossTokenizerDrafter:
     needs_hidden_states: ClassVar[bool] = False
     drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
-    def __init__(self, model: CausalLM, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer) -> None:
+    def __init__(self, model: CausalLM, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer, p_min: float = 0.0) -> None:
         self.model = model
+        self.p_min = p_min  # stop where the draft model's top probability falls below this (draft-model's draft_p_min; 0: never)
         self.draft_tok = draft_tokenizer
         self.target_tok = target_tokenizer
         self._states: dict[str, _State] = {}
@@ -114,7 +116,10 @@ class CrossTokenizerDrafter:
             pos = st.kv.length
             out = self.model.forward(torch.tensor(new), torch.arange(pos, pos + len(new)), st.kv)
             st.cached.extend(new)
-            tok = int(self.model.compute_logits(out.hidden, [len(new) - 1])[0].argmax())
+            logits = self.model.compute_logits(out.hidden, [len(new) - 1])[0]
+            if unsure(logits, self.p_min):
+                break
+            tok = int(logits.argmax())
             if tok in self._draft_eos:
                 break
             drafted.append(tok)

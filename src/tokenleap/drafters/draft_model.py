@@ -7,7 +7,10 @@ it takes the argmax. Its cache follows the request by longest common prefix: eac
 truncates the cache to the tokens still in the context (rolling back rejected drafts in O(1))
 and feeds only what is new. A draft made of the target's first N layers (`draft_layers`) shares
 the target's weights, which is also the simplest form of self-speculation (LayerSkip, Elhoushi
-et al., 2024, without its training).
+et al., 2024, without its training). With `draft_p_min` > 0 (llama.cpp's `--spec-draft-p-min`) a
+draft stops at the first position where the draft model's top probability (its softmax under
+greedy requests, q under sampled ones) falls below it, that token not drafted: drafts only get
+shorter, so greedy output stays the target's and sampled output keeps its distribution.
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ class _State:
     cached: list[int] = field(default_factory=list)  # token ids whose K/V are in `kv`
 
 
+def unsure(logits: torch.Tensor, p_min: float) -> bool:
+    """Whether a draft position's top probability (softmax of one row of logits) is below `p_min`
+    (never when `p_min` is 0: no softmax is computed)."""
+    return p_min > 0.0 and float(torch.softmax(logits.float(), dim=-1).max()) < p_min
+
+
 def same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: CausalLM, draft: CausalLM) -> bool:
     """Whether the draft speaks the target's token ids (else `CrossTokenizerDrafter` translates)."""
     return draft.config.vocab_size == target.config.vocab_size and target_tok.hf.get_vocab() == draft_tok.hf.get_vocab()
@@ -51,8 +60,9 @@ class DraftModelDrafter:
     needs_hidden_states: ClassVar[bool] = False
     drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
-    def __init__(self, model: CausalLM) -> None:
+    def __init__(self, model: CausalLM, p_min: float = 0.0) -> None:
         self.model = model
+        self.p_min = p_min  # stop a draft where the draft model's top probability falls below this (0: never)
         self._states: dict[str, _State] = {}
 
     def begin(self, request: DraftRequest) -> None:
@@ -76,9 +86,13 @@ class DraftModelDrafter:
             st.cached.extend(new)
             logits = self.model.compute_logits(out.hidden, [len(new) - 1])  # [1, V]
             if params.greedy:
+                if unsure(logits[0], self.p_min):
+                    break
                 tok = int(logits[0].argmax())
             else:
                 q = logits_to_probs(logits, params)[0]
+                if self.p_min > 0.0 and float(q.max()) < self.p_min:
+                    break
                 tok = int(torch.multinomial(q, 1, generator=gen))
                 qs.append(q)
             drafted.append(tok)
@@ -131,10 +145,15 @@ class DraftModelOptions:
     model: str | None = option(None, help="the draft model (a registered name, a .gguf file or a folder)", flags=MODEL_FLAGS, per_request=False)
     draft_layers: int | None = option(None, help="use only the draft model's first N layers (default: all)", flags=("--draft-layers",),
                                       per_request=False)
+    draft_p_min: float = option(0.0, help="stop a draft where the draft model's top probability falls below this (0: off; llama.cpp's own "
+                                          "default is 0.75); drafts only get shorter, output is unchanged",
+                                flags=("--spec-draft-p-min", "--draft-p-min"), per_request=False)
 
     def __post_init__(self) -> None:
         if self.draft_layers is not None and self.draft_layers < 1:
             raise TokenleapError(f"draft_layers must be >= 1, got {self.draft_layers}")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise TokenleapError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
 
 
 def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, models: LoadedModels | None = None,
@@ -146,8 +165,8 @@ def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any 
     if opts.draft_layers is not None:
         model = model.with_layers(opts.draft_layers)
     if draft_tok is not None:
-        return CrossTokenizerDrafter(model, draft_tok, tokenizer)
-    return DraftModelDrafter(model)
+        return CrossTokenizerDrafter(model, draft_tok, tokenizer, p_min=opts.draft_p_min)
+    return DraftModelDrafter(model, p_min=opts.draft_p_min)
 
 
 def _loaded_models(registry: Any) -> dict[str, Any]:
@@ -156,7 +175,7 @@ def _loaded_models(registry: Any) -> dict[str, Any]:
 
 METHOD = MethodRecord(
     "draft-model", _build, "a smaller LM; with the target's tokenizer it returns q for lossless sampling, with another it drafts through text",
-    options=DraftModelOptions, aliases=("draft_model", "draft"), per_request=False, needs_model="a draft model", shared=_loaded_models,
+    options=DraftModelOptions, aliases=("draft_model", "draft", "draft-simple"), per_request=False, needs_model="a draft model", shared=_loaded_models,
     doc="a smaller LM; with the target's tokenizer it samples and returns q for lossless sampling, with another tokenizer it drafts greedily "
         "through text ([models.md](models.md), Draft models with another tokenizer)",
 )

@@ -153,5 +153,5 @@ MEDUSA = MethodRecord(
 )
 MTP = MethodRecord(  # MiMo MTP layers (model None: the target's own folder)
     "mtp", _mtp, "the target checkpoint's own MTP layer (MiMo), chains or trees", options=MtpOptions,
-    aliases=("mimo_mtp", "mimo-mtp", "deepseek_mtp"), shared=_mtp_heads,
+    aliases=("mimo_mtp", "mimo-mtp", "deepseek_mtp", "draft-mtp"), shared=_mtp_heads,
 )

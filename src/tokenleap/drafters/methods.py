@@ -15,7 +15,8 @@ Derived from the records: the method names and aliases `SpecConfig` accepts
 a chain's members (`split_options`, `flat_options`), the drafter keys (`drafter_key`), the
 drafter registry (`tokenleap.drafters.default_registry`), the CLI's `--spec-type` help and the
 options' flags (`cli_options`, `flag_help`: declared spellings, shared by the methods that
-declare them, else `--spec-<method>-<option>`), the server's set of per-request methods and its
+declare them, else `--spec-<method>-<option>`; `own_flags`: a method's own spellings, as
+llama.cpp's per-type `--spec-ngram-map-k-size-n`), the server's set of per-request methods and its
 per-request schema of options (`options_json_schema`, `check_request_options`), and the methods
 table in docs/speculative-decoding.md (`methods_table`).
 
@@ -44,17 +45,22 @@ _O = TypeVar("_O")
 ENTRY_POINT_GROUP = "tokenleap.methods"
 OPTIONS_FIELD = "method_options"  # the SpecConfig field holding the methods' options
 CHAIN_SEPARATOR = "+"
-MODEL_FLAGS = ("--model-draft", "-md")  # llama.cpp's: the draft model, or a draft head's directory (option `model`)
+CHAIN_SEPARATORS = ("+", ",")  # llama.cpp lists its types with commas (`--spec-type ngram-mod,draft-mtp`)
+# llama.cpp's: the draft model, or a draft head's directory (option `model`); --spec-draft-model is its current spelling
+MODEL_FLAGS = ("--model-draft", "-md", "--spec-draft-model")
 
 
-def option(default: Any, *, help: str, flags: tuple[str, ...] = (), per_request: bool = True, request_max: float | None = None) -> Any:
+def option(default: Any, *, help: str, flags: tuple[str, ...] = (), own_flags: tuple[str, ...] = (), per_request: bool = True,
+           request_max: float | None = None) -> Any:
     """A field of a method's options dataclass with what the CLI and the server derive from it:
     `help` (the flag's help and the server schema's description), `flags` (the CLI spellings; the
     first is the flag's name, several methods may share one: the value goes to every method of the
-    chosen `--spec-type` that has it; default `--spec-<method>-<option>`), `per_request` (False: a
-    server request may not set it: files, memory bounds, operator choices) and `request_max` (the
-    largest value a server request may ask for; the library takes larger ones)."""
-    metadata = {"help": help, "flags": tuple(flags), "per_request": per_request, "request_max": request_max}
+    chosen `--spec-type` that has it; default `--spec-<method>-<option>`), `own_flags` (spellings
+    that set this method's option only, as llama.cpp's per-type `--spec-ngram-map-k-size-n`; they
+    win over a shared flag), `per_request` (False: a server request may not set it: files, memory
+    bounds, operator choices) and `request_max` (the largest value a server request may ask for;
+    the library takes larger ones)."""
+    metadata = {"help": help, "flags": tuple(flags), "own_flags": tuple(own_flags), "per_request": per_request, "request_max": request_max}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -225,10 +231,18 @@ def unknown_method(name: str) -> TokenleapError:
     return TokenleapError(f"unknown speculative method {name!r}; choose one of {', '.join(method_names())}{note}")
 
 
+def split_chain(method: str) -> list[str]:
+    """The names a method string lists, as given: one, or a chain's ("suffix+ngram", or
+    llama.cpp's comma list "ngram-mod,draft-mtp")."""
+    text = str(method).strip().lower()
+    for sep in CHAIN_SEPARATORS[1:]:
+        text = text.replace(sep, CHAIN_SEPARATOR)
+    return [p.strip() for p in text.split(CHAIN_SEPARATOR) if p.strip()]
+
+
 def members(method: str) -> tuple[str, ...]:
-    """The methods a method string names: one, or a chain's members ("suffix+ngram")."""
-    parts = [p.strip() for p in str(method).strip().lower().split(CHAIN_SEPARATOR) if p.strip()]
-    return tuple(canonical(p) for p in parts)
+    """The methods a method string names: one, or a chain's members ("suffix+ngram", "ngram-mod,draft-mtp")."""
+    return tuple(canonical(p) for p in split_chain(method))
 
 
 # --------------------------------------------------------------------------- options
@@ -449,6 +463,11 @@ def option_flags(record: MethodRecord, f: dataclasses.Field[Any]) -> tuple[str, 
     return flags or (f"--spec-{record.name}-{f.name}".replace("_", "-"),)
 
 
+def option_own_flags(record: MethodRecord, f: dataclasses.Field[Any]) -> tuple[str, ...]:
+    """The spellings that set this method's option only (`option(own_flags=...)`)."""
+    return tuple(f.metadata.get("own_flags") or ()) if f.metadata else ()
+
+
 def option_flag(record: MethodRecord, option: str) -> str:
     f = _field(record, option)
     return option_flags(record, f)[0] if f is not None else f"--spec-{record.name}-{option}".replace("_", "-")
@@ -474,6 +493,21 @@ def cli_options() -> dict[str, list[tuple[MethodRecord, dataclasses.Field[Any]]]
     for r in all_methods():
         for f in r.option_fields:
             out.setdefault(option_flags(r, f)[0], []).append((r, f))
+    return out
+
+
+def cli_own_options() -> dict[str, tuple[MethodRecord, dataclasses.Field[Any]]]:
+    """Each method's own spellings (`own_flags`) -> the one (method, option) it sets. A spelling
+    two methods declare, or one that is also a shared flag, is the first's (logged)."""
+    shared = {s for owners in cli_options().values() for r, f in owners for s in option_flags(r, f)}
+    out: dict[str, tuple[MethodRecord, dataclasses.Field[Any]]] = {}
+    for r in all_methods():
+        for f in r.option_fields:
+            for flag in option_own_flags(r, f):
+                if flag in out or flag in shared:
+                    logger.warning("method %r: own flag %s of option %r is taken; ignored", r.name, flag, f.name)
+                    continue
+                out[flag] = (r, f)
     return out
 
 
@@ -513,8 +547,9 @@ def spec_type_help() -> str:
         aliases = [a for a in r.aliases if a != r.name.replace("-", "_")]
         needs = " [--model-draft]" if r.needs_model else " [--model-draft: optional]" if reads_model(r) else ""
         parts.append(r.name + (f" (alias {', '.join(aliases)})" if aliases else "") + needs)
-    return (" | ".join(parts) + " | a+b (a chain: the first that proposes; draftless methods before a draft model). "
-            "llama.cpp's underscore spellings (ngram_simple) work too (default: %(default)s)")
+    return (" | ".join(parts) + " | a+b (a chain: the first that proposes; draftless methods before a draft model; llama.cpp's a,b and "
+            "repeated --spec-type too). llama.cpp's underscore spellings (ngram_simple) and type names (draft-simple, draft-eagle3, "
+            "draft-mtp) work too (default: %(default)s)")
 
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
@@ -578,7 +613,8 @@ def _knobs_cell(r: MethodRecord) -> str:
         shown = f"2^{value.bit_length() - 1}" if isinstance(value, int) and value >= 1024 and value & (value - 1) == 0 else str(value)
         default = f" (default {shown})" if value is not None else ""
         server_side = " (not per request)" if r.per_request and not is_per_request(f) else ""
-        cells.append(f"`{f.name}` / `{option_flag(r, f.name)}`{default}{server_side}")
+        flags = " or ".join(f"`{flag}`" for flag in (option_flag(r, f.name), *option_own_flags(r, f)))
+        cells.append(f"`{f.name}` / {flags}{default}{server_side}")
     return ", ".join(cells) or "none"
 
 

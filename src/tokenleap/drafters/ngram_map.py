@@ -199,17 +199,22 @@ class NgramMapK4VDrafter:
         self._tables.pop(request_id, None)
 
 
-def ngram_size_n_option() -> Any:
-    """`ngram_size_n`, the key length every llama.cpp n-gram type has (`--spec-ngram-size-n`)."""
-    return option(3, help="n-gram key length", flags=("--spec-ngram-size-n",), request_max=64)
+def ngram_size_n_option(own_flags: tuple[str, ...] = ()) -> Any:
+    """`ngram_size_n`, the key length every llama.cpp n-gram type has (`--spec-ngram-size-n`, and
+    the type's own spelling of current llama.cpp: `--spec-ngram-map-k-size-n`, ...)."""
+    return option(3, help="n-gram key length", flags=("--spec-ngram-size-n",), own_flags=own_flags, request_max=64)
+
+
+def _size_m_option(own_flags: tuple[str, ...]) -> Any:
+    return option(16, help="m-gram draft length", flags=("--spec-ngram-size-m",), own_flags=own_flags, request_max=64)
 
 
 @dataclass(frozen=True)
 class NgramSimpleOptions:
     """ngram-simple's options: the key length n and the drafted m-gram length m."""
 
-    ngram_size_n: int = ngram_size_n_option()
-    ngram_size_m: int = option(16, help="m-gram draft length", flags=("--spec-ngram-size-m",), request_max=64)
+    ngram_size_n: int = ngram_size_n_option(("--spec-ngram-simple-size-n",))
+    ngram_size_m: int = _size_m_option(("--spec-ngram-simple-size-m",))
 
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_size_m < 1:
@@ -223,7 +228,10 @@ _MIN_HITS_HELP = "occurrences a key's m-gram needs before it is drafted"
 class NgramMapKOptions(NgramSimpleOptions):
     """ngram-map-k's options: n, m and the occurrences a value needs (`min_hits`)."""
 
-    ngram_min_hits: int = option(NgramMapKDrafter.DEFAULT_MIN_HITS, help=_MIN_HITS_HELP, flags=("--spec-ngram-min-hits",), request_max=1024)
+    ngram_size_n: int = ngram_size_n_option(("--spec-ngram-map-k-size-n",))
+    ngram_size_m: int = _size_m_option(("--spec-ngram-map-k-size-m",))
+    ngram_min_hits: int = option(NgramMapKDrafter.DEFAULT_MIN_HITS, help=_MIN_HITS_HELP, flags=("--spec-ngram-min-hits",),
+                                 own_flags=("--spec-ngram-map-k-min-hits",), request_max=1024)
 
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_size_m < 1 or self.ngram_min_hits < 1:
@@ -236,7 +244,10 @@ class NgramMapKOptions(NgramSimpleOptions):
 class NgramMapK4VOptions(NgramMapKOptions):
     """ngram-map-k4v's options: those of ngram-map-k, with its own default min hits."""
 
-    ngram_min_hits: int = option(NgramMapK4VDrafter.DEFAULT_MIN_HITS, help=_MIN_HITS_HELP, flags=("--spec-ngram-min-hits",), request_max=1024)
+    ngram_size_n: int = ngram_size_n_option(("--spec-ngram-map-k4v-size-n",))
+    ngram_size_m: int = _size_m_option(("--spec-ngram-map-k4v-size-m",))
+    ngram_min_hits: int = option(NgramMapK4VDrafter.DEFAULT_MIN_HITS, help=_MIN_HITS_HELP, flags=("--spec-ngram-min-hits",),
+                                 own_flags=("--spec-ngram-map-k4v-min-hits",), request_max=1024)
 
 
 def llamacpp_shared(registry: Any) -> dict[str, Any]:

@@ -163,9 +163,9 @@ def pools_shared(registry: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class NgramModOptions:
-    """ngram-mod's options: the key length and the shared pool's size."""
+    """ngram-mod's options: the key length (current llama.cpp's `--spec-ngram-mod-n-match`) and the shared pool's size."""
 
-    ngram_size_n: int = ngram_size_n_option()
+    ngram_size_n: int = ngram_size_n_option(("--spec-ngram-mod-n-match",))
     ngram_mod_pool_size: int = option(DEFAULT_POOL_SIZE, help="hash pool slots (4 bytes each, allocated on first use)",
                                       flags=("--spec-ngram-mod-pool-size",), per_request=False)
 
