@@ -11,7 +11,7 @@ vector registers and EVEX forms (what an AVX2-only CPU such as Zen 3 compiles), 
 AVX-512 host the library's AVX2 variant is compiled with `-march=native`.
 
     .venv/bin/python benchmarks/quant_roofline.py --mno-avx512
-    .venv/bin/python benchmarks/quant_roofline.py --types Q4_K,Q6_K --rows 1,2,4,8 --variants avx2 --expand
+    .venv/bin/python benchmarks/quant_roofline.py --types Q4_K,Q6_K --rows 1,2,4,8 --variants avx2
 
 Writes a table to stdout and JSON to `--out`.
 """
@@ -44,12 +44,11 @@ _READ = re.compile(r"read_gbps_per_core ([\d.]+)")
 _ROW = re.compile(r"rows (\d+) hot_ns ([\d.]+) cold_ns ([\d.]+) bytes (\d+)")
 
 
-def build(variant: str, out: Path, no_avx512: bool = False, expand: bool = False) -> Path:
-    """Compile quant_roofline.c against this checkout's kernels for `variant` (`expand`: the
-    K-quants' shared broadcasts on from 2 rows, quant.h `tl_quant_expand`)."""
+def build(variant: str, out: Path, no_avx512: bool = False) -> Path:
+    """Compile quant_roofline.c against this checkout's kernels for `variant`."""
     source = "kernels.c" if variant == "avx512" else "kernels_avx2.c"
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
-    flags = [f for f in _FLAGS if f not in ("-shared", "-fPIC")] + (["-mno-avx512f"] if no_avx512 else []) + (["-DTLQ_EXPAND_ROWS=2"] if expand else [])
+    flags = [f for f in _FLAGS if f not in ("-shared", "-fPIC")] + (["-mno-avx512f"] if no_avx512 else [])
     subprocess.run([compiler, *flags, f"-I{KERNEL_DIR}", f'-DKERNELS_SOURCE="{source}"',
                     str(ROOT / "benchmarks" / "quant_roofline.c"), "-o", str(out), "-lm"], check=True, capture_output=True, text=True)
     return out
@@ -84,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=csv_of(int), default="1,2,3,4,5,8")
     ap.add_argument("--variants", type=csv_of(str), default="", help="avx2, avx512 (default: every one this CPU runs)")
     ap.add_argument("--mno-avx512", action="store_true", help="also an AVX2 build without AVX-512 (16 registers: an AVX2-only CPU's code)")
-    ap.add_argument("--expand", action="store_true", help="also each AVX2 build with the K-quants' shared broadcasts (tl_quant_expand) on")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quant_roofline.json")
     args = ap.parse_args(argv)
     unknown = [t for t in args.types if t not in FORMATS]
@@ -107,9 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         builds = {v: build(v, Path(tmp) / v) for v in variants}
         if args.mno_avx512 and best == "avx512":
             builds["avx2 -mno-avx512f"] = build("avx2", Path(tmp) / "avx2_strict", no_avx512=True)
-        if args.expand:
-            for label in [b for b in builds if b.startswith("avx2")]:
-                builds[f"{label} +expand"] = build("avx2", Path(tmp) / f"{label}_expand".replace(" ", "_"), no_avx512="mno" in label, expand=True)
         header = " | ".join(f"{n} rows" for n in rows)
         print(f"| build | type | read GB/s/core | {header} | free rows |")
         print("| --- | --- | --- | " + " | ".join("---" for _ in rows) + " | --- |")

@@ -198,10 +198,6 @@ for qtype in TYPES:
     torch.testing.assert_close(y, _reference(x, w, None), atol=2e-5 * 512**0.5, rtol=1e-5)
     for rows in (1, 3, 4, 8):
         assert torch.equal(torch.cat([k.linear(x[i : i + rows], w) for i in range(0, 11, rows)]), y), (qtype, rows)
-    k.quant_expand_rows(2)  # the K-quants' shared broadcasts: the same bits
-    for rows in (1, 2, 5, 11):
-        assert torch.equal(torch.cat([k.linear(x[i : i + rows], w) for i in range(0, 11, rows)]), y), (qtype, rows, "expand")
-    k.quant_expand_rows(0)
 print("ok")
 """
 
@@ -237,33 +233,6 @@ def test_vnni_and_avx2_integer_sums_give_the_same_bits(kernels: CpuKernels) -> N
             assert torch.equal(singles, y_vnni), QUANT_TYPES[qtype][0]
     finally:
         kernels.quant_vnni(default)
-
-
-def test_shared_broadcasts_give_the_one_group_tiles_bits(kernels: CpuKernels) -> None:
-    """The K-quants' AVX2 path with each superblock's activations broadcast once for four groups
-    (quant.h `qk_groups_x`) against the one-group tile: every K type, 1 to 9 rows (8 a tile, then
-    a leftover), bias, accumulation, a group count that is not a multiple of four, a Q4_K + Q6_K
-    stack: the same bits."""
-    default, vnni = kernels.quant_expand_rows(), kernels.quant_vnni()
-    try:
-        kernels.quant_vnni(False)
-        if kernels.quant_expand_rows(2) != 2:
-            pytest.skip("no shared-broadcast path in this kernel build")
-        g = torch.Generator().manual_seed(17)
-        stack = QuantWeight.cat([_quant_weight(12, 24, 512, 31), _quant_weight(14, 32, 512, 32)])
-        for w in [_quant_weight(t, 56, 512, seed=t + 19) for t in K_TYPES] + [stack]:
-            x, b = torch.randn(9, w.in_dim, generator=g) * 2, torch.randn(w.out_dim, generator=g)
-            base = torch.randn(9, w.out_dim, generator=g)
-            for rows in range(1, 10):
-                got = {}
-                for expand in (2, 0):
-                    kernels.quant_expand_rows(expand)
-                    acc = base[:rows].clone()
-                    got[expand] = (kernels.linear(x[:rows], w, b), kernels.linear(x[:rows], w, out=acc), acc)
-                assert all(torch.equal(a, c) for a, c in zip(got[0], got[2], strict=True)), (w.name, rows)
-    finally:
-        kernels.quant_expand_rows(default)
-        kernels.quant_vnni(vnni)
 
 
 def test_two_group_tile_gives_the_one_group_tiles_bits(kernels: CpuKernels) -> None:

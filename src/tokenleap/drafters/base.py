@@ -204,3 +204,9 @@ def check_drafter(obj: Any) -> Drafter:
             f"custom drafter {type(obj).__name__} lacks method(s) {', '.join(missing)} of the Drafter protocol"
         )
     return obj
+
+
+def unsure(logits: torch.Tensor, p_min: float) -> bool:
+    """Whether a draft position's top probability (softmax of one row of logits) is below `p_min`
+    (never when `p_min` is 0: no softmax is computed)."""
+    return p_min > 0.0 and float(torch.softmax(logits.float(), dim=-1).max()) < p_min

@@ -26,8 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.drafters.draft_model import unsure
+from tokenleap.drafters.base import Draft, DraftRequest, unsure
 from tokenleap.kv.cache import KVCache, resync
 from tokenleap.models.base import CausalLM
 from tokenleap.tokenizer import Tokenizer

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest, unsure
 from tokenleap.drafters.methods import MODEL_FLAGS, MethodRecord, option, options_of
 from tokenleap.errors import TokenleapError
 from tokenleap.kv.cache import KVCache, resync
@@ -42,12 +42,6 @@ class _State:
     request: DraftRequest
     kv: KVCache
     cached: list[int] = field(default_factory=list)  # token ids whose K/V are in `kv`
-
-
-def unsure(logits: torch.Tensor, p_min: float) -> bool:
-    """Whether a draft position's top probability (softmax of one row of logits) is below `p_min`
-    (never when `p_min` is 0: no softmax is computed)."""
-    return p_min > 0.0 and float(torch.softmax(logits.float(), dim=-1).max()) < p_min
 
 
 def same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: CausalLM, draft: CausalLM) -> bool:

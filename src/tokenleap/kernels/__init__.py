@@ -168,17 +168,6 @@ class CpuKernels:
             return 0
         return int(self.lib.tl_quant_pair(-1 if rows is None else int(rows)))
 
-    def quant_expand_rows(self, rows: int | None = None) -> int:
-        """From how many rows the K-quant linears without VNNI (the AVX2 path) broadcast each
-        superblock's activations once for four groups of outputs instead of once per group (the
-        same bits; quant.h `qk_groups_x`): with `rows`, set it (0: never); returns the setting in
-        force (0 where the build has no such path). Off by default: measured slower on Cascade Lake
-        (its broadcasts are free load-port uops), predicted faster on Zen 3 (there a broadcast
-        takes an FP pipe): benchmarks/quant_roofline.py --expand measures it."""
-        if not hasattr(self.lib, "tl_quant_expand"):
-            return 0
-        return int(self.lib.tl_quant_expand(-1 if rows is None else int(rows)))
-
     def _linear_quant(
         self,
         x: torch.Tensor,

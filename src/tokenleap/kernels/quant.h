@@ -243,15 +243,11 @@ void tl_quantize_q8k(const float *x, int8_t *q, float *d, int32_t *bs, int64_t r
         }
 }
 
-#if TLQ_HAS_VNNI
-#define QR 8 /* rows per tile at most: 32 vector registers hold 8 rows' sums and accumulators */
-#else
-#define QR 4 /* rows per tile at most */
-#endif
-/* rows per K-quant tile at most, on every ISA: AVX2's 16 registers hold 8 rows' int16 sums, the
- * weight vectors and a product (the rows' int32 sums and float accumulators are touched once per
- * block / superblock and may live in memory) */
-#define QRK 8
+/* rows per tile at most, on every ISA: AVX-512's 32 vector registers hold 8 rows' sums and
+ * accumulators; AVX2's 16 hold 8 rows' integer sums, the weight vectors and a product (the rows'
+ * float accumulators are touched once per block / superblock and may live in memory). AVX2 had 4
+ * rows a tile until 2026-11-28: 8 rows ran as two passes over each group's weights */
+#define QR 8
 /* Keep a value in a register at this point (an empty asm that reads and writes it): the integer
  * sums are exact in any order, and GCC, free to reassociate them, computed all of a block's
  * products first and spilled them to the stack (16 registers); this pins one accumulation
@@ -379,6 +375,8 @@ static inline __attribute__((always_inline)) void q_tile(
                             } else {
                                 hs[r] = _mm256_add_epi32(hs[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones));
                                 xsum[r] = _mm256_add_epi32(xsum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xv), ones));
+                                if (NR > 1) TLQ_KEEP(hs[r]);
+                                if (NR > 1) TLQ_KEEP(xsum[r]);
                             }
                         }
                     }
@@ -411,6 +409,7 @@ static inline __attribute__((always_inline)) void q_tile(
                                 const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                                 const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
                                 hs[r] = _mm256_add_epi32(hs[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
+                                if (NR > 1) TLQ_KEEP(hs[r]);
                             }
                         }
                     }
@@ -447,8 +446,9 @@ static inline __attribute__((always_inline)) void q_tile(
                     const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
-                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(xr[t])));
-                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(xr[t + 4])));
+                        s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(xr[t])),
+                                                                           _mm256_maddubs_epi16(wh, _mm256_set1_epi32(xr[t + 4]))));
+                        if (NR > 1) TLQ_KEEP(s16[r]);
                     }
                 }
                 for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(s16[r], ones);
@@ -486,6 +486,7 @@ static inline __attribute__((always_inline)) void q_tile(
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
                         isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
+                        if (NR > 1) TLQ_KEEP(isum[r]);
                     }
                 }
             }
@@ -521,7 +522,7 @@ static inline __attribute__((always_inline)) void q_tile(
         default: q_tile(xq, xd, xs, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_, 1); break;   \
     }
 
-/* Groups [g_lo, g_hi) for all rows, one group (one weight stream) per tile and up to 4 rows:
+/* Groups [g_lo, g_hi) for all rows, one group (one weight stream) per tile and up to QR rows:
  * measured here, tiles over 2-4 groups ran a one-row call 2.4x slower. */
 static inline __attribute__((always_inline)) void q_groups(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
@@ -531,12 +532,10 @@ static inline __attribute__((always_inline)) void q_groups(
         const int no = (int)(g_hi - g < tile_g ? g_hi - g : tile_g);
         for (int64_t m0 = 0; m0 < rows; m0 += tile_r) {
             switch (rows - m0 < tile_r ? rows - m0 : tile_r) {
-#if QR == 8
                 case 8: Q_NO(8, 1) break;
                 case 7: Q_NO(7, 1) break;
                 case 6: Q_NO(6, 1) break;
                 case 5: Q_NO(5, 1) break;
-#endif
                 case 4: Q_NO(4, 1) break;
                 case 3: Q_NO(3, 1) break;
                 case 2: Q_NO(2, 1) break;
@@ -584,11 +583,11 @@ static inline __attribute__((always_inline)) void qk_tile(
     const int q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
     const int64_t nsb = in_dim / 256, sbb = 8 * q_group_bytes(format), head = q6 ? 144 : 128, bb = q6 ? 192 : q5 ? 160 : 128;
     const uint8_t *wg = w + g * nsb * sbb;
-    __m256 acc[QRK];
+    __m256 acc[QR];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t sbi = 0; sbi < nsb; sbi++) {
         const uint8_t *sb = wg + sbi * sbb;
-        __m256i sc[16], mp[8], S[QRK];
+        __m256i sc[16], mp[8], S[QR];
         qk_scales(sb, format, !vnni, sc, mp);
         for (int r = 0; r < NR; r++) S[r] = _mm256_setzero_si256();
         if (vnni) {
@@ -597,7 +596,7 @@ static inline __attribute__((always_inline)) void qk_tile(
                 const uint8_t *blk = sb + head + bi * bb;
                 const int64_t xo = sbi * 256 + bi * 32;
                 qk_prefetch(sb + 2 * sbb, sbb, bi);
-                __m256i part[QRK][QS];
+                __m256i part[QR][QS];
                 for (int r = 0; r < NR; r++)
                     for (int p = 0; p < (q6 ? 4 : NS); p++) part[r][p] = _mm256_setzero_si256();
                 if (q6) { /* two runs of 16 with their own scales: parts 0 / 1 (2 / 3 for 1-2 rows) */
@@ -640,7 +639,7 @@ static inline __attribute__((always_inline)) void qk_tile(
                 if (q6) { /* per run of 16: two int16 sums of q x per row (each <= 2 * 2 * 63 * 127 = 32004), one vpmaddwd by the run's scale */
 #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) {
-                        __m256i s16[QRK];
+                        __m256i s16[QR];
 #pragma GCC unroll 2
                         for (int u = 0; u < 2; u++) {
                             const int gi = 4 * h + 2 * u;
@@ -659,7 +658,7 @@ static inline __attribute__((always_inline)) void qk_tile(
                         }
                     }
                 } else {
-                    __m256i s16[QRK];
+                    __m256i s16[QR];
                     for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
                     for (int t = 0; t < 4; t++) {
@@ -864,7 +863,7 @@ int tl_quant_pair(int rows) {
     return TLQ_HAS_PAIR ? tlq_pair_rows : 0;
 }
 
-/* T(NR) for n rows (1 <= n <= QRK), each row count its own instantiation of the tile */
+/* T(NR) for n rows (1 <= n <= QR), each row count its own instantiation of the tile */
 #define QK_BY_ROWS(n, T)                                                                                        \
     switch (n) {                                                                                                 \
         case 8: T(8); break;                                                                                     \
@@ -876,133 +875,6 @@ int tl_quant_pair(int rows) {
         case 2: T(2); break;                                                                                     \
         default: T(1); break;                                                                                    \
     }
-
-/* The K-quants without VNNI (AVX2's path), from tlq_expand_rows rows up: activations broadcast
- * once per superblock and shared by QXG groups. In qk_tile every vpmaddubsw takes a fresh broadcast of
- * four activations (vpbroadcastd from memory: on Zen 3 an FP-pipe uop beside the multiply and
- * the add, a third of the row's work); here a superblock's activations of the tile's rows are
- * broadcast once into `xe` (NR x 64 vectors, <= 16 KB: L1), and each of QXG groups of 8 outputs
- * reads them as memory operands. Per group and superblock the integer sums and the float steps
- * are qk_tile's, in its order (acc per output and row in superblock order, kept in `acc` between
- * superblocks): the same bits. Off by default: on Cascade Lake (broadcasts there are load-port
- * uops) it ran 4 rows 1.3x slower on weights streamed from memory (the expansion's stores, four
- * interleaved streams); llvm-mca's Zen 3 model puts the 4-row block at 23 cycles against qk_tile's
- * 45 there, unmeasured on a Zen 3 yet (benchmarks/quant_roofline.py --expand). */
-#define QXG 4 /* groups of 8 outputs sharing one broadcast of a superblock's activations */
-#ifndef TLQ_EXPAND_ROWS
-#define TLQ_EXPAND_ROWS 0 /* off: see tl_quant_expand */
-#endif
-static int tlq_expand_rows = TLQ_EXPAND_ROWS; /* from this many rows up (0: never) */
-
-/* Set from how many rows the K-quants without VNNI broadcast a superblock's activations once for
- * QXG groups (0: never; -1: leave as is); returns the setting in force. */
-int tl_quant_expand(int rows) {
-    if (rows >= 0) tlq_expand_rows = rows;
-    return tlq_expand_rows;
-}
-
-/* rows m0 .. m0 + NR - 1's activations of superblock sbi, each run of 4 broadcast to a vector,
- * in qk_x's order per block of 32: xe[r * 64 + 8 bi + k] = run k of block bi (k: qk_x's index) */
-static inline __attribute__((always_inline)) void qk_expand(const int8_t *xq, int64_t in_dim, int64_t m0, int64_t sbi, __m256i *xe, const int NR) {
-    for (int r = 0; r < NR; r++) {
-        const int32_t *x = (const int32_t *)(xq + (m0 + r) * in_dim + sbi * 256);
-        for (int k = 0; k < 64; k++) xe[r * 64 + k] = _mm256_set1_epi32(x[k]);
-    }
-}
-
-/* One group's superblock sbi (bytes sb) for NR rows from the broadcast activations `xe`: qk_tile's
- * integer sums and float steps into acc[0 .. NR) */
-static inline __attribute__((always_inline)) void qk_sb_x(
-        const uint8_t *sb, const __m256i *xe, const float *xd, const int32_t *xb, int64_t m0, int64_t sbi, int64_t nsb,
-        int format, __m256 *acc, const int NR) {
-    const int q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
-    const int64_t sbb = 8 * q_group_bytes(format), head = q6 ? 144 : 128, bb = q6 ? 192 : q5 ? 160 : 128;
-    __m256i sc[16], mp[8], S[QRK];
-    qk_scales(sb, format, 1, sc, mp);
-    for (int r = 0; r < NR; r++) S[r] = _mm256_setzero_si256();
-    for (int bi = 0; bi < 8; bi++) {
-        const uint8_t *blk = sb + head + bi * bb;
-        qk_prefetch(sb + 2 * sbb, sbb, bi);
-        if (q6) { /* as qk_tile: per run of 16 two int16 sums per row, one vpmaddwd by the run's scale each */
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m256i s16[QRK];
-#pragma GCC unroll 2
-                for (int u = 0; u < 2; u++) {
-                    const int gi = 4 * h + 2 * u, k0 = gi < 4 ? 2 * gi : 2 * gi - 7, k1 = gi + 1 < 4 ? 2 * gi + 2 : 2 * gi - 5;
-                    const __m256i w0 = q6_vector(blk, gi), w1 = q6_vector(blk, gi + 1);
-                    for (int r = 0; r < NR; r++) {
-                        __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, xe[r * 64 + 8 * bi + k0]), _mm256_maddubs_epi16(w1, xe[r * 64 + 8 * bi + k1]));
-                        TLQ_KEEP(p);
-                        if (u) S[r] = _mm256_add_epi32(S[r], _mm256_add_epi32(_mm256_madd_epi16(s16[r], sc[2 * bi + h]), _mm256_madd_epi16(p, sc[2 * bi + h])));
-                        else s16[r] = p;
-                    }
-                }
-            }
-        } else {
-            __m256i s16[QRK];
-            for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                __m256i wl, wh;
-                qk_nibbles(blk, t, q5, &wl, &wh);
-                for (int r = 0; r < NR; r++) {
-                    s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, xe[r * 64 + 8 * bi + 2 * t]),
-                                                                       _mm256_maddubs_epi16(wh, xe[r * 64 + 8 * bi + 2 * t + 1])));
-                    TLQ_KEEP(s16[r]);
-                }
-                if (q5 && (t & 1)) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 per two steps */
-                    for (int r = 0; r < NR; r++) {
-                        S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
-                        s16[r] = _mm256_setzero_si256();
-                    }
-            }
-            if (!q5)
-                for (int r = 0; r < NR; r++) S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
-        }
-    }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
-    const __m256 nmin = q6 ? d : _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))), _mm256_set1_ps(-0.0f));
-    for (int r = 0; r < NR; r++) {
-        const int32_t *bs = xb + ((m0 + r) * nsb + sbi) * QK_BS;
-        const __m256 dx = _mm256_set1_ps(xd[(m0 + r) * nsb + sbi]);
-        __m256i M = _mm256_setzero_si256();
-        if (q6) {
-            for (int k = 0; k < 8; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[4 + k])));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r], _mm256_slli_epi32(M, 5))), _mm256_mul_ps(d, dx), acc[r]);
-        } else {
-            for (int k = 0; k < 4; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[k])));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r]), _mm256_mul_ps(d, dx), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(nmin, dx), acc[r]);
-        }
-    }
-}
-
-/* groups [g_lo, g_hi) for rows m0 .. m0 + NR - 1, QXG groups per broadcast of each superblock */
-static inline __attribute__((always_inline)) void qk_groups_x(
-        const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y, int64_t m0,
-        int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
-    const int64_t nsb = in_dim / 256, sbb = 8 * q_group_bytes(format);
-    __m256i xe[QRK * 64];
-    for (int64_t gc = g_lo; gc < g_hi; gc += QXG) {
-        const int ng = (int)(g_hi - gc < QXG ? g_hi - gc : QXG);
-        __m256 acc[QXG][QRK];
-        for (int j = 0; j < ng; j++)
-            for (int r = 0; r < NR; r++) acc[j][r] = _mm256_setzero_ps();
-        for (int64_t sbi = 0; sbi < nsb; sbi++) {
-            qk_expand(xq, in_dim, m0, sbi, xe, NR);
-            for (int j = 0; j < ng; j++) qk_sb_x(w + (gc + j) * nsb * sbb + sbi * sbb, xe, xd, xb, m0, sbi, nsb, format, acc[j], NR);
-        }
-        for (int j = 0; j < ng; j++)
-            for (int r = 0; r < NR; r++) {
-                __m256 v = acc[j][r];
-                if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + (gc + j) * 8));
-                float *dst = y + (m0 + r) * out_dim + (gc + j) * 8;
-                if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
-                _mm256_storeu_ps(dst, v);
-            }
-    }
-}
 
 static inline __attribute__((always_inline)) void qk_groups(
         const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y, int64_t rows,
@@ -1016,18 +888,10 @@ static inline __attribute__((always_inline)) void qk_groups(
 #undef QK_T
         }
 #endif
-    if (!(format & TLQ_VNNI) && tlq_expand_rows > 0 && rows >= tlq_expand_rows) {
-        for (int64_t m0 = 0; m0 < rows; m0 += QRK) {
-#define QK_T(NR_) qk_groups_x(xq, xd, xb, w, b, y, m0, g_lo, g_hi, in_dim, out_dim, format & ~TLQ_VNNI, accumulate, NR_)
-            QK_BY_ROWS(rows - m0 < QRK ? rows - m0 : QRK, QK_T)
-#undef QK_T
-        }
-        return;
-    }
     for (int64_t g = g_lo; g < g_hi; g++)
-        for (int64_t m0 = 0; m0 < rows; m0 += QRK) {
+        for (int64_t m0 = 0; m0 < rows; m0 += QR) {
 #define QK_T(NR_) qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_)
-            QK_BY_ROWS(rows - m0 < QRK ? rows - m0 : QRK, QK_T)
+            QK_BY_ROWS(rows - m0 < QR ? rows - m0 : QR, QK_T)
 #undef QK_T
         }
 }
