@@ -1,0 +1,50 @@
+"""benchmarks/quant_roofline.py (a format's compute time against the memory's, per row count) and
+benchmarks/kernel_mca.py (llvm-mca's cycle counts of the AVX2 K tiles)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tokenleap.kernels.build import cpu_flags, kernel_variant
+
+
+def test_a_format_reports_its_compute_and_streamed_times_per_row_count(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    variant = kernel_variant(cpu_flags())
+    if variant is None or shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no kernels or no C compiler on this machine")
+    m = load_benchmark("quant_roofline")
+    binary = m.build("avx2", tmp_path / "qr")
+    run = m.run(binary, m.FORMATS["Q4_K"], [1, 3])
+    assert run["read_gbps_per_core"] > 0 and run["bytes"] == m.SHAPE[0] * m.SHAPE[1] * 144 // 256
+    assert set(run["rows"]) == {1, 3} and all(v["hot_ns"] > 0 and v["cold_ns"] > 0 for v in run["rows"].values())
+    s = m.summarize({"read_gbps_per_core": 10.0, "bytes": 10_000, "rows": {1: {"hot_ns": 400.0, "cold_ns": 1000.0},
+                                                                        2: {"hot_ns": 900.0, "cold_ns": 1100.0},
+                                                                        4: {"hot_ns": 1800.0, "cold_ns": 1900.0}}})
+    assert s["memory_ns"] == 1000.0 and s["free_rows"] == 2
+    assert s["rows"][4]["compute_over_memory"] == pytest.approx(1.8) and s["rows"][4]["cold_over_one_row"] == pytest.approx(1.9)
+
+
+def test_bad_arguments_are_usage_errors(load_benchmark: Callable[[str], ModuleType]) -> None:
+    m = load_benchmark("quant_roofline")
+    for argv in (["--types", "Q9_K"], ["--rows", "0"], ["--variants", "neon"]):
+        with pytest.raises(SystemExit) as exc:
+            m.main(argv)
+        assert exc.value.code == 2, argv
+
+
+def test_llvm_mca_counts_cycles_per_block_for_each_row_count(load_benchmark: Callable[[str], ModuleType]) -> None:
+    if shutil.which("llvm-mca") is None or shutil.which("gcc") is None:
+        pytest.skip("llvm-mca or gcc missing")
+    m = load_benchmark("kernel_mca")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = m.model(m.assembly(m.KERNEL_DIR, "haswell", Path(tmp) / "k.s", []), "qk_groups_q4k", "haswell")
+    by_rows = {r["maddubs"] // 8: r["cycles"] for r in rows if r["maddubs"] % 8 == 0}
+    assert set(by_rows) == set(range(1, 9))  # one tile per row count, 8 multiplies a row
+    assert by_rows[8] > by_rows[4] > by_rows[1] > 0
