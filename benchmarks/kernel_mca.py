@@ -70,10 +70,7 @@ def model(asm: str, function: str, cpu: str) -> list[dict[str, Any]]:
         if m is None:
             raise RuntimeError(f"unexpected llvm-mca output: {out[:300]!r}")
         cycles = int(m[1]) / 200
-        # a tile that broadcasts each run of four activations, or one that reads them pre-broadcast (memory operands)
-        shared = sum("vpbroadcastd" in line for line in b) < n // 2
-        rows.append({"maddubs": n, "instructions": len(b), "cycles": cycles, "cycles_per_maddubs": cycles / n,
-                     "path": "shared broadcasts" if shared else "broadcast per multiply"})
+        rows.append({"maddubs": n, "instructions": len(b), "cycles": cycles, "cycles_per_maddubs": cycles / n})
     return sorted(rows, key=lambda r: -r["maddubs"])
 
 
@@ -99,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             result["builds"][label] = model(assembly(folder, args.cpu, Path(tmp) / f"{label}.s", defines), args.function, args.cpu)
     print(f"llvm-mca -mcpu={args.cpu}, {args.function}: cycles per block of 32 inputs x 8 outputs (a prediction, not a measurement)")
     for label, rows in result["builds"].items():
-        for path in ("broadcast per multiply", "shared broadcasts"):
-            cells = [f"{r['maddubs'] // 8} rows {r['cycles']:.1f}" for r in rows if r["path"] == path and r["maddubs"] % 8 == 0]
-            if cells:
-                print(f"  {label}, {path}: " + ", ".join(cells))
+        print(f"  {label}: " + ", ".join(f"{r['maddubs'] // 8} rows {r['cycles']:.1f}" for r in rows if r["maddubs"] % 8 == 0))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return 0

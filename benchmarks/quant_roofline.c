@@ -12,7 +12,8 @@
  *   /tmp/quant_roofline FORMAT OUT IN ROWS...   (FORMAT: quant.h's TLQ_* kernel format)
  *
  * Prints "read_gbps_per_core R" (two threads reading 256 MB, best of 5, halved), then one line
- * per row count: "rows N ns_per_call T bytes B" (best of 31 rounds of 50 calls). */
+ * per row count: "rows N hot_ns H cold_ns C bytes B" (hot: best of 31 rounds of 50 calls; cold:
+ * best of 3 passes over the copies, per call). */
 #include KERNELS_SOURCE
 #include "read_rate.h"
 #include <stdio.h>
