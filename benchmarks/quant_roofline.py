@@ -35,10 +35,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from model_sizes import cpu_name, csv_of  # noqa: E402
 
 from tokenleap.kernels.build import _FLAGS, cpu_flags, kernel_variant  # noqa: E402
+from tokenleap.kernels.formats import FORMATS as FORMAT_TABLE  # noqa: E402
 
 KERNEL_DIR = ROOT / "src" / "tokenleap" / "kernels"
-# GGUF type -> quant.h's kernel format (Q5_0 runs as Q8_0's integer form, TLQ_Q8X8)
-FORMATS = {"Q4_K": 5, "Q5_K": 7, "Q6_K": 6, "Q8_0": 2, "Q4_0": 3, "Q4_1": 1, "IQ4_NL": 4, "IQ4_XS": 8, "Q3_K": 9, "Q2_K": 10}
+# GGUF type -> quant.h's kernel format (the table's rows)
+FORMATS = {f.name: f.kernel_id for f in FORMAT_TABLE}
 SHAPE = (256, 2048)  # [out, in]: 0.15-0.54 MB of weights, in one core's L2 on every host here
 _READ = re.compile(r"read_gbps_per_core ([\d.]+)")
 _ROW = re.compile(r"rows (\d+) hot_ns ([\d.]+) cold_ns ([\d.]+) bytes (\d+)")

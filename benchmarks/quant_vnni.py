@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from tokenleap.kernels import QUANT_TYPES, QuantWeight, load_kernels  # noqa: E402
+from tokenleap.kernels import FORMATS, QuantWeight, load_kernels  # noqa: E402
 
 
 def random_weight(qtype: int, out_dim: int, in_dim: int, rng: np.random.Generator) -> QuantWeight:
@@ -69,8 +69,8 @@ def main() -> int:
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
                     "shape": [out_dim, in_dim], "copies": args.copies, "threads": kernels.threads,
                     "load_before": os.getloadavg(), "types": {}}
-    for qtype in sorted(QUANT_TYPES):
-        name = QUANT_TYPES[qtype][0]
+    for fmt in FORMATS:
+        qtype, name = fmt.ggml_id, fmt.name
         weights = [random_weight(qtype, out_dim, in_dim, rng) for _ in range(args.copies)]
         block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
         entry: dict = {"file_bits_per_weight": 8 * nbytes / block, "kernel_bits_per_weight": 8 * weights[0].nbytes / (out_dim * in_dim)}

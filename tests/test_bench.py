@@ -50,6 +50,18 @@ def test_parse_methods_labels_chains_and_rejects_none() -> None:
         parse_methods("bogus", 4)
 
 
+def test_parse_methods_takes_each_methods_options() -> None:
+    methods = parse_methods("draft-model:draft_vocab=32768:draft_p_min=0.5,draft-model", 4, model="m")
+    assert list(methods) == ["draft-model:draft_vocab=32768:draft_p_min=0.5", "draft-model"]
+    opts = methods["draft-model:draft_vocab=32768:draft_p_min=0.5"].options_for()
+    assert (opts.draft_vocab, opts.draft_p_min) == (32768, 0.5)
+    assert methods["draft-model"].options_for().draft_vocab == 0
+    with pytest.raises(TokenleapError, match="key=value"):
+        parse_methods("draft-model:draft_vocab", 4, model="m")
+    with pytest.raises(TokenleapError):
+        parse_methods("draft-model:draft_vocab=-1", 4, model="m")
+
+
 def _rec(method: str, group: str, tokens: int, wall: float, decode: float, forwards: int, decode_tokens: int, match: bool = True) -> Record:
     return Record("1", group, 0, method, tokens, forwards, decode_tokens, wall, decode, wall - decode, 0, 0, match)
 

@@ -118,20 +118,37 @@ class Record:
 
 
 def parse_methods(spec: str, draft_max: int, model: str | None = None, adaptive: bool = True) -> dict[str, SpecConfig]:
-    """"ngram,suffix+ngram" -> {label: config}; "a+b" is a chain (the first that proposes wins).
+    """"ngram,suffix+ngram" -> {label: config}; "a+b" is a chain (the first that proposes wins);
+    "draft-model:draft_vocab=32768:draft_p_min=0.5" sets a method's options (the label keeps them).
     `model`: the draft model or EAGLE-3 head of the methods that need one."""
     configs = {}
-    for name in [m.strip() for m in spec.split(",") if m.strip()]:
+    for label in [m.strip() for m in spec.split(",") if m.strip()]:
+        name, *settings = label.split(":")
         raw: dict[str, object] = {"method": name, "num_speculative_tokens": draft_max, "adaptive": adaptive}
         if model is not None:
             raw["model"] = model
+        for setting in settings:
+            key, sep, value = setting.partition("=")
+            if not sep or not key:
+                raise TokenleapError(f"method option {setting!r} in {label!r}: write key=value")
+            raw[key.strip()] = _option_value(value.strip())
         cfg = SpecConfig.from_dict(raw)
         if cfg is None:
             raise TokenleapError(f"method {name!r} is not a speculative method")
-        configs[name] = cfg
+        configs[label] = cfg
     if not configs:
         raise TokenleapError("no methods to compare (--methods)")
     return configs
+
+
+def _option_value(text: str) -> object:
+    """A method option's value from the command line: a number or a boolean where it reads as one."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 class HFBaseline:

@@ -21,6 +21,7 @@ from typing import Any
 
 from tokenleap.config import DEFAULT_MAX_NUM_SEQS
 from tokenleap.errors import TokenleapError
+from tokenleap.kernels.formats import format_names
 from tokenleap.models.registry import DEFAULT_MODEL, REGISTRY
 
 EXIT_USAGE = 2
@@ -32,7 +33,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registered name ({', '.join(REGISTRY)}), a .gguf file or a Hugging Face folder (default: %(default)s)")
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weight dtype (default: %(default)s)")
     g.add_argument("--quantization", default=None, choices=["gguf", "none"],
-                   help="gguf: keep a GGUF file's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights quantized (the kernels read its blocks); "
+                   help=f"gguf: keep a GGUF file's {format_names('/')} weights quantized (the kernels read its blocks); "
                         "none: dequantize to --dtype; default: gguf for a GGUF file in bfloat16 with the kernels, else none")
     g.add_argument("--max-model-len", type=int, default=None, help="context length cap (default: the model's)")
     kv_types = ["auto", "bf16", "f16", "q8_0"]
@@ -285,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--input", default=None,
                        help="Spec-Bench question.jsonl or a JSONL of {\"messages\": [...]} (default: ../shared/bench/spec_bench.jsonl beside the "
                             "checkout, else benchmarks/data/spec_bench_subset.jsonl)")
-    bench.add_argument("--methods", default="ngram", help="comma-separated speculative methods (default: %(default)s)")
+    bench.add_argument("--methods", default="ngram", help="comma-separated speculative methods, each with its options as method:key=value (draft-model:draft_vocab=32768) (default: %(default)s)")
     bench.add_argument("--questions-per-group", "-q", type=int, default=8, help="questions per group (default: %(default)s)")
     bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, Spec-Bench's protocol (default: %(default)s)")

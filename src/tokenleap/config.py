@@ -31,8 +31,8 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's own context length
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # LLM.generate: requests running (holding a KV cache) at once
     use_kernels: bool = True  # tokenleap's row-invariant CPU kernels (else torch ops)
-    # "gguf": keep a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks quantized (vLLM's
-    # spelling); "none": dequantize to `dtype`; None (default, as vLLM: the checkpoint's own
+    # "gguf": keep a GGUF file's blocks quantized in the formats the kernels read (`kernels.FORMATS`;
+    # vLLM's spelling); "none": dequantize to `dtype`; None (default, as vLLM: the checkpoint's own
     # quantization): "gguf" for a GGUF file in bfloat16 on the kernels, else dequantize
     # (`models.loading.resolve_quantization`)
     quantization: str | None = None

@@ -11,6 +11,14 @@ et al., 2024, without its training). With `draft_p_min` > 0 (llama.cpp's `--spec
 draft stops at the first position where the draft model's top probability (its softmax under
 greedy requests, q under sampled ones) falls below it, that token not drafted: drafts only get
 shorter, so greedy output stays the target's and sampled output keeps its distribution.
+
+A reduced draft vocabulary (`draft_vocab` = N; FR-Spec, Zhao et al., 2025) cuts the draft's LM
+head, often the largest matrix of a small model (Qwen2.5-0.5B's 151,936 x 896 is a third of the
+bytes a step reads), to its N most frequent tokens plus the tokenizer's special ones. The ranking
+needs no corpus: byte-pair vocabularies number their tokens in merge order, most frequent merges
+first (sentencepiece ones by score), so the first N ids are the frequent ones. The draft only
+chooses among those (its q is zero elsewhere, still a distribution); the target verifies as
+always, so output is unchanged.
 """
 
 from __future__ import annotations
@@ -54,10 +62,21 @@ class DraftModelDrafter:
     needs_hidden_states: ClassVar[bool] = False
     drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
-    def __init__(self, model: CausalLM, p_min: float = 0.0) -> None:
+    def __init__(self, model: CausalLM, p_min: float = 0.0, vocab: torch.Tensor | None = None) -> None:
         self.model = model
         self.p_min = p_min  # stop a draft where the draft model's top probability falls below this (0: never)
+        self.vocab = vocab  # the token ids of the model's logits' columns (a reduced head), None: all
         self._states: dict[str, _State] = {}
+
+    def _logits(self, hidden: torch.Tensor, row: int) -> torch.Tensor:
+        """float32 `[1, V]`: the draft's logits at `row`; a reduced head's columns scattered into
+        the whole vocabulary (-inf elsewhere), so sampling and its processors see token ids."""
+        logits = self.model.compute_logits(hidden, [row])
+        if self.vocab is None:
+            return logits
+        full = torch.full((1, self.model.config.vocab_size), float("-inf"))
+        full[0, self.vocab] = logits[0]
+        return full
 
     def begin(self, request: DraftRequest) -> None:
         self._states[request.request_id] = _State(request, self.model.new_kv_cache())
@@ -78,7 +97,7 @@ class DraftModelDrafter:
             pos = st.kv.length
             out = self.model.forward(torch.tensor(new), torch.arange(pos, pos + len(new)), st.kv)
             st.cached.extend(new)
-            logits = self.model.compute_logits(out.hidden, [len(new) - 1])  # [1, V]
+            logits = self._logits(out.hidden, len(new) - 1)  # [1, V]
             if params.greedy:
                 if unsure(logits[0], self.p_min):
                     break
@@ -142,12 +161,17 @@ class DraftModelOptions:
     draft_p_min: float = option(0.0, help="stop a draft where the draft model's top probability falls below this (0: off; llama.cpp's own "
                                           "default is 0.75); drafts only get shorter, output is unchanged",
                                 flags=("--spec-draft-p-min", "--draft-p-min"), per_request=False)
+    draft_vocab: int = option(0, help="the draft's LM head scores only its N most frequent tokens and the special ones (FR-Spec; "
+                                      "0: all); a cheaper draft step, output unchanged", flags=("--spec-draft-vocab", "--draft-vocab"),
+                              per_request=False)
 
     def __post_init__(self) -> None:
         if self.draft_layers is not None and self.draft_layers < 1:
             raise TokenleapError(f"draft_layers must be >= 1, got {self.draft_layers}")
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise TokenleapError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        if self.draft_vocab < 0:
+            raise TokenleapError(f"draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
 
 
 def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, models: LoadedModels | None = None,
@@ -159,8 +183,23 @@ def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any 
     if opts.draft_layers is not None:
         model = model.with_layers(opts.draft_layers)
     if draft_tok is not None:
+        if opts.draft_vocab:
+            raise TokenleapError("draft_vocab needs a draft model with the target's tokenizer")
         return CrossTokenizerDrafter(model, draft_tok, tokenizer, p_min=opts.draft_p_min)
-    return DraftModelDrafter(model, p_min=opts.draft_p_min)
+    vocab = None
+    if 0 < opts.draft_vocab < model.config.vocab_size:
+        model, vocab = model.with_vocab(frequent_tokens(tokenizer, model.config.vocab_size, opts.draft_vocab))
+    return DraftModelDrafter(model, p_min=opts.draft_p_min, vocab=vocab)
+
+
+def frequent_tokens(tokenizer: Any, vocab_size: int, n: int) -> torch.Tensor:
+    """The `n` most frequent token ids by the vocabulary's own order (byte-pair merges are
+    numbered most frequent first), with every special and added token (end of turn, tool
+    markers) whatever its id: a reduced draft vocabulary without a corpus."""
+    hf = tokenizer.hf
+    special = set(getattr(hf, "all_special_ids", []) or []) | set((hf.get_added_vocab() or {}).values()) | set(tokenizer.eos_token_ids)
+    ordinary = [i for i in range(vocab_size) if i not in special][:n]
+    return torch.tensor(sorted({*ordinary, *(i for i in special if 0 <= i < vocab_size)}), dtype=torch.long)
 
 
 def _loaded_models(registry: Any) -> dict[str, Any]:

@@ -31,9 +31,9 @@ import torch
 
 from tokenleap.kernels.abi import ATTN_FP32, GLU_GELU_TANH, GLU_KINDS, AttnDesc
 from tokenleap.kernels.build import bind, build_library, cpu_flags, kernel_variant
-from tokenleap.kernels.formats import QUANT_TYPES, PackedWeight, QuantWeight
+from tokenleap.kernels.formats import FORMATS, Format, PackedWeight, QuantWeight, format_names
 
-__all__ = ["KV_BF16", "KV_Q8_0", "QUANT_TYPES", "AttentionWork", "CpuKernels", "PackedWeight", "QuantWeight", "RowPlan", "cpu_flags",
+__all__ = ["FORMATS", "KV_BF16", "KV_Q8_0", "AttentionWork", "CpuKernels", "Format", "PackedWeight", "QuantWeight", "RowPlan", "cpu_flags", "format_names",
            "kernel_variant", "kv_slot_bytes", "load_kernels"]
 
 logger = logging.getLogger(__name__)

@@ -123,6 +123,8 @@ def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
     if hasattr(lib, "tl_quant_pair"):  # not in the kernels before 2026-11-26 (benchmarks/kernel_ab.py builds those)
         lib.tl_quant_pair.argtypes = [ctypes.c_int]
         lib.tl_quant_pair.restype = ctypes.c_int
+    lib.tl_formats.argtypes = [_ptr, ctypes.c_int]
+    lib.tl_formats.restype = ctypes.c_int
     lib.tl_repack.argtypes = [_ptr, _ptr, ctypes.c_int, _i64, _i64]
     lib.tl_repack.restype = ctypes.c_int
     lib.tl_quant_rows.argtypes = [_ptr, ctypes.c_int, _i64, _ptr, _i64, _ptr]

@@ -1,12 +1,15 @@
 """The weight formats the kernels read: `PackedWeight` (bf16 in an output-interleaved layout) and
 `QuantWeight` (GGUF blocks repacked for 8 outputs at a time, each format in its file's own bytes
-per weight: Q4_0, Q4_1, Q5_0 widened to Q8_0's form, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), with the numpy
-reference of the repack and of the dequantization the tests check the C code against.
+per weight). The GGUF formats are one table, `FORMATS`, one `Format` row each, as ggml's
+`type_traits[]`: ids, block sizes, the kernel's format and the numpy reference of the repack and
+of the dequantization the tests check the C code against (quant.h's TLQ_FORMATS holds the same rows).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import cast
 
 import numpy as np
@@ -41,41 +44,39 @@ class PackedWeight:
         return cls(data=data, out_dim=out_dim, in_dim=in_dim)
 
 
-# GGML quantization types the kernels read: type id -> (name, bytes per block of 32 in the file);
-# the K-quants' superblocks hold 256 inputs (144 / 210 bytes), listed here per 32
-QUANT_TYPES: dict[int, tuple[str, int]] = {
-    2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34), 12: ("Q4_K", 18), 13: ("Q5_K", 22), 14: ("Q6_K", 26),
-    20: ("IQ4_NL", 18), 23: ("IQ4_XS", 17), 11: ("Q3_K", 14), 10: ("Q2_K", 10),
-}
-_SUPERBLOCK = {12: (256, 144), 13: (256, 176), 14: (256, 210), 23: (256, 136), 11: (256, 110), 10: (256, 84)}  # inputs and bytes per superblock
-_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS, _Q3K, _Q2K = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10  # the kernels' interleaved formats (quant.h)
-_FORMAT = {2: _Q40X8, 3: _Q4X8, 6: _Q8X8, 8: _Q8X8, 12: _Q4K, 13: _Q5K, 14: _Q6K, 20: _IQ4NL, 23: _IQ4XS, 11: _Q3K, 10: _Q2K}
-# per 8 outputs x 32 inputs (the superblock formats: on average; 8 x 144 / 176 / 210 / 136 / 110 / 84 per superblock)
-_GROUP_BYTES = {_Q4X8: 160, _Q8X8: 272, _Q40X8: 144, _IQ4NL: 144, _Q4K: 144, _Q5K: 176, _Q6K: 210, _IQ4XS: 136, _Q3K: 110, _Q2K: 84}
+_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS, _Q3K, _Q2K, _Q50X8, _Q51X8 = range(1, 13)  # quant.h's TLQ_* (the table below)
 # IQ4_NL's non-linear grid: w = d IQ4NL_VALUES[q] (ggml's kvalues_iq4nl; quant.h's tlq_iq4nl)
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
 
 def _decode(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """A 32-block GGUF tensor's blocks as integer weights and per-block scales: (q `[out, nb, 32]`
-    (uint8 0..15 for the Q4 formats, int8 otherwise), d `[out, nb]` f16, m `[out, nb]` f16 or None)
-    with w = d q + m (Q4_0: m None, the kernel forms -8 d; IQ4_NL: q the grid's indices, m None)."""
+    (unsigned 0..15 / 0..31 for the Q4 / Q5 formats, int8 for Q8_0), d `[out, nb]` f16, m `[out, nb]`
+    f16 or None) with w = d q + m (Q4_0 / Q5_0: m None, the kernel forms -8 d / -16 d; IQ4_NL: q the
+    grid's indices, m None)."""
     nb = in_dim // 32
-    blocks = raw.reshape(out_dim, nb, QUANT_TYPES[qtype][1])
+    blocks = raw.reshape(out_dim, nb, BY_GGML[qtype].file_bytes)
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [out, nb]
     if qtype == 8:
         return blocks[..., 2:34].view(np.int8), d, None
-    if qtype == 6:  # Q5_0: u32 high bits, 16 bytes of nibbles; w = d (q - 16)
-        qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)  # [out, nb, 1]
-        qs = blocks[..., 6:22]
-        low = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int16)
-        high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16)
-        return (low | (high << 4)) - 16, d, None
-    if qtype == 3:
-        m, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], blocks[..., 4:20]
-    else:  # Q4_0: d (q - 8) = d q + m with m = -8 d, formed by the kernel in fp32 (no m stored); IQ4_NL: the same bytes
-        m, qs = None, blocks[..., 2:18]
+    m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0] if qtype in (3, 7) else None  # Q4_1 / Q5_1
+    at = 2 if m is None else 4
+    if qtype in (6, 7):  # Q5_0 / Q5_1: u32 high bits, then 16 bytes of nibbles
+        qh = np.ascontiguousarray(blocks[..., at : at + 4]).view(np.uint32)  # [out, nb, 1]
+        qs = blocks[..., at + 4 : at + 20]
+        high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+        return np.concatenate([qs & 15, qs >> 4], axis=-1) | (high << 4), d, m
+    qs = blocks[..., at : at + 16]
     return np.concatenate([qs & 15, qs >> 4], axis=-1), d, m
+
+
+def _high_bits(h: np.ndarray, groups: int) -> np.ndarray:
+    """Fifth bits `[out, nb, 32]` (0 / 1) -> Q5K's / Q50X8's 32 bytes a block `[G, nb, 32]`: byte
+    (o, i) holds input 4 t + i's bit at bit t and input 16 + 4 t + i's at bit 4 + t."""
+    nb = h.shape[1]
+    by_bit = h.astype(np.uint8).reshape(groups, 8, nb, 8, 4)  # [G, o, nb, bit, i]: input 4 bit + i
+    bits = cast(np.ndarray, sum(by_bit[..., b, :] << b for b in range(8)))  # [G, o, nb, i]
+    return bits.astype(np.uint8).transpose(0, 2, 1, 3).reshape(groups, nb, 32)
 
 
 def _nibbles(q: np.ndarray, groups: int) -> np.ndarray:
@@ -92,11 +93,11 @@ def _by_output(a: np.ndarray, groups: int) -> np.ndarray:
     return a.reshape(groups, 8, nsb, k).transpose(0, 2, 1, 3).reshape(groups, nsb, 8 * k)
 
 
-def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
+def _repack_k(qtype: int, raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     """Q4_K / Q5_K / Q6_K superblocks -> quant.h's Q4K / Q5K / Q6K groups (the file's bytes,
     interleaved; the reference `tl_repack` is tested against)."""
     groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
-    blk = raw.reshape(out_dim, nsb, _SUPERBLOCK[qtype][1])
+    blk = raw.reshape(out_dim, nsb, BY_GGML[qtype].file_bytes)
     if qtype in (12, 13):
         sc8 = blk[..., 4:16]
         sc = np.concatenate([sc8[..., 0:4] & 63, (sc8[..., 8:12] & 15) | ((sc8[..., 0:4] >> 6) << 4)], axis=-1)
@@ -114,10 +115,7 @@ def _repack_k(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndar
         qh = blk[..., 16:48]  # [out, nsb, l]: bit j is sub-block j's 5th bit
         h5 = ((qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1)  # [out, nsb, j, l]
         nib = _nibbles(q.reshape(out_dim, nb, 32), groups)  # [G, nb, 128]
-        h = h5.reshape(groups, 8, nb, 2, 4, 4)  # [G, o, nb, half, t, i]
-        bits = cast(np.ndarray, sum((h[..., 0, t, :] << t) | (h[..., 1, t, :] << (4 + t)) for t in range(4)))  # [G, o, nb, i]
-        hbytes = bits.astype(np.uint8).transpose(0, 2, 1, 3).reshape(groups, nb, 32)
-        body = np.concatenate([nib, hbytes], axis=-1).reshape(groups, nsb, 1280)
+        body = np.concatenate([nib, _high_bits(h5.reshape(out_dim, nb, 32), groups)], axis=-1).reshape(groups, nsb, 1280)
         return np.concatenate([*head, body], axis=-1).reshape(groups, -1)
     ql, qh = blk[..., 0:128].reshape(out_dim, nsb, 2, 64), blk[..., 128:192].reshape(out_dim, nsb, 2, 32)
     q = np.stack([(ql[..., 0:32] & 15) | ((qh & 3) << 4), (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4),
@@ -248,7 +246,7 @@ def _dequantize_iq4xs(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(out_dim, in_dim))
 
 
-def _dequantize_k(g: np.ndarray, fmt: int, out_dim: int, in_dim: int) -> np.ndarray:
+def _dequantize_k(fmt: int, g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     """quant.h's Q4K / Q5K / Q6K groups `[G, in/32 * group bytes]` -> float32 `[out, in]`."""
     groups, nsb = out_dim // 8, in_dim // 256
     g = g.reshape(groups, nsb, -1)
@@ -289,34 +287,102 @@ def _dequantize_k(g: np.ndarray, fmt: int, out_dim: int, in_dim: int) -> np.ndar
     return np.ascontiguousarray(w.reshape(out_dim, in_dim), dtype=np.float32)
 
 
-def _repack(raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> np.ndarray:
-    """GGUF blocks `[out, in/32 * block bytes]` -> quant.h's interleaved groups
-    `[out/8, in/32 * group bytes]` (eight outputs' blocks of 32 inputs, four inputs at a time)."""
-    nb, groups, fmt = in_dim // 32, out_dim // 8, _FORMAT[qtype]
-    if fmt in (_Q4K, _Q5K, _Q6K):
-        return _repack_k(raw, qtype, out_dim, in_dim)
-    if fmt == _IQ4XS:
-        return _repack_iq4xs(raw, out_dim, in_dim)
-    if fmt == _Q3K:
-        return _repack_q3k(raw, out_dim, in_dim)
-    if fmt == _Q2K:
-        return _repack_q2k(raw, out_dim, in_dim)
+def _repack_blocks(qtype: int, raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
+    """A 32-block format's GGUF blocks `[out, in/32 * block bytes]` -> quant.h's interleaved groups
+    `[out/8, in/32 * group bytes]`: per group of eight outputs and block of 32 inputs, f16 d[8]
+    (f16 m[8] for Q4_1 / Q5_1), then Q8_0's int8 values four inputs at a time (byte (g, o, i) =
+    q[o][4 g + i]) or the Q4X8 nibble bytes, then for Q5_0 / Q5_1 the fifth bits (`_high_bits`)."""
+    nb, groups = in_dim // 32, out_dim // 8
     q, d, m = _decode(raw, qtype, out_dim, in_dim)
-    out = np.empty((groups, nb, _GROUP_BYTES[fmt]), dtype=np.uint8)
 
     def by_group(a: np.ndarray) -> np.ndarray:  # [out, nb] -> [G, nb, 8 * itemsize] bytes
         return np.ascontiguousarray(a.reshape(groups, 8, nb).transpose(0, 2, 1)).view(np.uint8)
 
-    out[..., 0:16] = by_group(d.astype(np.float16))
-    if fmt == _Q8X8:  # byte (g, o, i) = q[o][4g + i]
+    parts = [by_group(d.astype(np.float16))]
+    if qtype == 8:
         qq = np.ascontiguousarray(q.astype(np.int8)).view(np.uint8).reshape(groups, 8, nb, 8, 4)
-        out[..., 16:] = qq.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
-        return out.reshape(groups, -1)
-    if fmt == _Q4X8:
-        assert m is not None
-        out[..., 16:32] = by_group(m.astype(np.float16))
-    out[..., -128:] = _nibbles(q.astype(np.uint8), groups)
-    return out.reshape(groups, -1)
+        parts.append(qq.transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256))
+    else:
+        if m is not None:
+            parts.append(by_group(m.astype(np.float16)))
+        parts.append(_nibbles(q.astype(np.uint8) & 15, groups))
+        if qtype in (6, 7):
+            parts.append(_high_bits(q >> 4, groups))
+    return np.concatenate(parts, axis=-1).reshape(groups, -1)
+
+
+def _dequantize_blocks(qtype: int, g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
+    """quant.h's 32-input groups (`_repack_blocks`) -> float32 `[out, in]`: Q8_0 d q; Q4_0 / Q5_0
+    d q - 8 d / - 16 d; Q4_1 / Q5_1 d q + m; IQ4_NL d v[q]."""
+    groups, nb = out_dim // 8, in_dim // 32
+    g = g.reshape(groups, nb, -1)
+
+    def scales(lo: int) -> np.ndarray:  # [G, nb, 8] f16 at byte lo -> [G, 8, nb, 1] fp32
+        return np.ascontiguousarray(g[..., lo : lo + 16]).view(np.float16).astype(np.float32).transpose(0, 2, 1)[..., None]
+
+    d = scales(0)
+    if qtype == 8:
+        q = g[..., 16:].view(np.int8).reshape(groups, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 32)
+        return np.ascontiguousarray((q.astype(np.float32) * d).reshape(out_dim, in_dim))
+    at = 32 if qtype in (3, 7) else 16
+    p = g[..., at : at + 128].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
+    idx = np.concatenate([p & 15, p >> 4], axis=-1)  # [G, o, nb, 32]
+    if qtype == 20:
+        return np.ascontiguousarray((IQ4NL_VALUES[idx].astype(np.float32) * d).reshape(out_dim, in_dim))
+    if qtype in (6, 7):  # byte (o, i) of the fifth bits: bit b is input 4 b + i's
+        hb = g[..., at + 128 : at + 160].reshape(groups, nb, 8, 1, 4)
+        high = ((hb >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(groups, nb, 8, 32).transpose(0, 2, 1, 3)
+        idx = idx | (high << 4)
+    m = scales(16) if qtype in (3, 7) else d * np.float32(-16 if qtype == 6 else -8)
+    return np.ascontiguousarray((idx.astype(np.float32) * d + m).reshape(out_dim, in_dim))
+
+
+@dataclass(frozen=True)
+class Format:
+    """One GGUF weight format the kernels read in its file's own bytes, as a row of ggml's
+    `type_traits`: its GGML id and name, its block in the file, the kernel's format id (quant.h's
+    TLQ_*) and bytes per group of 8 outputs x 32 inputs (the superblock formats: on average), and
+    the numpy reference of the repack (`tl_repack`) and of the dequantization the tests check the C
+    code against. The C side exports the same rows (`tl_formats`); tests/kernels/test_formats.py
+    checks that the two tables agree and that every prose list of formats is `format_names()`."""
+
+    ggml_id: int
+    name: str
+    block_weights: int  # inputs per block in the file: 32, or a K-quant superblock's 256
+    file_bytes: int  # bytes per block in the file
+    kernel_id: int
+    group_bytes: int
+    repack: Callable[[np.ndarray, int, int], np.ndarray]  # (the file's blocks, out, in) -> the kernel's groups
+    dequantize: Callable[[np.ndarray, int, int], np.ndarray]  # (the kernel's groups, out, in) -> float32 [out, in]
+
+    @property
+    def superblock(self) -> bool:
+        """Read against ggml's Q8_K activations (one scale per 256 inputs: the K-quants' tile)."""
+        return self.kernel_id in (_Q4K, _Q5K, _Q6K)
+
+
+FORMATS: tuple[Format, ...] = (
+    Format(2, "Q4_0", 32, 18, _Q40X8, 144, partial(_repack_blocks, 2), partial(_dequantize_blocks, 2)),
+    Format(3, "Q4_1", 32, 20, _Q4X8, 160, partial(_repack_blocks, 3), partial(_dequantize_blocks, 3)),
+    Format(6, "Q5_0", 32, 22, _Q50X8, 176, partial(_repack_blocks, 6), partial(_dequantize_blocks, 6)),
+    Format(7, "Q5_1", 32, 24, _Q51X8, 192, partial(_repack_blocks, 7), partial(_dequantize_blocks, 7)),
+    Format(8, "Q8_0", 32, 34, _Q8X8, 272, partial(_repack_blocks, 8), partial(_dequantize_blocks, 8)),
+    Format(10, "Q2_K", 256, 84, _Q2K, 84, _repack_q2k, _dequantize_q2k),
+    Format(11, "Q3_K", 256, 110, _Q3K, 110, _repack_q3k, _dequantize_q3k),
+    Format(12, "Q4_K", 256, 144, _Q4K, 144, partial(_repack_k, 12), partial(_dequantize_k, _Q4K)),
+    Format(13, "Q5_K", 256, 176, _Q5K, 176, partial(_repack_k, 13), partial(_dequantize_k, _Q5K)),
+    Format(14, "Q6_K", 256, 210, _Q6K, 210, partial(_repack_k, 14), partial(_dequantize_k, _Q6K)),
+    Format(20, "IQ4_NL", 32, 18, _IQ4NL, 144, partial(_repack_blocks, 20), partial(_dequantize_blocks, 20)),
+    Format(23, "IQ4_XS", 256, 136, _IQ4XS, 136, _repack_iq4xs, _dequantize_iq4xs),
+)
+BY_GGML: dict[int, Format] = {f.ggml_id: f for f in FORMATS}
+BY_KERNEL: dict[int, Format] = {f.kernel_id: f for f in FORMATS}
+
+
+def format_names(sep: str = ", ") -> str:
+    """The formats the kernels read, in the table's order: the one list README, the docs and the
+    command line's help print."""
+    return sep.join(f.name for f in FORMATS)
 
 
 def _weight_buffer(shape: tuple[int, ...]) -> torch.Tensor:
@@ -334,7 +400,7 @@ def _distinct(types: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class QuantWeight:
-    """A GGUF-quantized `[out, in]` weight (GGML type `qtype`, `QUANT_TYPES`) in the kernels'
+    """A GGUF-quantized `[out, in]` weight (GGML type `qtype`, a row of `FORMATS`) in the kernels'
     interleaved groups (`data` uint8 `[out/8, in/32 * group bytes]`, see quant.h): the file's
     exact values and bytes per weight, laid out so a vector lane is an output."""
 
@@ -349,68 +415,69 @@ class QuantWeight:
     qtype2: int = 0
 
     def __post_init__(self) -> None:
-        if self.qtype not in QUANT_TYPES or (self.split and self.qtype2 not in QUANT_TYPES):
-            raise ValueError(f"unsupported GGML quantization type {self.qtype if self.qtype not in QUANT_TYPES else self.qtype2}")
+        for t in (self.qtype, self.qtype2) if self.split else (self.qtype,):
+            if t not in BY_GGML:
+                raise ValueError(f"unsupported GGML quantization type {t} (the kernels read {format_names()})")
         nb = self.in_dim // 32
         if self.split:
-            if self.split % 8 or not 0 < self.split < self.out_dim or _FORMAT[self.qtype] == _FORMAT[self.qtype2]:
+            first, second = BY_GGML[self.qtype], BY_GGML[self.qtype2]
+            if self.split % 8 or not 0 < self.split < self.out_dim or first.kernel_id == second.kernel_id:
                 raise ValueError(f"bad stack split {self.split} of {self.out_dim} outputs ({self.name})")
             fit = self.data.dim() == 1 and self.data.numel() == nb * (
-                self.split // 8 * _GROUP_BYTES[_FORMAT[self.qtype]] + (self.out_dim - self.split) // 8 * _GROUP_BYTES[_FORMAT[self.qtype2]])
+                self.split // 8 * first.group_bytes + (self.out_dim - self.split) // 8 * second.group_bytes)
         else:
-            fit = tuple(self.data.shape) == (self.out_dim // 8, nb * _GROUP_BYTES[self.format])
+            fit = tuple(self.data.shape) == (self.out_dim // 8, nb * BY_GGML[self.qtype].group_bytes)
         if self.in_dim % 32 or self.out_dim % 8 or self.data.dtype != torch.uint8 or not fit:
             raise ValueError(f"quantized weight data {tuple(self.data.shape)} {self.data.dtype} does not fit [{self.out_dim}, {self.in_dim}] {self.name}")
 
     @classmethod
     def fits(cls, qtype: int, out_dim: int, in_dim: int) -> bool:
-        block = _SUPERBLOCK.get(qtype, (32, 0))[0]
-        return qtype in QUANT_TYPES and out_dim % 8 == 0 and in_dim % block == 0
+        return qtype in BY_GGML and out_dim % 8 == 0 and in_dim % BY_GGML[qtype].block_weights == 0
 
     @classmethod
     def from_blocks(cls, raw: np.ndarray | torch.Tensor, qtype: int, out_dim: int, in_dim: int) -> QuantWeight:
         """From a GGUF tensor's bytes, `[out, in/32 * block bytes]` uint8 (rows = outputs)."""
         if not cls.fits(qtype, out_dim, in_dim):
-            raise ValueError(f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized ({'/'.join(n for n, _ in QUANT_TYPES.values())}, out % 8, in % 32 (256 for K-quants))")
+            raise ValueError(f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized ({format_names('/')}, out % 8, in % 32 (256 for K-quants))")
         raw = np.ascontiguousarray(raw.numpy() if isinstance(raw, torch.Tensor) else raw, dtype=np.uint8)
-        block, block_bytes = _SUPERBLOCK.get(qtype, (32, QUANT_TYPES[qtype][1]))
-        if raw.size != out_dim * in_dim // block * block_bytes:
-            raise ValueError(f"{raw.size} bytes are not a [{out_dim}, {in_dim}] {QUANT_TYPES[qtype][0]} tensor")
+        fmt = BY_GGML[qtype]
+        if raw.size != out_dim * in_dim // fmt.block_weights * fmt.file_bytes:
+            raise ValueError(f"{raw.size} bytes are not a [{out_dim}, {in_dim}] {fmt.name} tensor")
         from tokenleap.kernels import load_kernels  # the package imports this module first
 
         kernels = load_kernels()
         if kernels is None:
-            return cls(torch.from_numpy(_repack(raw, qtype, out_dim, in_dim)), qtype, out_dim, in_dim)
-        data = _weight_buffer((out_dim // 8, in_dim // 32 * _GROUP_BYTES[_FORMAT[qtype]]))
+            return cls(torch.from_numpy(fmt.repack(raw, out_dim, in_dim)), qtype, out_dim, in_dim)
+        data = _weight_buffer((out_dim // 8, in_dim // 32 * fmt.group_bytes))
         if kernels.lib.tl_repack(raw.ctypes.data, data.data_ptr(), qtype, out_dim, in_dim) != 0:
-            raise ValueError(f"tl_repack refused [{out_dim}, {in_dim}] {QUANT_TYPES[qtype][0]}")
+            raise ValueError(f"tl_repack refused [{out_dim}, {in_dim}] {fmt.name}")
         return cls(data, qtype, out_dim, in_dim)
 
     @classmethod
     def from_blocks_numpy(cls, raw: np.ndarray, qtype: int, out_dim: int, in_dim: int) -> QuantWeight:
         """`from_blocks` through numpy (the reference the C repack is tested against)."""
         raw = np.ascontiguousarray(raw, dtype=np.uint8)
-        return cls(torch.from_numpy(_repack(raw, qtype, out_dim, in_dim)), qtype, out_dim, in_dim)
+        return cls(torch.from_numpy(BY_GGML[qtype].repack(raw, out_dim, in_dim)), qtype, out_dim, in_dim)
 
     @property
     def name(self) -> str:
-        return "+".join(dict.fromkeys(QUANT_TYPES[t][0] for t in self.types or (self.qtype,)))
+        return "+".join(dict.fromkeys(BY_GGML[t].name for t in self.types or (self.qtype,)))
 
     @property
     def format(self) -> int:
         """The kernels' format (quant.h), a TLQ_STACK of two for a stack."""
         if self.split:
-            return _FORMAT[self.qtype] | _FORMAT[self.qtype2] << 4 | (self.split // 8) << 8
-        return _FORMAT[self.qtype]
+            return BY_GGML[self.qtype].kernel_id | BY_GGML[self.qtype2].kernel_id << 4 | (self.split // 8) << 8
+        return BY_GGML[self.qtype].kernel_id
 
     def parts(self) -> list[QuantWeight]:
         """A stack's two single-format weights (views of `data`); [self] otherwise."""
         if not self.split:
             return [self]
-        head = self.split // 8 * (self.in_dim // 32) * _GROUP_BYTES[_FORMAT[self.qtype]]
+        head = self.split // 8 * (self.in_dim // 32) * BY_GGML[self.qtype].group_bytes
         a, b = self.data[:head], self.data[head:]
         types = self.types or (self.qtype, self.qtype2)
-        n_a = next(i for i, t in enumerate(types) if _FORMAT[t] != _FORMAT[self.qtype])
+        n_a = next(i for i, t in enumerate(types) if BY_GGML[t].kernel_id != BY_GGML[self.qtype].kernel_id)
         return [QuantWeight(a.view(self.split // 8, -1), self.qtype, self.split, self.in_dim, _distinct(types[:n_a])),
                 QuantWeight(b.view((self.out_dim - self.split) // 8, -1), self.qtype2, self.out_dim - self.split, self.in_dim,
                             _distinct(types[n_a:]))]
@@ -422,8 +489,8 @@ class QuantWeight:
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight:
         """Stack weights of one input width along the outputs (a fused QKV, gate+up) in one or two
-        runs of a kernel format: Q5_0 with Q8_0 (Gemma 3's Q4_K_M files mix them in QKV) is one
-        format; a Q4_K Q and K with a Q6_K V (Llama's Q4_K_M files) are a stack of two."""
+        runs of a kernel format: a Q4_K Q and K with a Q6_K V (Llama's Q4_K_M files) or a Q5_0 Q
+        and K with a Q8_0 V (Qwen2.5-0.5B's, Gemma 3's) are a stack of two."""
         if len({w.in_dim for w in parts}) != 1 or any(w.split for w in parts):
             raise ValueError("only single-format weights of one input width can be fused")
         runs = [i for i in range(1, len(parts)) if parts[i].format != parts[i - 1].format]
@@ -463,31 +530,4 @@ class QuantWeight:
         """float32 `[out, in]`: the values the kernels multiply by (the file's, exactly)."""
         if self.split:
             return torch.cat([part.dequantize() for part in self.parts()])
-        groups, nb, fmt = self.out_dim // 8, self.in_dim // 32, self.format
-        if fmt in (_Q4K, _Q5K, _Q6K):
-            return torch.from_numpy(_dequantize_k(self.data.numpy(), fmt, self.out_dim, self.in_dim))
-        if fmt == _IQ4XS:
-            return torch.from_numpy(_dequantize_iq4xs(self.data.numpy(), self.out_dim, self.in_dim))
-        if fmt == _Q3K:
-            return torch.from_numpy(_dequantize_q3k(self.data.numpy(), self.out_dim, self.in_dim))
-        if fmt == _Q2K:
-            return torch.from_numpy(_dequantize_q2k(self.data.numpy(), self.out_dim, self.in_dim))
-        g = self.data.numpy().reshape(groups, nb, -1)
-
-        def scales(lo: int, hi: int) -> np.ndarray:  # [G, nb, 8] f16 -> [G, 8, nb, 1] fp32
-            return np.ascontiguousarray(g[..., lo:hi]).view(np.float16).astype(np.float32).transpose(0, 2, 1)[..., None]
-
-        if fmt == _Q8X8:
-            q = g[..., 16:].view(np.int8).reshape(groups, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 32)
-            w = q.astype(np.float32) * scales(0, 16)
-        else:
-            p = g[..., -128:].reshape(groups, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, 16)
-            idx = np.concatenate([p & 15, p >> 4], axis=-1)  # [G, o, nb, 32]
-            d = scales(0, 16)
-            if fmt == _IQ4NL:
-                w = IQ4NL_VALUES[idx].astype(np.float32) * d
-            else:
-                w = idx.astype(np.float32) * d + (scales(16, 32) if fmt == _Q4X8 else d * np.float32(-8))
-        return torch.from_numpy(np.ascontiguousarray(w.reshape(self.out_dim, self.in_dim)))
-
-
+        return torch.from_numpy(BY_GGML[self.qtype].dequantize(self.data.numpy(), self.out_dim, self.in_dim))

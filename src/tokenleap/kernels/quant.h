@@ -1,6 +1,6 @@
-/* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks (Q4_0, Q4_1,
- * Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; Q5_0 widened to Q8_0's integer form), row-invariant, on AVX2 integer dot
- * products (included by both kernel variants).
+/* tokenleap kernels: linears over GGUF quantized weights kept in their own blocks and bytes (the
+ * formats of the table below, TLQ_FORMATS), row-invariant, on AVX2 integer dot products (included
+ * by both kernel variants).
  *
  * As llama.cpp does (ggml's vec_dot_q4_0_q8_0 / q4_1_q8_1 / q8_0_q8_0), the activations are
  * quantized per row to blocks of 32 int8 with one fp32 scale (d = max|x| / 127, q = round(x/d)),
@@ -34,6 +34,11 @@
 #define TLQ_Q4X8 1
 #define TLQ_Q8X8 2
 #define TLQ_Q40X8 3 /* Q4_0 in its own 144 bytes: f16 d[8], then Q4X8's nibbles; m = -8 d in registers (exact) */
+/* Q5_0 / Q5_1 in their own 176 / 192 bytes: Q40X8's / Q4X8's layout with q's low 4 bits as the
+ * nibbles, then Q5K's 32 bytes of fifth bits (byte (o, i): input 4 t + i's at bit t, 16 + 4 t + i's
+ * at bit 4 + t); w = d q - 16 d (Q5_0, formed in registers: exact) or d q + m (Q5_1), q in 0..31 */
+#define TLQ_Q50X8 11
+#define TLQ_Q51X8 12
 /* IQ4_NL in its own 144 bytes, Q40X8's layout: w = d v[q] with v the format's non-linear grid of 16
  * int8 values (tlq_iq4nl); the kernel looks each nibble up (vpshufb) and sums as Q8X8 does */
 #define TLQ_IQ4NL 4
@@ -84,6 +89,39 @@ static const int8_t tlq_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1
 #define TLQ_Q6K 6
 #define TLQ_Q5K 7
 
+/* The formats as one table, one row each (kernels/formats.py's FORMATS holds the same rows and
+ * tests/kernels/test_formats.py checks them against tl_formats): GGML type id, the kernel's format,
+ * inputs per block in the file, bytes per block in the file, and the kernel's bytes per group of
+ * 8 outputs and 32 inputs (the superblock formats: on average). Every format is read in its file's
+ * own bytes: the kernel's bytes are 8 x the file's per 32 inputs. */
+#define TLQ_FORMATS(X)              \
+    X(2, TLQ_Q40X8, 32, 18, 144)    \
+    X(3, TLQ_Q4X8, 32, 20, 160)     \
+    X(6, TLQ_Q50X8, 32, 22, 176)    \
+    X(7, TLQ_Q51X8, 32, 24, 192)    \
+    X(8, TLQ_Q8X8, 32, 34, 272)     \
+    X(10, TLQ_Q2K, 256, 84, 84)     \
+    X(11, TLQ_Q3K, 256, 110, 110)   \
+    X(12, TLQ_Q4K, 256, 144, 144)   \
+    X(13, TLQ_Q5K, 256, 176, 176)   \
+    X(14, TLQ_Q6K, 256, 210, 210)   \
+    X(20, TLQ_IQ4NL, 32, 18, 144)   \
+    X(23, TLQ_IQ4XS, 256, 136, 136)
+
+typedef struct {
+    int32_t ggml_id, kernel_id, block_weights, file_bytes, group_bytes;
+} tlq_format;
+#define TLQ_ROW(g, k, b, f, gb) {g, k, b, f, gb},
+static const tlq_format tlq_formats[] = {TLQ_FORMATS(TLQ_ROW)};
+#undef TLQ_ROW
+#define TLQ_NFORMATS ((int)(sizeof tlq_formats / sizeof tlq_formats[0]))
+
+/* The table's rows into out (5 int32 each, at most max rows); returns the number of rows. */
+int tl_formats(int32_t *out, int max) {
+    for (int i = 0; i < TLQ_NFORMATS && i < max; i++) memcpy(out + 5 * i, &tlq_formats[i], sizeof(tlq_format));
+    return TLQ_NFORMATS;
+}
+
 /* a stack of two formats in one call (tl_linear_q): f1 for groups [0, split), then f2 */
 #define TLQ_STACK(f1, f2, split) ((f1) | (f2) << 4 | (split) << 8)
 
@@ -109,9 +147,12 @@ int tl_quant_vnni(int enable) {
     return tlq_use_vnni;
 }
 
+/* the kernel's bytes per group and 32 inputs (0: not a format): a chain that folds to a constant
+ * in each format's instantiation */
 static inline int64_t q_group_bytes(int format) {
-    return format == TLQ_Q4X8 ? 160 : format == TLQ_Q8X8 ? 272 : format == TLQ_Q40X8 || format == TLQ_IQ4NL || format == TLQ_Q4K ? 144
-         : format == TLQ_Q5K ? 176 : format == TLQ_IQ4XS ? 136 : format == TLQ_Q3K ? 110 : format == TLQ_Q2K ? 84 : 210; /* the 256-input formats: per 32 inputs on average */
+#define TLQ_GB(g, k, b, f, gb) format == (k) ? (gb) :
+    return TLQ_FORMATS(TLQ_GB) 0;
+#undef TLQ_GB
 }
 
 /* Q6K: q (unsigned, 0..63; w = d sc (q - 32)) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's
@@ -322,8 +363,9 @@ static inline __attribute__((always_inline)) void q_tile(
         for (int j = 0; j < NO; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t bi = 0; bi < nb; bi++) {
         for (int j = 0; j < NO; j++) {
-            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8, nl = format == TLQ_IQ4NL || format == TLQ_IQ4XS;
-            const int64_t qoff = format == TLQ_Q4X8 ? 32 : 16;
+            const int q5 = format == TLQ_Q50X8 || format == TLQ_Q51X8; /* Q4's nibbles plus fifth bits */
+            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || q5, nl = format == TLQ_IQ4NL || format == TLQ_IQ4XS;
+            const int64_t qoff = format == TLQ_Q4X8 || format == TLQ_Q51X8 ? 32 : 16;
             const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb, *qb = blk + qoff;
             __m256 dw;
             if (format == TLQ_Q2K) { /* the superblock's header (d, dmin; the scales, read below), then block bi % 8 */
@@ -426,7 +468,8 @@ static inline __attribute__((always_inline)) void q_tile(
 #pragma GCC unroll 4
                 for (int t = 0; t < 4; t++) {
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
-                    const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    if (q5) q5_high(blk + qoff, t, &wl, &wh);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         part[r][(2 * t) % NS] = tlq_dpbusd(part[r][(2 * t) % NS], wl, _mm256_set1_epi32(xr[t]));
@@ -438,20 +481,27 @@ static inline __attribute__((always_inline)) void q_tile(
                     for (int p = 1; p < NS; p++) isum[r] = _mm256_add_epi32(isum[r], part[r][p]);
                 }
             } else if (q4) {
+                /* int16 sums: 4 vectors of Q4 (<= 4 x 2 x 2 x 15 x 127 = 30480), 2 of Q5 (<= 31496),
+                 * then widened by vpmaddwd */
                 __m256i s16[QR];
-                for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
+                for (int r = 0; r < NR; r++) s16[r] = isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int t = 0; t < 4; t++) {
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
-                    const __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                    if (q5) q5_high(blk + qoff, t, &wl, &wh);
                     for (int r = 0; r < NR; r++) {
                         const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
                         s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(xr[t])),
                                                                            _mm256_maddubs_epi16(wh, _mm256_set1_epi32(xr[t + 4]))));
                         if (NR > 1) TLQ_KEEP(s16[r]);
+                        if (q5 && t == 1) {
+                            isum[r] = _mm256_madd_epi16(s16[r], ones);
+                            s16[r] = _mm256_setzero_si256();
+                        }
                     }
                 }
-                for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(s16[r], ones);
+                for (int r = 0; r < NR; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
             } else if (vnni) {
                 /* activations offset to unsigned (xq ^ 0x80 = q + 128, done once per call), so one
                  * vpdpbusd per row and 4 inputs: sum w (q + 128) - 128 sum w, all exact int32
@@ -490,9 +540,10 @@ static inline __attribute__((always_inline)) void q_tile(
                     }
                 }
             }
-            /* the min term's weight factor: Q4_0's -8 d, Q4_1's m, Q2_K's -dmin (times sum(m x)) */
+            /* the min term's weight factor: Q4_0's -8 d, Q5_0's -16 d, Q4_1's / Q5_1's m, Q2_K's -dmin (times sum(m x)) */
             const __m256 mw = format == TLQ_Q40X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
-                            : format == TLQ_Q4X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
+                            : format == TLQ_Q50X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f))
+                            : format == TLQ_Q4X8 || format == TLQ_Q51X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
                             : format == TLQ_Q2K ? _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))))
                                                   : _mm256_setzero_ps();
             for (int r = 0; r < NR; r++) {
@@ -944,6 +995,10 @@ static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, 
         case TLQ_Q4X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q4X8 | TLQ_VNNI); break;
         case TLQ_Q40X8: Q_GROUPS(TLQ_Q40X8); break;
         case TLQ_Q40X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q40X8 | TLQ_VNNI); break;
+        case TLQ_Q50X8: Q_GROUPS(TLQ_Q50X8); break;
+        case TLQ_Q50X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q50X8 | TLQ_VNNI); break;
+        case TLQ_Q51X8: Q_GROUPS(TLQ_Q51X8); break;
+        case TLQ_Q51X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q51X8 | TLQ_VNNI); break;
         case TLQ_Q8X8: Q_GROUPS(TLQ_Q8X8); break;
         case TLQ_Q8X8 | TLQ_VNNI: Q_GROUPS(TLQ_Q8X8 | TLQ_VNNI); break;
         case TLQ_IQ4NL: Q_GROUPS(TLQ_IQ4NL); break;
@@ -978,7 +1033,7 @@ static void q_task(void *ctx, int tid, int nthreads) {
     }
 }
 
-int tl_quant_group_bytes(int format) { return format >= TLQ_Q4X8 && format <= TLQ_Q2K ? (int)q_group_bytes(format) : 0; }
+int tl_quant_group_bytes(int format) { return (int)q_group_bytes(format); }
 
 /* The gated MLP's input from (gate | up) [rows, 2f]: `kind` TL_GLU_SILU or TL_GLU_GELU_TANH. */
 static void tl_glu_mul(const float *gu, float *y, int64_t rows, int64_t f, int kind) {

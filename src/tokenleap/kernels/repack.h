@@ -14,6 +14,7 @@
 #define RP_Q4_0 2
 #define RP_Q4_1 3
 #define RP_Q5_0 6
+#define RP_Q5_1 7
 #define RP_Q8_0 8
 #define RP_Q4_K 12
 #define RP_Q5_K 13
@@ -49,6 +50,25 @@ static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qt
                 if (qtype == RP_Q4_1) memcpy(out + 16 + 2 * o, blk + 2, 2);
                 const uint8_t *qs = blk + bb - 16; /* byte l: input l low, l + 16 high: one nibble byte as is */
                 for (int t = 0; t < 4; t++) memcpy(out + gb - 128 + t * 32 + o * 4, qs + 4 * t, 4);
+            }
+        }
+    } else if (qtype == RP_Q5_0 || qtype == RP_Q5_1) { /* Q50X8 (176) / Q51X8 (192): d[8] (m[8]) nibbles, fifth bits */
+        const int q51 = qtype == RP_Q5_1, bb = q51 ? 24 : 22, gb = q51 ? 192 : 176, nib = q51 ? 32 : 16;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + b * gb;
+            for (int o = 0; o < 8; o++) {
+                const uint8_t *blk = src + o * row_bytes + b * bb;
+                memcpy(out + 2 * o, blk, 2);
+                if (q51) memcpy(out + 16 + 2 * o, blk + 2, 2);
+                uint32_t qh;
+                memcpy(&qh, blk + (q51 ? 4 : 2), 4); /* after d (and m) */
+                const uint8_t *qs = blk + bb - 16; /* byte l: input l low, l + 16 high */
+                for (int t = 0; t < 4; t++) memcpy(out + nib + t * 32 + o * 4, qs + 4 * t, 4);
+                for (int i = 0; i < 4; i++) { /* byte (o, i): input 4 b + i's fifth bit at bit b */
+                    uint8_t h = 0;
+                    for (int bit = 0; bit < 8; bit++) h |= (uint8_t)(((qh >> (4 * bit + i)) & 1) << bit);
+                    out[nib + 128 + o * 4 + i] = h;
+                }
             }
         }
     } else if (qtype == RP_Q3_K) { /* Q3K (880 per superblock): d[8], scales 3 x (8 x 4), 8 blocks of 96 */
@@ -98,24 +118,13 @@ static void rp_group(const uint8_t *src, int64_t row_bytes, uint8_t *dst, int qt
                     for (int t = 0; t < 4; t++) memcpy(out + 64 + 128 * j + t * 32 + o * 4, sb + 8 + 16 * j + 4 * t, 4);
             }
         }
-    } else if (qtype == RP_Q8_0 || qtype == RP_Q5_0) { /* Q8X8 (272): d[8], byte (g, o, i) = q[o][4 g + i] */
-        const int bb = qtype == RP_Q8_0 ? 34 : 22;
+    } else if (qtype == RP_Q8_0) { /* Q8X8 (272): d[8], byte (g, o, i) = q[o][4 g + i] */
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *out = dst + b * 272;
             for (int o = 0; o < 8; o++) {
-                const uint8_t *blk = src + o * row_bytes + b * bb;
+                const uint8_t *blk = src + o * row_bytes + b * 34;
                 memcpy(out + 2 * o, blk, 2);
-                int8_t q[32];
-                if (qtype == RP_Q8_0) memcpy(q, blk + 2, 32);
-                else {
-                    uint32_t qh;
-                    memcpy(&qh, blk + 2, 4);
-                    for (int i = 0; i < 16; i++) {
-                        q[i] = (int8_t)((blk[6 + i] & 15 | ((qh >> i) & 1) << 4) - 16);
-                        q[i + 16] = (int8_t)((blk[6 + i] >> 4 | ((qh >> (i + 16)) & 1) << 4) - 16);
-                    }
-                }
-                for (int g = 0; g < 8; g++) memcpy(out + 16 + g * 32 + o * 4, q + 4 * g, 4);
+                for (int g = 0; g < 8; g++) memcpy(out + 16 + g * 32 + o * 4, blk + 2 + 4 * g, 4);
             }
         }
     } else if (qtype == RP_Q4_K || qtype == RP_Q5_K) { /* Q4K (1152 per superblock) / Q5K (1408) */
@@ -218,21 +227,11 @@ static void rp_task(void *ctx, int tid, int nthreads) {
  * groups of in_dim / 32 * (the format's bytes per 32 inputs). Returns 0, or -1 for a type or
  * shape this cannot repack (out_dim % 8, in_dim % 32, or % 256 for the K-quants). */
 int tl_repack(const uint8_t *src, uint8_t *dst, int qtype, int64_t out_dim, int64_t in_dim) {
-    int format, bb, block = 32;
-    switch (qtype) {
-        case RP_Q4_0: format = TLQ_Q40X8, bb = 18; break;
-        case RP_Q4_1: format = TLQ_Q4X8, bb = 20; break;
-        case RP_IQ4_NL: format = TLQ_IQ4NL, bb = 18; break;
-        case RP_IQ4_XS: format = TLQ_IQ4XS, bb = 136, block = 256; break;
-        case RP_Q3_K: format = TLQ_Q3K, bb = 110, block = 256; break;
-        case RP_Q2_K: format = TLQ_Q2K, bb = 84, block = 256; break;
-        case RP_Q5_0: format = TLQ_Q8X8, bb = 22; break;
-        case RP_Q8_0: format = TLQ_Q8X8, bb = 34; break;
-        case RP_Q4_K: format = TLQ_Q4K, bb = 144, block = 256; break;
-        case RP_Q5_K: format = TLQ_Q5K, bb = 176, block = 256; break;
-        case RP_Q6_K: format = TLQ_Q6K, bb = 210, block = 256; break;
-        default: return -1;
-    }
+    const tlq_format *f = NULL;
+    for (int i = 0; i < TLQ_NFORMATS; i++)
+        if (tlq_formats[i].ggml_id == qtype) f = &tlq_formats[i];
+    if (!f) return -1;
+    const int format = f->kernel_id, bb = f->file_bytes, block = f->block_weights;
     if (out_dim % 8 || in_dim % block) return -1;
     const int64_t groups = out_dim / 8;
     rp_job job = {{0, groups, groups / (8 * pool.n) > 1 ? groups / (8 * pool.n) : 1}, src, dst, in_dim / block * bb,
@@ -250,7 +249,7 @@ void tl_quant_rows(const uint8_t *w, int format, int64_t in_dim, const int64_t *
         const int o = (int)(ids[r] % 8);
         const uint8_t *base = w + ids[r] / 8 * group_stride;
         float *y = out + r * in_dim;
-        if (format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_IQ4NL || format == TLQ_Q8X8) {
+        if (format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_IQ4NL || format == TLQ_Q8X8 || format == TLQ_Q50X8 || format == TLQ_Q51X8) {
             const int64_t gb = q_group_bytes(format);
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *blk = base + b * gb;
@@ -260,11 +259,18 @@ void tl_quant_rows(const uint8_t *w, int format, int64_t in_dim, const int64_t *
                     for (int x = 0; x < 32; x++) yb[x] = (float)(int8_t)blk[16 + (x / 4) * 32 + o * 4 + x % 4] * d;
                     continue;
                 }
-                const float m = format == TLQ_Q4X8 ? rp_f16(blk + 16 + 2 * o) : d * -8.0f;
-                const uint8_t *nib = blk + (format == TLQ_Q4X8 ? 32 : 16);
+                const int stored_m = format == TLQ_Q4X8 || format == TLQ_Q51X8, q5 = format == TLQ_Q50X8 || format == TLQ_Q51X8;
+                const float m = stored_m ? rp_f16(blk + 16 + 2 * o) : d * (format == TLQ_Q50X8 ? -16.0f : -8.0f);
+                const uint8_t *nib = blk + (stored_m ? 32 : 16);
                 for (int t = 0; t < 4; t++)
                     for (int i = 0; i < 4; i++) {
                         const uint8_t v = nib[t * 32 + o * 4 + i];
+                        if (q5) {
+                            const uint8_t h = nib[128 + o * 4 + i];
+                            yb[4 * t + i] = (float)((v & 15) | ((h >> t) & 1) << 4) * d + m;
+                            yb[16 + 4 * t + i] = (float)((v >> 4) | ((h >> (4 + t)) & 1) << 4) * d + m;
+                            continue;
+                        }
                         if (format == TLQ_IQ4NL) {
                             yb[4 * t + i] = (float)tlq_iq4nl[v & 15] * d;
                             yb[16 + 4 * t + i] = (float)tlq_iq4nl[v >> 4] * d;

@@ -107,6 +107,11 @@ class CausalLM(Protocol):
         """A model made of this one's first `num_layers` layers, sharing its weights."""
         ...
 
+    def with_vocab(self, keep: torch.Tensor) -> tuple[CausalLM, torch.Tensor]:
+        """A model sharing this one's weights whose `compute_logits` scores only the tokens `keep`
+        (widened to whole rows of the LM head's storage), and the token ids of its logits' columns."""
+        ...
+
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step streams."""
         ...

@@ -310,6 +310,35 @@ class LlamaModel:
         clone.layers = self.layers[:num_layers]
         return clone
 
+    def with_vocab(self, keep: torch.Tensor) -> tuple[LlamaModel, torch.Tensor]:
+        """A model sharing this one's weights whose LM head scores only the tokens `keep` (a
+        reduced draft vocabulary, FR-Spec: Zhao et al., 2025), and the token ids of its logits'
+        columns, in order. The head is cut in whole groups of its storage (8 rows of a quantized
+        head, 16 of a packed bf16 one: slices of its bytes, no re-quantization), so the ids are
+        `keep` widened to those groups. The token table stays whole."""
+        vocab = self.config.vocab_size
+        keep = keep.reshape(-1).long()
+        if keep.numel() == 0 or int(keep.min()) < 0 or int(keep.max()) >= vocab:
+            raise TokenleapError(f"a reduced vocabulary needs token ids in [0, {vocab})")
+        head = self.lm_head_packed
+        width = 8 if isinstance(head, QuantWeight) else 16 if isinstance(head, PackedWeight) else 1
+        if isinstance(head, QuantWeight) and head.split:
+            width, head = 1, None  # a stack of two formats: cut the dense head instead
+        groups = torch.unique(torch.div(keep, width, rounding_mode="floor"))
+        ids = (groups[:, None] * width + torch.arange(width)).reshape(-1)
+        ids = ids[ids < vocab]
+        clone = copy.copy(self)
+        if isinstance(head, QuantWeight) and ids.numel() == groups.numel() * 8:
+            clone.lm_head_packed = QuantWeight(head.data[groups].contiguous(), head.qtype, ids.numel(), head.in_dim, head.types)
+        elif isinstance(head, PackedWeight) and ids.numel() == groups.numel() * 16:
+            clone.lm_head_packed = PackedWeight(head.data[groups].contiguous(), ids.numel(), head.in_dim)
+        else:  # dense rows (a vocabulary that is not a multiple of the group: the last group's rows)
+            ids = torch.unique(keep)
+            dense = self.lm_head[ids].contiguous()
+            clone.__dict__["lm_head"] = dense  # the cached property's slot
+            clone.lm_head_packed = self.kernels.pack(dense) if self.kernels is not None else None
+        return clone, ids
+
     @property
     def max_context(self) -> int:
         return self._rope_cap

@@ -6,7 +6,7 @@ permutation so every source ends in Hugging Face's layout (half-split, "GPT-NeoX
 and one model implementation serves both. Quantized tensors (Q4_1, Q8_0, ...) are
 dequantized to float32 at load time with `gguf.quants.dequantize`, or, with `keep_quantized`,
 the linears', the token table's and the LM head's blocks in the formats the kernels read
-(`QUANT_TYPES`) are kept in the file's values and bytes (`QuantWeight`, repacked once; the mapped
+(`kernels.FORMATS`) are kept in the file's values and bytes (`QuantWeight`, repacked once; the mapped
 pages of each tensor are released once it is copied); the others are dequantized with a log line.
 
 Both loaders return a `ModelConfig` and a dict of float32 tensors under canonical names:
@@ -177,7 +177,7 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
     kernel-readable format; a tied LM head is the token table's `QuantWeight`)."""
     import gguf
 
-    from tokenleap.kernels import QUANT_TYPES, QuantWeight
+    from tokenleap.kernels import QuantWeight, format_names
 
     path = Path(path)
     if not path.is_file():
@@ -219,7 +219,7 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
         reader.release(tensor)
     for name, count in dequantized.items():
         logger.info("%s: %d %s tensors dequantized at load (the kernels read %s blocks)", path.name, count, name,
-                    ", ".join(n for n, _ in QUANT_TYPES.values()))
+                    format_names())
     return config, weights
 
 
