@@ -198,6 +198,27 @@ def test_tree_and_acceptance_flags_reach_the_speculative_config() -> None:
     assert plain is not None and (plain.sampled_tree, plain.acceptance) == ("full", "exact")
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_the_front_door_speculates_by_default(command: str) -> None:
+    """generate / chat / serve speculate with `auto` (suffix decoding, adaptive) unless told
+    `--spec-type none`; a draft model alone means draft-model; a whole JSON config replaces it."""
+    from tokenleap.cli import _spec_dict, build_parser
+    from tokenleap.config import SpecConfig
+
+    def spec(*argv: str) -> SpecConfig | None:
+        return SpecConfig.from_dict(_spec_dict(build_parser().parse_args([command, *(["hi"] if command == "generate" else []), *argv])))
+
+    default = spec()
+    assert default is not None and default.method == "suffix" and default.adaptive
+    assert spec("--spec-type", "none") is None and spec("--spec-type", "off") is None
+    with_draft = spec("-md", "smollm2-135m-instruct")
+    assert with_draft is not None and with_draft.method == "draft-model"
+    given = spec("--speculative-config", '{"method": "ngram"}')
+    assert given is not None and given.method == "ngram"
+    chained = spec("--spec-type", "ngram", "--spec-type", "suffix")
+    assert chained is not None and chained.chain == ("ngram", "suffix")
+
+
 def test_llama_cpp_spellings_flags_and_environment(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """What llama.cpp's speculative-decoding docs have users type: --draft / --draft-n / --draft-n-min,
     LLAMA_ARG_DRAFT_MAX / _MIN, `draft` and underscore spellings; -md beside a draftless method is

@@ -65,12 +65,15 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-tokens", type=int, default=0, help="no end of sequence before this many tokens (default: %(default)s)")
 
 
+_NO_SPEC = ("none", "off")
+
+
 class _SpecTypes(argparse.Action):
     """--spec-type, repeatable as in llama.cpp: each further use adds a member to the chain."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
         current = getattr(namespace, self.dest)
-        joined = getattr(namespace, "spec_type_given", False) and current not in ("none", "off")
+        joined = getattr(namespace, "spec_type_given", False) and current not in _NO_SPEC
         setattr(namespace, self.dest, f"{current}+{values}" if joined else values)
         namespace.spec_type_given = True
 
@@ -99,7 +102,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names, current and former)")
     from tokenleap.drafters import methods
 
-    g.add_argument("--spec-type", default="none", action=_SpecTypes, help=methods.spec_type_help())
+    g.add_argument("--spec-type", default="auto", action=_SpecTypes, help=methods.spec_type_help())
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config as a JSON object (instead of the flags below), e.g. '{\"method\": \"ngram\"}'")
     # llama.cpp's spellings and environment variables (a string default goes through `type`: a bad value is a usage error)
@@ -208,7 +211,7 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
                                  "synthetic drafter; compare real drafters with `tokenleap bench --methods ...`")
     raw = getattr(args, "speculative_config", None)
     if raw is not None:  # vLLM's flag: the whole config as JSON
-        if args.spec_type not in ("none", "off"):
+        if getattr(args, "spec_type_given", False) and args.spec_type not in _NO_SPEC:
             raise TokenleapError("give either --speculative-config or --spec-type, not both")
         try:
             parsed = json.loads(raw)
@@ -221,11 +224,11 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
 
     spec_type = args.spec_type
     draft = getattr(args, _flag_dest(methods.MODEL_FLAGS[0]), None)
-    if spec_type in ("none", "off") and draft is not None and not getattr(args, "spec_type_given", False):
+    if draft is not None and not getattr(args, "spec_type_given", False):
         from tokenleap.config import infer_method
 
         spec_type = infer_method(str(draft))  # llama.cpp's -md alone, vLLM's model without a method: a draft model (or a head, by its name)
-    if spec_type in ("none", "off"):
+    if spec_type in _NO_SPEC:
         return None
     members = [methods.canonical(m) for m in _chain_members(spec_type)]
     method = "+".join(_chain_members(spec_type))  # llama.cpp's comma list or repeated --spec-type: a chain

@@ -37,6 +37,10 @@ class Draft:
     parents: list[int] | None = None  # -1 = child of the last committed token; None = chain
     probs: torch.Tensor | None = None  # [n, V] q(x); None = deterministic
     source: str | None = None  # a chain's member that made it (its statistics count the draft)
+    # seconds of the drafting that a draft's length does not explain (a draft model catching up
+    # on tokens committed while speculation was off): the adaptive controller, which prices a
+    # draft token from the drafting time, leaves them out
+    setup_seconds: float = 0.0
 
     def __len__(self) -> int:
         return len(self.tokens)

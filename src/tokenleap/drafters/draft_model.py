@@ -18,12 +18,14 @@ bytes a step reads), to its N most frequent tokens plus the tokenizer's special 
 needs no corpus: byte-pair vocabularies number their tokens in merge order, most frequent merges
 first (sentencepiece ones by score), so the first N ids are the frequent ones. The draft only
 chooses among those (its q is zero elsewhere, still a distribution); the target verifies as
-always, so output is unchanged.
+always, so output is unchanged. A draft context (`draft_context` = N) has the draft read only a
+long prompt's last N tokens: its prefill, paid in the first step, then costs little.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,7 @@ class _State:
     request: DraftRequest
     kv: KVCache
     cached: list[int] = field(default_factory=list)  # token ids whose K/V are in `kv`
+    offset: int = 0  # the context's first token the draft reads (a window over a long prompt)
 
 
 def same_vocabulary(target_tok: Tokenizer, draft_tok: Tokenizer, target: CausalLM, draft: CausalLM) -> bool:
@@ -62,10 +65,11 @@ class DraftModelDrafter:
     needs_hidden_states: ClassVar[bool] = False
     drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
-    def __init__(self, model: CausalLM, p_min: float = 0.0, vocab: torch.Tensor | None = None) -> None:
+    def __init__(self, model: CausalLM, p_min: float = 0.0, vocab: torch.Tensor | None = None, context: int = 0) -> None:
         self.model = model
         self.p_min = p_min  # stop a draft where the draft model's top probability falls below this (0: never)
         self.vocab = vocab  # the token ids of the model's logits' columns (a reduced head), None: all
+        self.context = context  # the draft reads a prompt's last `context` tokens only (0: all of it)
         self._states: dict[str, _State] = {}
 
     def _logits(self, hidden: torch.Tensor, row: int) -> torch.Tensor:
@@ -79,12 +83,26 @@ class DraftModelDrafter:
         return full
 
     def begin(self, request: DraftRequest) -> None:
-        self._states[request.request_id] = _State(request, self.model.new_kv_cache())
+        """Register the request and run its prompt through the draft model now, beside the
+        target's prefill (llama.cpp does the same): the first draft then costs what any draft
+        does, and the adaptive controller, which times drafts per token, does not read a prompt's
+        prefill as the price of drafting."""
+        st = self._states[request.request_id] = _State(request, self.model.new_kv_cache())
+        prompt = list(request.prompt_ids)
+        if 0 < self.context < len(prompt):
+            st.offset = len(prompt) - self.context
+        view = prompt[st.offset :]
+        if 0 < len(view) < self.model.max_context:
+            self.model.forward(torch.tensor(view), torch.arange(len(view)), st.kv)
+            st.cached = view
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         st = self._states[request_id]
         if max_tokens <= 0:
             return Draft()
+        if not st.cached and 0 < self.context < len(tokens):
+            st.offset = len(tokens) - self.context  # its prefill reads the window only: a long prompt costs the draft little
+        tokens = tokens[st.offset :]
         new = resync(st.kv, st.cached, tokens)
         room = self.model.max_context - len(tokens)
         max_tokens = min(max_tokens, room)
@@ -93,6 +111,14 @@ class DraftModelDrafter:
         params, gen = st.request.params, st.request.generator
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
+        setup = 0.0
+        if len(new) > 2:  # catching up on tokens committed while speculation was off: timed apart (Draft.setup_seconds)
+            t0 = time.perf_counter()
+            pos = st.kv.length
+            self.model.forward(torch.tensor(new[:-1]), torch.arange(pos, pos + len(new) - 1), st.kv)
+            st.cached.extend(new[:-1])
+            new = new[-1:]
+            setup = time.perf_counter() - t0
         for _ in range(max_tokens):
             pos = st.kv.length
             out = self.model.forward(torch.tensor(new), torch.arange(pos, pos + len(new)), st.kv)
@@ -110,7 +136,7 @@ class DraftModelDrafter:
                 qs.append(q)
             drafted.append(tok)
             new = [tok]
-        return Draft(drafted, None, torch.stack(qs) if qs else None)
+        return Draft(drafted, None, torch.stack(qs) if qs else None, setup_seconds=setup)
 
     def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
         return None  # the next propose re-synchronises by common prefix
@@ -161,6 +187,9 @@ class DraftModelOptions:
     draft_p_min: float = option(0.0, help="stop a draft where the draft model's top probability falls below this (0: off; llama.cpp's own "
                                           "default is 0.75); drafts only get shorter, output is unchanged",
                                 flags=("--spec-draft-p-min", "--draft-p-min"), per_request=False)
+    draft_context: int = option(0, help="the draft model reads only a prompt's last N tokens (0: all); its prefill of a long prompt "
+                                        "then costs little, output is unchanged", flags=("--spec-draft-context", "--draft-context"),
+                                per_request=False)
     draft_vocab: int = option(0, help="the draft's LM head scores only its N most frequent tokens and the special ones (FR-Spec; "
                                       "0: all); a cheaper draft step, output unchanged", flags=("--spec-draft-vocab", "--draft-vocab"),
                               per_request=False)
@@ -170,6 +199,8 @@ class DraftModelOptions:
             raise TokenleapError(f"draft_layers must be >= 1, got {self.draft_layers}")
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise TokenleapError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        if self.draft_context < 0:
+            raise TokenleapError(f"draft_context must be >= 0 (0: the whole context), got {self.draft_context}")
         if self.draft_vocab < 0:
             raise TokenleapError(f"draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
 
@@ -189,7 +220,7 @@ def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any 
     vocab = None
     if 0 < opts.draft_vocab < model.config.vocab_size:
         model, vocab = model.with_vocab(frequent_tokens(tokenizer, model.config.vocab_size, opts.draft_vocab))
-    return DraftModelDrafter(model, p_min=opts.draft_p_min, vocab=vocab)
+    return DraftModelDrafter(model, p_min=opts.draft_p_min, vocab=vocab, context=opts.draft_context)
 
 
 def frequent_tokens(tokenizer: Any, vocab_size: int, n: int) -> torch.Tensor:

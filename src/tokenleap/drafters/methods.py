@@ -540,7 +540,7 @@ def is_per_request(f: dataclasses.Field[Any]) -> bool:
 
 def spec_type_help() -> str:
     """The CLI's --spec-type help: every method with its aliases, and chains."""
-    parts = ["none"]
+    parts = ["auto (suffix decoding: the default) | none (plain decoding)"]
     for r in all_methods():
         if r.name in ("custom", "chain"):
             continue  # custom: an object, the library's speculative_config only; chain: spelled a+b
@@ -549,7 +549,7 @@ def spec_type_help() -> str:
         parts.append(r.name + (f" (alias {', '.join(aliases)})" if aliases else "") + needs)
     return (" | ".join(parts) + " | a+b (a chain: the first that proposes; draftless methods before a draft model; llama.cpp's a,b and "
             "repeated --spec-type too). llama.cpp's underscore spellings (ngram_simple) and type names (draft-simple, draft-eagle3, "
-            "draft-mtp) work too (default: %(default)s)")
+            "draft-mtp) work too")
 
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}

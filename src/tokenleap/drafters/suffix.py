@@ -465,4 +465,6 @@ def _build(config: SpecConfig, **_: Any) -> SuffixDrafter:
     )
 
 
-METHOD = MethodRecord("suffix", _build, "suffix trees per request and over earlier outputs (SuffixDecoding)", options=SuffixOptions)
+METHOD = MethodRecord("suffix", _build, "suffix trees per request and over earlier outputs (SuffixDecoding); `auto` (the command line's "
+                      "default) names it: measured never to lose, the adaptive controller turning it off where nothing repeats",
+                      options=SuffixOptions, aliases=("auto",))

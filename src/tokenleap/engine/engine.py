@@ -335,7 +335,7 @@ class Engine:
         shaped = _shape_draft(draft, budget, req.spec.draft_min, as_tree)
         if req.grammar is not None and len(shaped):  # never verify a token the grammar forbids
             allowed = req.grammar.cut(shaped.tokens)
-            shaped = Draft(allowed, None, None if shaped.probs is None else shaped.probs[: len(allowed)], shaped.source)
+            shaped = Draft(allowed, None, None if shaped.probs is None else shaped.probs[: len(allowed)], shaped.source, shaped.setup_seconds)
         return shaped
 
     def begin(self, req: Request) -> None:
@@ -421,7 +421,8 @@ class Engine:
         ctrl = reqs[0].controller
         if len(reqs) == 1 and ctrl is not None and live and not failures:  # calibrate its cost model on this step
             draft = drafts[0]
-            ctrl.observe_timing(t_fwd, t2 - t0, t1 - t0, len(draft) if draft is not None else 0, undo[0].kv_length)
+            setup = draft.setup_seconds if draft is not None else 0.0  # not a draft token's price
+            ctrl.observe_timing(t_fwd, t2 - t0 - setup, t1 - t0 - setup, len(draft) if draft is not None else 0, undo[0].kv_length)
         if failures:
             if len(reqs) == 1:
                 raise failures[0]
@@ -580,5 +581,5 @@ def _shape_draft(draft: Draft, budget: int, draft_min: int, as_tree: bool) -> Dr
         probs = probs[path] if probs is not None else None
         parents = None
     if len(tokens) < max(1, draft_min):
-        return _EMPTY
-    return Draft(tokens, parents, probs, draft.source)
+        return Draft(setup_seconds=draft.setup_seconds) if draft.setup_seconds else _EMPTY
+    return Draft(tokens, parents, probs, draft.source, draft.setup_seconds)

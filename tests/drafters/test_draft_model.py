@@ -1,0 +1,59 @@
+"""The draft-model drafter's bookkeeping: the prompt runs through the draft model at `begin`
+(beside the target's prefill), a catch-up over tokens committed while speculation was off is
+timed apart from the draft (`Draft.setup_seconds`, left out of the controller's price of a draft
+token), and a draft context window (`draft_context`) reads only a long prompt's last tokens;
+drafts equal the draft model's own greedy continuation throughout (tiny random model)."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenleap import LLM, SamplingParams
+from tokenleap.drafters.base import DraftRequest
+from tokenleap.drafters.draft_model import DraftModelDrafter
+from tokenleap.models.llama import LlamaModel
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = [5, 9, 14, 3, 22, 7, 5, 9, 14, 40, 41, 42]
+
+
+def _greedy(model: LlamaModel, tokens: list[int], steps: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(steps):
+        ids = tokens + out
+        kv = model.new_kv_cache()
+        hidden = model.forward(torch.tensor(ids), torch.arange(len(ids)), kv).hidden
+        out.append(int(model.compute_logits(hidden, [len(ids) - 1])[0].argmax()))
+        kv.free()
+    return out
+
+
+def test_begin_prefills_and_a_catch_up_is_setup_not_drafting(tiny_model: LlamaModel) -> None:
+    d = DraftModelDrafter(tiny_model)
+    d.begin(DraftRequest("r", PROMPT, GREEDY, torch.Generator()))
+    state = d._states["r"]
+    assert state.cached == PROMPT and state.kv.length == len(PROMPT)  # the prompt ran at begin
+    first = d.propose("r", PROMPT + [60], 3)
+    assert first.tokens == _greedy(tiny_model, PROMPT + [60], 3) and first.setup_seconds == 0.0
+    later = PROMPT + [60, 61, 62, 63, 64, 65]  # five tokens committed without asking the drafter
+    caught = d.propose("r", later, 3)
+    assert caught.tokens == _greedy(tiny_model, later, 3) and caught.setup_seconds > 0.0
+    d.end("r")
+
+
+def test_a_draft_context_window_reads_the_prompts_last_tokens(tiny_model: LlamaModel) -> None:
+    d = DraftModelDrafter(tiny_model, context=5)
+    d.begin(DraftRequest("r", PROMPT, GREEDY, torch.Generator()))
+    assert d._states["r"].offset == len(PROMPT) - 5 and d._states["r"].kv.length == 5
+    tokens = PROMPT + [60]
+    assert d.propose("r", tokens, 3).tokens == _greedy(tiny_model, tokens[len(PROMPT) - 5 :], 3)
+    d.end("r")
+
+
+def test_greedy_output_with_a_draft_context_is_plain_decoding(tiny_hf_folder: object) -> None:
+    folder = str(tiny_hf_folder)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = LLM(folder, dtype="float32").generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids
+    spec = LLM(folder, dtype="float32", speculative_config={"method": "draft-model", "model": folder, "draft_context": 4,
+                                                            "num_speculative_tokens": 4, "adaptive": False})
+    assert spec.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids == want
