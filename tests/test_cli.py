@@ -440,3 +440,32 @@ def test_the_server_takes_llama_cpp_type_names_and_lists_per_request() -> None:
     for method in ("ngram,draft-eagle3", "ngram+eagle3", "draft-simple"):
         with pytest.raises(APIError, match="not available per request"):
             ask(method)
+
+
+def test_every_model_flag_reaches_a_ray_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve --replicas hands each replica the arguments a local serve gives its LLM (the KV cache
+    type was once dropped there)."""
+    import tokenleap.llm
+    import tokenleap.ray.serve as ray_serve
+    from tokenleap.cli import _cmd_serve, build_parser
+
+    local: dict[str, object] = {}
+    replica: dict[str, object] = {}
+
+    class FakeLLM:
+        def __init__(self, **kwargs: object) -> None:
+            local.update(kwargs)
+            raise SystemExit(0)  # stop before serving
+
+    def fake_deployment(*, llm_kwargs: dict[str, object], **_: object) -> None:
+        replica.update(llm_kwargs)
+
+    monkeypatch.setattr(tokenleap.llm, "LLM", FakeLLM)
+    monkeypatch.setattr(ray_serve, "deployment", fake_deployment)
+    monkeypatch.setattr(ray_serve, "run_until_signal", lambda *a, **k: None)
+    flags = ["--model", "smollm2-135m-instruct", "--dtype", "float32", "--max-model-len", "512", "--quantization", "none",
+             "-ctk", "q8_0", "-ctv", "q8_0", "--spec-type", "ngram", "--draft-max", "5", "--port", "0"]
+    with pytest.raises(SystemExit):
+        _cmd_serve(build_parser().parse_args(["serve", *flags]))
+    assert _cmd_serve(build_parser().parse_args(["serve", *flags, "--replicas", "2"])) == 0
+    assert local and replica == local and replica["kv_cache_dtype"] == "q8_0"

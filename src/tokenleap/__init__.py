@@ -4,14 +4,7 @@ Public API: `LLM`, `SamplingParams`, `EngineConfig`, `TokenleapError`; `register
 `MethodRecord` add a speculative method (tokenleap.drafters.methods).
 """
 
-import os
-
-# Before torch loads its OpenMP runtime (used here for prompt prefill only; the decode kernels
-# have their own spin-then-yield-then-sleep pool, see kernels.c): threads that busy-wait
-# between ops collapse throughput 3-10x when another process shares the cores, and prefill's
-# few large ops pay little for sleeping. An explicit setting in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-
+from tokenleap import _omp_policy  # noqa: F401  (first: torch's OpenMP runtime reads its wait policy as it loads)
 from tokenleap.config import EngineConfig
 from tokenleap.drafters.methods import MethodRecord, register_method
 from tokenleap.errors import TokenleapError

@@ -444,7 +444,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve_ray(args: argparse.Namespace, config: Any) -> int:
-    from tokenleap.config import SpecConfig
     from tokenleap.server import bind_socket
 
     if args.threads is not None:
@@ -457,11 +456,8 @@ def _cmd_serve_ray(args: argparse.Namespace, config: Any) -> int:
                          max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,
                          threads_per_replica=args.threads_per_replica, share_stats=not args.no_share_stats,
                          ray_address=args.ray_address)
-    spec = _spec_dict(args)
-    SpecConfig.from_dict(spec)  # bad flags fail before Ray starts
+    llm_kwargs = _llm_kwargs(args)  # bad flags fail before Ray starts; every model flag reaches each replica
     bind_socket(config.host, config.port).close()  # a port in use fails now
-    llm_kwargs = {"model": args.model, "dtype": args.dtype, "max_model_len": args.max_model_len, "use_kernels": not args.no_kernels,
-                  "quantization": args.quantization, "speculative_config": spec}
     from tokenleap.ray.serve import deployment, run_until_signal
 
     replicas = f"{cfg.min_replicas}..{cfg.max_replicas} replicas" if cfg.autoscaling else f"{cfg.replicas} replicas"
@@ -570,26 +566,27 @@ def _kv_cache_dtype(args: argparse.Namespace) -> str:
     return next(iter(norm.values()), "auto")
 
 
-def _load(args: argparse.Namespace) -> Any:
-    from rich.console import Console
-
+def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """`LLM`'s arguments from the model and speculation flags: one place for the local load and
+    for every Ray replica (which once lost the KV cache type)."""
     from tokenleap.config import SpecConfig
-    from tokenleap.llm import LLM, set_threads
 
     spec = _spec_dict(args)
     SpecConfig.from_dict(spec)  # reject bad flags before the slow model load
+    return {"model": args.model, "dtype": args.dtype, "max_model_len": args.max_model_len, "use_kernels": not args.no_kernels,
+            "quantization": args.quantization, "speculative_config": spec, "kv_cache_dtype": _kv_cache_dtype(args)}
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from rich.console import Console
+
+    from tokenleap.llm import LLM, set_threads
+
+    kwargs = _llm_kwargs(args)
     set_threads(args.threads)
     console = Console(stderr=True)
     with console.status(f"loading {args.model} ({args.dtype})...", spinner="dots"):
-        return LLM(
-            model=args.model,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            use_kernels=not args.no_kernels,
-            quantization=args.quantization,
-            speculative_config=spec,
-            kv_cache_dtype=_kv_cache_dtype(args),
-        )
+        return LLM(**kwargs)
 
 
 def _spec_lines(out: Any, method: str | None = None) -> str:
