@@ -5,6 +5,7 @@ Public API: `LLM`, `SamplingParams`, `EngineConfig`, `TokenleapError`; `register
 """
 
 from tokenleap import _omp_policy  # noqa: F401  (first: torch's OpenMP runtime reads its wait policy as it loads)
+from tokenleap._version import __version__
 from tokenleap.config import EngineConfig
 from tokenleap.drafters.methods import MethodRecord, register_method
 from tokenleap.errors import TokenleapError
@@ -12,5 +13,4 @@ from tokenleap.llm import LLM
 from tokenleap.sampling import SamplingParams
 from tokenleap.types import CompletionOutput, RequestOutput
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "TokenleapError", "RequestOutput", "CompletionOutput", "MethodRecord", "register_method"]
-__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "TokenleapError", "RequestOutput", "CompletionOutput", "MethodRecord", "register_method", "__version__"]

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tokenleap._version import __version__
 from tokenleap.config import DEFAULT_MAX_NUM_SEQS
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels.formats import format_names
@@ -268,7 +269,7 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenleap", description="Speculative-decoding LLM inference engine.")
-    parser.add_argument("--version", action="version", version="tokenleap 0.1.0")
+    parser.add_argument("--version", action="version", version=f"tokenleap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     gen = sub.add_parser("generate", help="generate a completion for one prompt (streamed)", description="Generate text for one prompt, streamed to stdout; statistics go to stderr.")
     gen.add_argument("prompt", help="the prompt text, or - to read it from stdin")
@@ -370,7 +371,6 @@ def _add_serve_parser(sub: Any) -> None:
     g.add_argument("--served-model-name", default=None, help="model name clients send (default: the --model argument)")
     g.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
                    help="requests running (decoded together, holding a KV cache) at most, as LLM(max_num_seqs=...) (default: %(default)s)")
-    g.add_argument("--max-batch", type=int, default=None, help="the former name of --max-num-seqs, still accepted")
     g.add_argument("--max-queue", type=int, default=64, help="requests waiting for a batch slot at most; more get 429 (default: %(default)s)")
     g.add_argument("--timeout", type=float, default=None, help="seconds a request may take, queueing included (default: no limit)")
     g.add_argument("--max-request-bytes", type=int, default=1 << 20, help="request body size limit; larger bodies get 413 (default: %(default)s)")
@@ -410,7 +410,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         metrics_api_key_required=args.metrics_api_key_required,
         served_model_name=args.served_model_name,
         max_num_seqs=args.max_num_seqs,
-        max_batch=args.max_batch,  # the former name, mapped to max_num_seqs
         max_queue=args.max_queue,
         timeout=args.timeout,
         max_request_bytes=args.max_request_bytes,

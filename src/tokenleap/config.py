@@ -59,16 +59,6 @@ class EngineConfig:
             raise TokenleapError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
 
-def __getattr__(name: str) -> tuple[str, ...]:
-    """`SPEC_METHODS`: every method's name, derived from the method records on each read
-    (tokenleap.drafters.methods; registered methods included)."""
-    if name == "SPEC_METHODS":
-        from tokenleap.drafters import methods
-
-        return methods.method_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def canonical_method(name: str) -> str:
     """A method's own name for any of its spellings (aliases, llama.cpp's underscores), from
     the method records; an unknown name unchanged."""

@@ -15,7 +15,7 @@ import pytest
 
 import tokenleap
 from tokenleap.config import SpecConfig
-from tokenleap.drafters import CONTROL_FIELDS, METHOD_FIELDS, default_registry, drafter_key
+from tokenleap.drafters import CONTROL_FIELDS, default_registry, drafter_key, method_fields
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.drafters.ngram import NgramDrafter
 from tokenleap.sampling import SamplingParams
@@ -82,9 +82,9 @@ def test_custom_drafters_are_keyed_by_identity() -> None:
 def test_every_method_lists_its_fields_and_every_field_belongs_somewhere() -> None:
     """The per-method field lists cannot drift: each registered method has one, and a new
     SpecConfig field must be claimed by a method (or be a per-request control)."""
-    assert set(METHOD_FIELDS) == set(default_registry().names())
+    assert set(method_fields()) == set(default_registry().names())
     fields = {f.name for f in dataclasses.fields(SpecConfig)}
-    claimed = {"method", *CONTROL_FIELDS, *(f for names in METHOD_FIELDS.values() for f in names)}
+    claimed = {"method", *CONTROL_FIELDS, *(f for names in method_fields().values() for f in names)}
     assert fields == claimed, f"unclaimed: {sorted(fields - claimed)}, unknown: {sorted(claimed - fields)}"
 
 
@@ -105,7 +105,7 @@ def test_factories_read_only_their_listed_fields(method: str) -> None:
     config = SpecConfig(method=method, drafter=DataclassDrafter() if method == "custom" else None)
     recording = _Recording(config)
     default_registry().create(method, recording)
-    assert recording.read - {"method"} <= set(METHOD_FIELDS[method]), method
+    assert recording.read - {"method"} <= set(method_fields()[method]), method
 
 
 # --------------------------------------------------------------------------- engines on real models

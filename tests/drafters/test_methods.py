@@ -16,8 +16,8 @@ import pytest
 
 import tokenleap
 from tokenleap import TokenleapError
-from tokenleap.config import SPEC_METHODS, SpecConfig, canonical_method
-from tokenleap.drafters import METHOD_FIELDS, default_registry, drafter_key
+from tokenleap.config import SpecConfig, canonical_method
+from tokenleap.drafters import default_registry, drafter_key, method_fields
 from tokenleap.drafters import methods
 from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.sampling import SamplingParams
@@ -103,7 +103,7 @@ def test_registered_method_is_in_the_servers_per_request_schema(repeat_method: A
 
 def test_registered_method_in_the_library_dict_api(repeat_method: Any) -> None:
     spec = SpecConfig.from_dict({"method": "repeat-last", "repeat_n": 3})
-    assert spec is not None and spec.method in tokenleap.config.SPEC_METHODS and spec.options_for() == RepeatOptions(3)  # read now: derived
+    assert spec is not None and spec.method in methods.method_names() and spec.options_for() == RepeatOptions(3)  # read now: derived
     assert SpecConfig.from_dict({"method": "repeat-last"}).options_for() == RepeatOptions(2)  # type: ignore[union-attr]
     with pytest.raises(TokenleapError, match="repeat_n must be in"):
         SpecConfig.from_dict({"method": "repeat-last", "repeat_n": 0})
@@ -119,7 +119,7 @@ def test_registered_method_in_the_library_dict_api(repeat_method: Any) -> None:
     drafter = default_registry().create("chain", chained)
     member = drafter.drafters[1]  # type: ignore[attr-defined]
     assert isinstance(member, RepeatLastDrafter) and member.n == 4
-    assert set(tokenleap.drafters.METHOD_FIELDS) == set(default_registry().names())  # read now: derived, the registered method in
+    assert set(method_fields()) == set(default_registry().names())  # read now: derived, the registered method in
     hash(spec)
 
 
@@ -194,12 +194,12 @@ def test_entry_point_methods_load_lazily_and_report_failures(monkeypatch: pytest
 
 
 def test_builtin_names_aliases_and_keys_come_from_the_records() -> None:
-    assert SPEC_METHODS == tuple(r.name for r in methods.builtin_methods())
+    assert methods.method_names() == tuple(r.name for r in methods.builtin_methods())
     for alias, name in (("draft", "draft-model"), ("draft_model", "draft-model"), ("eagle-3", "eagle3"), ("prompt_lookup", "ngram"),
                         ("mimo_mtp", "mtp"), ("ngram_map_k4v", "ngram-map-k4v")):
         assert canonical_method(alias) == name
     assert methods.server_side_methods() == {"custom", "draft-model", "eagle3", "eagle", "medusa", "chain"}
-    assert dict(METHOD_FIELDS) == {r.name: r.fields for r in methods.builtin_methods()}
+    assert method_fields() == {r.name: r.fields for r in methods.builtin_methods()}
     with pytest.raises(TokenleapError, match="is built in"):
         tokenleap.register_method(dataclasses.replace(REPEAT, name="ngram"))
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tokenleap import __version__
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -21,6 +23,7 @@ def test_wheel_ships_kernel_sources(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("tokenleap-*.whl")
+    assert wheel.name.startswith(f"tokenleap-{__version__}-")  # pyproject reads the one version string
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = {p.name for p in (ROOT / "src" / "tokenleap" / "kernels").iterdir() if p.suffix in (".c", ".h")}
     assert sources >= {"kernels.c", "kernels_avx2.c", "pool.h", "quant.h"}

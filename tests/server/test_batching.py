@@ -213,7 +213,7 @@ def test_metrics_move(client: openai.OpenAI, server: BackgroundServer) -> None:
 
 
 def test_queue_full_gets_429(server_llm: LLM, server: BackgroundServer) -> None:
-    with BackgroundServer(server_llm, ServerConfig(port=0, log_level="warning", max_batch=1, max_queue=1)) as srv:
+    with BackgroundServer(server_llm, ServerConfig(port=0, log_level="warning", max_num_seqs=1, max_queue=1)) as srv:
         loop = srv.state.loop
         with httpx.Client(base_url=srv.url, timeout=60) as a, httpx.Client(base_url=srv.url, timeout=60) as b:
             with a.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as ra:

@@ -39,9 +39,7 @@ def test_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["serve", "--max-batch", "0"], "max_batch must be >= 1"),
         (["serve", "--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
-        (["serve", "--max-num-seqs", "4", "--max-batch", "8"], "max_batch is the former name of max_num_seqs"),
         (["serve", "--max-queue", "-1"], "max_queue must be >= 0"),
         (["serve", "--timeout", "0"], "timeout must be > 0"),
         (["serve", "--port", "70000"], "port must be in [0, 65535]"),
@@ -58,21 +56,17 @@ def test_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[
     assert message in err and "Traceback" not in err
 
 
-def test_max_batch_is_the_former_name_of_max_num_seqs() -> None:
+def test_max_num_seqs_is_the_one_name_of_the_running_request_bound() -> None:
     """One name for the running-request bound, vLLM's: `--max-num-seqs` / `max_num_seqs` (as
-    `LLM(max_num_seqs=...)`); the former `--max-batch` / `max_batch` still works and maps to it."""
-    import dataclasses
-
+    `LLM(max_num_seqs=...)`); the pre-release `--max-batch` is gone (a usage error)."""
     from tokenleap.cli import build_parser
     from tokenleap.server import ServerConfig
 
-    for argv in (["serve", "--max-num-seqs", "8"], ["serve", "--max-batch", "8"]):
-        args = build_parser().parse_args(argv)
-        assert ServerConfig(max_num_seqs=args.max_num_seqs, max_batch=args.max_batch).max_num_seqs == 8
+    args = build_parser().parse_args(["serve", "--max-num-seqs", "8"])
+    assert ServerConfig(max_num_seqs=args.max_num_seqs).max_num_seqs == 8
     assert build_parser().parse_args(["serve"]).max_num_seqs == ServerConfig().max_num_seqs == 16
-    old = ServerConfig(max_batch=3)
-    assert old == ServerConfig(max_num_seqs=3) and dataclasses.replace(old, max_queue=5).max_num_seqs == 3
-    assert dataclasses.replace(old, max_num_seqs=7).max_num_seqs == 7
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-batch", "8"])
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ in `BUILTIN_METHODS` below; users add theirs with `tokenleap.register_method` or
 flags and help, the server's per-request schema and the docs' table are derived from them.
 
 An engine keeps one drafter per `drafter_key`: the method, the config fields it reads
-(`METHOD_FIELDS`, each record's `fields`: `method_options` for a method with options, `chain`,
+(`method_fields()`, each record's `fields`: `method_options` for a method with options, `chain`,
 `drafter`) and its options, so configs that differ only in per-request controls
 (`CONTROL_FIELDS`: the draft length cap and floor, adaptive drafting) or in other methods'
 options share a drafter and its state across requests. A user's drafter object is
@@ -51,14 +51,6 @@ BUILTIN_METHODS: tuple[MethodRecord, ...] = (
 CONTROL_FIELDS = ("num_speculative_tokens", "draft_min", "adaptive", "sampled_tree", "acceptance", "typical_threshold", "typical_alpha")
 
 
-def __getattr__(name: str) -> Any:
-    if name == "METHOD_FIELDS":  # derived from the records on each read (registered methods included)
-        from types import MappingProxyType
-
-        return MappingProxyType(method_fields())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class MethodRegistry(DrafterRegistry):
     """A drafter registry over the method records: every method known when it was made, and a
     method registered later on first use. Each record's `shared(registry)` keyword arguments are
@@ -95,5 +87,5 @@ def default_registry() -> DrafterRegistry:
     return MethodRegistry()
 
 
-__all__ = ["BUILTIN_METHODS", "CONTROL_FIELDS", "METHOD_FIELDS", "DraftModelDrafter", "Draft", "Drafter", "DraftRequest", "DrafterRegistry",
+__all__ = ["BUILTIN_METHODS", "CONTROL_FIELDS", "method_fields", "DraftModelDrafter", "Draft", "Drafter", "DraftRequest", "DrafterRegistry",
            "LoadedModels", "MethodRecord", "NgramDrafter", "default_registry", "drafter_key", "check_drafter", "register_method"]

@@ -64,7 +64,6 @@ from tokenleap.models.layers import (
     LayerWeights,
     apply_rope,
     decoder_layer,
-    llama3_inv_freq,  # noqa: F401  # re-exported: its home was this module
     query_multiplier,
     rope_tables,
     torch_linear,
@@ -79,9 +78,6 @@ logger = logging.getLogger(__name__)
 # of fp32 models use torch's batched kernels (bf16 models: the kernels too). `forward_batch`
 # (the engine's decode / verify forward) is row-invariant at every row count.
 ROW_PATH_MAX_ROWS = 32
-
-
-_Layer = LayerWeights  # its former name
 
 
 class ExecutionPath(str, enum.Enum):

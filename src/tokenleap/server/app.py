@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tokenleap._version import __version__
 from tokenleap.config import DEFAULT_DRAFT_TOKENS
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM
@@ -72,7 +73,7 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         finally:
             await asyncio.to_thread(loop.stop)
 
-    app = FastAPI(title="tokenleap", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tokenleap", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.tokenleap = state
 
     async def require_key(request: Request) -> None:

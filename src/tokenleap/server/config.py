@@ -7,7 +7,7 @@ option, the same way `tokenleap.config` validates the engine's settings.
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 
 from tokenleap.config import DEFAULT_MAX_NUM_SEQS, MAX_DRAFT_TOKENS
 from tokenleap.errors import TokenleapError
@@ -38,17 +38,8 @@ class ServerConfig:
     # (`json_schema_mode`).
     json_schema_mode: str = "strict"
     log_level: str = "info"  # uvicorn's log level
-    # the former name of max_num_seqs (and of --max-num-seqs, --max-batch), still accepted:
-    # ServerConfig(max_batch=8) is ServerConfig(max_num_seqs=8)
-    max_batch: InitVar[int | None] = None
 
-    def __post_init__(self, max_batch: int | None) -> None:
-        bound = "max_num_seqs"
-        if max_batch is not None:
-            if max_batch != self.max_num_seqs and self.max_num_seqs != DEFAULT_MAX_NUM_SEQS:
-                raise TokenleapError(f"max_batch is the former name of max_num_seqs: give one of them, not both ({max_batch} and {self.max_num_seqs})")
-            bound = "max_batch"
-            object.__setattr__(self, "max_num_seqs", max_batch)
+    def __post_init__(self) -> None:
         if not self.host:
             raise TokenleapError("host must not be empty")
         if not 0 <= self.port <= 65535:
@@ -56,7 +47,7 @@ class ServerConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise TokenleapError("the API key must not be empty")
         if isinstance(self.max_num_seqs, bool) or not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise TokenleapError(f"{bound} must be >= 1, got {self.max_num_seqs!r}")
+            raise TokenleapError(f"max_num_seqs must be >= 1, got {self.max_num_seqs!r}")
         if self.max_queue < 0:
             raise TokenleapError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.timeout is not None and self.timeout <= 0:
