@@ -117,9 +117,14 @@ class DraftsWithModel(Protocol):
 class ReadsHiddenStates(Protocol):
     """A drafter that reads the target's hidden states (EAGLE / Medusa / MTP heads): the engine
     captures the outputs of `hidden_layers` (-1: the final, normed hidden state) when
-    `needs_hidden_states` is true."""
+    `needs_hidden_states` is true, and gives them to `observe` for every committed position
+    (the prompt's at prefill, the accepted rows' after each verification)."""
 
     hidden_layers: tuple[int, ...]
+
+    def observe(self, request_id: str, start: int, token_ids: Sequence[int], hidden: dict[int, Any]) -> None:
+        """The target's hidden states of positions start .. start + len(token_ids) - 1, per
+        layer of `hidden_layers`."""
 
 
 @runtime_checkable

@@ -26,9 +26,9 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel, LearnsAcrossRequests, draft_cost_of, hidden_layers_of
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel, LearnsAcrossRequests, ReadsHiddenStates, draft_cost_of, hidden_layers_of
 from tokenleap.drafters.methods import MethodRecord
 from tokenleap.cost import expected_tokens
 from tokenleap.types import SpecStats
@@ -166,7 +166,8 @@ class ChainDrafter:
     def observe(self, request_id: str, start: int, token_ids: Sequence[int], hidden: dict[int, Any]) -> None:
         """Target hidden states for the members that read them (`needs_hidden_states`)."""
         for d in self._readers:
-            d.observe(request_id, start, token_ids, {layer: hidden[layer] for layer in d.hidden_layers})  # type: ignore[attr-defined]  # readers (needs_hidden_states) have observe / hidden_layers, not in the Drafter protocol
+            reader = cast(ReadsHiddenStates, d)  # needs_hidden_states: one of them
+            reader.observe(request_id, start, token_ids, {layer: hidden[layer] for layer in reader.hidden_layers})
 
     def end(self, request_id: str) -> None:
         for d in self.drafters:

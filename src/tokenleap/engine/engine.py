@@ -34,12 +34,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import cast
 
 import torch
 
 from tokenleap.attention import tree_mask
 from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics, WeighsCost, draft_cost_of, hidden_layers_of
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics, ReadsHiddenStates, WeighsCost, draft_cost_of, hidden_layers_of
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
 from tokenleap.engine.trace import SpecTrace
@@ -238,7 +239,7 @@ class Engine:
         out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=[layer for layer in layers if layer >= 0])
         if layers:  # a head drafter reads the prompt's target features (same forward)
             features = _with_final(out, layers)
-            req.drafter.observe(req.request_id, start, req.prompt_ids[start:end], features)  # type: ignore[union-attr]  # layers non-empty: a drafter reading hidden states (observe is not in the Drafter protocol)
+            cast(ReadsHiddenStates, req.drafter).observe(req.request_id, start, req.prompt_ids[start:end], features)  # layers non-empty: it reads them
             if req.params.n > 1:  # the forked samples' drafters read them too (`fork`)
                 req.prompt_features.append((start, req.prompt_ids[start:end], {k: v.clone() for k, v in features.items()}))
         done = end == len(req.prompt_ids)
@@ -276,7 +277,7 @@ class Engine:
             self.begin(child)
             if child.drafter is not None and hidden_layers(child.drafter):
                 for start, ids, features in parent.prompt_features:
-                    child.drafter.observe(child.request_id, start, ids, features)  # type: ignore[attr-defined]  # reads hidden states (observe is not in the Drafter protocol)
+                    cast(ReadsHiddenStates, child.drafter).observe(child.request_id, start, ids, features)
             raw = parent.prompt_logits
             tok = sample_next(self._processed(child, raw, [[]])[0], child.params, child.generator)
             entries = self._logprobs(child, raw, [tok])
@@ -480,7 +481,7 @@ class Engine:
             if hidden:  # the committed positions' target features: row 0 and the accepted rows
                 rows = [0, *(i + 1 for i in (path if path is not None else range(accepted)))]
                 ids = [req.output_ids[-1], *tokens[:accepted]]
-                req.drafter.observe(req.request_id, pos, ids, {layer: h[rows] for layer, h in hidden.items()})  # type: ignore[attr-defined]  # hidden only for drafters that read it (observe: not in the protocol)
+                cast(ReadsHiddenStates, req.drafter).observe(req.request_id, pos, ids, {layer: h[rows] for layer, h in hidden.items()})  # hidden: its reader
         if path is None:
             req.kv.truncate(pos + 1 + accepted)
         else:
