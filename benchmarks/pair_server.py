@@ -32,6 +32,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def main() -> int:
     tl = subprocess.Popen(
         [str(Path(sys.executable).parent / "tokenleap"), "serve", "-m", args.target, "-md", args.draft, "--spec-type", "draft-model",
          "--spec-draft-vocab", str(args.draft_vocab), "--draft-max", str(args.draft_max), "--threads", str(args.threads),
-         "--port", str(tport), "--max-num-seqs", "1", "--log-level", "warning"],
+         "--max-num-speculative-tokens", "16", "--port", str(tport), "--max-num-seqs", "1", "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "target": str(target), "draft": str(draft),
@@ -104,7 +105,10 @@ def main() -> int:
             body = {"model": args.target, "messages": [{"role": "user", "content": text}], "max_tokens": args.max_tokens,
                     "temperature": 0.0, **extra}
             t0 = time.perf_counter()
-            out = post(url, body)
+            try:
+                out = post(url, body)
+            except urllib.error.HTTPError as exc:
+                raise SystemExit(f"{name}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
             return time.perf_counter() - t0, out
 
         for name in names:  # warm-up (tokenleap measures its verify cost curve on first use)
