@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenleap import LLM
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.engine.engine import Engine
 from tokenleap.sampling import SamplingParams

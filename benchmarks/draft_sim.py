@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 import tokenleap
 from tokenleap.bench import default_spec_bench, load_questions
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.sampling import SamplingParams, make_generator

@@ -34,7 +34,7 @@ import torch
 
 from tokenleap import LLM
 from tokenleap.bench import default_spec_bench, load_questions, run_bench, summarize
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.heads.base import DraftHead, HeadKV
 from tokenleap.heads.loader import load_eagle3
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.tree:
             k, d, n = (int(x) for x in args.tree.split(":"))
             methods[f"eagle3-tree{k}x{d}n{n}"] = SpecConfig(method="eagle3", model=str(args.head), num_speculative_tokens=n,
-                                                         eagle_tree_topk=k, eagle_tree_depth=d)
+                                                         tree_topk=k, tree_depth=d)
         methods["ngram"] = SpecConfig(method="ngram", num_speculative_tokens=args.draft_max)
         methods["suffix"] = SpecConfig(method="suffix", num_speculative_tokens=args.draft_max)
         # the suffix tree where the text repeats, the head elsewhere

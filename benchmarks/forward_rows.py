@@ -37,7 +37,7 @@ def measure(llm: LLM, rows: list[int], context: int, rounds: int) -> dict[str, A
     kernels = getattr(model, "kernels", None)
     pair_default = kernels.quant_pair_rows() if kernels is not None else 0
     cases = [(n, True) for n in rows] + [(n, False) for n in rows if pair_default and n >= pair_default]
-    linears = [layer.packed.get(name, getattr(layer, name)) for layer in model.layers for name in ("wqkv", "wo", "w_gate_up", "w_down")]
+    linears = [w for layer in model.layers for w in layer.linears()]
     inputs = {w.in_dim: torch.randn(1, w.in_dim) for w in linears}
     kv = model.new_kv_cache(context + max(rows) + 2)
     model.forward(torch.arange(context) % model.config.vocab_size, torch.arange(context), kv)
@@ -71,7 +71,7 @@ def measure(llm: LLM, rows: list[int], context: int, rounds: int) -> dict[str, A
     for key, ts in times.items():
         result["cases"][key] = {"best_ms": min(ts) * 1e3, "median_ms": statistics.median(ts) * 1e3,
                                 "best_rel": min(ts) / min(times[one]), "median_rel": statistics.median(ts) / statistics.median(times[one])}
-    nbytes = sum(int(getattr(w, "nbytes", 0)) for w in linears)
+    nbytes = sum(w.nbytes for w in linears)
     if "layer linears, 1 row" in times and nbytes:
         result["linears_gb"] = nbytes / 1e9
         result["linears_gbps"] = nbytes / min(times["layer linears, 1 row"]) / 1e9

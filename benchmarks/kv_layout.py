@@ -19,8 +19,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tokenleap.config import DEFAULT_MODEL
 from tokenleap.models.loading import DTYPES, load_model
-from tokenleap.models.registry import DEFAULT_MODEL, resolve
+from tokenleap.models.registry import resolve
 
 ROOT = Path(__file__).resolve().parent
 

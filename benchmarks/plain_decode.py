@@ -89,8 +89,9 @@ from tqdm.auto import tqdm
 
 from tokenleap import LLM, SamplingParams
 from tokenleap.kernels import CpuKernels, load_kernels
+from tokenleap.config import DEFAULT_MODEL
 from tokenleap.models.llama import LlamaModel
-from tokenleap.models.registry import DEFAULT_MODEL, resolve
+from tokenleap.models.registry import resolve
 from tokenleap.bench import default_spec_bench
 
 ROOT = Path(__file__).resolve().parent
@@ -378,7 +379,7 @@ def measure_bandwidth(repeats: int, nbytes: int = GIB) -> dict[str, float]:
 
 
 def weight_matrices(model: LlamaModel) -> list[torch.Tensor]:
-    mats = [m for layer in model.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+    mats = [w.dense() for layer in model.layers for w in layer.linears()]  # dense, as torch reads them
     return mats + [model.lm_head]
 
 

@@ -36,7 +36,7 @@ from rich.table import Table
 
 from tokenleap import LLM
 from tokenleap.bench import default_spec_bench, load_questions, run_bench, summarize
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 console = Console(width=None if sys.stdout.isatty() else 130)

@@ -24,7 +24,8 @@ from tokenleap import LLM
 from tokenleap.kernels import CpuKernels, load_kernels
 from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel
-from tokenleap.models.registry import DEFAULT_MODEL, resolve
+from tokenleap.config import DEFAULT_MODEL
+from tokenleap.models.registry import resolve
 from tokenleap.tokenizer import Tokenizer
 from tokenleap.bench import default_spec_bench
 

@@ -186,7 +186,7 @@ def test_quantization_of_a_folder_model_is_a_clear_error(tmp_path, capsys: pytes
 
 def test_tree_and_acceptance_flags_reach_the_speculative_config() -> None:
     from tokenleap.cli import _spec_dict, build_parser
-    from tokenleap.config import SpecConfig
+    from tokenleap import SpecConfig
 
     args = build_parser().parse_args(["generate", "hi", "--spec-type", "ngram-tree", "--spec-ngram-size-n", "3",
                                       "--spec-sampled-tree", "first-path", "--spec-acceptance", "typical-lossy",
@@ -203,7 +203,7 @@ def test_the_front_door_speculates_by_default(command: str) -> None:
     """generate / chat / serve speculate with `auto` (suffix decoding, adaptive) unless told
     `--spec-type none`; a draft model alone means draft-model; a whole JSON config replaces it."""
     from tokenleap.cli import _spec_dict, build_parser
-    from tokenleap.config import SpecConfig
+    from tokenleap import SpecConfig
 
     def spec(*argv: str) -> SpecConfig | None:
         return SpecConfig.from_dict(_spec_dict(build_parser().parse_args([command, *(["hi"] if command == "generate" else []), *argv])))
@@ -224,7 +224,7 @@ def test_llama_cpp_spellings_flags_and_environment(monkeypatch: pytest.MonkeyPat
     LLAMA_ARG_DRAFT_MAX / _MIN, `draft` and underscore spellings; -md beside a draftless method is
     a clear error, not silently ignored."""
     from tokenleap.cli import _spec_dict, build_parser
-    from tokenleap.config import SpecConfig
+    from tokenleap import SpecConfig
 
     def spec(*argv: str) -> SpecConfig:
         out = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", *argv])))
@@ -314,7 +314,7 @@ def test_train_drafter_end_to_end_on_the_default_model(tmp_path, capsys: pytest.
 
 def _spec(*argv: str) -> Any:
     from tokenleap.cli import _spec_dict, build_parser
-    from tokenleap.config import SpecConfig
+    from tokenleap import SpecConfig
 
     return SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", *argv])))
 
@@ -425,7 +425,7 @@ def test_the_server_takes_llama_cpp_type_names_and_lists_per_request() -> None:
     naming a method only the operator may choose is refused as its `+` spelling is."""
     from types import SimpleNamespace
 
-    from tokenleap.config import SpecConfig
+    from tokenleap import SpecConfig
     from tokenleap.server.errors import APIError
     from tokenleap.server.handlers import speculative
     from tokenleap.server.protocol import SpeculativeOverride

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from tokenleap.config import MAX_DRAFT_TOKENS, EngineConfig, SpecConfig
+from tokenleap import SpecConfig
+from tokenleap.config import DEFAULT_MODEL, MAX_DRAFT_TOKENS, EngineConfig
 from tokenleap.errors import TokenleapError
-from tokenleap.models.registry import DEFAULT_MODEL
 
 
 class _Drafter:
@@ -192,7 +192,7 @@ def test_engine_config_quantization() -> None:
 def test_a_model_without_a_method_is_inferred_as_vllm_does(tmp_path) -> None:  # noqa: ANN001
     import json
 
-    from tokenleap.config import SpecConfig
+    from tokenleap import SpecConfig
 
     assert SpecConfig.from_dict({"model": "smollm2-135m-instruct"}).method == "draft-model"
     assert SpecConfig.from_dict({"model": "org/EAGLE3-LLaMA3.1-8B"}).method == "eagle3"

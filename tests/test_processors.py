@@ -12,7 +12,7 @@ import torch
 from sampling_stats import exact_joint, first_three, fit_pvalue
 
 from tokenleap import LLM
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError

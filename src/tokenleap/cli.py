@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenleap._version import __version__
-from tokenleap.config import DEFAULT_MAX_NUM_SEQS
+from tokenleap.config import DEFAULT_MAX_NUM_SEQS, DEFAULT_MODEL
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels.formats import format_names
-from tokenleap.models.registry import DEFAULT_MODEL, REGISTRY
+from tokenleap.models.registry import REGISTRY
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -101,9 +101,9 @@ _UNSUPPORTED_SPEC_FLAGS = ("--spec-synth-len", "--spec-synth-rates")
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp's flag names, current and former)")
-    from tokenleap.drafters import methods
+    from tokenleap.drafters.cli_flags import spec_type_help
 
-    g.add_argument("--spec-type", default="auto", action=_SpecTypes, help=methods.spec_type_help())
+    g.add_argument("--spec-type", default="auto", action=_SpecTypes, help=spec_type_help())
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config as a JSON object (instead of the flags below), e.g. '{\"method\": \"ngram\"}'")
     # llama.cpp's spellings and environment variables (a string default goes through `type`: a bad value is a usage error)
@@ -144,19 +144,20 @@ def _add_method_option_args(p: argparse.ArgumentParser) -> None:
     option's annotation, its help from the options' help and defaults."""
     import typing
 
-    from tokenleap.drafters import methods
+    from tokenleap.drafters import cli_flags
+    from tokenleap.drafters.methods import option_types
 
-    flags = methods.cli_options()
+    flags = cli_flags.cli_options()
     if not flags:
         return
     g = p.add_argument_group("speculative methods' options (each sets the option of the --spec-type methods that have it)")
     for flag, owners in flags.items():
         record, f = owners[0]
-        tp = methods.option_types(record).get(f.name)
+        tp = option_types(record).get(f.name)
         args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_args(tp) else [tp]
         base = args[0] if len(args) == 1 else None
-        spellings = list(dict.fromkeys(s for r, fld in owners for s in methods.option_flags(r, fld)))
-        kwargs: dict[str, Any] = {"dest": _flag_dest(flag), "default": None, "help": methods.flag_help(owners).replace("%", "%%")}
+        spellings = list(dict.fromkeys(s for r, fld in owners for s in cli_flags.option_flags(r, fld)))
+        kwargs: dict[str, Any] = {"dest": _flag_dest(flag), "default": None, "help": cli_flags.flag_help(owners).replace("%", "%%")}
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
@@ -167,11 +168,11 @@ def _add_method_option_args(p: argparse.ArgumentParser) -> None:
             g.add_argument(*spellings, **kwargs)
         except argparse.ArgumentError as exc:  # a flag another option or command already has
             logging.getLogger(__name__).warning("method %r: no flag for option %r (%s)", record.name, f.name, exc)
-    for flag, (record, f) in methods.cli_own_options().items():  # a method's own spelling (llama.cpp's per-type flags)
-        tp = methods.option_types(record).get(f.name)
-        own_help = methods.option_help(record, f).replace(f"{record.name}: ", f"{record.name} only: ", 1)
+    for flag, (record, f) in cli_flags.cli_own_options().items():  # a method's own spelling (llama.cpp's per-type flags)
+        tp = option_types(record).get(f.name)
+        own_help = cli_flags.option_help(record, f).replace(f"{record.name}: ", f"{record.name} only: ", 1)
         kwargs = {"dest": _flag_dest(flag), "default": None, "metavar": _METAVARS.get(tp, "VALUE"),
-                  "help": f"{own_help}; wins over {methods.option_flags(record, f)[0]}".replace("%", "%%")}
+                  "help": f"{own_help}; wins over {cli_flags.option_flags(record, f)[0]}".replace("%", "%%")}
         if tp in (int, float, str):
             kwargs["type"] = tp
         try:
@@ -181,9 +182,9 @@ def _add_method_option_args(p: argparse.ArgumentParser) -> None:
 
 
 def _chain_members(spec_type: str) -> list[str]:
-    from tokenleap.drafters import methods
+    from tokenleap.drafters.registry import split_chain
 
-    return methods.split_chain(spec_type)
+    return split_chain(spec_type)
 
 
 def _draft_lengths(args: argparse.Namespace, spec_type: str, members: list[str]) -> tuple[int, int]:
@@ -221,26 +222,28 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
         if not isinstance(parsed, dict):
             raise TokenleapError("--speculative-config must be a JSON object, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 8}'")
         return parsed or None
-    from tokenleap.drafters import methods
+    from tokenleap.drafters import cli_flags
+    from tokenleap.drafters.methods import MODEL_FLAGS
+    from tokenleap.drafters.registry import canonical
 
     spec_type = args.spec_type
-    draft = getattr(args, _flag_dest(methods.MODEL_FLAGS[0]), None)
+    draft = getattr(args, _flag_dest(MODEL_FLAGS[0]), None)
     if draft is not None and not getattr(args, "spec_type_given", False):
-        from tokenleap.config import infer_method
+        from tokenleap.drafters.spec import infer_method
 
         spec_type = infer_method(str(draft))  # llama.cpp's -md alone, vLLM's model without a method: a draft model (or a head, by its name)
     if spec_type in _NO_SPEC:
         return None
-    members = [methods.canonical(m) for m in _chain_members(spec_type)]
+    members = [canonical(m) for m in _chain_members(spec_type)]
     method = "+".join(_chain_members(spec_type))  # llama.cpp's comma list or repeated --spec-type: a chain
-    model_methods = methods.model_methods()  # the methods that read --model-draft
+    model_methods = cli_flags.model_methods()  # the methods that read --model-draft
     if draft is not None and not any(m in model_methods for m in members):
         raise TokenleapError(f"--model-draft is for a draft model or head ({', '.join(model_methods)}); --spec-type "
                              f"{spec_type} uses none. To draft with both, chain them: --spec-type {spec_type}+draft-model")
     cap, floor = _draft_lengths(args, spec_type, members)
     spec: dict[str, Any] = {"method": method, "num_speculative_tokens": cap, "draft_min": floor}
     options: dict[str, dict[str, Any]] = {}
-    for flag, owners in methods.cli_options().items():  # each sets its option of the chosen methods that have it
+    for flag, owners in cli_flags.cli_options().items():  # each sets its option of the chosen methods that have it
         value = getattr(args, _flag_dest(flag), None)
         if value is None:
             continue
@@ -251,7 +254,7 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
                                  "does not use it")
         for r, f in used:
             options.setdefault(r.name, {})[f.name] = value
-    for flag, (r, f) in methods.cli_own_options().items():  # a method's own spelling wins over the shared flag
+    for flag, (r, f) in cli_flags.cli_own_options().items():  # a method's own spelling wins over the shared flag
         value = getattr(args, _flag_dest(flag), None)
         if value is None:
             continue
@@ -568,7 +571,7 @@ def _kv_cache_dtype(args: argparse.Namespace) -> str:
 def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`LLM`'s arguments from the model and speculation flags: one place for the local load and
     for every Ray replica (which once lost the KV cache type)."""
-    from tokenleap.config import SpecConfig
+    from tokenleap.drafters.spec import SpecConfig
 
     spec = _spec_dict(args)
     SpecConfig.from_dict(spec)  # reject bad flags before the slow model load

@@ -26,14 +26,15 @@ from typing import Any, Union, cast
 import torch
 from tqdm.auto import tqdm
 
-from tokenleap.config import DEFAULT_MAX_NUM_SEQS, EngineConfig, SpecConfig
+from tokenleap.config import DEFAULT_MAX_NUM_SEQS, DEFAULT_MODEL, EngineConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Drafter
+from tokenleap.drafters.spec import SpecConfig
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.scheduler import BatchJob, BatchScheduler
 from tokenleap.errors import TokenleapError
 from tokenleap.models.loading import DTYPES, load_model
-from tokenleap.models.registry import DEFAULT_MODEL, resolve
+from tokenleap.models.registry import resolve
 from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import Tokenizer
 from tokenleap.types import RequestOutput
@@ -192,7 +193,9 @@ class LLM:
         outputs: list[RequestOutput | None] = [None] * len(jobs)
         for index, out in self._run(jobs, use_tqdm):
             outputs[index] = out
-        return outputs  # type: ignore[return-value]  # _run yields every index once: no None is left
+        done = [out for out in outputs if out is not None]
+        assert len(done) == len(jobs)  # _run yields every index once
+        return done
 
     def generate(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tokenleap
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, StatelessDrafter, check_drafter
 from tokenleap.drafters.ngram import NgramDrafter

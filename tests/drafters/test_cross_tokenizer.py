@@ -11,7 +11,7 @@ import torch
 
 from tiny_models import TINY_CONFIG, make_tiny_weights
 from sampling_stats import exact_joint, first_three, fit_pvalue
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
 from tokenleap.drafters.draft_model import same_vocabulary

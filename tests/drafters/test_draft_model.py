@@ -1,16 +1,20 @@
 """The draft-model drafter's bookkeeping: the prompt runs through the draft model at `begin`
 (beside the target's prefill), a catch-up over tokens committed while speculation was off is
 timed apart from the draft (`Draft.setup_seconds`, left out of the controller's price of a draft
-token), and a draft context window (`draft_context`) reads only a long prompt's last tokens;
+token), a draft context window (`draft_context`) reads only a long prompt's last tokens, and a
+draft token is priced by the weight bytes it reads;
 drafts equal the draft model's own greedy continuation throughout (tiny random model)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tokenleap import LLM, SamplingParams
 from tokenleap.drafters.base import DraftRequest
-from tokenleap.drafters.draft_model import DraftModelDrafter
+from tokenleap.drafters import draft_model
+from tokenleap.drafters.chain import ChainDrafter
+from tokenleap.drafters.draft_model import DraftModelDrafter, auto_draft_context, step_price
 from tokenleap.models.llama import LlamaModel
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -57,3 +61,29 @@ def test_greedy_output_with_a_draft_context_is_plain_decoding(tiny_hf_folder: ob
     spec = LLM(folder, dtype="float32", speculative_config={"method": "draft-model", "model": folder, "draft_context": 4,
                                                             "num_speculative_tokens": 4, "adaptive": False})
     assert spec.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids == want
+
+
+def test_a_draft_tokens_price_is_its_weight_bytes_over_the_targets(tiny_model: LlamaModel, tiny_hf_folder: object) -> None:
+    """A decode step reads its weights: a draft token costs the draft's bytes over the target's
+    (HasDraftCost), which starts the controller's estimate and makes a chain with a draftless
+    member weigh the two by expected tokens per cost instead of plain precedence."""
+    half = tiny_model.with_layers(1)
+    assert step_price(half, tiny_model) == half.weight_bytes_per_token() / tiny_model.weight_bytes_per_token()
+    assert 0.0 < step_price(half, tiny_model) < 1.0 and step_price(tiny_model, tiny_model) == 1.0
+    folder = str(tiny_hf_folder)
+    llm = LLM(folder, dtype="float32", speculative_config={"method": "suffix+draft-model", "model": folder, "draft_layers": 1})
+    chain = llm.engine.drafter
+    assert isinstance(chain, ChainDrafter) and chain.cost_aware
+    assert chain.costs == [0.0, pytest.approx(step_price(half, tiny_model))]
+
+
+def test_by_default_the_draft_reads_what_the_answer_can_repay(tiny_model: LlamaModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default window: max(256, 2 x max_tokens) prompt tokens; 0 reads everything."""
+    assert auto_draft_context(16) == 256 and auto_draft_context(200) == 400 and auto_draft_context(None) == 0
+    monkeypatch.setattr(draft_model, "AUTO_CONTEXT_MIN", 16)  # the tiny model holds 128 positions
+    prompt = [int(t) for t in torch.randint(3, 200, (100,), generator=torch.Generator().manual_seed(0))]
+    for max_tokens, context, offset in ((10, None, 100 - 20), (60, None, 0), (10, 0, 0), (10, 30, 70)):
+        d = DraftModelDrafter(tiny_model, context=context)
+        d.begin(DraftRequest("r", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens), torch.Generator()))
+        assert d._states["r"].offset == offset and d._states["r"].kv.length == 100 - offset
+        d.end("r")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tokenleap import LLM, SamplingParams
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.draft_model import DraftModelDrafter, frequent_tokens
 from tokenleap.drafters import default_registry
@@ -35,7 +35,7 @@ def test_a_cut_head_scores_the_whole_heads_columns(llm: LLM, tiny_model: LlamaMo
     model = llm.model
     keep = frequent_tokens(llm.tokenizer, model.config.vocab_size, 1000)
     ids = _check_cut(model, keep)
-    if isinstance(model.lm_head_packed, QuantWeight):  # whole groups of 8 rows: slices of the blocks
+    if isinstance(model.lm_head_linear.weight, QuantWeight):  # whole groups of 8 rows: slices of the blocks
         assert len(ids) % 8 == 0 and len(ids) < len(keep) + 8 * len(keep) // 8
     assert model.with_vocab(keep)[0].weight_bytes_per_token() < model.weight_bytes_per_token()
     _check_cut(tiny_model, torch.tensor([3, 200, 17, 17]))

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 import tokenleap
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import CONTROL_FIELDS, default_registry, drafter_key, method_fields
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.drafters.ngram import NgramDrafter

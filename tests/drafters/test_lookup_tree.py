@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.lookup_tree import LookupTreeDrafter, build_tree, occurrences
 from tokenleap.verify.tree import check_parents

@@ -16,9 +16,9 @@ import pytest
 
 import tokenleap
 from tokenleap import TokenleapError
-from tokenleap.config import SpecConfig, canonical_method
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry, drafter_key, method_fields
-from tokenleap.drafters import methods
+from tokenleap.drafters import cli_flags, docs_table, registry, server_schema
 from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.sampling import SamplingParams
 
@@ -55,7 +55,7 @@ REPEAT = tokenleap.MethodRecord("repeat-last", lambda config, **_: RepeatLastDra
 def repeat_method() -> Iterator[tokenleap.MethodRecord]:
     tokenleap.register_method(REPEAT)
     yield REPEAT
-    methods.unregister_method(REPEAT.name)
+    registry.unregister_method(REPEAT.name)
 
 
 # --------------------------------------------------------------------------- the user's method everywhere
@@ -97,13 +97,13 @@ def test_registered_method_is_in_the_servers_per_request_schema(repeat_method: A
         speculative(state, SpeculativeOverride.model_validate({"method": "ngram", "repeat_n": 3}))  # type: ignore[arg-type]
     with pytest.raises(Exception, match="Extra inputs"):  # the other knobs stay strict
         SpeculativeOverride.model_validate({"method": "repeat-last", "model": "/etc/passwd"})
-    methods.unregister_method(REPEAT.name)
+    registry.unregister_method(REPEAT.name)
     assert "repeat_n" not in SpeculativeOverride.model_json_schema()["properties"]
 
 
 def test_registered_method_in_the_library_dict_api(repeat_method: Any) -> None:
     spec = SpecConfig.from_dict({"method": "repeat-last", "repeat_n": 3})
-    assert spec is not None and spec.method in methods.method_names() and spec.options_for() == RepeatOptions(3)  # read now: derived
+    assert spec is not None and spec.method in registry.method_names() and spec.options_for() == RepeatOptions(3)  # read now: derived
     assert SpecConfig.from_dict({"method": "repeat-last"}).options_for() == RepeatOptions(2)  # type: ignore[union-attr]
     with pytest.raises(TokenleapError, match="repeat_n must be in"):
         SpecConfig.from_dict({"method": "repeat-last", "repeat_n": 0})
@@ -173,11 +173,11 @@ def test_entry_point_methods_load_lazily_and_report_failures(monkeypatch: pytest
                 _EntryPoint("wrong", "otherpkg:thing", object())]
 
     monkeypatch.setattr("importlib.metadata.entry_points", entry_points)
-    monkeypatch.setattr(methods, "_entry_points_loaded", False)
-    monkeypatch.setattr(methods, "_entry_point_failures", {})
+    monkeypatch.setattr(registry._REGISTERED, "entry_points_loaded", False)
+    monkeypatch.setattr(registry._REGISTERED, "failures", {})
     try:
-        assert canonical_method("repeat_last") == "repeat-last"  # first use loads them
-        assert canonical_method("ngram_simple") == "ngram-simple"
+        assert registry.canonical("repeat_last") == "repeat-last"  # first use loads them
+        assert registry.canonical("ngram_simple") == "ngram-simple"
         assert calls == ["tokenleap.methods"]  # once per process
         spec = SpecConfig.from_dict({"method": "repeat-last", "repeat_n": 5})
         assert spec is not None and spec.options_for() == RepeatOptions(5)
@@ -187,19 +187,19 @@ def test_entry_point_methods_load_lazily_and_report_failures(monkeypatch: pytest
         with pytest.raises(TokenleapError, match="not a tokenleap.MethodRecord"):
             SpecConfig("wrong")
     finally:
-        methods.unregister_method(REPEAT.name)
+        registry.unregister_method(REPEAT.name)
 
 
 # --------------------------------------------------------------------------- built-ins from their records
 
 
 def test_builtin_names_aliases_and_keys_come_from_the_records() -> None:
-    assert methods.method_names() == tuple(r.name for r in methods.builtin_methods())
+    assert registry.method_names() == tuple(r.name for r in registry.builtin_methods())
     for alias, name in (("draft", "draft-model"), ("draft_model", "draft-model"), ("eagle-3", "eagle3"), ("prompt_lookup", "ngram"),
                         ("mimo_mtp", "mtp"), ("ngram_map_k4v", "ngram-map-k4v")):
-        assert canonical_method(alias) == name
-    assert methods.server_side_methods() == {"custom", "draft-model", "eagle3", "eagle", "medusa", "chain"}
-    assert method_fields() == {r.name: r.fields for r in methods.builtin_methods()}
+        assert registry.canonical(alias) == name
+    assert server_schema.server_side_methods() == {"custom", "draft-model", "eagle3", "eagle", "medusa", "chain"}
+    assert method_fields() == {r.name: r.fields for r in registry.builtin_methods()}
     with pytest.raises(TokenleapError, match="is built in"):
         tokenleap.register_method(dataclasses.replace(REPEAT, name="ngram"))
 
@@ -245,20 +245,38 @@ def test_builtin_option_is_declared_once_and_derived_everywhere(capsys: pytest.C
     assert SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 1000}) is not None  # the library has no request limit
     assert SpecConfig("suffix").method_options == (("suffix", SuffixOptions()),)
     assert "suffix_decoding_max_tree_depth" not in {f.name for f in dataclasses.fields(SpecConfig)}
-    options = {f.name for r in methods.builtin_methods() for f in r.option_fields}
+    options = {f.name for r in registry.builtin_methods() for f in r.option_fields}
     assert not options & {f.name for f in dataclasses.fields(SpecConfig)}, "a method's option is a field of its options, not of SpecConfig"
 
 
+def test_tree_options_are_named_for_trees_and_their_former_names_say_so() -> None:
+    """EAGLE, Medusa and MTP trees are sized by `tree_topk` / `tree_depth`; a former name
+    (`eagle_tree_topk`, `eagle_tree_depth`) is an error naming the new one, in every form a
+    config takes."""
+    assert SpecConfig("medusa", model="x", tree_topk=2).options_for().tree_topk == 2
+    for method in ("mtp", "eagle", "eagle3"):
+        opts = SpecConfig(method, model="x", tree_topk=3, tree_depth=4).options_for()
+        assert (opts.tree_topk, opts.tree_depth) == (3, 4)
+    with pytest.raises(TokenleapError, match="eagle_tree_topk is now tree_topk"):
+        SpecConfig.from_dict({"method": "medusa", "model": "x", "eagle_tree_topk": 2})
+    with pytest.raises(TokenleapError, match="eagle_tree_depth is now tree_depth"):
+        SpecConfig("eagle", model="x", eagle_tree_depth=3)
+    with pytest.raises(TokenleapError, match="eagle_tree_topk is now tree_topk"):
+        SpecConfig("mtp", method_options={"mtp": {"eagle_tree_topk": 2}})
+    with pytest.raises(AttributeError, match="eagle_tree_topk is now tree_topk"):
+        SpecConfig("mtp").eagle_tree_topk  # noqa: B018
+
+
 def test_docs_hold_the_generated_methods_table() -> None:
-    table = methods.methods_table(methods.builtin_methods())
+    table = docs_table.methods_table(registry.builtin_methods())
     assert table in (ROOT / "docs" / "speculative-decoding.md").read_text(), "regenerate: print(methods_table(builtin_methods()))"
-    assert all(f"`{r.name}`" in table for r in methods.builtin_methods())
+    assert all(f"`{r.name}`" in table for r in registry.builtin_methods())
 
 
 def test_spec_type_help_lists_every_method_and_chains() -> None:
-    text = methods.spec_type_help()
-    for r in methods.builtin_methods():
+    text = cli_flags.spec_type_help()
+    for r in registry.builtin_methods():
         if r.name not in ("custom", "chain"):
             assert r.name in text
     assert "a+b" in text and "draft-eagle3" in text
-    json.dumps(methods.options_json_schema())
+    json.dumps(server_schema.options_json_schema())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.ngram_cache import DEFAULT_MAX_ENTRIES, NgramCacheDrafter, Stats, load_stats

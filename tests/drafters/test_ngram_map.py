@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Drafter, DraftRequest
 from tokenleap.drafters.ngram_map import NgramMapK4VDrafter, NgramMapKDrafter, NgramSimpleDrafter

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.chain import ChainDrafter

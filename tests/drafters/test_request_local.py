@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tokenleap import LLM, SamplingParams
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest, Drafter
 from tokenleap.drafters.ngram_cache import NgramCacheDrafter

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Draft, DraftRequest, Drafter
 from tokenleap.drafters.suffix import SuffixConfig, SuffixDrafter, SuffixTree

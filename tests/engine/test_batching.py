@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import tokenleap
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, plan_batch_drafts

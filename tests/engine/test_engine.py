@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -149,18 +151,20 @@ def test_kv_released_when_stream_abandoned(engine: Engine) -> None:
 
 
 @pytest.fixture
-def measured(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[int]:
     """The caps the engine measures cost curves for (the real measurement runs: tiny model)."""
     import tokenleap.engine.engine as engine_module
+    import tokenleap.engine.speculation as speculation
 
     caps: list[int] = []
-    real = engine_module.measure_cost_curve
+    real = engine_module.cached_cost_curve
 
     def spy(model: LlamaModel, cap: int, *args: object, **kwargs: object) -> object:
         caps.append(cap)
         return real(model, cap, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "measure_cost_curve", spy)
+    monkeypatch.setattr(speculation, "cache_dir", lambda: tmp_path)  # no curve from an earlier run on disk
+    monkeypatch.setattr(engine_module, "cached_cost_curve", spy)
     return caps
 
 
@@ -168,7 +172,7 @@ def test_cost_curve_is_measured_once_and_never_again_for_a_larger_cap(tiny_model
                                                                      measured: list[int]) -> None:
     """The curve is measured on first need; a request with a larger cap later extrapolates it
     rather than stalling every running request for a new measurement."""
-    from tokenleap.config import SpecConfig
+    from tokenleap import SpecConfig
     from tokenleap.drafters import default_registry
 
     registry = default_registry()

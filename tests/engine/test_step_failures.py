@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import tokenleap
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.drafters.ngram import NgramDrafter
 from tokenleap.engine.engine import Engine, StepFailures

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.trace import ENV, SpecTrace

@@ -11,7 +11,7 @@ import pytest
 import torch
 from sampling_stats import fit_pvalue
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.engine.engine import Engine
 from tokenleap.models.llama import LlamaModel

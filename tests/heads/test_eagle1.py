@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
-from tokenleap.drafters.head_drafter import HeadDrafter as Eagle3Drafter
+from tokenleap.drafters.head_drafter import HeadDrafter
 from tokenleap.heads.eagle1 import Eagle1Head
 from tokenleap.heads.loader import load_eagle3
 from tokenleap.engine.engine import Engine
@@ -104,7 +104,8 @@ def reference_chain(target: LlamaModel, t: dict[str, torch.Tensor], tokens: list
 def test_eagle1_chain_matches_slow_reference(tiny_model: LlamaModel, tmp_path: Path, qkv_bias: bool) -> None:
     head = load_eagle3(write_eagle1(tmp_path / "e1", qkv_bias=qkv_bias), tiny_model)
     assert isinstance(head, Eagle1Head) and head.hidden_layers == (-1,)
-    drafter = Eagle3Drafter(head)
+    drafter = HeadDrafter(head)
+    assert drafter.name == "eagle"  # named for what it runs: an EAGLE-1/2 head, not "eagle3"
     drafter.begin(DraftRequest("r", [1], SamplingParams(temperature=0.0), make_generator(None)))
     prompt = [5, 17, 99, 3, 42, 7, 200, 11]
     out = tiny_model.forward(torch.tensor(prompt[:-1]), torch.arange(7), tiny_model.new_kv_cache())
@@ -115,7 +116,7 @@ def test_eagle1_chain_matches_slow_reference(tiny_model: LlamaModel, tmp_path: P
 @pytest.mark.parametrize("topk", [1, 3])
 def test_eagle1_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, tmp_path: Path, topk: int) -> None:
     folder = write_eagle1(tmp_path / "e1")
-    spec = SpecConfig(method="eagle", model=str(folder), num_speculative_tokens=6, eagle_tree_topk=topk, eagle_tree_depth=3,
+    spec = SpecConfig(method="eagle", model=str(folder), num_speculative_tokens=6, tree_topk=topk, tree_depth=3,
                       adaptive=False)
     drafter = default_registry().create(spec.method, spec, target=tiny_model)
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)

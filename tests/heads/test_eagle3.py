@@ -14,11 +14,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.drafters.head_drafter import HeadDrafter as Eagle3Drafter
-from tokenleap.drafters.head_drafter import TreeShape
+from tokenleap.drafters.head_drafter import HeadDrafter, TreeShape
 from tokenleap.heads.loader import load_eagle3
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
@@ -151,11 +150,11 @@ def reference_chain(target: LlamaModel, t: dict[str, torch.Tensor], tokens: list
     return drafted
 
 
-def _begin(drafter: Eagle3Drafter, rid: str = "r") -> None:
+def _begin(drafter: HeadDrafter, rid: str = "r") -> None:
     drafter.begin(DraftRequest(rid, [1], SamplingParams(temperature=0.0), make_generator(None)))
 
 
-def _observe_prompt(drafter: Eagle3Drafter, target: LlamaModel, tokens: list[int], rid: str = "r") -> None:
+def _observe_prompt(drafter: HeadDrafter, target: LlamaModel, tokens: list[int], rid: str = "r") -> None:
     out = target.forward(torch.tensor(tokens), torch.arange(len(tokens)), target.new_kv_cache(), return_hidden=drafter.hidden_layers)
     drafter.observe(rid, 0, tokens, out.hidden_states)
 
@@ -168,7 +167,8 @@ def test_head_chain_matches_slow_reference(tiny_model_factory, head_dir: Path, u
     tiny_model = tiny_model_factory(use_kernels=use_kernels)
     head = load_eagle3(head_dir, tiny_model)
     t = head_tensors()
-    drafter = Eagle3Drafter(head)
+    drafter = HeadDrafter(head)
+    assert drafter.name == "eagle3"  # named for what it runs (the head's kind)
     prompt = [5, 17, 99, 3, 42, 7, 200, 11]
     _begin(drafter)
     _observe_prompt(drafter, tiny_model, prompt[:-1])
@@ -190,7 +190,7 @@ def test_kv_rollback_draft_reject_redraft_equals_fresh_head(tiny_model: LlamaMod
     prompt = [9, 8, 7, 100, 101, 102, 55]
     kv = tiny_model.new_kv_cache()
     out = tiny_model.forward(torch.tensor(prompt), torch.arange(len(prompt)), kv, return_hidden=head.hidden_layers)
-    a = Eagle3Drafter(head)
+    a = HeadDrafter(head)
     _begin(a)
     a.observe("r", 0, prompt, out.hidden_states)
     x = prompt + [33]
@@ -204,7 +204,7 @@ def test_kv_rollback_draft_reject_redraft_equals_fresh_head(tiny_model: LlamaMod
     a.observe("r", len(prompt), [x[-1], *accepted], step.hidden_states)
     again = a.propose("r", x + accepted + [bonus], 6).tokens
     # a fresh head over the same accepted prefix, fed in one go
-    b = Eagle3Drafter(head)
+    b = HeadDrafter(head)
     _begin(b, "s")
     full = x + accepted
     _observe_prompt(b, tiny_model, full, "s")
@@ -216,7 +216,7 @@ def test_kv_rollback_draft_reject_redraft_equals_fresh_head(tiny_model: LlamaMod
 def test_tree_is_well_formed_and_contains_the_chain(tiny_model: LlamaModel, head_dir: Path) -> None:
     head = load_eagle3(head_dir, tiny_model)
     prompt = [4, 44, 144, 14, 41, 114]
-    chain, tree = Eagle3Drafter(head), Eagle3Drafter(head, TreeShape(topk=3, depth=4))
+    chain, tree = HeadDrafter(head), HeadDrafter(head, TreeShape(topk=3, depth=4))
     for d in (chain, tree):
         _begin(d)
         _observe_prompt(d, tiny_model, prompt[:-1])
@@ -237,7 +237,7 @@ def test_tree_is_well_formed_and_contains_the_chain(tiny_model: LlamaModel, head
 @pytest.mark.parametrize("topk", [1, 3])
 def test_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, head_dir: Path, topk: int) -> None:
     registry = default_registry()
-    spec = SpecConfig(method="eagle3", model=str(head_dir), num_speculative_tokens=8, eagle_tree_topk=topk, eagle_tree_depth=4,
+    spec = SpecConfig(method="eagle3", model=str(head_dir), num_speculative_tokens=8, tree_topk=topk, tree_depth=4,
                       adaptive=False)
     drafter = registry.create("eagle3", spec, target=tiny_model)
     plain = Engine(tiny_model, tokenizer)
@@ -268,7 +268,7 @@ def test_speculators_layout_loads_the_same_head(tiny_model: LlamaModel, head_dir
     prompt = [7, 77, 177, 17, 71]
     drafts = []
     for folder in (head_dir, spec_dir):
-        d = Eagle3Drafter(load_eagle3(folder, tiny_model))
+        d = HeadDrafter(load_eagle3(folder, tiny_model))
         _begin(d)
         _observe_prompt(d, tiny_model, prompt[:-1])
         drafts.append(d.propose("r", prompt, 4).tokens)
@@ -313,7 +313,7 @@ def test_real_model_greedy_output_equals_plain(llm, tmp_path: Path) -> None:
     plain = Engine(llm.model, llm.tokenizer)
     want = plain.run(plain.add_request(ids, params)).output_ids
     for topk in (1, 4):
-        spec = SpecConfig(method="eagle3", model=str(head_dir), num_speculative_tokens=6, eagle_tree_topk=topk, eagle_tree_depth=3,
+        spec = SpecConfig(method="eagle3", model=str(head_dir), num_speculative_tokens=6, tree_topk=topk, tree_depth=3,
                           adaptive=False)
         drafter = default_registry().create("eagle3", spec, target=llm.model)
         assert drafter.head.hidden_layers == (1, 14, 26)
@@ -346,7 +346,7 @@ def test_shipped_head_drafts_the_default_model_losslessly(llm) -> None:  # noqa:
     assert tokens / forwards > 1.6, tokens / forwards
 
 
-class OracleEagle(Eagle3Drafter):
+class OracleEagle(HeadDrafter):
     """Runs the head as usual (state sync, KV rebuild) but proposes the known plain answer: a
     chain of the next 3 true tokens, or a tree whose first branch is a decoy. Keeps each
     request's final state, so that the features the engine fed can be checked."""
@@ -436,7 +436,7 @@ def test_cli_flags_and_clear_errors(capsys: pytest.CaptureFixture[str], tmp_path
     args = build_parser().parse_args(["generate", "hi", "--spec-type", "draft-eagle3", "-md", "/h", "--spec-tree-topk", "4",
                                       "--spec-tree-depth", "3", "--draft-max", "12"])
     spec = SpecConfig.from_dict(_spec_dict(args))
-    assert spec is not None and (spec.method, spec.model, spec.eagle_tree_topk, spec.eagle_tree_depth) == ("eagle3", "/h", 4, 3)
+    assert spec is not None and (spec.method, spec.model, spec.tree_topk, spec.tree_depth) == ("eagle3", "/h", 4, 3)
     # the default model's shipped head needs no path (a model without one: test_bad_checkpoints_fail_clearly)
     assert main(["generate", "hi", "--spec-type", "eagle3", "-n", "4", "--temperature", "0"]) == 0
     capsys.readouterr()

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.head_drafter import MedusaDrafter
@@ -70,7 +70,7 @@ def test_medusa_drafts_match_reference(tiny_model: LlamaModel, tmp_path: Path, l
 @pytest.mark.parametrize("topk", [1, 3])
 def test_medusa_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, tmp_path: Path, topk: int) -> None:
     spec = SpecConfig(method="medusa", model=str(write_medusa(tmp_path / "m")), num_speculative_tokens=7, adaptive=False,
-                      eagle_tree_topk=topk)
+                      tree_topk=topk)
     drafter = default_registry().create(spec.method, spec, target=tiny_model)
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.heads.base import HeadKV
 from tokenleap.heads.mtp import load_mtp
@@ -121,8 +121,9 @@ def test_greedy_speculation_with_the_mtp_layer_is_plain_decoding(mimo: Path, tar
     plain = Engine(target, tokenizer)
     want = plain.run(plain.add_request(prompt, params)).output_ids
     for spec in (SpecConfig("mtp", num_speculative_tokens=3, adaptive=False),
-                 SpecConfig("mimo_mtp", num_speculative_tokens=6, eagle_tree_topk=2, eagle_tree_depth=3, adaptive=False)):
+                 SpecConfig("mimo_mtp", num_speculative_tokens=6, tree_topk=2, tree_depth=3, adaptive=False)):
         drafter = default_registry().create(spec.method, spec, target=target, target_path=mimo)
+        assert drafter.name == "mtp"
         fast = Engine(target, tokenizer, spec=spec, drafter=drafter)
         req = fast.run(fast.add_request(prompt, params))
         assert req.output_ids == want and req.metrics.spec.num_drafts > 0

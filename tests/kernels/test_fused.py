@@ -15,8 +15,9 @@ import torch
 from tiny_models import TINY_CONFIG, make_tiny_weights
 from tokenleap import LLM
 from tokenleap.attention.ops import RowGroup, causal_mask, plan_rows, tree_mask
-from tokenleap.kernels import CpuKernels, QuantWeight
+from tokenleap.kernels import CpuKernels, Linear, QuantWeight
 from tokenleap.kernels.fused import FusedLayers
+from tokenleap.models.layers import LayerWeights
 from tokenleap.models.llama import LlamaModel, SeqInput
 
 
@@ -68,7 +69,7 @@ def _assert_same(model: LlamaModel, vocab: int) -> None:
 @pytest.mark.slow
 def test_gguf_blocks_fused_equals_per_call(llm: LLM) -> None:
     model = llm.model
-    assert model.quantization == "gguf" and isinstance(model.layers[0].packed["wqkv"], QuantWeight)
+    assert model.quantization == "gguf" and isinstance(model.layers[0].wqkv.weight, QuantWeight)
     _assert_same(model, model.config.vocab_size)
 
 
@@ -158,22 +159,19 @@ def test_first_layers_only(tiny_model: LlamaModel) -> None:
 
 def test_rejects_what_it_cannot_run(tiny_model: LlamaModel, kernels: CpuKernels) -> None:
     layer = tiny_model.layers[0]
-    good = {
-        "wqkv": layer.wqkv, "bqkv": None, "wo": layer.wo, "w_gate_up": layer.w_gate_up, "w_down": layer.w_down,
-        "attn_norm": layer.attn_norm, "mlp_norm": layer.mlp_norm,
-    }  # fmt: skip
+    good = dataclasses.replace(layer, bqkv=None, q_norm=None, k_norm=None, post_attn_norm=None, post_mlp_norm=None)
     c = TINY_CONFIG
-    make: Callable[[dict], FusedLayers] = lambda layer_map: FusedLayers(  # noqa: E731
-        kernels, [layer_map], dim=c.hidden_size, inter=c.intermediate_size, heads=c.num_heads,
+    make: Callable[[LayerWeights], FusedLayers] = lambda layer_weights: FusedLayers(  # noqa: E731
+        kernels, [layer_weights], dim=c.hidden_size, inter=c.intermediate_size, heads=c.num_heads,
         kv_heads=c.num_kv_heads, head_dim=c.head_dim, eps=c.rms_norm_eps,
     )  # fmt: skip
     make(good)
     with pytest.raises(ValueError, match="unsupported weight"):
-        make({**good, "wo": layer.wo.t()})  # transposed shape
+        make(dataclasses.replace(good, wo=Linear(layer.wo.dense().t())))  # transposed shape
     with pytest.raises(ValueError, match="unsupported weight"):
-        make({**good, "w_down": layer.w_down.half()})
+        make(dataclasses.replace(good, w_down=Linear(layer.w_down.dense().half())))
     with pytest.raises(ValueError, match="fp32"):
-        make({**good, "attn_norm": layer.attn_norm[:10]})
+        make(dataclasses.replace(good, attn_norm=layer.attn_norm[:10]))
     fused = make(good)
     kv = tiny_model.new_kv_cache(16)
     kv.reserve(2)

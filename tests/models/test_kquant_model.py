@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tokenleap.kernels import load_kernels
+from tokenleap.kernels import QuantWeight, load_kernels
 from tokenleap.models.gguf_file import GgufFile
 from tokenleap.models.llama import LlamaModel
 from tokenleap.models.loaders import load_gguf
@@ -95,7 +95,8 @@ def test_q4_k_m_model_keeps_the_files_bytes_and_the_exactness_contract(q4_k_m: P
     config, weights = load_gguf(q4_k_m, keep_quantized=True)
     model = LlamaModel(config, weights, torch.bfloat16, kernels)
     assert model.fused is not None and model.quantization == "gguf"
-    qkv0, qkv1 = model.layers[0].packed["wqkv"], model.layers[1].packed["wqkv"]
+    qkv0, qkv1 = model.layers[0].wqkv.weight, model.layers[1].wqkv.weight
+    assert isinstance(qkv0, QuantWeight) and isinstance(qkv1, QuantWeight)
     assert (qkv0.name, qkv0.split, qkv1.name, qkv1.split) == ("Q4_K+Q6_K", 256 + 128, "Q4_K", 0)
     reader = GgufFile(q4_k_m)
     linear_bytes = sum(t.data.nbytes for t in reader.tensors if t.tensor_type in (Q4_K, Q6_K))

@@ -38,9 +38,10 @@ def _logits(model: LlamaModel, seqs: Sequence[SeqInput]) -> torch.Tensor:
 def test_linears_and_head_stay_quantized(q_llm: LLM, model_bf16: LlamaModel) -> None:
     model = q_llm.model
     assert model.quantization == "gguf"
-    assert all(isinstance(w, QuantWeight) for layer in model.layers for w in layer.packed.values())
-    assert {w.name for w in model.layers[0].packed.values()} == {"Q4_1"} and model.lm_head_packed.name == "Q8_0"
-    assert model.layers[0].wqkv is None  # no dense copy kept
+    blocks = [w.quantized for layer in model.layers for w in layer.linears()]
+    assert all(isinstance(w, QuantWeight) for w in blocks)  # one form each: no dense copy kept
+    assert {w.name for w in blocks[:4] if w is not None} == {"Q4_1"}
+    assert model.lm_head_linear.quantized is not None and model.lm_head_linear.quantized.name == "Q8_0"
     assert model.weight_bytes_per_token() < 0.4 * model_bf16.weight_bytes_per_token()
 
 

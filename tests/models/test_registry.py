@@ -16,7 +16,8 @@ import pytest
 
 from tokenleap.errors import ModelNotFoundError
 from tokenleap.models import registry
-from tokenleap.models.registry import DEFAULT_MODEL, REGISTRY, resolve
+from tokenleap.config import DEFAULT_MODEL
+from tokenleap.models.registry import REGISTRY, resolve
 
 ENTRY = REGISTRY[DEFAULT_MODEL]
 

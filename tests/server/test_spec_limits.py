@@ -17,17 +17,19 @@ from tokenleap.server.app import create_app
 
 
 @pytest.fixture
-def measured(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[int]:
     import tokenleap.engine.engine as engine_module
+    import tokenleap.engine.speculation as speculation
 
     caps: list[int] = []
-    real = engine_module.measure_cost_curve
+    real = engine_module.cached_cost_curve
 
     def spy(model: Any, cap: int, *args: Any, **kwargs: Any) -> Any:
         caps.append(cap)
         return real(model, cap, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "measure_cost_curve", spy)
+    monkeypatch.setattr(speculation, "cache_dir", lambda: tmp_path)  # no curve from an earlier run on disk
+    monkeypatch.setattr(engine_module, "cached_cost_curve", spy)
     return caps
 
 

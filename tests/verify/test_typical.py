@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from tokenleap.config import SpecConfig
+from tokenleap import SpecConfig
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams, logits_to_probs
 from tokenleap.verify.tree_sampling import verify_tree_sampled

@@ -64,9 +64,11 @@ class DraftRequest:
 
 @runtime_checkable
 class Drafter(Protocol):
-    name: ClassVar[str]
+    # read-only: a class constant for most drafters, decided per instance by a head drafter (its
+    # head's method) and, for `needs_hidden_states`, by a chain
+    @property
+    def name(self) -> str: ...
 
-    # read-only: a class constant for most drafters, decided per instance by a chain
     @property
     def needs_hidden_states(self) -> bool: ...
 

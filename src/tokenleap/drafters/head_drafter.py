@@ -91,6 +91,16 @@ class _State:
         self.pending.append(rows)
 
 
+# the method that runs a head of each kind (`LayerHead.kind`): a head drafter's name
+_METHOD_OF_KIND = {"EAGLE-3": "eagle3", "EAGLE-1/2": "eagle", "MTP": "mtp"}
+
+
+def head_method(head: DraftHead) -> str:
+    """The method a head is run by, from its kind: "eagle3", "eagle" (EAGLE-1/2) or "mtp"; "head"
+    for another kind."""
+    return _METHOD_OF_KIND.get(str(getattr(head, "kind", "")), "head")
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if list(a[:n]) == list(b[:n]):  # the usual case, compared at C speed
@@ -103,14 +113,16 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class HeadDrafter:
     """Drafts chains (topk = 1) or EAGLE-2 dynamic trees from any `DraftHead`; greedy argmax
-    over the draft vocabulary, deterministic drafts (lossless for sampled requests too)."""
+    over the draft vocabulary, deterministic drafts (lossless for sampled requests too). Its
+    `name` is the method of the head it runs (`head_method`: eagle3, eagle or mtp)."""
 
-    name: ClassVar[str] = "eagle3"
+    name: str
     needs_hidden_states: ClassVar[bool] = True
     drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
     def __init__(self, head: DraftHead, tree: TreeShape = TreeShape(), relative_draft_cost: float = 0.0) -> None:
         self.head = head
+        self.name = head_method(head)
         self.tree = tree
         # drafting cost per draft token relative to a target step (the engine's draft-length
         # controller adds it to the verify cost)

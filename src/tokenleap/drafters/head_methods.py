@@ -9,19 +9,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokenleap.config import MAX_DRAFT_TOKENS
 from tokenleap.drafters.base import Drafter
 from tokenleap.drafters.methods import MODEL_FLAGS, MethodRecord, option, options_of
 from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:
-    from tokenleap.config import SpecConfig
+    from tokenleap.drafters.spec import SpecConfig
 
 MAX_TREE_TOPK = 16
 
 
-def _topk() -> Any:
-    return option(1, help="1 drafts chains, k > 1 EAGLE-2 dynamic trees expanding k children of k nodes per depth",
-                  flags=("--spec-tree-topk",), per_request=False)
+def _topk(help: str) -> Any:
+    return option(1, help=help, flags=("--spec-tree-topk",), per_request=False, renamed_from=("eagle_tree_topk",))
 
 
 @dataclass(frozen=True)
@@ -30,16 +30,14 @@ class HeadOptions:
     node count is the draft budget, num_speculative_tokens)."""
 
     model: str | None = option(None, help="the head directory", flags=MODEL_FLAGS, per_request=False)
-    eagle_tree_topk: int = _topk()
-    eagle_tree_depth: int = option(6, help="tree depth (the node count is the draft budget, --draft-max)", flags=("--spec-tree-depth",), per_request=False)
+    tree_topk: int = _topk("1 drafts chains, k > 1 EAGLE-2 dynamic trees expanding k children of k nodes per depth")
+    tree_depth: int = option(6, help="tree depth (the node count is the draft budget, --draft-max)", flags=("--spec-tree-depth",),
+                             per_request=False, renamed_from=("eagle_tree_depth",))
 
     def __post_init__(self) -> None:
-        from tokenleap.config import MAX_DRAFT_TOKENS
-
-        if not 1 <= self.eagle_tree_topk <= MAX_TREE_TOPK or not 1 <= self.eagle_tree_depth <= MAX_DRAFT_TOKENS:
+        if not 1 <= self.tree_topk <= MAX_TREE_TOPK or not 1 <= self.tree_depth <= MAX_DRAFT_TOKENS:
             raise TokenleapError(
-                f"need eagle_tree_topk in [1, {MAX_TREE_TOPK}] and eagle_tree_depth in [1, {MAX_DRAFT_TOKENS}], got "
-                f"{self.eagle_tree_topk} and {self.eagle_tree_depth}"
+                f"need tree_topk in [1, {MAX_TREE_TOPK}] and tree_depth in [1, {MAX_DRAFT_TOKENS}], got {self.tree_topk} and {self.tree_depth}"
             )
 
 
@@ -62,14 +60,14 @@ class MedusaOptions:
     """Medusa heads' options: their directory and the candidates per head (1: a chain)."""
 
     model: str | None = option(None, help="the Medusa heads directory", flags=MODEL_FLAGS, per_request=False)
-    eagle_tree_topk: int = _topk()
+    tree_topk: int = _topk("1 drafts chains, k > 1 a tree over each head's top-k tokens")
 
     def __post_init__(self) -> None:
-        if not 1 <= self.eagle_tree_topk <= MAX_TREE_TOPK:
-            raise TokenleapError(f"need eagle_tree_topk in [1, {MAX_TREE_TOPK}], got {self.eagle_tree_topk}")
+        if not 1 <= self.tree_topk <= MAX_TREE_TOPK:
+            raise TokenleapError(f"need tree_topk in [1, {MAX_TREE_TOPK}], got {self.tree_topk}")
 
 
-def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None,
+def _eagle_head(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], Any] | None = None,
             target_name: str | None = None, **_: Any) -> Drafter:
     from tokenleap.drafters.head_drafter import HeadDrafter, TreeShape
     from tokenleap.heads.base import measure_step_cost
@@ -93,7 +91,7 @@ def _eagle3(config: SpecConfig, *, target: Any, heads: dict[tuple[Path, int], An
         head = load_eagle3(str(opts.model), target)
         heads[key] = (head, measure_step_cost(head))
     head, step = heads[key]
-    tree = TreeShape(opts.eagle_tree_topk, opts.eagle_tree_depth)
+    tree = TreeShape(opts.tree_topk, opts.tree_depth)
     # per draft token: a chain runs one head step per token; a tree one step (of k rows, about the
     # cost of one row on this CPU) per depth for up to k nodes
     per_token = step / tree.topk
@@ -118,7 +116,7 @@ def _mtp(config: SpecConfig, *, target: Any, target_path: Any = None, heads: dic
         head = load_mtp(folder, target)
         heads[key] = (head, measure_step_cost(head))
     head, step = heads[key]
-    tree = TreeShape(opts.eagle_tree_topk, opts.eagle_tree_depth)
+    tree = TreeShape(opts.tree_topk, opts.tree_depth)
     return HeadDrafter(head, tree, relative_draft_cost=step / tree.topk)
 
 
@@ -127,7 +125,7 @@ def _medusa(config: SpecConfig, *, target: Any, **_: Any) -> Drafter:
     from tokenleap.heads.medusa import load_medusa
 
     opts = options_of(config, "medusa", MedusaOptions)
-    return MedusaDrafter(load_medusa(str(opts.model), target), topk=opts.eagle_tree_topk)
+    return MedusaDrafter(load_medusa(str(opts.model), target), topk=opts.tree_topk)
 
 
 def _eagle_heads(registry: Any) -> dict[str, Any]:
@@ -140,12 +138,12 @@ def _mtp_heads(registry: Any) -> dict[str, Any]:
 
 _HEADS_DOC = ("an EAGLE-3 (or EAGLE-1/2) head over the target's hidden states: chains, or EAGLE-2 dynamic trees")
 EAGLE3 = MethodRecord(
-    "eagle3", _eagle3, "an EAGLE-3 head over the target's hidden states (default: the head shipped for the target)",
+    "eagle3", _eagle_head, "an EAGLE-3 head over the target's hidden states (default: the head shipped for the target)",
     options=Eagle3Options, aliases=("draft-eagle3", "eagle-3"), per_request=False, shared=_eagle_heads,
     doc=f"{_HEADS_DOC}; without `model` the head shipped for the target",
 )
 EAGLE = MethodRecord(  # EAGLE-1/2 heads, same loader (it tells the layouts apart)
-    "eagle", _eagle3, "an EAGLE-1/2 head over the target's hidden states",
+    "eagle", _eagle_head, "an EAGLE-1/2 head over the target's hidden states",
     options=HeadOptions, per_request=False, needs_model="an EAGLE head directory", shared=_eagle_heads, doc=_HEADS_DOC,
 )
 MEDUSA = MethodRecord(

@@ -24,7 +24,7 @@ from tokenleap.drafters.methods import MethodRecord, options_of
 from tokenleap.drafters.ngram import NgramOptions
 
 if TYPE_CHECKING:
-    from tokenleap.config import SpecConfig
+    from tokenleap.drafters.spec import SpecConfig
 
 
 def occurrences(context: np.ndarray, n_min: int, n_max: int, per_n: int = 8) -> list[int]:

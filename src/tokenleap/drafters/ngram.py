@@ -19,7 +19,7 @@ from tokenleap.drafters.methods import MethodRecord, option, options_of
 from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:
-    from tokenleap.config import SpecConfig
+    from tokenleap.drafters.spec import SpecConfig
 
 
 def longest_suffix_match(tokens: np.ndarray, n_min: int, n_max: int) -> tuple[int, int] | None:

@@ -39,7 +39,7 @@ from tokenleap.drafters.methods import MethodRecord, option, options_of
 from tokenleap.drafters.ngram_map import llamacpp_shared, ngram_size_n_option
 
 if TYPE_CHECKING:
-    from tokenleap.config import SpecConfig
+    from tokenleap.drafters.spec import SpecConfig
 
 DEFAULT_MAX_ENTRIES = 1 << 18
 

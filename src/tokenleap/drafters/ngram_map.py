@@ -33,7 +33,7 @@ from tokenleap.drafters.methods import MethodRecord, option, options_of
 from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:
-    from tokenleap.config import SpecConfig
+    from tokenleap.drafters.spec import SpecConfig
 
 
 class NgramSimpleDrafter(StatelessDrafter):

@@ -33,7 +33,7 @@ from tokenleap.drafters.methods import MethodRecord, option, options_of
 from tokenleap.drafters.ngram_map import ngram_size_n_option
 
 if TYPE_CHECKING:
-    from tokenleap.config import SpecConfig
+    from tokenleap.drafters.spec import SpecConfig
 
 _MULT = 6364136223846793005  # Knuth's MMIX LCG multiplier
 _MASK = (1 << 64) - 1

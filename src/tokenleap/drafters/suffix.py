@@ -37,7 +37,7 @@ from tokenleap.errors import TokenleapError
 from tokenleap.drafters.methods import MethodRecord, option, options_of
 
 if TYPE_CHECKING:
-    from tokenleap.config import SpecConfig
+    from tokenleap.drafters.spec import SpecConfig
 
 logger = logging.getLogger(__name__)
 
@@ -127,9 +127,10 @@ class SuffixTree:
             depth, children = node.depth, node.children
             if depth >= max_depth:
                 continue
-            child = children.get(token)  # type: ignore[union-attr]  # active nodes are expanded (children is None only on lazy ones)
+            assert children is not None  # active nodes are expanded (children is None only on lazy ones)
+            child = children.get(token)
             if child is None:  # first occurrence of this path: a lazy leaf
-                child = children[token] = _Node(token, depth + 1, seq, len(seq))  # type: ignore[index]  # as above
+                child = children[token] = _Node(token, depth + 1, seq, len(seq))
             else:
                 if child.children is None:
                     self._expand(child)

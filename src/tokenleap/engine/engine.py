@@ -39,10 +39,11 @@ from typing import cast
 import torch
 
 from tokenleap.attention import tree_mask
-from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
+from tokenleap.config import DEFAULT_DRAFT_TOKENS
+from tokenleap.drafters.spec import SpecConfig
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics, ReadsHiddenStates, WeighsCost, draft_cost_of, hidden_layers_of
 from tokenleap.engine.request import Request
-from tokenleap.engine.speculation import CostCurve, DraftController, measure_cost_curve, plan_batch_drafts
+from tokenleap.engine.speculation import CostCurve, DraftController, cached_cost_curve, plan_batch_drafts
 from tokenleap.engine.trace import SpecTrace
 from tokenleap.engine.undo import StepFailures, Undo, roll_back
 from tokenleap.errors import TokenleapError
@@ -124,13 +125,13 @@ class Engine:
         server measures it before serving (`ensure_cost_curve`) for the largest cap it allows."""
         if self._cost_curve is None:
             own = self.spec.num_speculative_tokens if self.spec is not None else DEFAULT_DRAFT_TOKENS
-            self._cost_curve = measure_cost_curve(self.model, max(cap or 0, own))
+            self._cost_curve = cached_cost_curve(self.model, max(cap or 0, own))
         return self._cost_curve
 
     def ensure_cost_curve(self, cap: int) -> CostCurve:
         """Measure the cost curve now unless it already covers drafts of `cap` tokens."""
         if self._cost_curve is None or len(self._cost_curve.relative) <= cap:
-            self._cost_curve = measure_cost_curve(self.model, cap)
+            self._cost_curve = cached_cost_curve(self.model, cap)
         return self._cost_curve
 
     def drafters(self) -> list[Drafter]:

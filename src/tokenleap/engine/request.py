@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tokenleap.config import SpecConfig
+from tokenleap.drafters.spec import SpecConfig
 from tokenleap.drafters.base import Drafter
 from tokenleap.engine.speculation import DraftController
 from tokenleap.kv.cache import KVCache

@@ -38,7 +38,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from tokenleap.config import DEFAULT_MAX_NUM_SEQS, SpecConfig
+from tokenleap.config import DEFAULT_MAX_NUM_SEQS
+from tokenleap.drafters.spec import SpecConfig
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.request import Request
 from tokenleap.engine.undo import StepFailures

@@ -19,15 +19,27 @@ turns predictable (a quoted passage, code being repeated) gets speculation back.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from tokenleap.cost import CostCurve, expected_tokens
 from tokenleap.models.base import CausalLM, SeqInput
+from tokenleap.paths import cache_dir
 
-__all__ = ["CostCurve", "DraftController", "expected_tokens", "measure_cost_curve", "plan_batch_drafts", "timed_row_counts"]
+__all__ = ["CostCurve", "DraftController", "cached_cost_curve", "expected_tokens", "measure_cost_curve", "plan_batch_drafts",
+           "timed_row_counts"]
+
+logger = logging.getLogger(__name__)
 
 
 def timed_row_counts(max_rows: int) -> list[int]:
@@ -44,8 +56,11 @@ def _time_rows(model: CausalLM, context: int, max_rows: int, repeats: int) -> li
     sample of several row counts, not every sample of one, and the minimum discards it); the
     counts between are linear interpolations."""
     kv = model.new_kv_cache(context + max_rows + 2)
-    ids = torch.arange(context) % model.config.vocab_size
-    model.forward(ids, torch.arange(context), kv)
+    # `context` cached positions of zeros, not a prefill (a forward's cost does not depend on the
+    # values it attends over; a 1,024-token prefill of a 1.5B model took 10 s of the 25 s curve)
+    kv.reserve(context)
+    kv.storage().zero_()
+    kv.commit(context)
     counts = timed_row_counts(max_rows)
     best = dict.fromkeys(counts, float("inf"))
     for _ in range(repeats):
@@ -64,6 +79,51 @@ def _time_rows(model: CausalLM, context: int, max_rows: int, repeats: int) -> li
         for n in range(n0, n1 + 1):
             relative[n - 1] = c0 + (c1 - c0) * (n - n0) / (n1 - n0)
     return relative
+
+
+COST_CURVE_MAX_AGE_S = 7 * 24 * 3600  # a cached cost curve is measured again after a week
+
+
+def host_key(model: CausalLM, *parts: object) -> str:
+    """What a measured cost depends on: this CPU, the kernels' variant and threads, the model's
+    shape, dtype, KV type and bytes a step, and `parts`; a short digest."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        cpu = ""
+    kernels = getattr(model, "kernels", None)
+    fields = [cpu, platform.machine(), getattr(kernels, "variant", None), getattr(kernels, "threads", torch.get_num_threads()),
+              repr(model.config), str(getattr(model, "dtype", "")), str(getattr(model, "kv_dtype", "")), model.weight_bytes_per_token(), *parts]
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:20]
+
+
+def cached_cost_curve(model: CausalLM, max_draft: int, folder: Path | None = None, **kwargs: Any) -> CostCurve:
+    """`measure_cost_curve`, kept on disk (`<cache>/cost_curves/`) by `host_key`: a process's
+    first speculative request, or a server's start, no longer stalls while the curve is timed
+    again (8-25 s for a 1.5B model on 2 cores). A curve of more rows serves fewer; an unreadable
+    entry, or one older than a week, is measured again."""
+    folder = folder if folder is not None else cache_dir() / "cost_curves"
+    path = folder / f"{host_key(model, sorted(kwargs.items()))}.json"
+    try:
+        if time.time() - path.stat().st_mtime > COST_CURVE_MAX_AGE_S:
+            raise OSError("stale")  # measured again now and then: a curve timed in a busy hour does not stay for good
+        data = json.loads(path.read_text())
+        curve = CostCurve(tuple(data["relative"]), tuple(data["long"]) if data["long"] is not None else None,
+                          int(data["short_context"]), int(data["long_context"]))
+        if len(curve.relative) > max_draft:
+            return curve
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    curve = measure_cost_curve(model, max_draft, **kwargs)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(curve)))
+        tmp.replace(path)
+    except OSError as exc:
+        logger.info("cost curve not cached (%s)", exc)
+    return curve
 
 
 def measure_cost_curve(model: CausalLM, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 5) -> CostCurve:

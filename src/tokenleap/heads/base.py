@@ -11,7 +11,8 @@ to target ids); `measure_step_cost` gives its draft cost relative to a target st
 draft without a layer of their own, so their drafter is their own.
 
 The toolkit: `HeadShape` (the shape of a head's layer), `head_rope`, `head_linear` (a head's
-linears in the target's dtype, packed or quantized for the kernels), `HeadKV` (a request's head
+linear as one `Linear`: in the target's dtype, packed or quantized for the kernels), `linear_on`
+(running one on the kernels or torch), `HeadKV` (a request's head
 cache), and `LayerHead`, the base class that holds a head's target, kernels and rotary tables and
 the pieces of its layer (linear, RMS norm, rotary, grouped-query attention through `o_proj`);
 `FinalHiddenHead` is the base of the heads whose feature is the target's final hidden state and
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
+from tokenleap.kernels import CpuKernels, Linear, QuantWeight
 from tokenleap.models.base import CausalLM
 
 FINAL_HIDDEN = -1  # `hidden_layers` id of the target's final (normed) hidden state
@@ -68,26 +70,30 @@ def head_rope(theta: float, head_dim: int, positions: int) -> tuple[torch.Tensor
 HEAD_QTYPE = 8  # GGML type of a head's linears beside a quantized target (Q8_0)
 
 
-def head_linear(weights: dict[str, torch.Tensor], names: Sequence[str], dtype: torch.dtype, kernels: Any,
-                quantize: bool = False) -> Any:
+def head_linear(weights: dict[str, torch.Tensor], names: Sequence[str], dtype: torch.dtype, kernels: CpuKernels | None,
+                quantize: bool = False) -> Linear:
     """The (fused) weight of a draft head's linear in the target's dtype, packed for the kernels
     when they take it; with `quantize` (a target whose linears are kept in their GGUF blocks),
     in Q8_0 blocks instead: half the bytes a draft step reads, and a draft step on a CPU is as
     memory-bound as the target's (drafts only propose: the output stays the target's)."""
     w = torch.cat([weights[n] for n in names]).to(dtype).contiguous()
     if kernels is not None and quantize:
-        from tokenleap.kernels import QuantWeight
-
         out_dim, in_dim = w.shape
         if QuantWeight.fits(HEAD_QTYPE, out_dim, in_dim):
             import gguf
 
             blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType(HEAD_QTYPE))
-            return QuantWeight.from_blocks(blocks, HEAD_QTYPE, out_dim, in_dim)
+            return Linear(QuantWeight.from_blocks(blocks, HEAD_QTYPE, out_dim, in_dim))
+    return kernels.prepare(w) if kernels is not None else Linear(w)
+
+
+def linear_on(kernels: CpuKernels | None, x: torch.Tensor, w: Linear, b: torch.Tensor | None = None) -> torch.Tensor:
+    """A head's linear `x @ w.T + b` (fp32 out) on the target's kernels, or in torch in `w`'s dtype."""
     if kernels is not None:
-        packed = kernels.pack(w)
-        return packed if packed is not None else w
-    return w
+        return kernels.linear(x.contiguous(), w, b)
+    t = w.dense()
+    y = F.linear(x.to(t.dtype), t).float()
+    return y + b if b is not None else y
 
 
 class HeadKV:
@@ -156,8 +162,8 @@ class LayerHead:
     `__init__`, sets `wqkv` / `wo` (and `bqkv` when its attention has biases) and writes `layer`."""
 
     kind: ClassVar[str] = "draft"  # what error messages call the head
-    wqkv: Any
-    wo: Any
+    wqkv: Linear
+    wo: Linear
     bqkv: torch.Tensor | None = None
     hidden_layers: tuple[int, ...]
     d2t_list: list[int]
@@ -169,11 +175,8 @@ class LayerHead:
         self.embed = embed if embed is not None else target.embed  # the target's: shared, not copied
         self._cos, self._sin = head_rope(config.rope_theta, config.head_dim, max(config.max_position, target.config.max_position) + 64)
 
-    def _linear(self, x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
-        if self.kernels is not None:
-            return self.kernels.linear(x.contiguous(), w, b)
-        y = F.linear(x.to(w.dtype), w).float()
-        return y + b if b is not None else y
+    def _linear(self, x: torch.Tensor, w: Linear, b: torch.Tensor | None = None) -> torch.Tensor:
+        return linear_on(self.kernels, x, w, b)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), w, self.config.rms_norm_eps)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
+from tokenleap.kernels import Linear
 from tokenleap.heads.base import FinalHiddenHead, HeadKV, final_hidden_shape, head_linear
 from tokenleap.models.base import CausalLM
 
@@ -68,7 +69,7 @@ class Eagle1Head(FinalHiddenHead):
         emb = weights.get("embed_tokens.weight")
         super().__init__(c, target, emb.to(dtype).contiguous() if emb is not None and tuple(emb.shape) == (c.vocab_size, h) else None)
 
-        def lin(*names: str) -> Any:
+        def lin(*names: str) -> Linear:
             return head_linear(weights, names, dtype, self.kernels)
 
         def bias(*names: str) -> torch.Tensor | None:

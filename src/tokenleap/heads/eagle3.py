@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
+from tokenleap.kernels import Linear
 from tokenleap.heads.base import HeadKV, HeadShape, LayerHead, head_linear
 from tokenleap.models.base import CausalLM
 
@@ -150,7 +151,7 @@ class Eagle3Head(LayerHead):
 
         quantize = bool(target.quantization)
 
-        def lin(*names: str) -> Any:
+        def lin(*names: str) -> Linear:
             return head_linear(weights, names, dtype, self.kernels, quantize)
 
         p = "midlayer."

@@ -24,13 +24,13 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
-from tokenleap.heads.base import FINAL_HIDDEN
+from tokenleap.heads.base import FINAL_HIDDEN, linear_on
+from tokenleap.kernels import Linear
 from tokenleap.models.base import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _Block:
-    weight: Any  # [H, H], packed for the kernels when possible
+    weight: Linear  # [H, H], packed for the kernels when possible
     bias: torch.Tensor  # [H] float32
 
 
@@ -48,7 +48,7 @@ class MedusaHeads:
 
     hidden_layers = (FINAL_HIDDEN,)
 
-    def __init__(self, blocks: list[list[_Block]], projections: list[Any | None], target: CausalLM) -> None:
+    def __init__(self, blocks: list[list[_Block]], projections: list[Linear | None], target: CausalLM) -> None:
         self.blocks = blocks
         self.projections = projections  # None: the target's LM head
         self.target = target
@@ -58,11 +58,8 @@ class MedusaHeads:
     def num_heads(self) -> int:
         return len(self.blocks)
 
-    def _linear(self, x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
-        if self.kernels is not None:
-            return self.kernels.linear(x.contiguous(), w, b)
-        y = F.linear(x.to(w.dtype), w).float()
-        return y + b if b is not None else y
+    def _linear(self, x: torch.Tensor, w: Linear, b: torch.Tensor | None = None) -> torch.Tensor:
+        return linear_on(self.kernels, x, w, b)
 
     def logits(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """Head i's logits [n, V] from final hidden states h [n, H]."""
@@ -112,15 +109,12 @@ def load_medusa(path: str | Path, target: CausalLM) -> MedusaHeads:
     h, v = target.config.hidden_size, target.config.vocab_size
     dtype = target.dtype
 
-    def prepared(t: torch.Tensor) -> Any:
+    def prepared(t: torch.Tensor) -> Linear:
         w = t.to(dtype).contiguous()
-        if target.kernels is not None:
-            packed = target.kernels.pack(w)
-            return packed if packed is not None else w
-        return w
+        return target.kernels.prepare(w) if target.kernels is not None else Linear(w)
 
     blocks: list[list[_Block]] = []
-    projections: list[Any | None] = []
+    projections: list[Linear | None] = []
     for i in range(n_heads):
         layer = []
         for j in range(n_layers):

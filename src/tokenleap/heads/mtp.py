@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
+from tokenleap.kernels import Linear
 from tokenleap.heads.base import FinalHiddenHead, HeadKV, final_hidden_shape, head_linear
 from tokenleap.models.base import CausalLM
 
@@ -108,7 +109,7 @@ class MtpHead(FinalHiddenHead):
         super().__init__(c, target)  # the target's embedding: shared, not copied
         dtype = target.dtype
 
-        def lin(*names: str) -> Any:
+        def lin(*names: str) -> Linear:
             return head_linear(weights, names, dtype, self.kernels)
 
         def norm(name: str) -> torch.Tensor:

@@ -12,17 +12,14 @@ AVX512-BF16 dot products, packed weights and a blocked bf16 KV cache where the C
 registers); the CPU's flags pick one at run time, the system C compiler builds it and ctypes
 loads it (`build.py`); when no compiler or neither instruction set is present the model falls
 back to torch ops (correct, slower, and not row-invariant: greedy speculation may then drift
-from plain decoding). The weight formats are in `formats.py`, the fused layer loop in
-`fused.py`; this module is the API: `CpuKernels` (linears, norms, attention) and `load_kernels`.
+from plain decoding). The weight formats are in `formats.py`, a model's weight matrix as one value
+(`Linear`: dense, packed or quantized) in `linear.py`, the fused layer loop in `fused.py`; this
+module is the API: `CpuKernels` (linears, norms, attention) and `load_kernels`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import shutil
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -30,13 +27,12 @@ from functools import lru_cache
 import torch
 
 from tokenleap.kernels.abi import ATTN_FP32, GLU_GELU_TANH, GLU_KINDS, AttnDesc
-from tokenleap.kernels.build import bind, build_library, cpu_flags, kernel_variant
+from tokenleap.kernels.build import cpu_flags, kernel_variant, load_library
 from tokenleap.kernels.formats import FORMATS, Format, PackedWeight, QuantWeight, format_names
+from tokenleap.kernels.linear import Linear, LinearWeight
 
-__all__ = ["FORMATS", "KV_BF16", "KV_Q8_0", "AttentionWork", "CpuKernels", "Format", "PackedWeight", "QuantWeight", "RowPlan", "cpu_flags", "format_names",
+__all__ = ["FORMATS", "KV_BF16", "KV_Q8_0", "AttentionWork", "CpuKernels", "Format", "Linear", "LinearWeight", "PackedWeight", "QuantWeight", "RowPlan", "cpu_flags", "format_names",
            "kernel_variant", "kv_slot_bytes", "load_kernels"]
-
-logger = logging.getLogger(__name__)
 
 # The blocked KV caches' formats (attn16.h's TL_KV_*): bf16, or ggml's q8_0 (32 int8 values and
 # one fp16 scale per 32 dims of a slot)
@@ -79,21 +75,28 @@ class CpuKernels:
         """The packed form of `weight` when the packed kernel can use it, else None."""
         return PackedWeight.pack(weight) if self.packed and PackedWeight.fits(weight) else None
 
+    def prepare(self, weight: torch.Tensor) -> Linear:
+        """A dense `[out, in]` weight as these kernels read it best: packed where they can, else as is."""
+        packed = self.pack(weight)
+        return Linear(packed if packed is not None else weight)
+
     def linear(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor | PackedWeight | QuantWeight,
+        weight: Linear | LinearWeight,
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
         *,
         norm: tuple[torch.Tensor, float] | None = None,
         glu: str | None = None,
     ) -> torch.Tensor:
-        """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight bf16/fp32 `[out, in]`, packed or
-        quantized. With `out` (contiguous fp32 `[rows, out]`), the result is added to it in place.
+        """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight a `Linear` (or the form it holds:
+        bf16/fp32 `[out, in]`, packed or quantized). With `out` (contiguous fp32 `[rows, out]`), the result is added to it in place.
         The input may be formed first, the same bits either way (quantized weights fuse it into
         their call): `norm=(w, eps)` RMSNorms x; `glu` ("silu" or "gelu_tanh") takes x = (gate |
         up) `[rows, 2 in]` and uses `act(gate) * up` (`glu_mul`)."""
+        if isinstance(weight, Linear):
+            weight = weight.weight
         if isinstance(weight, QuantWeight):
             return self._linear_quant(x, weight, bias, out, norm, glu)
         if glu is not None:
@@ -380,21 +383,7 @@ class RowPlan:
 @lru_cache(maxsize=1)
 def load_kernels() -> CpuKernels | None:
     """Compile (once, cached on disk) and load the kernels; None when this machine can't."""
-    if os.environ.get("TOKENLEAP_NO_KERNELS"):
+    loaded = load_library()
+    if loaded is None:
         return None
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    flags = cpu_flags()
-    variant = kernel_variant(flags)
-    if not compiler or variant is None:
-        logger.warning("no C compiler, or a CPU without AVX-512 or AVX2+FMA: using torch kernels (slower, not row-invariant)")
-        return None
-    try:
-        lib = ctypes.CDLL(str(build_library(compiler, variant, flags)))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or str(exc)
-        logger.warning("could not build tokenleap kernels, using torch: %s", detail.strip()[:500])
-        return None
-    packed, bf16_attention = bind(lib)
-    threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
-    logger.info("tokenleap kernels: %s variant, %d threads", variant, threads)
-    return CpuKernels(lib=lib, threads=threads, packed=packed, bf16_attention=bf16_attention, variant=variant)
+    return CpuKernels(lib=loaded.lib, threads=loaded.threads, packed=loaded.packed, bf16_attention=loaded.bf16_attention, variant=loaded.variant)

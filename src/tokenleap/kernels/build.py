@@ -1,19 +1,28 @@
 """Building and binding the kernels: the CPU's flags pick a source (`kernels.c` for AVX-512,
 `kernels_avx2.c` for AVX2 + FMA), the system C compiler builds it once into the user cache
 (`-march=native`, keyed by the sources, the flags, the compiler and the CPU's feature flags),
-and `bind` declares the C signature of every entry point for ctypes (the kernels' ABI).
+and `bind` declares the C signature of every entry point for ctypes (the kernels' ABI);
+`load_library` does all three once per process and starts the kernels' thread pool.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
+import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
+import torch
+
 from tokenleap.paths import cache_dir
+
+logger = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
 _SOURCES = {"avx512": _DIR / "kernels.c", "avx2": _DIR / "kernels_avx2.c"}
@@ -137,3 +146,38 @@ def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
         lib.tl_linear_packed.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
         lib.tl_linear_packed.restype = None
     return packed, bf16_attention
+
+
+@dataclass(frozen=True)
+class Library:
+    """The loaded kernels: the library, its thread pool's size and what this build offers."""
+
+    lib: ctypes.CDLL
+    threads: int
+    packed: bool  # tl_linear_packed (packed bf16 weights)
+    bf16_attention: bool  # attention over blocked bf16 / q8_0 KV caches
+    variant: str  # "avx512" (kernels.c) or "avx2" (kernels_avx2.c)
+
+
+@lru_cache(maxsize=1)
+def load_library() -> Library | None:
+    """Compile (once, cached on disk), load and bind the kernels and start their thread pool;
+    None when this machine can't (`kernels.load_kernels` wraps it in the API)."""
+    if os.environ.get("TOKENLEAP_NO_KERNELS"):
+        return None
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    flags = cpu_flags()
+    variant = kernel_variant(flags)
+    if not compiler or variant is None:
+        logger.warning("no C compiler, or a CPU without AVX-512 or AVX2+FMA: using torch kernels (slower, not row-invariant)")
+        return None
+    try:
+        lib = ctypes.CDLL(str(build_library(compiler, variant, flags)))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        logger.warning("could not build tokenleap kernels, using torch: %s", detail.strip()[:500])
+        return None
+    packed, bf16_attention = bind(lib)
+    threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
+    logger.info("tokenleap kernels: %s variant, %d threads", variant, threads)
+    return Library(lib, threads, packed, bf16_attention, variant)

@@ -15,6 +15,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from tokenleap.kernels.build import load_library
 from tokenleap.kernels.memory import huge_page_tensor
 
 
@@ -42,6 +43,10 @@ class PackedWeight:
         out_dim, in_dim = weight.shape
         data = weight.reshape(out_dim // 16, 16, in_dim // 2, 2).permute(0, 2, 1, 3).contiguous()
         return cls(data=data, out_dim=out_dim, in_dim=in_dim)
+
+    def unpack(self) -> torch.Tensor:
+        """The bf16 `[out, in]` weight it was packed from (a permutation back: exactly it)."""
+        return self.data.permute(0, 2, 1, 3).reshape(self.out_dim, self.in_dim)
 
 
 _Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS, _Q3K, _Q2K, _Q50X8, _Q51X8 = range(1, 13)  # quant.h's TLQ_* (the table below)
@@ -443,13 +448,11 @@ class QuantWeight:
         fmt = BY_GGML[qtype]
         if raw.size != out_dim * in_dim // fmt.block_weights * fmt.file_bytes:
             raise ValueError(f"{raw.size} bytes are not a [{out_dim}, {in_dim}] {fmt.name} tensor")
-        from tokenleap.kernels import load_kernels  # the package imports this module first
-
-        kernels = load_kernels()
-        if kernels is None:
+        loaded = load_library()
+        if loaded is None:
             return cls(torch.from_numpy(fmt.repack(raw, out_dim, in_dim)), qtype, out_dim, in_dim)
         data = _weight_buffer((out_dim // 8, in_dim // 32 * fmt.group_bytes))
-        if kernels.lib.tl_repack(raw.ctypes.data, data.data_ptr(), qtype, out_dim, in_dim) != 0:
+        if loaded.lib.tl_repack(raw.ctypes.data, data.data_ptr(), qtype, out_dim, in_dim) != 0:
             raise ValueError(f"tl_repack refused [{out_dim}, {in_dim}] {fmt.name}")
         return cls(data, qtype, out_dim, in_dim)
 
@@ -515,12 +518,10 @@ class QuantWeight:
         ids = ids.reshape(-1).long().contiguous()
         if int(ids.min()) < 0 or int(ids.max()) >= self.out_dim:
             raise IndexError(f"row ids must be in [0, {self.out_dim})")
-        from tokenleap.kernels import load_kernels  # the package imports this module first
-
-        kernels = load_kernels()
-        if kernels is not None:
+        loaded = load_library()
+        if loaded is not None:
             out = torch.empty(ids.numel(), self.in_dim, dtype=torch.float32)
-            kernels.lib.tl_quant_rows(self.data.data_ptr(), self.format, self.in_dim, ids.data_ptr(), ids.numel(), out.data_ptr())
+            loaded.lib.tl_quant_rows(self.data.data_ptr(), self.format, self.in_dim, ids.data_ptr(), ids.numel(), out.data_ptr())
             return out
         groups, inverse = torch.unique(torch.div(ids, 8, rounding_mode="floor"), return_inverse=True)
         sub = QuantWeight(self.data[groups].contiguous(), self.qtype, 8 * int(groups.numel()), self.in_dim, self.types)

@@ -9,20 +9,52 @@ the residual add, likewise): ~150 a decode step of the default model, ~240 of Ge
 paying ~4-10 us of Python and ctypes outside the kernel. `FusedLayers` describes a model's layers once, as C structs of weight
 addresses, kinds and formats; `FusedLayers.run` then fills one struct with a forward's buffers
 and its attention plan and makes a single call, in which C makes the same kernel calls in the
-same order on the same inputs, so the result is bit-identical to the per-call loop.
+same order on the same inputs, so the result is bit-identical to the per-call loop. A layer is
+read as it is (`FusedLayer`: its four `Linear`s and its norms; `models.layers.LayerWeights` is one).
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
-from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight, RowPlan
+from tokenleap.kernels import CpuKernels, Linear, PackedWeight, QuantWeight, RowPlan
 from tokenleap.kernels.abi import LIN_BF16, LIN_F32, LIN_PACKED, LIN_QUANT, AttnDesc, ForwardDesc, LayerDesc, LinDesc
 
 _p = ctypes.c_void_p
+
+
+class FusedLayer(Protocol):
+    """What the fused path reads of a decoder layer: the four linears (each a `Linear`:
+    `QuantWeight`, `PackedWeight` or a contiguous bf16 / fp32 `[out, in]` tensor), the QKV bias
+    (fp32 `[qkv out]` or None), the pre-norms (fp32 `[dim]`), QK-norm (fp32 `[head_dim]`: both or
+    neither) and post-norms (fp32 `[dim]`: both or neither)."""
+
+    @property
+    def wqkv(self) -> Linear: ...
+    @property
+    def bqkv(self) -> torch.Tensor | None: ...
+    @property
+    def wo(self) -> Linear: ...
+    @property
+    def w_gate_up(self) -> Linear: ...
+    @property
+    def w_down(self) -> Linear: ...
+    @property
+    def attn_norm(self) -> torch.Tensor: ...
+    @property
+    def mlp_norm(self) -> torch.Tensor: ...
+    @property
+    def q_norm(self) -> torch.Tensor | None: ...
+    @property
+    def k_norm(self) -> torch.Tensor | None: ...
+    @property
+    def post_attn_norm(self) -> torch.Tensor | None: ...
+    @property
+    def post_mlp_norm(self) -> torch.Tensor | None: ...
 
 
 class FusedLayers:
@@ -33,7 +65,8 @@ class FusedLayers:
     def __init__(
         self,
         kernels: CpuKernels,
-        layers: Sequence[Mapping[str, object]],
+        layers: Sequence[FusedLayer],
+        local: Sequence[bool] = (),
         *,
         dim: int,
         inter: int,
@@ -44,14 +77,10 @@ class FusedLayers:
         activation: str = "silu",
         q_mult: float | None = None,
     ) -> None:
-        """`layers`: per layer a mapping with "wqkv", "wo", "w_gate_up", "w_down" (each a
-        `QuantWeight`, `PackedWeight` or contiguous bf16 / fp32 `[out, in]` tensor), "bqkv"
-        (fp32 `[qkv out]` or None), "attn_norm" and "mlp_norm" (fp32 `[dim]`), and optionally
-        "q_norm" and "k_norm" (QK-norm, fp32 `[head_dim]`: both or neither), "post_attn_norm"
-        and "post_mlp_norm" (post-norms, fp32 `[dim]`: both or neither) and "local" (a
-        sliding-window layer: `run`'s `local` plan and rope tables). `activation`: the MLP's
-        gate ("silu" or "gelu_tanh"); `q_mult`: the queries' factor after their QK-norm (the
-        layers then need QK-norm)."""
+        """`layers`: the decoder layers (`FusedLayer`); `local[i]`: layer i is a sliding-window
+        one (`run`'s `local` plan and rope tables; absent: global). `activation`: the MLP's gate
+        ("silu" or "gelu_tanh"); `q_mult`: the queries' factor after their QK-norm (the layers
+        then need QK-norm)."""
         if not hasattr(kernels.lib, "tl_forward_layers"):
             raise ValueError("these kernels have no tl_forward_layers")
         self.kernels = kernels
@@ -65,28 +94,27 @@ class FusedLayers:
         self._descs = (LayerDesc * len(layers))()
         self.dense = False  # whether some linear is a plain tensor (needs the `acc` buffer)
         self.formed = False  # whether some linear forms its input outside its call (needs `tmp`)
-        for desc, layer in zip(self._descs, layers):
-            bias = layer.get("bqkv")
-            desc.qkv = self._lin(layer["wqkv"], bias, self.qkv_out, dim)
-            desc.wo = self._lin(layer["wo"], None, dim, heads * head_dim)
-            desc.gate_up = self._lin(layer["w_gate_up"], None, 2 * inter, dim)
-            desc.down = self._lin(layer["w_down"], None, dim, inter)
-            desc.attn_norm = self._hold(layer["attn_norm"], dim)
-            desc.mlp_norm = self._hold(layer["mlp_norm"], dim)
-            q_norm, k_norm = layer.get("q_norm"), layer.get("k_norm")
+        for i, (desc, layer) in enumerate(zip(self._descs, layers)):
+            desc.qkv = self._lin(layer.wqkv, layer.bqkv, self.qkv_out, dim)
+            desc.wo = self._lin(layer.wo, None, dim, heads * head_dim)
+            desc.gate_up = self._lin(layer.w_gate_up, None, 2 * inter, dim)
+            desc.down = self._lin(layer.w_down, None, dim, inter)
+            desc.attn_norm = self._hold(layer.attn_norm, dim)
+            desc.mlp_norm = self._hold(layer.mlp_norm, dim)
+            q_norm, k_norm = layer.q_norm, layer.k_norm
             if (q_norm is None) != (k_norm is None):
                 raise ValueError("fused layers: QK-norm needs both q_norm and k_norm")
             if q_norm is not None:
                 desc.q_norm, desc.k_norm = self._hold(q_norm, head_dim), self._hold(k_norm, head_dim)
             elif self.q_mult != 1.0:
                 raise ValueError("fused layers: a query multiplier needs QK-norm")
-            post_attn, post_mlp = layer.get("post_attn_norm"), layer.get("post_mlp_norm")
+            post_attn, post_mlp = layer.post_attn_norm, layer.post_mlp_norm
             if (post_attn is None) != (post_mlp is None):
                 raise ValueError("fused layers: post-norms need both post_attn_norm and post_mlp_norm")
             if post_attn is not None:
                 desc.post_attn_norm, desc.post_mlp_norm = self._hold(post_attn, dim), self._hold(post_mlp, dim)
                 self.post_norms = True
-            desc.local = int(bool(layer.get("local", False)))
+            desc.local = int(i < len(local) and bool(local[i]))
             self.has_local = self.has_local or bool(desc.local)
 
     def _hold(self, t: object, size: int) -> int:
@@ -96,8 +124,9 @@ class FusedLayers:
         self._keep.append(t)
         return t.data_ptr()
 
-    def _lin(self, w: object, bias: object, out_dim: int, in_dim: int) -> LinDesc:
+    def _lin(self, linear: Linear, bias: torch.Tensor | None, out_dim: int, in_dim: int) -> LinDesc:
         d = LinDesc(out_dim=out_dim, bias=self._hold(bias, out_dim) if bias is not None else None)
+        w = linear.weight
         if isinstance(w, QuantWeight):
             if (w.out_dim, w.in_dim) != (out_dim, in_dim):
                 raise ValueError(f"fused layers: {w.name} weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]")

@@ -18,66 +18,69 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from tokenleap.kernels import PackedWeight, QuantWeight
+from tokenleap.kernels import Linear
 from tokenleap.models.config import ModelConfig, RopeScaling
 
 
-@dataclass
+@dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's weights: norms in float32, the four (fused) linears dense in the model
-    dtype (None when only their quantized form is kept) and, in `packed`, as the kernels read them."""
+    """One decoder layer's weights: norms in float32, the four (fused) linears each one `Linear`
+    (dense in the model dtype, packed bf16 or GGUF blocks: as the forwards read them). It is the
+    fused path's layer as it is (`kernels.fused.FusedLayer`)."""
 
     attn_norm: torch.Tensor  # [D]
-    wqkv: torch.Tensor | None  # [Q + 2KV, D]
+    wqkv: Linear  # [Q + 2KV, D]
     bqkv: torch.Tensor | None  # [Q + 2KV]
-    wo: torch.Tensor | None  # [D, Q]
+    wo: Linear  # [D, Q]
     mlp_norm: torch.Tensor  # [D]
-    w_gate_up: torch.Tensor | None  # [2F, D]
-    w_down: torch.Tensor | None  # [D, F]
+    w_gate_up: Linear  # [2F, D]
+    w_down: Linear  # [D, F]
     q_norm: torch.Tensor | None = None  # [hd] QK-norm (Qwen3, Gemma 3)
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None  # [D] Gemma 3 post-norms
     post_mlp_norm: torch.Tensor | None = None
-    # The same four matrices as the kernels read them: packed bf16, or GGUF blocks.
-    packed: dict[str, PackedWeight | QuantWeight] = field(default_factory=dict)
+
+    def linears(self) -> tuple[Linear, Linear, Linear, Linear]:
+        """The four weight matrices, in the order a forward reads them."""
+        return self.wqkv, self.wo, self.w_gate_up, self.w_down
 
 
 @dataclass(frozen=True)
 class BlockOps:
     """What one forward runs the pieces of `decoder_layer` on. Each takes and returns float32."""
 
-    # (x [.., in], layer, weight name, pre-norm weight or None) -> x @ W.T [.., out]
-    linear: Callable[[torch.Tensor, LayerWeights, str, torch.Tensor | None], torch.Tensor]
+    # (x [.., in], weight, pre-norm weight or None) -> x @ W.T [.., out]
+    linear: Callable[[torch.Tensor, Linear, torch.Tensor | None], torch.Tensor]
     # (qkv, layer) -> qkv with QK-norm and the query scale applied (in place or not)
     qk_norm: Callable[[torch.Tensor, LayerWeights], torch.Tensor]
     # (qkv, layer index) -> attention output [.., Q]: rotary embedding, K/V write, attention
     attention: Callable[[torch.Tensor, int], torch.Tensor]
     # (x, sublayer output, post-norm weight or None) -> the residual stream after the sublayer
     residual: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-    # (gate | up, layer) -> act(gate) * up @ w_down.T in one piece (the kernels' gated linear);
+    # (gate | up, w_down) -> act(gate) * up @ w_down.T in one piece (the kernels' gated linear);
     # None: the gate in torch, then `linear`
-    gated_down: Callable[[torch.Tensor, LayerWeights], torch.Tensor] | None = None
+    gated_down: Callable[[torch.Tensor, Linear], torch.Tensor] | None = None
 
 
 def decoder_layer(x: torch.Tensor, layer: LayerWeights, idx: int, config: ModelConfig, ops: BlockOps) -> torch.Tensor:
     """One decoder layer of the Llama family over the residual stream `x` [.., D] (float32)."""
-    qkv = ops.linear(x, layer, "wqkv", layer.attn_norm)
+    qkv = ops.linear(x, layer.wqkv, layer.attn_norm)
     if layer.bqkv is not None:
         qkv = qkv + layer.bqkv
     qkv = ops.qk_norm(qkv, layer)
     a = ops.attention(qkv, idx)
-    x = ops.residual(x, ops.linear(a, layer, "wo", None), layer.post_attn_norm)
-    gate_up = ops.linear(x, layer, "w_gate_up", layer.mlp_norm)
+    x = ops.residual(x, ops.linear(a, layer.wo, None), layer.post_attn_norm)
+    gate_up = ops.linear(x, layer.w_gate_up, layer.mlp_norm)
     if ops.gated_down is not None:
-        return ops.residual(x, ops.gated_down(gate_up, layer), layer.post_mlp_norm)
+        return ops.residual(x, ops.gated_down(gate_up, layer.w_down), layer.post_mlp_norm)
     gate, up = gate_up.chunk(2, dim=-1)
     act = F.gelu(gate, approximate="tanh") if config.activation == "gelu_tanh" else F.silu(gate)
-    return ops.residual(x, ops.linear(act * up, layer, "w_down", None), layer.post_mlp_norm)
+    return ops.residual(x, ops.linear(act * up, layer.w_down, None), layer.post_mlp_norm)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -85,8 +88,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
 
 
-def torch_linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
-    """float32 `[.., in]` (RMSNorm-ed first with `norm`) -> float32 `x @ w.T` in `w`'s dtype."""
+def torch_linear(x: torch.Tensor, w: Linear | torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    """float32 `[.., in]` (RMSNorm-ed first with `norm`) -> float32 `x @ w.T` in `w`'s dtype (a
+    `Linear`'s dense weight)."""
+    if isinstance(w, Linear):
+        w = w.dense()
     if norm is not None:
         x = rms_norm(x, norm, eps)
     return F.linear(x.to(w.dtype), w).float()

@@ -9,10 +9,13 @@ matrix each, because on a 2-core CPU decoding is memory-bound and every Python-l
 (causal or a token tree), appends their keys and values to the KV cache, and returns final
 hidden states; `forward_batch` does the same for new tokens of several sequences at once (a
 continuous-batching decode step: the linears run over all rows together, attention per row
-over its own cache); `compute_logits` runs the LM head on chosen rows only. Weights are kept in
-the model dtype (bfloat16 or float32); activations and attention arithmetic run in float32; the
-KV cache is float32, or bfloat16 in the kernels' blocked layout for bfloat16 models on the
-AVX512-BF16 kernels (as transformers keeps K/V in the model dtype).
+over its own cache); `compute_logits` runs the LM head on chosen rows only. The weights are
+prepared once by `models.weights` (each matrix one `Linear`: dense in the model dtype, bfloat16
+or float32, packed for the kernels, or in its GGUF blocks); this module keeps the execution
+path, the KV cache type and the rotary tables, and runs the forwards. Activations and
+attention arithmetic run in float32; the KV cache is float32, or bfloat16 in the kernels'
+blocked layout for bfloat16 models on the AVX512-BF16 kernels (as transformers keeps K/V in the
+model dtype).
 
 Which code serves the forwards is decided once, at load (`ExecutionPath`, `LlamaModel.path`):
 
@@ -47,14 +50,14 @@ import dataclasses
 import enum
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask, plan_rows
 from tokenleap.errors import TokenleapError
-from tokenleap.kernels import CpuKernels, PackedWeight, QuantWeight, RowPlan
+from tokenleap.kernels import CpuKernels, Linear, LinearWeight, PackedWeight, QuantWeight, RowPlan
 from tokenleap.kernels.fused import FusedLayers
 from tokenleap.kv.cache import KV_CACHE_TYPES, KVCache
 from tokenleap.models.base import ModelOutput, SeqInput
@@ -70,6 +73,7 @@ from tokenleap.models.layers import (
     torch_qk_norm,
     torch_residual,
 )
+from tokenleap.models.weights import RawWeights, prepare_weights
 from tokenleap.threads import torch_threads
 
 logger = logging.getLogger(__name__)
@@ -106,35 +110,22 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor | QuantWeight],
+        weights: RawWeights,
         dtype: torch.dtype,
         kernels: CpuKernels | None = None,
         *,
         consume_weights: bool = False,
         kv_cache_type: str = "auto",
     ) -> None:
-        """`consume_weights`: the caller hands `weights` over, and the parts of a fused linear
-        are dropped from it once stacked (a load's peak memory is then about the model's).
+        """`weights` are prepared by `models.weights.prepare_weights` (`consume_weights`: the
+        caller hands them over, and the parts of a fused linear are dropped once stacked).
         `kv_cache_type`: "auto" (bf16 where the kernels attend over blocked caches, else fp32),
         "bf16" or "q8_0" (`kv_cache_dtype`)."""
-        self.config = config
-        self.dtype = dtype
-        self.kv_dtype = torch.float32
-        # the linears need widths that are multiples of 32 (head_dim is checked for attention below)
-        if kernels is not None and not kernels.supports(config.hidden_size, config.intermediate_size, config.q_size, 32):
-            logger.warning(
-                "tokenleap kernels need widths that are multiples of 32; "
-                "using torch ops for this model (slower, not row-invariant)"
-            )
-            kernels = None
-        if kernels is None and dtype == torch.bfloat16 and not config.plain_llama:
-            logger.warning("no tokenleap kernels: %s runs on torch ops (slower, not row-invariant)", config.architecture)
-        self.kernels = kernels
+        self.config, self.dtype = config, dtype
+        self.kernels = kernels = usable_kernels(config, dtype, kernels)
         # the kernels' fused attention serves head_dim 16..128, and 256 (Gemma 3) over bf16 caches;
         # other head dims (256 in float32) attend with torch's row path beside the kernels' linears
-        self.kernel_attention = kernels is not None and config.head_dim in kernels.attention_head_dims(
-            dtype == torch.bfloat16
-        )
+        self.kernel_attention = kernels is not None and config.head_dim in kernels.attention_head_dims(dtype == torch.bfloat16)
         # the one decision of which code serves the forwards (ExecutionPath)
         self.path = ExecutionPath.TORCH
         if kernels is not None:
@@ -145,110 +136,27 @@ class LlamaModel:
         # bf16 models on the kernels keep K/V in bf16, laid out for the kernel's bf16 attention
         # (half the bytes, dot products without horizontal sums); fp32 models keep fp32 K/V
         self.kv_blocked = self.kernel_attention and kernels is not None and kernels.bf16_attention and dtype == torch.bfloat16
-        if self.kv_blocked:
-            self.kv_dtype = torch.bfloat16
-        self.kv_dtype = kv_cache_dtype(kv_cache_type, self.kv_dtype, self.kv_blocked, config.head_dim, kernels)
+        default_kv = torch.bfloat16 if self.kv_blocked else torch.float32
+        self.kv_dtype = kv_cache_dtype(kv_cache_type, default_kv, self.kv_blocked, config.head_dim, kernels)
+        prepared = prepare_weights(config, weights, dtype, kernels, consume=consume_weights)
+        self.quantization: str | None = "gguf" if prepared.quantized else None
         # bf16 prompts prefill on the kernels (torch's bf16 GEMM is 1.5x slower with AVX512-BF16
         # and ~9x slower on an AVX2-only CPU; chunking a prompt cannot change the kernels' bits)
-        # GGUF blocks the kernels read (`QuantWeight`) stay quantized; without kernels they are
-        # dequantized here (the torch path reads dense weights)
-        quantized = kernels is not None and any(isinstance(v, QuantWeight) for v in weights.values())
-        self.quantization: str | None = "gguf" if quantized else None
-        self.kernel_prefill = kernels is not None and (quantized or (kernels.packed and dtype == torch.bfloat16))
-
-        def dense(value: torch.Tensor | QuantWeight) -> torch.Tensor:
-            return value.dequantize() if isinstance(value, QuantWeight) else value
-
-        def w(name: str) -> torch.Tensor:
-            return dense(weights[name]).to(dtype).contiguous()
-
-        def f32(name: str) -> torch.Tensor:
-            return dense(weights[name]).float().contiguous()
-
-        def linear(names: Sequence[str]) -> tuple[torch.Tensor | None, PackedWeight | QuantWeight | None]:
-            """A (fused) linear: its blocks when every part is quantized and they stack (one kernel
-            format, or two in runs: `QuantWeight.cat`), else dense + packed."""
-            parts = [weights[n] for n in names]
-            blocks = [x for x in parts if isinstance(x, QuantWeight)]
-            if quantized and len(blocks) == len(parts):
-                try:
-                    stacked = QuantWeight.cat(blocks) if len(blocks) > 1 else blocks[0]
-                    if consume_weights and len(parts) > 1:  # the parts were copied: free them now
-                        for n in names:
-                            weights[n] = stacked
-                    return None, stacked
-                except ValueError as exc:
-                    logger.info("%s: dequantized to %s (%s)", "+".join(names), dtype, exc)
-            t = torch.cat([dense(x) for x in parts]).to(dtype).contiguous()
-            return t, kernels.pack(t) if kernels is not None else None
-
-        # the token table [V, D] and the LM head: dense in `dtype`, or kept in their blocks (the
-        # model's lookups decode only the rows they read; `embed` / `lm_head` decode the whole
-        # table on first use, for the heads and the trainer)
-        embed, head = weights["embed"], weights.get("lm_head")
-        self._embed_blocks = embed if quantized and isinstance(embed, QuantWeight) else None
-        self._head_blocks = head if quantized and isinstance(head, QuantWeight) else None
-        if self._embed_blocks is None:
-            self.embed = w("embed")
-        if self._head_blocks is None:
-            self.lm_head = self.embed if config.tie_word_embeddings else w("lm_head")
-        self.lm_head_packed: PackedWeight | QuantWeight | None = None
-        if kernels is not None:
-            self.lm_head_packed = self._head_blocks or kernels.pack(self.lm_head)
-        self.norm = f32("norm")
-        self.layers: list[LayerWeights] = []
-        for i in range(config.num_layers):
-            p = f"layers.{i}."
-            bias = None
-            if f"{p}q_bias" in weights:
-                bias = torch.cat([dense(weights[f"{p}{n}_bias"]) for n in ("q", "k", "v")]).float()
-            fused = {
-                "wqkv": linear([p + "q", p + "k", p + "v"]),
-                "wo": linear([p + "o"]),
-                "w_gate_up": linear([p + "gate", p + "up"]),
-                "w_down": linear([p + "down"]),
-            }
-            layer = LayerWeights(
-                attn_norm=f32(p + "attn_norm"),
-                wqkv=fused["wqkv"][0],
-                bqkv=bias,
-                wo=fused["wo"][0],
-                mlp_norm=f32(p + "mlp_norm"),
-                w_gate_up=fused["w_gate_up"][0],
-                w_down=fused["w_down"][0],
-                q_norm=f32(p + "q_norm") if p + "q_norm" in weights else None,
-                k_norm=f32(p + "k_norm") if p + "k_norm" in weights else None,
-                post_attn_norm=f32(p + "post_attn_norm") if p + "post_attn_norm" in weights else None,
-                post_mlp_norm=f32(p + "post_mlp_norm") if p + "post_mlp_norm" in weights else None,
-            )
-            if config.qk_norm and layer.q_norm is None:
-                raise TokenleapError(f"{config.architecture}: layer {i} has no q_norm / k_norm weights")
-            if config.post_norms and (layer.post_attn_norm is None or layer.post_mlp_norm is None):
-                raise TokenleapError(f"{config.architecture}: layer {i} has no post-attention / post-MLP norm weights")
-            layer.packed.update({name: prepared for name, (_, prepared) in fused.items() if prepared is not None})
-            self.layers.append(layer)
+        self.kernel_prefill = kernels is not None and (prepared.quantized or (kernels.packed and dtype == torch.bfloat16))
+        self.layers: list[LayerWeights] = list(prepared.layers)
+        self.norm = prepared.norm
+        # the token table: dense, or kept in its blocks (`embed_tokens` decodes only the rows it
+        # reads; `embed` decodes the whole table on first use, for the heads and the trainer)
+        self._embed_blocks = prepared.embed if isinstance(prepared.embed, QuantWeight) else None
+        if isinstance(prepared.embed, torch.Tensor):
+            self.embed = prepared.embed
+        # the LM head as `compute_logits` reads it (a reduced vocabulary's rows: `with_vocab`), and
+        # the whole one, which `lm_head` decodes on first use where it is not dense
+        self.lm_head_linear = self._lm_head_whole = prepared.lm_head
         # the fused path's layers as one kernel call (kernels/fused.py; None: a call per op)
         self.fused: FusedLayers | None = None
         if kernels is not None and self.path is ExecutionPath.FUSED:
-            self.fused = FusedLayers(
-                kernels,
-                [
-                    {
-                        "wqkv": layer.packed.get("wqkv", layer.wqkv), "bqkv": layer.bqkv,
-                        "wo": layer.packed.get("wo", layer.wo),
-                        "w_gate_up": layer.packed.get("w_gate_up", layer.w_gate_up),
-                        "w_down": layer.packed.get("w_down", layer.w_down),
-                        "attn_norm": layer.attn_norm, "mlp_norm": layer.mlp_norm,
-                        "q_norm": layer.q_norm, "k_norm": layer.k_norm,
-                        "post_attn_norm": layer.post_attn_norm, "post_mlp_norm": layer.post_mlp_norm,
-                        "local": config.is_sliding(i),
-                    }
-                    for i, layer in enumerate(self.layers)
-                ],
-                dim=config.hidden_size, inter=config.intermediate_size, heads=config.num_heads,
-                kv_heads=config.num_kv_heads, head_dim=config.head_dim, eps=config.rms_norm_eps,
-                activation=config.activation, q_mult=query_multiplier(config),
-            )  # fmt: skip
+            self.fused = fused_layers(config, kernels, self.layers)
         self._rope_cap = min(config.max_position, MAX_ROPE_TABLE)
         if self._rope_cap < config.max_position:
             logger.info("context limited to %d positions (the model allows %d)", self._rope_cap, config.max_position)
@@ -282,11 +190,11 @@ class LlamaModel:
 
     @functools.cached_property
     def lm_head(self) -> torch.Tensor:
-        """The dense LM head `[V, D]` in `dtype` (decoded from its blocks on first use)."""
+        """The dense LM head `[V, D]` in `dtype`: the token table when tied, else the head's
+        weight (unpacked or decoded from its blocks on first use)."""
         if self.config.tie_word_embeddings:
             return self.embed
-        assert self._head_blocks is not None
-        return self._head_blocks.dequantize().to(self.dtype)
+        return self._lm_head_whole.dense(self.dtype)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """fp32 `[n, D]` token embeddings (rounded to `dtype`, as the dense table holds them)."""
@@ -316,7 +224,7 @@ class LlamaModel:
         keep = keep.reshape(-1).long()
         if keep.numel() == 0 or int(keep.min()) < 0 or int(keep.max()) >= vocab:
             raise TokenleapError(f"a reduced vocabulary needs token ids in [0, {vocab})")
-        head = self.lm_head_packed
+        head: LinearWeight | None = self.lm_head_linear.weight
         width = 8 if isinstance(head, QuantWeight) else 16 if isinstance(head, PackedWeight) else 1
         if isinstance(head, QuantWeight) and head.split:
             width, head = 1, None  # a stack of two formats: cut the dense head instead
@@ -325,14 +233,14 @@ class LlamaModel:
         ids = ids[ids < vocab]
         clone = copy.copy(self)
         if isinstance(head, QuantWeight) and ids.numel() == groups.numel() * 8:
-            clone.lm_head_packed = QuantWeight(head.data[groups].contiguous(), head.qtype, ids.numel(), head.in_dim, head.types)
+            clone.lm_head_linear = Linear(QuantWeight(head.data[groups].contiguous(), head.qtype, ids.numel(), head.in_dim, head.types))
         elif isinstance(head, PackedWeight) and ids.numel() == groups.numel() * 16:
-            clone.lm_head_packed = PackedWeight(head.data[groups].contiguous(), ids.numel(), head.in_dim)
+            clone.lm_head_linear = Linear(PackedWeight(head.data[groups].contiguous(), ids.numel(), head.in_dim))
         else:  # dense rows (a vocabulary that is not a multiple of the group: the last group's rows)
             ids = torch.unique(keep)
             dense = self.lm_head[ids].contiguous()
             clone.__dict__["lm_head"] = dense  # the cached property's slot
-            clone.lm_head_packed = self.kernels.pack(dense) if self.kernels is not None else None
+            clone.lm_head_linear = self.kernels.prepare(dense) if self.kernels is not None else Linear(dense)
         return clone, ids
 
     @property
@@ -354,15 +262,7 @@ class LlamaModel:
         """Bytes of weights one decode step streams (the linears and the LM head, as stored)."""
         if self.quantization is None:
             return self.config.bytes_per_token(self.embed.element_size())
-
-        def size(prepared: PackedWeight | QuantWeight | None, dense: Callable[[], torch.Tensor | None]) -> int:
-            if isinstance(prepared, QuantWeight):
-                return prepared.nbytes
-            t = dense()
-            return t.numel() * t.element_size() if t is not None else 0
-
-        total = sum(size(layer.packed.get(n), lambda: getattr(layer, n)) for layer in self.layers for n in ("wqkv", "wo", "w_gate_up", "w_down"))  # noqa: B023  # size() calls the lambda at once, within its iteration
-        return total + size(self.lm_head_packed, lambda: self.lm_head)
+        return sum(w.nbytes for layer in self.layers for w in layer.linears()) + self.lm_head_linear.nbytes
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
@@ -443,23 +343,21 @@ class LlamaModel:
         hidden_states = {}
         q_mult = query_multiplier(c)
         for idx, layer in enumerate(self.layers):
-            pk = layer.packed
-            qkv = kernels.linear(x, pk.get("wqkv", layer.wqkv), layer.bqkv, norm=(layer.attn_norm, eps))  # type: ignore[arg-type]  # dense is None only where pk holds the blocks
+            qkv = kernels.linear(x, layer.wqkv, layer.bqkv, norm=(layer.attn_norm, eps))
             if layer.q_norm is not None and layer.k_norm is not None:  # QK-norm (Qwen3, Gemma 3), the query scale folded in
                 kernels.head_norm(qkv, 0, c.num_heads, c.head_dim, layer.q_norm, eps, q_mult if q_mult is not None else 1.0)
                 kernels.head_norm(qkv, c.q_size, c.num_kv_heads, c.head_dim, layer.k_norm, eps)
             plan, cos, sin = local if c.is_sliding(idx) else glob
             a = kernels.attention(qkv, plan, idx, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
-            wo, w_down = pk.get("wo", layer.wo), pk.get("w_down", layer.w_down)
             if layer.post_attn_norm is None:
-                kernels.linear(a, wo, None, out=x)  # type: ignore[arg-type]  # dense is None only where pk holds the blocks; x += a @ wo.T
+                kernels.linear(a, layer.wo, None, out=x)  # x += a @ wo.T
             else:  # Gemma 3: x += RMSNorm(a @ wo.T)
-                kernels.rmsnorm_add(x, kernels.linear(a, wo), layer.post_attn_norm, eps)  # type: ignore[arg-type]
-            gate_up = kernels.linear(x, pk.get("w_gate_up", layer.w_gate_up), norm=(layer.mlp_norm, eps))  # type: ignore[arg-type]  # dense is None only where pk holds the blocks
+                kernels.rmsnorm_add(x, kernels.linear(a, layer.wo), layer.post_attn_norm, eps)
+            gate_up = kernels.linear(x, layer.w_gate_up, norm=(layer.mlp_norm, eps))
             if layer.post_mlp_norm is None:
-                kernels.linear(gate_up, w_down, None, out=x, glu=c.activation)  # type: ignore[arg-type]  # x += act(gate) * up @ w_down.T
+                kernels.linear(gate_up, layer.w_down, None, out=x, glu=c.activation)  # x += act(gate) * up @ w_down.T
             else:
-                kernels.rmsnorm_add(x, kernels.linear(gate_up, w_down, glu=c.activation), layer.post_mlp_norm, eps)  # type: ignore[arg-type]
+                kernels.rmsnorm_add(x, kernels.linear(gate_up, layer.w_down, glu=c.activation), layer.post_mlp_norm, eps)
             if idx in return_hidden:
                 hidden_states[idx] = x.clone()
         for s in seqs:
@@ -498,9 +396,9 @@ class LlamaModel:
         if indices is not None:
             hidden = hidden[indices]
         if self.kernels is not None:  # every row count: the exactness contract has no row limit
-            logits = self.kernels.linear(hidden, self.lm_head_packed or self.lm_head)
+            logits = self.kernels.linear(hidden, self.lm_head_linear)
         else:
-            logits = self._linear(hidden, self.lm_head, None)
+            logits = self._linear(hidden, self.lm_head_linear.dense(), None)
         cap = self.config.final_logit_softcap
         if cap:
             logits = torch.tanh(logits / cap) * cap
@@ -545,8 +443,8 @@ class LlamaModel:
         if kernels is not None:
             q_mult = query_multiplier(c)
 
-            def linear(x: torch.Tensor, layer: LayerWeights, name: str, norm: torch.Tensor | None) -> torch.Tensor:
-                return kernels.linear(x, layer.packed.get(name, getattr(layer, name)), norm=(norm, eps) if norm is not None else None)
+            def linear(x: torch.Tensor, w: Linear, norm: torch.Tensor | None) -> torch.Tensor:
+                return kernels.linear(x, w, norm=(norm, eps) if norm is not None else None)
 
             def qk_norm(qkv: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
                 if layer.q_norm is None or layer.k_norm is None:
@@ -562,13 +460,13 @@ class LlamaModel:
                     return x
                 return torch_residual(x, y, norm, eps)
 
-            def gated_down(gate_up: torch.Tensor, layer: LayerWeights) -> torch.Tensor:  # the gate inside the linear's call
-                return kernels.linear(gate_up, layer.packed.get("w_down", layer.w_down), glu=c.activation)  # type: ignore[arg-type]  # dense is None only where packed holds the blocks
+            def gated_down(gate_up: torch.Tensor, w_down: Linear) -> torch.Tensor:  # the gate inside the linear's call
+                return kernels.linear(gate_up, w_down, glu=c.activation)
 
             ops = BlockOps(linear, qk_norm, attention, residual, gated_down)
         else:
             ops = BlockOps(
-                lambda x, layer, name, norm: torch_linear(x, getattr(layer, name), norm, eps),
+                lambda x, w, norm: torch_linear(x, w, norm, eps),
                 lambda qkv, layer: torch_qk_norm(qkv, layer, c),
                 attention,
                 lambda x, y, norm: torch_residual(x, y, norm, eps),
@@ -632,6 +530,26 @@ class LlamaModel:
             p = torch.softmax(torch.matmul(qg, k_i.transpose(1, 2)), dim=-1)  # [nkv, group, slots]
             out[i] = torch.matmul(p, v_i).reshape(-1)
         return out
+
+
+def fused_layers(config: ModelConfig, kernels: CpuKernels, layers: Sequence[LayerWeights]) -> FusedLayers:
+    """A model's decoder layers described once for the fused path's one kernel call."""
+    return FusedLayers(
+        kernels, layers, [config.is_sliding(i) for i in range(len(layers))], dim=config.hidden_size, inter=config.intermediate_size,
+        heads=config.num_heads, kv_heads=config.num_kv_heads, head_dim=config.head_dim, eps=config.rms_norm_eps,
+        activation=config.activation, q_mult=query_multiplier(config),
+    )
+
+
+def usable_kernels(config: ModelConfig, dtype: torch.dtype, kernels: CpuKernels | None) -> CpuKernels | None:
+    """`kernels` where they serve this model's linears (widths that are multiples of 32; head_dim
+    is checked for attention apart), else None; either way, a warning where torch ops serve it."""
+    if kernels is not None and not kernels.supports(config.hidden_size, config.intermediate_size, config.q_size, 32):
+        logger.warning("tokenleap kernels need widths that are multiples of 32; using torch ops for this model (slower, not row-invariant)")
+        kernels = None
+    if kernels is None and dtype == torch.bfloat16 and not config.plain_llama:
+        logger.warning("no tokenleap kernels: %s runs on torch ops (slower, not row-invariant)", config.architecture)
+    return kernels
 
 
 def kv_cache_dtype(name: str, default: torch.dtype, blocked: bool, head_dim: int, kernels: CpuKernels | None) -> torch.dtype:

@@ -33,8 +33,6 @@ from tokenleap.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
-
 
 @dataclass(frozen=True)
 class RegistryEntry:

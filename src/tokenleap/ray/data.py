@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenleap.config import DEFAULT_MODEL
 from tokenleap.errors import TokenleapError
-from tokenleap.models.registry import DEFAULT_MODEL
 from tokenleap.sampling import SamplingParams
 
 

@@ -24,8 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tokenleap.config import DEFAULT_DRAFT_TOKENS, SpecConfig
-from tokenleap.drafters import methods
+from tokenleap.config import DEFAULT_DRAFT_TOKENS
+from tokenleap.drafters.spec import SpecConfig
+from tokenleap.drafters.options import builtin_option_names, merge_options, split_options
+from tokenleap.drafters.registry import members
+from tokenleap.drafters.server_schema import server_side_methods
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM, merge_samples
 from tokenleap.sampling import MAX_N, SamplingParams, check_token_ids
@@ -180,11 +183,11 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
     knobs = override.knobs()
     default = state.llm.engine.spec
     if override.method_options():  # methods' own options (method records): {method: {option: value}} over the server's
-        options, rest = methods.split_options(method, override.method_options())
-        foreign = sorted(set(rest) - methods.builtin_option_names())  # a built-in method's option: checked and dropped, as in the library
+        options, rest = split_options(method, override.method_options())
+        foreign = sorted(set(rest) - builtin_option_names())  # a built-in method's option: checked and dropped, as in the library
         if foreign:
             raise APIError(400, f"speculative method {method!r} has no option(s) {', '.join(foreign)}", param="speculative")
-        knobs["method_options"] = methods.merge_options(default.method_options if default is not None else None, options)
+        knobs["method_options"] = merge_options(default.method_options if default is not None else None, options)
         knobs.update(rest)
     cap = state.max_draft_tokens
     if knobs.get("num_speculative_tokens", 0) > cap:  # its cost curve was not measured: refuse
@@ -200,8 +203,8 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
         except TokenleapError:
             spec = None
     if spec is None:
-        parts = set(methods.members(method))
-        if parts & methods.server_side_methods():  # need objects or files only the server's operator may choose
+        parts = set(members(method))
+        if parts & server_side_methods():  # need objects or files only the server's operator may choose
             raise APIError(400, f"speculative method {method!r} is not available per request on this server (a draft model "
                            "is chosen when the server starts: --spec-type draft-model --model-draft ...)", param="speculative")
         try:

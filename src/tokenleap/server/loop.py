@@ -36,7 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from tokenleap.config import DEFAULT_MAX_NUM_SEQS, SpecConfig
+from tokenleap.config import DEFAULT_MAX_NUM_SEQS
+from tokenleap.drafters.spec import SpecConfig
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.request import Request
 from tokenleap.engine.scheduler import Scheduler, SchedulerOutput

@@ -49,10 +49,10 @@ class _Strict(BaseModel):
 def _method_options_schema(schema: dict[str, Any]) -> None:
     """The per-request schema's method options, from the method records (methods a request may
     pick that have options of their own, registered ones included), at each schema generation."""
-    from tokenleap.drafters import methods
+    from tokenleap.drafters.server_schema import options_json_schema, request_methods
 
-    schema.setdefault("properties", {}).update(methods.options_json_schema())
-    allowed = [r.name for r in methods.all_methods() if r.per_request]
+    schema.setdefault("properties", {}).update(options_json_schema())
+    allowed = request_methods()
     schema["properties"].get("method", {})["description"] = (
         f"none, or a method a request may pick: {', '.join(allowed)}, or a chain of them (a+b)")
 
@@ -74,12 +74,12 @@ class SpeculativeOverride(_Strict):
         options when the config is built."""
         options: dict[str, Any] = {}
         if isinstance(data, dict):
-            from tokenleap.drafters import methods
+            from tokenleap.drafters.server_schema import check_request_options, per_request_options
 
-            names = methods.per_request_options()
+            names = per_request_options()
             options = {k: v for k, v in data.items() if k in names and v is not None}
             data = {k: v for k, v in data.items() if k not in names}
-            methods.check_request_options(options)
+            check_request_options(options)
         model = handler(data)
         model._method_options = options
         return model

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
+from tokenleap.kernels import Linear
 from tokenleap.models.config import ModelConfig
 from tokenleap.models.layers import BlockOps, LayerWeights, apply_rope, decoder_layer, rms_norm, rope_tables, torch_linear, torch_qk_norm, torch_residual
 
@@ -70,10 +71,10 @@ class TorchTarget:
                 bqkv = torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]).to(self.device, dtype)
             self.layers.append(LayerWeights(
                 attn_norm=f32(p + "attn_norm"),
-                wqkv=torch.cat([weights[p + "q"], weights[p + "k"], weights[p + "v"]]).to(self.device, dtype),
-                bqkv=bqkv, q_norm=f32_opt(p + "q_norm"), k_norm=f32_opt(p + "k_norm"), wo=w(p + "o"),
+                wqkv=Linear(torch.cat([weights[p + "q"], weights[p + "k"], weights[p + "v"]]).to(self.device, dtype)),
+                bqkv=bqkv, q_norm=f32_opt(p + "q_norm"), k_norm=f32_opt(p + "k_norm"), wo=Linear(w(p + "o")),
                 mlp_norm=f32(p + "mlp_norm"),
-                w_gate_up=torch.cat([weights[p + "gate"], weights[p + "up"]]).to(self.device, dtype), w_down=w(p + "down"),
+                w_gate_up=Linear(torch.cat([weights[p + "gate"], weights[p + "up"]]).to(self.device, dtype)), w_down=Linear(w(p + "down")),
             ))
         positions = min(max_positions, c.max_position)
         cos, sin = rope_tables(c, c.rope_theta, positions, scaled=True)
@@ -127,7 +128,7 @@ class TorchTarget:
             return a.transpose(1, 2).reshape(b, t, nq * hd)
 
         ops = BlockOps(
-            lambda x, layer, name, norm: torch_linear(x, getattr(layer, name), norm, eps),
+            lambda x, w, norm: torch_linear(x, w, norm, eps),
             lambda qkv, layer: torch_qk_norm(qkv, layer, c),
             attention,
             lambda x, y, norm: torch_residual(x, y, norm, eps),
