@@ -25,8 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tokenleap import LLM
-from tokenleap import SpecConfig
+from tokenleap import LLM, SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.engine.engine import Engine
 from tokenleap.sampling import SamplingParams

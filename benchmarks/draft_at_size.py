@@ -39,8 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from model_sizes import cpu_name, csv_of  # noqa: E402
 
-from tokenleap import LLM, SamplingParams  # noqa: E402
-from tokenleap import SpecConfig  # noqa: E402
+from tokenleap import LLM, SamplingParams, SpecConfig  # noqa: E402
 from tokenleap.drafters.base import Draft, DraftRequest  # noqa: E402
 from tokenleap.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from tokenleap.engine.speculation import CostCurve, DraftController, expected_tokens, measure_cost_curve  # noqa: E402

@@ -28,8 +28,8 @@ from rich.table import Table
 from tqdm.auto import tqdm
 
 import tokenleap
-from tokenleap.bench import default_spec_bench, load_questions
 from tokenleap import SpecConfig
+from tokenleap.bench import default_spec_bench, load_questions
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.sampling import SamplingParams, make_generator

@@ -32,9 +32,8 @@ from typing import Any
 
 import torch
 
-from tokenleap import LLM
+from tokenleap import LLM, SpecConfig
 from tokenleap.bench import default_spec_bench, load_questions, run_bench, summarize
-from tokenleap import SpecConfig
 from tokenleap.heads.base import DraftHead, HeadKV
 from tokenleap.heads.loader import load_eagle3
 

@@ -30,7 +30,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from model_sizes import cpu_name, csv_of  # noqa: E402
 
-
 CACHES = {"fp32": ("float32", False), "bf16": ("bfloat16", True), "q8_0": ("int8", True)}
 
 

@@ -43,8 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from quant_decode import llama_bench  # noqa: E402
 
-from tokenleap import LLM, SamplingParams  # noqa: E402
-from tokenleap import SpecConfig  # noqa: E402
+from tokenleap import LLM, SamplingParams, SpecConfig  # noqa: E402
 from tokenleap.drafters.base import Draft, DraftRequest  # noqa: E402
 from tokenleap.engine.speculation import _time_rows  # noqa: E402
 from tokenleap.errors import TokenleapError  # noqa: E402

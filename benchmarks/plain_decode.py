@@ -88,11 +88,11 @@ from rich.table import Table
 from tqdm.auto import tqdm
 
 from tokenleap import LLM, SamplingParams
-from tokenleap.kernels import CpuKernels, load_kernels
+from tokenleap.bench import default_spec_bench
 from tokenleap.config import DEFAULT_MODEL
+from tokenleap.kernels import CpuKernels, load_kernels
 from tokenleap.models.llama import LlamaModel
 from tokenleap.models.registry import resolve
-from tokenleap.bench import default_spec_bench
 
 ROOT = Path(__file__).resolve().parent
 SPEC_BENCH = default_spec_bench()  # ../shared/bench beside the checkout, else the shipped subset

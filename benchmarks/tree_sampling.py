@@ -34,9 +34,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tokenleap import LLM
+from tokenleap import LLM, SpecConfig
 from tokenleap.bench import default_spec_bench, load_questions, run_bench, summarize
-from tokenleap import SpecConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 console = Console(width=None if sys.stdout.isatty() else 130)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-
 import os
+from collections.abc import Callable
 
 # Before torch is imported: torch's OpenMP threads otherwise busy-wait between ops, and on a
 # machine whose two cores are shared with other processes that makes every forward ~10x slower
@@ -21,13 +20,13 @@ import pytest
 import torch
 
 from tokenleap import LLM
+from tokenleap.bench import default_spec_bench
+from tokenleap.config import DEFAULT_MODEL
 from tokenleap.kernels import CpuKernels, load_kernels
 from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel
-from tokenleap.config import DEFAULT_MODEL
 from tokenleap.models.registry import resolve
 from tokenleap.tokenizer import Tokenizer
-from tokenleap.bench import default_spec_bench
 
 SPEC_BENCH = default_spec_bench()  # ../shared/bench beside the checkout, else the shipped subset
 

@@ -185,8 +185,8 @@ def test_quantization_of_a_folder_model_is_a_clear_error(tmp_path, capsys: pytes
 
 
 def test_tree_and_acceptance_flags_reach_the_speculative_config() -> None:
-    from tokenleap.cli import _spec_dict, build_parser
     from tokenleap import SpecConfig
+    from tokenleap.cli import _spec_dict, build_parser
 
     args = build_parser().parse_args(["generate", "hi", "--spec-type", "ngram-tree", "--spec-ngram-size-n", "3",
                                       "--spec-sampled-tree", "first-path", "--spec-acceptance", "typical-lossy",
@@ -202,8 +202,8 @@ def test_tree_and_acceptance_flags_reach_the_speculative_config() -> None:
 def test_the_front_door_speculates_by_default(command: str) -> None:
     """generate / chat / serve speculate with `auto` (suffix decoding, adaptive) unless told
     `--spec-type none`; a draft model alone means draft-model; a whole JSON config replaces it."""
-    from tokenleap.cli import _spec_dict, build_parser
     from tokenleap import SpecConfig
+    from tokenleap.cli import _spec_dict, build_parser
 
     def spec(*argv: str) -> SpecConfig | None:
         return SpecConfig.from_dict(_spec_dict(build_parser().parse_args([command, *(["hi"] if command == "generate" else []), *argv])))
@@ -223,8 +223,8 @@ def test_llama_cpp_spellings_flags_and_environment(monkeypatch: pytest.MonkeyPat
     """What llama.cpp's speculative-decoding docs have users type: --draft / --draft-n / --draft-n-min,
     LLAMA_ARG_DRAFT_MAX / _MIN, `draft` and underscore spellings; -md beside a draftless method is
     a clear error, not silently ignored."""
-    from tokenleap.cli import _spec_dict, build_parser
     from tokenleap import SpecConfig
+    from tokenleap.cli import _spec_dict, build_parser
 
     def spec(*argv: str) -> SpecConfig:
         out = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", *argv])))
@@ -313,8 +313,8 @@ def test_train_drafter_end_to_end_on_the_default_model(tmp_path, capsys: pytest.
 
 
 def _spec(*argv: str) -> Any:
-    from tokenleap.cli import _spec_dict, build_parser
     from tokenleap import SpecConfig
+    from tokenleap.cli import _spec_dict, build_parser
 
     return SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", *argv])))
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from hf_reference import without_tokenizer_arrays
 
+from hf_reference import without_tokenizer_arrays
 from tokenleap.models.gguf_file import GgufFile
 
 

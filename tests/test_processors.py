@@ -9,10 +9,9 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from sampling_stats import exact_joint, first_three, fit_pvalue
 
-from tokenleap import LLM
-from tokenleap import SpecConfig
+from sampling_stats import exact_joint, first_three, fit_pvalue
+from tokenleap import LLM, SpecConfig
 from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError

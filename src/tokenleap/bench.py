@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenleap.drafters.spec import SpecConfig
 from tokenleap.drafters import default_registry
+from tokenleap.drafters.spec import SpecConfig
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.speculation import measure_cost_curve
 from tokenleap.errors import TokenleapError

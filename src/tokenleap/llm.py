@@ -21,7 +21,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Union, cast
+from typing import Any, cast
 
 import torch
 from tqdm.auto import tqdm
@@ -39,10 +39,10 @@ from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import Tokenizer
 from tokenleap.types import RequestOutput
 
-Prompt = Union[str, Sequence[int], dict[str, Any]]  # text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
+Prompt = str | Sequence[int] | dict[str, Any]  # text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
 Message = dict[str, str]
-Conversations = Union[Sequence[Message], Sequence[Sequence[Message]]]  # one conversation or several
-ParamsArg = Union[SamplingParams, Sequence[SamplingParams], None]  # one for all prompts, or one per prompt
+Conversations = Sequence[Message] | Sequence[Sequence[Message]]  # one conversation or several
+ParamsArg = SamplingParams | Sequence[SamplingParams] | None  # one for all prompts, or one per prompt
 
 
 @dataclass(frozen=True)

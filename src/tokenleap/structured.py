@@ -32,7 +32,6 @@ import torch
 
 from tokenleap.errors import TokenleapError
 
-
 JsonMode = Literal["strict", "lenient"]
 JSON_MODES: tuple[str, ...] = ("strict", "lenient")
 # between JSON tokens: a few spaces, then at most one line break and an indent of at most 32

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokenleap import LLM, SamplingParams
-from tokenleap import SpecConfig
-from tokenleap.drafters.chain import ChainDrafter
+from tokenleap import LLM, SamplingParams, SpecConfig
 from tokenleap.drafters import default_registry
+from tokenleap.drafters.chain import ChainDrafter
 from tokenleap.drafters.registry import builtin_methods
 from tokenleap.engine.engine import Engine
 from tokenleap.types import SpecStats

@@ -12,13 +12,13 @@ import torch
 
 import tokenleap
 from tokenleap import SpecConfig
+from tokenleap.bench import default_spec_bench
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Draft, Drafter, DrafterRegistry, DraftRequest, StatelessDrafter, check_drafter
 from tokenleap.drafters.ngram import NgramDrafter
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.types import RequestOutput
-from tokenleap.bench import default_spec_bench
 
 SPEC_BENCH = default_spec_bench()  # ../shared/bench beside the checkout, else the shipped subset
 VOCAB = 49152  # SmolLM2

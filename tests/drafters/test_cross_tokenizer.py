@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny_models import TINY_CONFIG, make_tiny_weights
 from sampling_stats import exact_joint, first_three, fit_pvalue
+from tiny_models import TINY_CONFIG, make_tiny_weights
 from tokenleap import SpecConfig
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
@@ -30,7 +30,8 @@ CHARS = [chr(c) for c in range(32, 127)] + [chr(c) for c in range(0x100, 0x100 +
 def _char_tokenizer(order: list[int]) -> Tokenizer:
     """A character-level tokenizer (256 characters, no merges) whose i-th character has id order[i]:
     every id sequence decodes to text that encodes back to it, as real text does."""
-    from tokenizers import Tokenizer as RawTokenizer, decoders, models
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models
     from transformers import PreTrainedTokenizerFast
 
     raw = RawTokenizer(models.BPE(vocab={ch: order[i] for i, ch in enumerate(CHARS)}, merges=[]))

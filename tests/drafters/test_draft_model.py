@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tokenleap import LLM, SamplingParams
-from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters import draft_model
+from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.chain import ChainDrafter
 from tokenleap.drafters.draft_model import DraftModelDrafter, auto_draft_context, step_price
 from tokenleap.models.llama import LlamaModel

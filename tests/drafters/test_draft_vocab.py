@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenleap import LLM, SamplingParams
-from tokenleap import SpecConfig
+from tokenleap import LLM, SamplingParams, SpecConfig
+from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.draft_model import DraftModelDrafter, frequent_tokens
-from tokenleap.drafters import default_registry
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import QuantWeight

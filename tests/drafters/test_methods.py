@@ -15,10 +15,8 @@ from typing import Any, ClassVar
 import pytest
 
 import tokenleap
-from tokenleap import TokenleapError
-from tokenleap import SpecConfig
-from tokenleap.drafters import default_registry, drafter_key, method_fields
-from tokenleap.drafters import cli_flags, docs_table, registry, server_schema
+from tokenleap import SpecConfig, TokenleapError
+from tokenleap.drafters import cli_flags, default_registry, docs_table, drafter_key, method_fields, registry, server_schema
 from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.sampling import SamplingParams
 

@@ -10,10 +10,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from tokenleap import LLM, SamplingParams
-from tokenleap import SpecConfig
+from tokenleap import LLM, SamplingParams, SpecConfig
 from tokenleap.drafters import default_registry
-from tokenleap.drafters.base import DraftRequest, Drafter
+from tokenleap.drafters.base import Drafter, DraftRequest
 from tokenleap.drafters.ngram_cache import NgramCacheDrafter
 from tokenleap.drafters.ngram_mod import NgramModDrafter
 from tokenleap.drafters.suffix import SuffixDrafter

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from tokenleap import SpecConfig
+from tokenleap.bench import default_spec_bench
 from tokenleap.drafters import default_registry
-from tokenleap.drafters.base import Draft, DraftRequest, Drafter
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest
 from tokenleap.drafters.suffix import SuffixConfig, SuffixDrafter, SuffixTree
 from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
-from tokenleap.bench import default_spec_bench
 
 SPEC_BENCH = default_spec_bench()  # ../shared/bench beside the checkout, else the shipped subset
 

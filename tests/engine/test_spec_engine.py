@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import tokenleap
+from tokenleap.bench import default_spec_bench
 from tokenleap.engine.speculation import CostCurve
 from tokenleap.sampling import SamplingParams
 from tokenleap.types import RequestOutput
-from tokenleap.bench import default_spec_bench
 
 pytestmark = pytest.mark.slow
 

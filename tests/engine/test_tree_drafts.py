@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import pytest
 
 import tokenleap
-from tokenleap.errors import TokenleapError
 from tokenleap.drafters.base import Draft, StatelessDrafter
+from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow

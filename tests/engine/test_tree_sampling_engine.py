@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from sampling_stats import fit_pvalue
 
+from sampling_stats import fit_pvalue
 from tokenleap import SpecConfig
 from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.engine.engine import Engine

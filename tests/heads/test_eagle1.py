@@ -17,10 +17,10 @@ from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.head_drafter import HeadDrafter
-from tokenleap.heads.eagle1 import Eagle1Head
-from tokenleap.heads.loader import load_eagle3
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
+from tokenleap.heads.eagle1 import Eagle1Head
+from tokenleap.heads.loader import load_eagle3
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams, make_generator
 

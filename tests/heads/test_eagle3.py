@@ -18,9 +18,9 @@ from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.drafters.head_drafter import HeadDrafter, TreeShape
-from tokenleap.heads.loader import load_eagle3
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
+from tokenleap.heads.loader import load_eagle3
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams, make_generator
 from tokenleap.verify.tree import check_parents, tree_depths

@@ -12,10 +12,10 @@ import torch
 
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.head_drafter import HeadDrafter as Eagle3Drafter
+from tokenleap.errors import TokenleapError
 from tokenleap.heads.eagle3_gguf import permute_rope
 from tokenleap.heads.loader import load_eagle3
 from tokenleap.models.loaders import unpermute_rope
-from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab
 from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
@@ -37,7 +37,7 @@ def _head(model, nbr: bool) -> tuple[TrainableEagle3, DraftVocab]:  # type: igno
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in head.parameters():
-            p.copy_((torch.randn(p.shape, generator=g) * (p.shape[-1] ** -0.5 if p.dim() == 2 else 0.2) + (p.dim() == 1)))
+            p.copy_(torch.randn(p.shape, generator=g) * (p.shape[-1] ** -0.5 if p.dim() == 2 else 0.2) + (p.dim() == 1))
     return head, DraftVocab(tuple(ids), 256, 1.0)
 
 

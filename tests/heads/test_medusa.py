@@ -16,9 +16,9 @@ from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.head_drafter import MedusaDrafter
-from tokenleap.heads.medusa import load_medusa
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
+from tokenleap.heads.medusa import load_medusa
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams, make_generator
 

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
-from tokenleap.heads.base import HeadKV
-from tokenleap.heads.mtp import load_mtp
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
+from tokenleap.heads.base import HeadKV
+from tokenleap.heads.mtp import load_mtp
 from tokenleap.kernels import load_kernels
 from tokenleap.models.llama import LlamaModel
 from tokenleap.models.loaders import load_hf_folder

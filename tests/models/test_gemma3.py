@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_reference import hf_causal_lm  # tests/hf_reference.py
 
+from hf_reference import hf_causal_lm  # tests/hf_reference.py
 from tokenleap import LLM, SamplingParams
 from tokenleap.bench import default_spec_bench, load_questions
 from tokenleap.models.base import SeqInput

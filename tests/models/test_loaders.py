@@ -14,7 +14,7 @@ from tokenleap.errors import ModelNotFoundError, TokenleapError
 from tokenleap.kernels import load_kernels
 from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel
-from tokenleap.models.loaders import unpermute_rope, load_gguf, load_hf_folder, read_hf_config
+from tokenleap.models.loaders import load_gguf, load_hf_folder, read_hf_config, unpermute_rope
 
 # --------------------------------------------------------------------------- GGUF
 

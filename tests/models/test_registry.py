@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from tokenleap.config import DEFAULT_MODEL
 from tokenleap.errors import ModelNotFoundError
 from tokenleap.models import registry
-from tokenleap.config import DEFAULT_MODEL
 from tokenleap.models.registry import REGISTRY, resolve
 
 ENTRY = REGISTRY[DEFAULT_MODEL]

@@ -5,7 +5,6 @@ replica and waits for its replacement)."""
 
 from __future__ import annotations
 
-
 import httpx
 import openai
 import pytest

@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("ray")
 
+from tokenleap.drafters.base import DraftRequest  # noqa: E402
 from tokenleap.drafters.ngram_cache import NgramCacheDrafter  # noqa: E402
 from tokenleap.drafters.ngram_mod import NgramModDrafter  # noqa: E402
 from tokenleap.drafters.suffix import SuffixDrafter  # noqa: E402
-from tokenleap.drafters.base import DraftRequest  # noqa: E402
 from tokenleap.errors import TokenleapError  # noqa: E402
 from tokenleap.ray.config import RayServeConfig  # noqa: E402
 from tokenleap.ray.metrics import merge_metrics  # noqa: E402

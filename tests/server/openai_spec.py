@@ -65,7 +65,7 @@ def _refs(node: Any, found: set[str]) -> None:
             _refs(v, found)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema_text(name: str, generating: bool) -> str:
     schemas = spec()["components"]["schemas"]
     names: set[str] = set()
@@ -81,7 +81,7 @@ def schema(name: str, generating: bool = False) -> dict[str, Any]:
     return json.loads(_schema_text(name, generating))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(name: str) -> jsonschema.protocols.Validator:
     s = schema(name)
     cls = jsonschema.validators.validator_for(s, default=jsonschema.Draft202012Validator)

@@ -56,6 +56,7 @@ def _tiny_folder(folder: Path, tokenizer: Tokenizer) -> Path:
     import dataclasses
 
     from safetensors.torch import save_file
+
     from tiny_models import TINY_CONFIG, make_tiny_weights
 
     c = dataclasses.replace(TINY_CONFIG, vocab_size=VOCAB, max_position=4096)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tokenleap import LLM
+from tokenleap.errors import TokenleapError
 from tokenleap.heads.base import HeadKV
 from tokenleap.heads.loader import load_eagle3
-from tokenleap.errors import TokenleapError
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab, Example
 from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target

@@ -124,7 +124,7 @@ T = SamplingParams(temperature=1.0)
 Verifier = Callable[..., TreeVerifyResult]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _row(prefix: tuple[int, ...], salt: int, scale: float = 1.6) -> torch.Tensor:
     """A deterministic function of the token prefix: the target's logits (salt 0) or a draft
     model's logits (salt 1), like a language model's next-token distribution."""
@@ -132,17 +132,17 @@ def _row(prefix: tuple[int, ...], salt: int, scale: float = 1.6) -> torch.Tensor
     return torch.randn(V, generator=g) * scale
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _p(prefix: tuple[int, ...], params: SamplingParams = T) -> torch.Tensor:
     return logits_to_probs(_row(prefix, 0).unsqueeze(0), params)[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _q(prefix: tuple[int, ...]) -> torch.Tensor:
     return torch.softmax(_row(prefix, 1, 1.0), dim=-1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _stacked(paths: tuple[tuple[int, ...], ...]) -> torch.Tensor:
     return torch.stack([_row(ctx, 0) for ctx in paths])
 

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.errors import TokenleapError
 from tokenleap.drafters.methods import MethodRecord, option, options_of
 from tokenleap.drafters.ngram_map import llamacpp_shared, ngram_size_n_option
+from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:
     from tokenleap.drafters.spec import SpecConfig

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from tokenleap.drafters.base import Draft, DraftRequest, StatelessDrafter
-from tokenleap.drafters.ngram import longest_suffix_match
 from tokenleap.drafters.methods import MethodRecord, option, options_of
+from tokenleap.drafters.ngram import longest_suffix_match
 from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:

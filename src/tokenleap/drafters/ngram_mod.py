@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.errors import TokenleapError
 from tokenleap.drafters.methods import MethodRecord, option, options_of
 from tokenleap.drafters.ngram_map import ngram_size_n_option
+from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:
     from tokenleap.drafters.spec import SpecConfig

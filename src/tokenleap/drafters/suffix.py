@@ -28,13 +28,13 @@ import logging
 import math
 from collections import deque
 from collections.abc import Hashable, Sequence
-from operator import attrgetter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenleap.drafters.base import Draft, DraftRequest
-from tokenleap.errors import TokenleapError
 from tokenleap.drafters.methods import MethodRecord, option, options_of
+from tokenleap.errors import TokenleapError
 
 if TYPE_CHECKING:
     from tokenleap.drafters.spec import SpecConfig

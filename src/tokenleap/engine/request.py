@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tokenleap.drafters.spec import SpecConfig
 from tokenleap.drafters.base import Drafter
+from tokenleap.drafters.spec import SpecConfig
 from tokenleap.engine.speculation import DraftController
 from tokenleap.kv.cache import KVCache
 from tokenleap.sampling import SamplingParams
-from tokenleap.tokenizer import IncrementalDetokenizer
 from tokenleap.structured import GrammarState
+from tokenleap.tokenizer import IncrementalDetokenizer
 from tokenleap.types import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
 

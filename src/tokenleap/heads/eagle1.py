@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
-from tokenleap.kernels import Linear
 from tokenleap.heads.base import FinalHiddenHead, HeadKV, final_hidden_shape, head_linear
+from tokenleap.kernels import Linear
 from tokenleap.models.base import CausalLM
 
 

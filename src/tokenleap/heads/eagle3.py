@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from tokenleap.errors import TokenleapError
-from tokenleap.kernels import Linear
 from tokenleap.heads.base import HeadKV, HeadShape, LayerHead, head_linear
+from tokenleap.kernels import Linear
 from tokenleap.models.base import CausalLM
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,6 @@ head_dim]`, each then fp16 scales `[head_dim/32, 16]`.
 from __future__ import annotations
 
 import copy
-
 import ctypes
 import ctypes.util
 from collections.abc import Sequence

@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import logging
+import os
 import secrets
 import time
 from collections.abc import MutableMapping

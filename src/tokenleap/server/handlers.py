@@ -25,15 +25,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tokenleap.config import DEFAULT_DRAFT_TOKENS
-from tokenleap.drafters.spec import SpecConfig
 from tokenleap.drafters.options import builtin_option_names, merge_options, split_options
 from tokenleap.drafters.registry import members
 from tokenleap.drafters.server_schema import server_side_methods
+from tokenleap.drafters.spec import SpecConfig
 from tokenleap.errors import TokenleapError
 from tokenleap.llm import LLM, merge_samples
 from tokenleap.sampling import MAX_N, SamplingParams, check_token_ids
-from tokenleap.server.tools import encode_chat, legacy_tools, plan_tools, tool_formatter
-from tokenleap.structured import StructuredOutputsParams
 from tokenleap.server.config import ServerConfig
 from tokenleap.server.errors import APIError, bad_request
 from tokenleap.server.loop import EngineLoop, Job, QueueFull, RequestHandle, ServerClosed, sample_jobs
@@ -47,6 +45,8 @@ from tokenleap.server.protocol import (
     SpeculativeOverride,
     new_id,
 )
+from tokenleap.server.tools import encode_chat, legacy_tools, plan_tools, tool_formatter
+from tokenleap.structured import StructuredOutputsParams
 from tokenleap.types import CompletionOutput, RequestOutput
 
 M = TypeVar("M", bound=BaseModel)

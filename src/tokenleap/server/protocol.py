@@ -20,12 +20,12 @@ field with the request's speculation statistics.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 import math
 import time
 import uuid
+from abc import ABC, abstractmethod
 from importlib import metadata
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -85,13 +85,13 @@ class SpeculativeOverride(_Strict):
         return model
 
     method: str
-    num_speculative_tokens: Optional[int] = None
-    draft_min: Optional[int] = Field(None, ge=0)
-    adaptive: Optional[bool] = None
-    sampled_tree: Optional[str] = None  # "full" | "first-path": how a sampled request verifies a tree draft
-    acceptance: Optional[str] = None  # "exact" | "typical-lossy" (Medusa's typical acceptance: not lossless)
-    typical_threshold: Optional[float] = Field(None, ge=0, le=1)
-    typical_alpha: Optional[float] = Field(None, ge=0, le=1)
+    num_speculative_tokens: int | None = None
+    draft_min: int | None = Field(None, ge=0)
+    adaptive: bool | None = None
+    sampled_tree: str | None = None  # "full" | "first-path": how a sampled request verifies a tree draft
+    acceptance: str | None = None  # "exact" | "typical-lossy" (Medusa's typical acceptance: not lossless)
+    typical_threshold: float | None = Field(None, ge=0, le=1)
+    typical_alpha: float | None = Field(None, ge=0, le=1)
 
     def knobs(self) -> dict[str, Any]:
         """The fields the client set, without `method`."""
@@ -125,36 +125,36 @@ REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
 class _Sampling(_Strict):
     """Fields shared by both endpoints."""
 
-    model: Optional[str] = None
+    model: str | None = None
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    seed: Optional[int] = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
-    stop: Optional[Union[str, list[str]]] = None
-    stop_token_ids: Optional[list[int]] = None
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     n: int = 1
-    speculative: Optional[SpeculativeOverride] = None
-    json_schema_mode: Optional[Literal["strict", "lenient"]] = None  # tokenleap: how JSON schemas are read (structured.py)
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None  # vLLM's extension
-    min_tokens: Optional[int] = None  # vLLM's extension
-    include_stop_str_in_output: Optional[bool] = None  # vLLM's extension
-    guided_json: Optional[Union[str, dict[str, Any]]] = None  # vLLM's extensions: structured output
-    guided_regex: Optional[str] = None
-    guided_choice: Optional[list[str]] = None
-    guided_grammar: Optional[str] = None
-    structured_outputs: Optional[dict[str, Any]] = None  # vLLM's current spelling
-    skip_special_tokens: Optional[bool] = None  # vLLM's extension
+    speculative: SpeculativeOverride | None = None
+    json_schema_mode: Literal["strict", "lenient"] | None = None  # tokenleap: how JSON schemas are read (structured.py)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM's extension
+    min_tokens: int | None = None  # vLLM's extension
+    include_stop_str_in_output: bool | None = None  # vLLM's extension
+    guided_json: str | dict[str, Any] | None = None  # vLLM's extensions: structured output
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's current spelling
+    skip_special_tokens: bool | None = None  # vLLM's extension
     # accepted, and cannot change the answer
-    user: Optional[str] = None
+    user: str | None = None
     # refused unless neutral (REFUSED)
-    logit_bias: Optional[dict[str, float]] = None
+    logit_bias: dict[str, float] | None = None
 
     def stops(self) -> list[str]:
         """The stop strings (an empty string can never end anything: dropped)."""
@@ -204,19 +204,19 @@ class ContentPart(_Strict):
     """A message content part; only text (and an assistant's refusal) can reach this model."""
 
     type: str
-    text: Optional[str] = None
-    refusal: Optional[str] = None
+    text: str | None = None
+    refusal: str | None = None
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Union[str, list[ContentPart], None] = None
-    name: Optional[str] = None
-    refusal: Optional[str] = None  # an assistant's earlier refusal
-    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's earlier calls (server/tools.py renders them)
-    function_call: Optional[dict[str, Any]] = None  # the same, deprecated
-    tool_call_id: Optional[str] = None  # a tool result's call
-    audio: Optional[dict[str, Any]] = None  # an assistant's earlier audio answer: refused
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    refusal: str | None = None  # an assistant's earlier refusal
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls (server/tools.py renders them)
+    function_call: dict[str, Any] | None = None  # the same, deprecated
+    tool_call_id: str | None = None  # a tool result's call
+    audio: dict[str, Any] | None = None  # an assistant's earlier audio answer: refused
 
     def text(self, where: str) -> str:
         """The message's text (ValueError, naming `where`, for parts this server cannot read)."""
@@ -248,7 +248,7 @@ class Prediction(_Strict):
     """Predicted output: it can only make an answer faster, never different, so it is accepted."""
 
     type: Literal["content"]
-    content: Union[str, list[ContentPart]]
+    content: str | list[ContentPart]
 
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -256,30 +256,30 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Optional[int] = None
-    tools: Optional[list[Any]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
-    functions: Optional[list[Any]] = None  # deprecated: tools
-    function_call: Optional[Union[str, dict[str, Any]]] = None  # deprecated: tool_choice
-    response_format: Optional[dict[str, Any]] = None
+    functions: list[Any] | None = None  # deprecated: tools
+    function_call: str | dict[str, Any] | None = None  # deprecated: tool_choice
+    response_format: dict[str, Any] | None = None
     # accepted, and cannot change the answer
-    metadata: Optional[dict[str, str]] = None
-    safety_identifier: Optional[str] = None
-    prompt_cache_key: Optional[str] = None
-    prompt_cache_retention: Optional[str] = None
-    prompt_cache_options: Optional[dict[str, Any]] = None
-    service_tier: Optional[str] = None  # answered "default": the only tier there is
-    prediction: Optional[Prediction] = None
+    metadata: dict[str, str] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    service_tier: str | None = None  # answered "default": the only tier there is
+    prediction: Prediction | None = None
     # refused unless neutral (REFUSED)
-    audio: Optional[dict[str, Any]] = None
-    modalities: Optional[list[Literal["text", "audio"]]] = None
-    web_search_options: Optional[dict[str, Any]] = None
-    reasoning_effort: Optional[ReasoningEffort] = None
-    verbosity: Optional[Literal["low", "medium", "high"]] = None
-    moderation: Optional[dict[str, Any]] = None
+    audio: dict[str, Any] | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    web_search_options: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    moderation: dict[str, Any] | None = None
     store: bool = False
 
     def num_logprobs(self) -> int | None:
@@ -298,16 +298,16 @@ class ChatCompletionRequest(_Sampling):
         return [render_message(m.role, m.text(f"messages[{i}]"), m.calls()) for i, m in enumerate(self.messages)]
 
 
-Prompt = Union[str, list[int]]
+Prompt = str | list[int]
 
 
 class CompletionRequest(_Sampling):
-    prompt: Optional[Union[str, list[str], list[int], list[list[int]]]] = None  # null: a new document
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None  # null: a new document
     max_tokens: int = 16  # OpenAI's and vLLM's default for completions; 0 (with echo) scores the prompt only
-    logprobs: Optional[int] = None
+    logprobs: int | None = None
     echo: bool = False
-    best_of: Optional[int] = None  # 0 and 1 (and null) mean n
-    suffix: Optional[str] = None  # refused unless empty (REFUSED)
+    best_of: int | None = None  # 0 and 1 (and null) mean n
+    suffix: str | None = None  # refused unless empty (REFUSED)
 
     def num_logprobs(self) -> int | None:
         return self.logprobs

