@@ -339,6 +339,7 @@ def _spec(*argv: str) -> Any:
          ["--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64"]),
         (["--spec-draft-model", "x.gguf", "--spec-draft-n-max", "5"], ["-md", "x.gguf", "--draft-max", "5"]),  # a draft model alone: its type
         (["-md", "x.gguf"], ["--spec-type", "draft-model", "-md", "x.gguf"]),
+        (["-md", "x.gguf", "-ctkd", "q8_0"], ["-md", "x.gguf", "--cache-type-k-draft", "q8"]),  # llama.cpp's draft cache types
         (["--spec-type", "ngram-mod,ngram-simple"], ["--spec-type", "ngram-mod+ngram-simple"]),
         (["--spec-type", "ngram-mod", "--spec-type", "ngram-simple"], ["--spec-type", "ngram-mod+ngram-simple"]),
         (["--spec-type", "ngram-mod,draft-simple", "--spec-draft-model", "x.gguf", "--spec-ngram-mod-n-max", "32", "--spec-draft-n-max", "4"],
@@ -397,6 +398,8 @@ def test_llama_cpp_environment_variables_of_both_generations(monkeypatch: pytest
         (["--spec-type", "ngram-simple", "--spec-ngram-mod-n-max", "8"], "--spec-ngram-mod-n-max is a draft length of method 'ngram-mod'"),
         (["--spec-type", "draft-mtp", "--spec-draft-p-min", "0.5"], "--spec-draft-p-min is an option of method 'draft-model'; --spec-type draft-mtp"),
         (["--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-p-min", "1.5"], "draft_p_min must be in [0, 1], got 1.5"),
+        (["-md", "x.gguf", "-ctkd", "q8_0", "-ctvd", "f16"], "draft_cache_type_k q8_0 and draft_cache_type_v bf16 differ"),
+        (["-md", "x.gguf", "--cache-type-k-draft", "q4"], "draft_cache_type_k must be one of auto, bf16, q8_0"),
         (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "65"], "num_speculative_tokens must be in [1, 64], got 65"),
         (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "9", "--spec-ngram-mod-n-max", "8"], "draft_min must be in [0, num_speculative_tokens]"),
         (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "0"], "ngram_size_n and ngram_mod_pool_size must be >= 1"),

@@ -7,6 +7,9 @@ drafts equal the draft model's own greedy continuation throughout (tiny random m
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,6 +18,7 @@ from tokenleap.drafters import draft_model
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.chain import ChainDrafter
 from tokenleap.drafters.draft_model import DraftModelDrafter, auto_draft_context, step_price
+from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -87,3 +91,32 @@ def test_by_default_the_draft_reads_what_the_answer_can_repay(tiny_model: LlamaM
         d.begin(DraftRequest("r", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens), torch.Generator()))
         assert d._states["r"].offset == offset and d._states["r"].kv.length == 100 - offset
         d.end("r")
+
+
+def test_the_draft_has_its_own_kv_cache_type(tmp_path: Path) -> None:
+    """llama.cpp's -ctkd / -ctvd: the draft model's cache in q8_0 while the target's stays bf16
+    (the default model, and a copy of its file as the draft); greedy output is still plain
+    decoding. The target drafting for itself has no cache of its own."""
+    from tokenleap.config import DEFAULT_MODEL
+    from tokenleap.models.registry import resolve
+
+    source = resolve(DEFAULT_MODEL).path
+    other = tmp_path / source.name
+    shutil.copyfile(source, other)  # the same weights, loaded as a draft of its own
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompt = "Count from one to ten in words: one, two,"
+    plain = LLM(DEFAULT_MODEL)
+    want = plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    with pytest.raises(TokenleapError, match="needs a draft model of its own"):
+        LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": DEFAULT_MODEL, "draft_cache_type_k": "q8_0"})
+    if not plain.model.kv_blocked:  # no blocked attention here (no AVX512-BF16): the draft's q8_0 cache is refused as the target's is
+        with pytest.raises(TokenleapError, match="q8_0 KV cache needs the kernels' blocked attention"):
+            LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": str(other), "draft_cache_type_k": "q8_0"})
+        pytest.skip("q8_0 KV caches need the kernels' blocked bf16 attention (AVX512-BF16)")
+    spec = LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": str(other), "draft_cache_type_v": "q8_0",
+                                                  "num_speculative_tokens": 3, "adaptive": False})
+    draft = spec.engine.drafter
+    assert isinstance(draft, DraftModelDrafter) and draft.model is not spec.model
+    if spec.model.kernels is not None:  # q8_0 caches are the kernels' blocked ones
+        assert draft.model.kv_dtype == torch.int8 and spec.model.kv_dtype != torch.int8
+    assert spec.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids == want

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from tokenleap.config import KV_CACHE_ALIASES, KV_CACHE_DTYPES
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest, unsure
 from tokenleap.drafters.methods import MODEL_FLAGS, MethodRecord, option, options_of
 from tokenleap.errors import TokenleapError
@@ -180,23 +181,27 @@ class LoadedModels:
     one copy of its weights instead of loading another on the engine thread."""
 
     def __init__(self) -> None:
-        self._models: dict[tuple[Path, Any, bool, str | None], Any] = {}
+        self._models: dict[tuple[Path, Any, bool, str | None, str], Any] = {}
 
-    def get(self, model: str, *, target: CausalLM, tokenizer: Any, target_path: Any = None) -> tuple[Any, Any]:
+    def get(self, model: str, *, target: CausalLM, tokenizer: Any, target_path: Any = None, kv_cache_type: str = "auto") -> tuple[Any, Any]:
         """The draft model, and its tokenizer when its vocabulary differs from the target's
-        (None when they share one: the draft then speaks the target's ids)."""
+        (None when they share one: the draft then speaks the target's ids). `kv_cache_type`:
+        the draft's own KV cache type (llama.cpp's -ctkd / -ctvd), "auto" as the target's loader."""
         from tokenleap.models import loading
         from tokenleap.models.registry import resolve
 
         source = resolve(model)
         path = source.path.resolve()
         if target_path is not None and path == Path(target_path).resolve():
+            if kv_cache_type != "auto":
+                raise TokenleapError("a draft cache type needs a draft model of its own (this draft is the target itself)")
             return target, None  # the target's own weights (shared, not copied)
         # a GGUF draft keeps its blocks quantized when the target does, and is dequantized when it is not
         quantization = (target.quantization or "none") if source.kind == "gguf" else None
-        key = (path, target.dtype, target.kernels is not None, quantization)
+        key = (path, target.dtype, target.kernels is not None, quantization, kv_cache_type)
         if key not in self._models:
-            draft, draft_tok = loading.load_model(source, target.dtype, use_kernels=target.kernels is not None, quantization=quantization)
+            draft, draft_tok = loading.load_model(source, target.dtype, use_kernels=target.kernels is not None, quantization=quantization,
+                                                  kv_cache_type=kv_cache_type)
             same = same_vocabulary(tokenizer, draft_tok, target, draft)
             if not same:
                 logger.info("the draft model %s has another tokenizer than the target: drafting by text re-tokenization", source.name)
@@ -221,7 +226,28 @@ class DraftModelOptions:
                                       "0: all); a cheaper draft step, output unchanged", flags=("--spec-draft-vocab", "--draft-vocab"),
                               per_request=False)
 
+    draft_cache_type_k: str | None = option(None, help="the draft model's KV cache type: auto, bf16 (f16) or q8_0 (default: auto); "
+                                                       "keys and values alike, as the target's", flags=("--cache-type-k-draft", "-ctkd"),
+                                            per_request=False)
+    draft_cache_type_v: str | None = option(None, help="as --cache-type-k-draft (llama.cpp's -ctvd)", flags=("--cache-type-v-draft", "-ctvd"),
+                                            per_request=False)
+
+    @property
+    def draft_kv_cache_type(self) -> str:
+        """The draft's one KV cache type ("auto" unless -ctkd / -ctvd said otherwise)."""
+        return self.draft_cache_type_k or self.draft_cache_type_v or "auto"
+
     def __post_init__(self) -> None:
+        for name in ("draft_cache_type_k", "draft_cache_type_v"):
+            value = getattr(self, name)
+            if value is not None:
+                kv = KV_CACHE_ALIASES.get(str(value), str(value))
+                if kv not in KV_CACHE_DTYPES:
+                    raise TokenleapError(f"{name} must be one of {', '.join(KV_CACHE_DTYPES)} (or f16), got {value!r}")
+                object.__setattr__(self, name, kv)
+        if None not in (self.draft_cache_type_k, self.draft_cache_type_v) and self.draft_cache_type_k != self.draft_cache_type_v:
+            raise TokenleapError("a draft's KV cache holds keys and values in one type: draft_cache_type_k "
+                                 f"{self.draft_cache_type_k} and draft_cache_type_v {self.draft_cache_type_v} differ")
         if self.draft_layers is not None and self.draft_layers < 1:
             raise TokenleapError(f"draft_layers must be >= 1, got {self.draft_layers}")
         if not 0.0 <= self.draft_p_min <= 1.0:
@@ -237,7 +263,8 @@ def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any 
     from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
 
     opts = options_of(config, "draft-model", DraftModelOptions)
-    model, draft_tok = (models or LoadedModels()).get(str(opts.model), target=target, tokenizer=tokenizer, target_path=target_path)
+    model, draft_tok = (models or LoadedModels()).get(str(opts.model), target=target, tokenizer=tokenizer, target_path=target_path,
+                                                      kv_cache_type=opts.draft_kv_cache_type)
     if opts.draft_layers is not None:
         model = model.with_layers(opts.draft_layers)
     if draft_tok is not None:
