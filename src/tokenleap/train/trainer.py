@@ -640,29 +640,80 @@ def _load_state(cfg: TrainConfig) -> dict[str, Any] | None:
     return torch.load(state_path, weights_only=False, map_location="cpu")
 
 
+def _draft_vocab(cfg: TrainConfig, vocab_size: int, train: Sequence[Example], heldout: Sequence[Example], state: dict[str, Any] | None,
+                 eos: Sequence[int]) -> DraftVocab:
+    """The head's draft vocabulary: the whole one for heads on the target's LM head (Medusa,
+    MTP), a resumed run's own, or the most frequent assistant tokens of `train` (and `eos`)."""
+    bad = [t for e in [*train, *heldout] for t in e.ids if t >= vocab_size]
+    if bad:
+        raise TokenleapError(f"training data holds token id {bad[0]} outside the target vocabulary ({vocab_size})")
+    if cfg.head_type in ("medusa", "mtp"):  # the heads share the target's LM head: the whole vocabulary
+        return DraftVocab(tuple(range(vocab_size)), vocab_size, 1.0)
+    if state is not None:
+        return DraftVocab(tuple(state["draft_ids"]), vocab_size, state["coverage"])
+    return build_draft_vocab(train, cfg.draft_vocab_size, vocab_size, always=eos)
+
+
+def _new_head(source: RuntimeFeatures | TorchFeatures, cfg: TrainConfig, vocab: DraftVocab,
+              aux_layers: Sequence[int]) -> tuple[TrainableEagle3 | TrainableMedusa | TrainableMtp, HeadShape | MedusaShape]:
+    """A fresh head of `cfg.head_type` for the source's target, and its shape."""
+    tc = source.config
+    softcap = getattr(tc, "final_logit_softcap", None)
+    if cfg.head_type == "mtp":
+        shape = shape_for_target(tc, tc.vocab_size, ())  # the target's layer shape, full vocabulary, no aux layers
+        return TrainableMtp(shape, source.embed, source.lm_head, softcap, seed=cfg.seed), shape
+    if cfg.head_type == "medusa":
+        medusa_shape = MedusaShape(tc.hidden_size, tc.vocab_size, cfg.medusa_heads)
+        return TrainableMedusa(medusa_shape, source.lm_head, softcap), medusa_shape
+    shape = shape_for_target(tc, vocab.size, aux_layers, cfg.norm_before_residual)
+    init = cfg.init_from_target
+    rows = torch.tensor(vocab.ids, device=source.lm_head.device)
+    head = TrainableEagle3(shape, source.embed, init_lm_head=source.lm_head[rows].cpu() if init else None,
+                           init_norm=source.norm.cpu() if init else None, seed=cfg.seed)
+    return head, shape
+
+
+def _save(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, opt: torch.optim.Optimizer, vocab: DraftVocab,
+          shape: HeadShape | MedusaShape, cfg: TrainConfig, progress: dict[str, Any]) -> None:
+    """The head in its layout (with what trained it) and `trainer_state.pt` (to resume), in
+    `cfg.output`. `progress`: steps, tokens, seconds, draft_steps, target, device."""
+    out = cfg.output
+    extra = {"steps": progress["steps"], "tokens": progress["tokens"], "seconds": round(progress["seconds"], 1), "data": list(cfg.data),
+             "regenerated": cfg.regenerate, "draft_steps": progress["draft_steps"], "draft_vocab_coverage": round(vocab.coverage, 4),
+             "target": progress["target"], "command": cfg.command, "device": progress["device"]}
+    if isinstance(head, (TrainableMedusa, TrainableMtp)):
+        head.export(out, extra)
+    else:
+        head.export(out, vocab.d2t(), vocab.t2d(), extra)
+    tmp = out / (STATE_FILE + ".tmp")
+    torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": progress["steps"], "tokens": progress["tokens"],
+                "seconds": progress["seconds"], "draft_ids": list(vocab.ids), "coverage": vocab.coverage,
+                "shape": {"type": cfg.head_type, **asdict(shape)}, "config": {k: str(v) for k, v in asdict(cfg).items()}}, tmp)
+    tmp.replace(out / STATE_FILE)
+
+
+def _resume(head: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any], shape: dict[str, Any],
+            state_path: Path) -> tuple[int, int, float]:
+    """Load a saved run's head and optimizer; its step, tokens and seconds trained."""
+    if state.get("shape") != shape:
+        raise TokenleapError(f"{state_path} was trained for a different head shape / target; use a new --output")
+    head.load_state_dict(state["head"])
+    opt.load_state_dict(state["optimizer"])
+    return state["step"], state["tokens"], state["seconds"]
+
+
 def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], heldout: Sequence[Example], cfg: TrainConfig,
              model_name: str, *, eos: Sequence[int] = (), state: dict[str, Any] | None = None, progress: bool = True,
              log: Callable[[str], None] = logger.warning) -> TrainResult:
     """The training loop over tokenized `train` sequences on the source's device: the draft
     vocabulary, the head, AdamW with warmup and cosine decay, held-out evaluation, saves (the
     head in its layout and `trainer_state.pt`) every `save_every` steps and at the end."""
-    tc = source.config
-    dev = source.device
-    out = cfg.output
+    tc, dev, out = source.config, source.device, cfg.output
     out.mkdir(parents=True, exist_ok=True)
     aux_layers = aux_layers_for(cfg, tc.num_layers)
-    medusa = cfg.head_type == "medusa"
     steps = _steps(cfg)
     state_path = out / STATE_FILE
-    bad = [t for e in [*train, *heldout] for t in e.ids if t >= tc.vocab_size]
-    if bad:
-        raise TokenleapError(f"training data holds token id {bad[0]} outside the target vocabulary ({tc.vocab_size})")
-    if cfg.head_type in ("medusa", "mtp"):  # the heads share the target's LM head: the whole vocabulary
-        vocab = DraftVocab(tuple(range(tc.vocab_size)), tc.vocab_size, 1.0)
-    elif state is not None:
-        vocab = DraftVocab(tuple(state["draft_ids"]), tc.vocab_size, state["coverage"])
-    else:
-        vocab = build_draft_vocab(train, cfg.draft_vocab_size, tc.vocab_size, always=eos)
+    vocab = _draft_vocab(cfg, tc.vocab_size, train, heldout, state, eos)
     t2d_index = torch.full((tc.vocab_size,), -1, dtype=torch.long)
     t2d_index[torch.tensor(vocab.ids)] = torch.arange(vocab.size)
     n_tok = sum(len(e.ids) for e in train)
@@ -670,21 +721,7 @@ def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], 
     log(f"data: {len(train)} training sequences ({n_tok} tokens, {n_loss} assistant), {len(heldout)} held out; "
         f"draft vocabulary {vocab.size} of {tc.vocab_size} covers {vocab.coverage:.1%} of assistant tokens")
 
-    head: TrainableEagle3 | TrainableMedusa | TrainableMtp
-    shape: HeadShape | MedusaShape
-    softcap = getattr(tc, "final_logit_softcap", None)
-    if cfg.head_type == "mtp":
-        shape = shape_for_target(tc, tc.vocab_size, ())  # the target's layer shape, full vocabulary, no aux layers
-        head = TrainableMtp(shape, source.embed, source.lm_head, softcap, seed=cfg.seed)
-    elif medusa:
-        shape = MedusaShape(tc.hidden_size, tc.vocab_size, cfg.medusa_heads)
-        head = TrainableMedusa(shape, source.lm_head, softcap)
-    else:
-        shape = shape_for_target(tc, vocab.size, aux_layers, cfg.norm_before_residual)
-        init = cfg.init_from_target
-        rows = torch.tensor(vocab.ids, device=source.lm_head.device)
-        head = TrainableEagle3(shape, source.embed, init_lm_head=source.lm_head[rows].cpu() if init else None,
-                               init_norm=source.norm.cpu() if init else None, seed=cfg.seed)
+    head, shape = _new_head(source, cfg, vocab, aux_layers)
     head.to(dev)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -692,27 +729,12 @@ def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], 
     total_steps = sum(len(b) for b in epoch_batches)
     step, tokens_seen, elapsed = 0, 0, 0.0
     if state is not None:
-        saved_shape = state.get("shape")
-        if saved_shape != {"type": cfg.head_type, **asdict(shape)}:
-            raise TokenleapError(f"{state_path} was trained for a different head shape / target; use a new --output")
-        head.load_state_dict(state["head"])
-        opt.load_state_dict(state["optimizer"])
-        step, tokens_seen, elapsed = state["step"], state["tokens"], state["seconds"]
+        step, tokens_seen, elapsed = _resume(head, opt, state, {"type": cfg.head_type, **asdict(shape)}, state_path)
         log(f"resuming at step {step} of {total_steps} ({tokens_seen} tokens, {elapsed:.0f} s trained)")
 
     def save() -> None:
-        extra = {"steps": step, "tokens": tokens_seen, "seconds": round(elapsed, 1), "data": list(cfg.data),
-                 "regenerated": cfg.regenerate, "draft_steps": steps, "draft_vocab_coverage": round(vocab.coverage, 4),
-                 "target": model_name, "command": cfg.command, "device": str(dev)}
-        if isinstance(head, (TrainableMedusa, TrainableMtp)):
-            head.export(out, extra)
-        else:
-            head.export(out, vocab.d2t(), vocab.t2d(), extra)
-        tmp = out / (STATE_FILE + ".tmp")
-        torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens_seen,
-                    "seconds": elapsed, "draft_ids": list(vocab.ids), "coverage": vocab.coverage,
-                    "shape": {"type": cfg.head_type, **asdict(shape)}, "config": {k: str(v) for k, v in asdict(cfg).items()}}, tmp)
-        tmp.replace(state_path)
+        _save(head, opt, vocab, shape, cfg, {"steps": step, "tokens": tokens_seen, "seconds": elapsed, "draft_steps": steps,
+                                             "target": model_name, "device": str(dev)})
 
     flat = [(e, b) for e, bs in enumerate(epoch_batches) for b in bs]
     keep_keys = cfg.epochs > 1  # features kept between epochs only when a sequence comes back
