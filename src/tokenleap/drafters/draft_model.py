@@ -93,6 +93,11 @@ class DraftModelDrafter:
         full[0, self.vocab] = logits[0]
         return full
 
+    def _window(self, request: DraftRequest) -> int:
+        """How much of the prompt the draft reads (0: all): `context`, or by default what the
+        request's answer can repay (`auto_draft_context`)."""
+        return auto_draft_context(request.params.max_tokens) if self.context is None else self.context
+
     def begin(self, request: DraftRequest) -> None:
         """Register the request and run its prompt through the draft model now, beside the
         target's prefill (llama.cpp does the same): the first draft then costs what any draft
@@ -100,7 +105,7 @@ class DraftModelDrafter:
         prefill as the price of drafting."""
         st = self._states[request.request_id] = _State(request, self.model.new_kv_cache())
         prompt = list(request.prompt_ids)
-        window = auto_draft_context(request.params.max_tokens) if self.context is None else self.context
+        window = self._window(request)
         if 0 < window < len(prompt):
             st.offset = len(prompt) - window
         view = prompt[st.offset :]
@@ -112,7 +117,7 @@ class DraftModelDrafter:
         st = self._states[request_id]
         if max_tokens <= 0:
             return Draft()
-        window = auto_draft_context(st.request.params.max_tokens) if self.context is None else self.context
+        window = self._window(st.request)
         if not st.cached and 0 < window < len(tokens):
             st.offset = len(tokens) - window  # its prefill reads the window only: a long prompt costs the draft little
         tokens = tokens[st.offset :]
