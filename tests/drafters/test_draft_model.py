@@ -82,8 +82,8 @@ def test_a_draft_tokens_price_is_its_weight_bytes_over_the_targets(tiny_model: L
 
 
 def test_by_default_the_draft_reads_what_the_answer_can_repay(tiny_model: LlamaModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default window: max(256, 2 x max_tokens) prompt tokens; 0 reads everything."""
-    assert auto_draft_context(16) == 256 and auto_draft_context(200) == 400 and auto_draft_context(None) == 0
+    """The default window: max(128, 2 x max_tokens) prompt tokens; 0 reads everything."""
+    assert auto_draft_context(16) == 128 and auto_draft_context(200) == 400 and auto_draft_context(None) == 0
     monkeypatch.setattr(draft_model, "AUTO_CONTEXT_MIN", 16)  # the tiny model holds 128 positions
     prompt = [int(t) for t in torch.randint(3, 200, (100,), generator=torch.Generator().manual_seed(0))]
     for max_tokens, context, offset in ((10, None, 100 - 20), (60, None, 0), (10, 0, 0), (10, 30, 70)):

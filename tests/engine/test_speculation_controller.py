@@ -50,6 +50,30 @@ def test_measured_overhead_makes_a_costly_drafter_draft_again() -> None:
     assert timed.choose(8) >= 1
 
 
+def _steps_until_probe(c: DraftController) -> int:
+    """Plain steps the controller takes before its next probe (a draft of one token)."""
+    for n in range(1, 1000):
+        if c.choose(8):
+            return n
+    raise AssertionError("no probe in 1000 steps")
+
+
+def test_failed_probes_back_off_and_an_accepted_one_resets_the_wait() -> None:
+    """Off (acceptance ~0), the controller probes after `probe_every` plain steps; each probe
+    with nothing accepted doubles the wait up to `probe_max`, an accepted token brings it back."""
+    c = DraftController(CURVE, cap=8, accepted=0.0, trials=50.0, probe_every=8, probe_max=32)
+    waits = []
+    for _ in range(5):
+        waits.append(_steps_until_probe(c))
+        c.update(1, 0)  # the probe's token rejected
+    assert waits == [8, 16, 32, 32, 32]
+    c.update(0, 0)  # a step without a draft changes nothing
+    assert _steps_until_probe(c) == 32
+    c.update(1, 1)  # accepted: back to probe_every
+    c.accepted, c.trials = 0.0, 50.0  # (still off)
+    assert _steps_until_probe(c) == 8
+
+
 @pytest.mark.parametrize("p", [1.0, 0.8, 0.6, 0.3])
 def test_adaptive_length_nearly_matches_the_best_fixed_length(p: float) -> None:
     """With its cost model right (a 1.7B target's curve, a draft model's 0.149 a token) and

@@ -22,7 +22,7 @@ always, so output is unchanged. A draft context (`draft_context` = N) has the dr
 long prompt's last N tokens. By default the window is sized by what the request can repay: the
 draft's prefill is compute-bound (Qwen2.5-Coder-0.5B: ~5 ms a prompt token on 2 cores, a tenth
 of the 1.5B target's decode step) and pays back only through the tokens it helps decode, so it
-reads at most max(256, 2 x max_tokens) of the prompt (`auto_draft_context`): a 64-token answer to
+reads at most max(128, 2 x max_tokens) of the prompt (`auto_draft_context`): a 64-token answer to
 a 1,500-token document no longer pays 7 s of draft prefill for at most 2 s of savings.
 """
 
@@ -165,12 +165,12 @@ class DraftModelDrafter:
             st.kv.free()
 
 
-AUTO_CONTEXT_MIN = 256  # prompt tokens the draft reads at least (by default)
+AUTO_CONTEXT_MIN = 128  # prompt tokens the draft reads at least (by default; 256 accepted no more on Spec-Bench)
 AUTO_CONTEXT_PER_TOKEN = 2  # and per token the request may generate
 
 
 def auto_draft_context(max_tokens: int | None) -> int:
-    """The default draft window: max(256, 2 x max_tokens) prompt tokens (0: all of a request
+    """The default draft window: max(128, 2 x max_tokens) prompt tokens (0: all of a request
     without a cap). A prompt token costs the draft ~0.1 of a target decode step to prefill and
     a draft model saves 0.05-0.35 of a step per generated token (open chat to code), so a window
     of twice the answer stays under what drafting can win back where it pays at all, while short
@@ -225,7 +225,7 @@ class DraftModelOptions:
                                           "default is 0.75); drafts only get shorter, output is unchanged",
                                 flags=("--spec-draft-p-min", "--draft-p-min"), per_request=False)
     draft_context: int | None = option(None, help="the draft model reads only a prompt's last N tokens (0: all; default: "
-                                                   "max(256, 2 x max_tokens), what the answer can repay); output is unchanged",
+                                                   "max(128, 2 x max_tokens), what the answer can repay); output is unchanged",
                                        flags=("--spec-draft-context", "--draft-context"), per_request=False)
     draft_vocab: int = option(0, help="the draft's LM head scores only its N most frequent tokens and the special ones (FR-Spec; "
                                       "0: all); a cheaper draft step, output unchanged", flags=("--spec-draft-vocab", "--draft-vocab"),

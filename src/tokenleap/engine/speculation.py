@@ -14,7 +14,11 @@ the step's timings): a forward-only curve and a drafter's one-off estimate miss 
 costs on this machine at this context (on the default model in bf16: w 0.05-0.09; a trained
 EAGLE-3 head's d 0.06-0.18 against its static 0.12-0.15; a suffix tree's 0.004-0.011, not 0);
 while off it probes again every `probe_every` steps with a short draft, so a request whose text
-turns predictable (a quoted passage, code being repeated) gets speculation back.
+turns predictable (a quoted passage, code being repeated) gets speculation back. A probe that
+gets nothing accepted doubles the wait before the next (up to `probe_max` steps; one accepted
+token resets it): a draft model's probe is not free (it catches the draft up on the tokens
+decoded while off, drafts, and widens the verify), and on text it cannot predict (a summary of a
+long document) probing every 8 steps cost 11 % of the decode time.
 """
 
 from __future__ import annotations
@@ -148,7 +152,8 @@ class DraftController:
     floor: int = 0
     decay: float = 0.9
     min_gain: float = 1.05  # speculate only when expected speedup beats this
-    probe_every: int = 8
+    probe_every: int = 8  # while off, probe after this many plain steps,
+    probe_max: int = 64  # twice as many after each probe with nothing accepted, up to this
     accepted: float = 1.0  # decayed counts (prior alpha = 0.5)
     trials: float = 2.0
     steps_off: int = 0
@@ -158,6 +163,8 @@ class DraftController:
     _forward_s: float = 0.0  # decayed measurements (seconds): a 1-row forward, the work outside it,
     _other_s: float = 0.0  # and drafting per draft token
     _draft_s: float | None = None
+    _interval: int = 0  # plain steps between probes now (0: probe_every)
+    _probing: bool = False  # the draft in verification is a probe
 
     @property
     def alpha(self) -> float:
@@ -196,25 +203,33 @@ class DraftController:
         if best_k and best_gain >= self.min_gain:
             self.steps_off = 0
             return best_k
-        self.steps_off += 1
-        if self.steps_off >= self.probe_every:
-            self.steps_off = 0
-            return max(1, self.floor) if max(1, self.floor) <= top else 0
-        return 0
+        return self.off_step(top)
+
+    @property
+    def probe_interval(self) -> int:
+        """Plain steps between probes now: `probe_every`, doubled by each failed probe."""
+        return self._interval or self.probe_every
 
     def off_step(self, budget: int) -> int:
-        """This step was given no draft by the batch planner: count it, and probe with a short
-        draft every `probe_every` such steps."""
+        """A step without a draft (the controller's choice, or the batch planner's): count it,
+        and probe with a short draft every `probe_interval` such steps."""
         self.steps_off += 1
-        if self.steps_off >= self.probe_every and budget >= max(1, self.floor):
+        if self.steps_off >= self.probe_interval:
             self.steps_off = 0
-            return max(1, self.floor)
+            if budget >= max(1, self.floor):
+                self._probing = True
+                return max(1, self.floor)
         return 0
 
     def update(self, draft_len: int, num_accepted: int) -> None:
-        """Fold in one verification: num_accepted successes, then one failure if rejected."""
+        """Fold in one verification: num_accepted successes, then one failure if rejected. A
+        probe with nothing accepted doubles the wait for the next one; an accepted one resets it."""
         if draft_len == 0:
+            self._probing = False  # the drafter had nothing to offer: the probe cost nothing
             return
+        if self._probing:
+            self._probing = False
+            self._interval = self.probe_every if num_accepted else min(2 * self.probe_interval, self.probe_max)
         fails = 1 if num_accepted < draft_len else 0
         self.accepted = self.decay * self.accepted + num_accepted
         self.trials = self.decay * self.trials + num_accepted + fails
