@@ -110,7 +110,8 @@ def test_estimates_are_per_request_and_released_at_end() -> None:
     for _ in range(6):
         chain.propose("a", [1], 3)
         chain.accept("a", [0], 0)
-    assert chain.propose("b", [1], 3).tokens == [21, 22, 23]  # b's priors untouched by a's failures
+    # b's priors untouched by a's failures: the head asked for its best length at alpha 0.5 (2 of 3)
+    assert chain.propose("b", [1], 3).tokens == [21, 22]
     chain.end("a")
     chain.end("b")
     assert not chain._estimates and not chain._last
@@ -175,3 +176,60 @@ def test_a_costly_chain_keeps_weighing_its_head_beside_a_draft_model() -> None:
     _begin(chain)
     assert chain.cost_aware and chain._order == [2, 0, 1]  # the free draftless, the free model, the costly head
     assert chain.propose("r", [1, 2, 3], 4).tokens == [21, 22, 23, 24]
+
+
+class Counting(WithModel):
+    """A draft-model member that records its lifecycle calls; its begin takes a while (a prefill)."""
+
+    def __init__(self, draft: Sequence[int], relative_draft_cost: float = 0.0) -> None:
+        super().__init__(draft, relative_draft_cost)
+        self.calls: list[str] = []
+
+    def begin(self, request: DraftRequest) -> None:
+        import time
+
+        time.sleep(0.02)
+        self.calls.append("begin")
+
+    def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
+        self.calls.append("accept")
+
+    def end(self, request_id: str) -> None:
+        self.calls.append("end")
+
+
+def test_a_draft_model_member_begins_only_when_first_asked_and_its_prefill_is_setup() -> None:
+    """The draft model's prefill is not paid by a request the draftless members serve alone;
+    when it is paid, the chosen draft carries it as setup (not as the price of its tokens)."""
+    model, cheap = Counting([21, 22]), Fixed([11])
+    chain = ChainDrafter([cheap, model])
+    _begin(chain, "served")
+    assert chain.propose("served", [1, 2, 3], 4).tokens == [11]
+    chain.accept("served", [11, 5], 1)
+    chain.end("served")
+    assert model.calls == [] and chain.member_statistics("served") == {}
+    _begin(chain, "r")
+    cheap.draft = []
+    draft = chain.propose("r", [1, 2, 3], 4)
+    assert draft.tokens == [21, 22] and draft.setup_seconds >= 0.02
+    assert chain.member_statistics("r")["Fixed"].num_begin_calls == 1  # the draftless member began at once
+    chain.accept("r", [21, 22, 5], 2)
+    assert chain.propose("r", [1, 2, 3, 21, 22, 5], 4).setup_seconds < 0.02  # begun once
+    chain.end("r")
+    assert model.calls == ["begin", "accept", "end"]
+
+
+def test_a_probe_never_displaces_a_draft_that_pays() -> None:
+    """A costly member idle past `probe_every` is probed only on a step where no free draft beats
+    plain decoding: on code, suffix decoding's accepted drafts were displaced every 16 steps."""
+    cheap, model = Fixed([11, 12, 13]), Counting([21, 22, 23], relative_draft_cost=0.3)
+    chain = ChainDrafter([cheap, model], probe_every=2)
+    chain.use_cost_curve(FLAT)
+    _begin(chain)
+    for _ in range(10):
+        assert chain.propose("r", [1, 2, 3], 3).tokens == [11, 12, 13]
+        chain.accept("r", [11, 12, 13, 5], 3)
+    assert model.proposals == 0 and model.calls == []  # never run, never begun
+    cheap.draft = []  # the free member has nothing: the idle draft model is probed
+    assert chain.propose("r", [1, 2, 3], 3).tokens == [21, 22, 23]
+    assert model.calls == ["begin"]

@@ -5,7 +5,8 @@ A drafter sees a request's prompt once (`begin`), proposes up to `max_tokens` to
 full context (`propose`), learns which of them were accepted (`accept`) and forgets the request
 (`end`). A `Draft` is a chain unless `parents` says otherwise, and carries `probs`, the exact
 distribution q each token was drawn from, when the drafter samples (None = deterministic, q is
-one-hot). The engine dispatches on capability flags (`needs_hidden_states`), never on types.
+one-hot). The engine dispatches on capability flags (`needs_hidden_states`, `needs_logits`), never
+on types.
 
 Shared state and seeds: a drafter object serves many requests, and some keep state across them
 (the suffix tree over earlier outputs, the ngram-mod pool, ngram-cache's engine-wide counts).
@@ -127,6 +128,22 @@ class ReadsHiddenStates(Protocol):
     def observe(self, request_id: str, start: int, token_ids: Sequence[int], hidden: dict[int, Any]) -> None:
         """The target's hidden states of positions start .. start + len(token_ids) - 1, per
         layer of `hidden_layers`."""
+
+
+@runtime_checkable
+class ReadsLogits(Protocol):
+    """A drafter that reads the target's logits (Token Recycling's adjacency table): when
+    `needs_logits` is true the engine gives `observe_logits` the raw rows it computed anyway
+    (float32, before a grammar's mask, the request's processors and sampling): the last prompt
+    position's at prefill, and after each verification every verified row, rejected ones too (row
+    0, the last committed token's, then each draft node's in the draft's order: a view, no copy).
+    No extra forward, no extra LM head rows."""
+
+    needs_logits: ClassVar[bool]
+
+    def observe_logits(self, request_id: str, token_ids: Sequence[int], logits: torch.Tensor) -> None:
+        """`logits[i]` ([n, V]) is the target's next-token logits at a position holding
+        `token_ids[i]` (what it ranked to follow that token there)."""
 
 
 @runtime_checkable

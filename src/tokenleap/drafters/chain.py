@@ -9,11 +9,18 @@ of cost, as the engine's draft-length controller does for one drafter (Leviathan
 section 3.4): each member keeps its own decayed acceptance estimate alpha_m per request (from
 the verifications of its own drafts), a draft of L tokens is worth E(alpha_m, L) = sum_{j<=L}
 alpha_m^j tokens for cost(L) (the engine's measured verify cost curve) + L x the member's
-drafting cost, the free members propose first, and a costly member runs only when its expected
-rate for a full-length draft beats the best draft in hand; the best rate wins, and none when no
-draft beats plain decoding's 1 token per unit. A member left unused for `probe_every` proposals
-is tried once to refresh its estimate. Every member sees every request's lifecycle (begin /
-accept / end / observe), so each keeps its own state current whether or not its draft was used.
+drafting cost, the free members propose first, and a costly member runs, asked for its best
+length, only when its expected rate there beats the best draft in hand; the best rate wins, and
+none when no draft beats plain decoding's 1 token per unit. A member left unused for
+`probe_every` proposals is tried once to refresh its estimate, on a step where no free member's
+draft beats plain decoding (a probe is never forced over a draft that pays: on code, suffix
+decoding's drafts were displaced every 16 steps by a draft model's). Every member sees every
+request's lifecycle (begin / accept / end / observe), so each keeps its own state current
+whether or not its draft was used; except that a member running a draft model of its own
+(`DraftsWithModel`, hidden states not read) begins a request only when first asked for a draft:
+its prompt's prefill (a third of the target's for the 0.5B draft of a 1.5B) is not paid by a
+request its draftless members serve alone, and when paid it is timed as setup
+(`Draft.setup_seconds`), not as the price of drafting.
 
 Statistics per member, as llama.cpp prints a line per implementation: each request's calls of
 every member's begin / propose / accept and their durations (`member_statistics`), and the chosen
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 from tokenleap.cost import expected_tokens
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel, LearnsAcrossRequests, ReadsHiddenStates, draft_cost_of, hidden_layers_of
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel, LearnsAcrossRequests, ReadsHiddenStates, ReadsLogits, draft_cost_of, hidden_layers_of
 from tokenleap.drafters.methods import MethodRecord
 from tokenleap.types import SpecStats
 
@@ -65,6 +72,8 @@ class ChainDrafter:
         self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]  # the Drafter protocol's flag (a user's may lack it)
         self.needs_hidden_states = bool(self._readers)
         self.hidden_layers = tuple(sorted({layer for d in self._readers for layer in hidden_layers_of(d)}))
+        self._logit_readers = [cast(ReadsLogits, d) for d in self.drafters if getattr(d, "needs_logits", False)]  # Token Recycling's table
+        self.needs_logits = bool(self._logit_readers)
         self.wins = [0] * len(self.drafters)  # how often each drafter's proposal was used
         self.costs = [draft_cost_of(d) for d in self.drafters]
         self.cost_aware = any(c > 0 for c in self.costs)
@@ -78,6 +87,9 @@ class ChainDrafter:
         self._curve: Any = None  # the engine's CostCurve (`use_cost_curve`); else cost(L) = 1 + 0.05 L
         self._estimates: dict[str, list[_Estimate]] = {}
         self._last: dict[str, tuple[int, int]] = {}  # request -> (member, length) of the draft in verification
+        # members that run a model of their own (and read no hidden states) begin a request lazily
+        self._lazy = {i for i, d in enumerate(self.drafters) if with_model[i] and not getattr(d, "needs_hidden_states", False)}
+        self._unbegun: dict[str, tuple[DraftRequest, set[int]]] = {}  # request -> (itself, its lazy members not yet begun)
 
     def use_cost_curve(self, curve: Any) -> None:
         """The target's verify cost curve (`tokenleap.cost.CostCurve`), from the engine."""
@@ -87,29 +99,54 @@ class ChainDrafter:
         verify = self._curve.cost(length, context) if self._curve is not None else 1.0 + 0.05 * length
         return expected_tokens(alpha, length) / (verify + self.costs[member] * length)
 
+    def _best_length(self, member: int, alpha: float, max_tokens: int, context: int) -> tuple[float, int]:
+        """The member's best expected rate over draft lengths 1..max_tokens, and that length."""
+        return max(((self._rate(member, alpha, n, context), n) for n in range(1, max_tokens + 1)), default=(0.0, 0))
+
     def member_statistics(self, request_id: str) -> dict[str, SpecStats]:
         """The request's counters by member name, in chain order (kept up to date until `end`)."""
         return dict(zip(self.names, self._stats.get(request_id, [])))
 
     def begin(self, request: DraftRequest) -> None:
-        stats = self._stats[request.request_id] = [SpecStats() for _ in self.drafters]
-        for d, st in zip(self.drafters, stats):
-            t0 = time.perf_counter()
-            d.begin(request)
-            st.begin_seconds += time.perf_counter() - t0
-            st.num_begin_calls += 1
+        self._stats[request.request_id] = [SpecStats() for _ in self.drafters]
+        for i in range(len(self.drafters)):
+            if i not in self._lazy:
+                self._begin(i, request)
+        if self._lazy:
+            self._unbegun[request.request_id] = (request, set(self._lazy))
         if self.cost_aware:
             self._estimates[request.request_id] = [_Estimate() for _ in self.drafters]
 
+    def _begin(self, i: int, request: DraftRequest) -> float:
+        """Member i begins the request, counted in its statistics; the seconds it took."""
+        t0 = time.perf_counter()
+        self.drafters[i].begin(request)
+        seconds = time.perf_counter() - t0
+        st = self._stats.get(request.request_id)
+        if st is not None:
+            st[i].begin_seconds += seconds
+            st[i].num_begin_calls += 1
+        return seconds
+
+    def _begun(self, i: int, request_id: str) -> bool:
+        unbegun = self._unbegun.get(request_id)
+        return unbegun is None or i not in unbegun[1]
+
     def _propose(self, i: int, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
-        """Member i's proposal, counted in its statistics."""
+        """Member i's proposal, counted in its statistics; a lazy member begins the request
+        first, that time returned as the draft's setup."""
+        setup = 0.0
+        unbegun = self._unbegun.get(request_id)
+        if unbegun is not None and i in unbegun[1]:
+            unbegun[1].discard(i)
+            setup = self._begin(i, unbegun[0])
         t0 = time.perf_counter()
         draft = self.drafters[i].propose(request_id, tokens, max_tokens)
         stats = self._stats.get(request_id)
         if stats is not None:
             stats[i].draft_seconds += time.perf_counter() - t0
             stats[i].num_propose_calls += 1
-        return draft
+        return dataclasses.replace(draft, setup_seconds=draft.setup_seconds + setup) if setup else draft
 
     def _chosen(self, i: int, draft: Draft) -> Draft:
         self.wins[i] += 1
@@ -117,38 +154,45 @@ class ChainDrafter:
 
     def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         estimates = self._estimates.get(request_id)
+        setup = 0.0  # members' one-off work this step (a lazy begin, a catch-up): not a draft's price
         if estimates is None:  # precedence: the first member that proposes wins
             for i in self._precedence:
                 draft = self._propose(i, request_id, tokens, max_tokens)
+                setup += draft.setup_seconds
                 if len(draft):
-                    return self._chosen(i, draft)
-            return Draft()
+                    return self._chosen(i, dataclasses.replace(draft, setup_seconds=setup))
+            return Draft(setup_seconds=setup)
         context = len(tokens)
         best: tuple[float, int, Draft] | None = None
         for i in self._order:
             est = estimates[i]
             est.idle += 1
-            probe = est.idle > self.probe_every
+            length = max_tokens
+            # a probe refreshes an idle member's estimate, but never displaces a draft that pays
+            probe = est.idle > self.probe_every and (best is None or best[0] <= 1.0)
             if self.costs[i] > 0 and not probe:
-                expected = self._rate(i, est.alpha, max_tokens, context)
+                expected, length = self._best_length(i, est.alpha, max_tokens, context)
                 if expected <= (best[0] if best is not None else 1.0):
                     continue  # not worth its drafting time this step
-            draft = self._propose(i, request_id, tokens, max_tokens)
+            draft = self._propose(i, request_id, tokens, length)
+            setup += draft.setup_seconds
             if not len(draft):
                 continue
             rate = float("inf") if probe else self._rate(i, est.alpha, len(draft), context)
             if best is None or rate > best[0]:
                 best = (rate, i, draft)
         if best is None or best[0] <= 1.0:
-            return Draft()
+            return Draft(setup_seconds=setup)
         _, i, draft = best
         estimates[i].idle = 0
         self._last[request_id] = (i, len(draft))
-        return self._chosen(i, draft)
+        return self._chosen(i, dataclasses.replace(draft, setup_seconds=setup))
 
     def accept(self, request_id: str, tokens: Sequence[int], num_accepted: int) -> None:
         stats = self._stats.get(request_id)
         for i, d in enumerate(self.drafters):
+            if not self._begun(i, request_id):
+                continue  # a lazy member that has not seen the request
             t0 = time.perf_counter()
             d.accept(request_id, tokens, num_accepted)
             if stats is not None:
@@ -169,9 +213,16 @@ class ChainDrafter:
             reader = cast(ReadsHiddenStates, d)  # needs_hidden_states: one of them
             reader.observe(request_id, start, token_ids, {layer: hidden[layer] for layer in reader.hidden_layers})
 
+    def observe_logits(self, request_id: str, token_ids: Sequence[int], logits: Any) -> None:
+        """The target's raw logits for the members that read them (`needs_logits`)."""
+        for d in self._logit_readers:
+            d.observe_logits(request_id, token_ids, logits)
+
     def end(self, request_id: str) -> None:
-        for d in self.drafters:
-            d.end(request_id)
+        for i, d in enumerate(self.drafters):
+            if self._begun(i, request_id):
+                d.end(request_id)
+        self._unbegun.pop(request_id, None)
         self._estimates.pop(request_id, None)
         self._last.pop(request_id, None)
         self._stats.pop(request_id, None)  # the engine's request metrics keep them

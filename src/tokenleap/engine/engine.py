@@ -13,7 +13,8 @@ root path and verifies that chain instead).
 
 Drafters that read the target's hidden states (`needs_hidden_states`: EAGLE and Medusa heads)
 get the rows of the committed positions from the same prefill and verify forwards (`observe`),
-never from an extra target forward.
+never from an extra target forward; those that read its logits (`needs_logits`: Token Recycling)
+get the raw rows computed anyway (`observe_logits`).
 
 A step is transactional per request (`engine/undo.py`): one whose drafter or verification
 raises is rolled back and reported (`StepFailures`) while the others of the batch go on.
@@ -40,7 +41,7 @@ import torch
 
 from tokenleap.attention import tree_mask
 from tokenleap.config import DEFAULT_DRAFT_TOKENS
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics, ReadsHiddenStates, WeighsCost, draft_cost_of, hidden_layers_of
+from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics, ReadsHiddenStates, ReadsLogits, WeighsCost, draft_cost_of, hidden_layers_of
 from tokenleap.drafters.spec import SpecConfig
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, cached_cost_curve, plan_batch_drafts
@@ -246,6 +247,8 @@ class Engine:
         done = end == len(req.prompt_ids)
         if done:
             raw = self.model.compute_logits(out.hidden, [end - start - 1])
+            if getattr(req.drafter, "needs_logits", False):  # the last prompt position's row, computed anyway
+                cast(ReadsLogits, req.drafter).observe_logits(req.request_id, req.prompt_ids[-1:], raw)
             if req.grammar is not None:
                 raw = req.grammar.masked(raw, [])
             if req.params.n > 1:
@@ -452,6 +455,7 @@ class Engine:
     ) -> None:
         """Verify, tell the drafter, then change the request (what may raise comes first)."""
         spec = req.spec
+        target = logits  # the target's own rows, for a drafter that reads logits
         if req.grammar is not None:  # each row masked as plain decoding masks that position (drafts are chains here)
             logits = req.grammar.masked(logits, draft.tokens)
         raw = logits
@@ -483,6 +487,8 @@ class Engine:
                 rows = [0, *(i + 1 for i in (path if path is not None else range(accepted)))]
                 ids = [req.output_ids[-1], *tokens[:accepted]]
                 cast(ReadsHiddenStates, req.drafter).observe(req.request_id, pos, ids, {layer: h[rows] for layer, h in hidden.items()})  # hidden: its reader
+            if getattr(req.drafter, "needs_logits", False):  # every verified row: row 0, then each draft node's (rejected ones too)
+                cast(ReadsLogits, req.drafter).observe_logits(req.request_id, [req.output_ids[-1], *draft.tokens], target)
         if path is None:
             req.kv.truncate(pos + 1 + accepted)
         else:
