@@ -62,7 +62,9 @@ def main() -> int:
         if n == 0:
             drafts[n] = draft
             continue
-        from tokenleap.drafters.draft_model import frequent_tokens  # (a reduced vocabulary only: runs against older checkouts)
+        from tokenleap.drafters.draft_model import (
+            frequent_tokens,  # (a reduced vocabulary only: runs against older checkouts)
+        )
 
         drafts[n] = draft.with_vocab(frequent_tokens(tokenizer, draft.config.vocab_size, n))[0]
     ratios: dict[int, list[float]] = {n: [] for n in args.vocab}

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tokenleap.bench import Question, Record, default_spec_bench, load_questions, parse_methods, plot, run_bench, summarize
+from tokenleap.bench import (
+    Question,
+    Record,
+    default_spec_bench,
+    load_questions,
+    parse_methods,
+    plot,
+    run_bench,
+    summarize,
+)
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel
 from tokenleap.tokenizer import Tokenizer

@@ -482,7 +482,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from tokenleap.bench import GROUPS, HFBaseline, default_spec_bench, load_questions, parse_methods, plot, run_bench, summarize, write_json
+    from tokenleap.bench import (
+        GROUPS,
+        HFBaseline,
+        default_spec_bench,
+        load_questions,
+        parse_methods,
+        plot,
+        run_bench,
+        summarize,
+        write_json,
+    )
     from tokenleap.sampling import SamplingParams
 
     SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)  # validate early

@@ -16,7 +16,15 @@ import pytest
 
 import tokenleap
 from tokenleap import SpecConfig, TokenleapError
-from tokenleap.drafters import cli_flags, default_registry, docs_table, drafter_key, method_fields, registry, server_schema
+from tokenleap.drafters import (
+    cli_flags,
+    default_registry,
+    docs_table,
+    drafter_key,
+    method_fields,
+    registry,
+    server_schema,
+)
 from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.sampling import SamplingParams
 

@@ -13,7 +13,15 @@ import torch
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.head_drafter import HeadDrafter
 from tokenleap.errors import TokenleapError
-from tokenleap.heads.base import FINAL_HIDDEN, DraftHead, FinalHiddenHead, HeadKV, HeadShape, LayerHead, measure_step_cost
+from tokenleap.heads.base import (
+    FINAL_HIDDEN,
+    DraftHead,
+    FinalHiddenHead,
+    HeadKV,
+    HeadShape,
+    LayerHead,
+    measure_step_cost,
+)
 from tokenleap.heads.eagle1 import Eagle1Head
 from tokenleap.heads.eagle3 import Eagle3Head
 from tokenleap.heads.mtp import _PARTS, MtpHead

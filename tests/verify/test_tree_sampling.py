@@ -17,7 +17,12 @@ from scipy.stats import chisquare
 from tokenleap.sampling import SamplingParams, logits_to_probs
 from tokenleap.verify.reference import verify_tree_sampled_reference
 from tokenleap.verify.tree import TreeVerifyResult, verify_tree_greedy
-from tokenleap.verify.tree_sampling import children_of, sample_inverse_cdf, verify_tree_sampled, without_replacement_rows
+from tokenleap.verify.tree_sampling import (
+    children_of,
+    sample_inverse_cdf,
+    verify_tree_sampled,
+    without_replacement_rows,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")

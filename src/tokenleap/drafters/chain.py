@@ -29,7 +29,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 from tokenleap.cost import expected_tokens
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel, LearnsAcrossRequests, ReadsHiddenStates, draft_cost_of, hidden_layers_of
+from tokenleap.drafters.base import (
+    Draft,
+    Drafter,
+    DraftRequest,
+    DraftsWithModel,
+    LearnsAcrossRequests,
+    ReadsHiddenStates,
+    draft_cost_of,
+    hidden_layers_of,
+)
 from tokenleap.drafters.methods import MethodRecord
 from tokenleap.types import SpecStats
 

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from tokenleap.config import ACCEPTANCE_RULES, DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS, SAMPLED_TREE_MODES
 from tokenleap.drafters.methods import CHAIN_SEPARATOR, OPTIONS_FIELD
-from tokenleap.drafters.options import builtin_option_names, flat_options, merge_options, normalize_options, option_owners, unknown_keys_note
+from tokenleap.drafters.options import (
+    builtin_option_names,
+    flat_options,
+    merge_options,
+    normalize_options,
+    option_owners,
+    unknown_keys_note,
+)
 from tokenleap.drafters.registry import all_methods, canonical, find, get, method_names, split_chain, unknown_method
 from tokenleap.errors import TokenleapError
 

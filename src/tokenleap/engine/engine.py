@@ -40,7 +40,16 @@ import torch
 
 from tokenleap.attention import tree_mask
 from tokenleap.config import DEFAULT_DRAFT_TOKENS
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics, ReadsHiddenStates, WeighsCost, draft_cost_of, hidden_layers_of
+from tokenleap.drafters.base import (
+    Draft,
+    Drafter,
+    DraftRequest,
+    MemberStatistics,
+    ReadsHiddenStates,
+    WeighsCost,
+    draft_cost_of,
+    hidden_layers_of,
+)
 from tokenleap.drafters.spec import SpecConfig
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, cached_cost_curve, plan_batch_drafts

@@ -23,7 +23,17 @@ import torch.nn.functional as F
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import Linear
 from tokenleap.models.config import ModelConfig
-from tokenleap.models.layers import BlockOps, LayerWeights, apply_rope, decoder_layer, rms_norm, rope_tables, torch_linear, torch_qk_norm, torch_residual
+from tokenleap.models.layers import (
+    BlockOps,
+    LayerWeights,
+    apply_rope,
+    decoder_layer,
+    rms_norm,
+    rope_tables,
+    torch_linear,
+    torch_qk_norm,
+    torch_residual,
+)
 
 
 def check_supported(config: ModelConfig) -> None:
