@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         t = totals[name]
         rate = t["decode_tokens"] / t["decode_s"]
-        summary[name] = dict(t, acceptance_length=t["decode_tokens"] / max(1, t["forwards"]),  # decode forwards decode_tokens_per_second=rate,
+        # decode forwards decode_tokens_per_second=rate,
+        summary[name] = dict(t, acceptance_length=t["decode_tokens"] / max(1, t["forwards"]),
                              decode_speedup=rate / plain_rate)
         table.add_row(name, f"{t['identical']}/{len(texts)}", f"{summary[name]['acceptance_length']:.2f}",
                       f"{t['accepted']}/{t['drafted']}", f"{rate:.1f}", f"{rate / plain_rate:.2f}x")

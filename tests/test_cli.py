@@ -337,13 +337,16 @@ def _spec(*argv: str) -> Any:
         # llama.cpp's ngram-mod example, in each generation's names
         (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64"],
          ["--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64"]),
-        (["--spec-draft-model", "x.gguf", "--spec-draft-n-max", "5"], ["-md", "x.gguf", "--draft-max", "5"]),  # a draft model alone: its type
+        # a draft model alone: its type
+        (["--spec-draft-model", "x.gguf", "--spec-draft-n-max", "5"], ["-md", "x.gguf", "--draft-max", "5"]),
         (["-md", "x.gguf"], ["--spec-type", "draft-model", "-md", "x.gguf"]),
-        (["-md", "x.gguf", "-ctkd", "q8_0"], ["-md", "x.gguf", "--cache-type-k-draft", "q8"]),  # llama.cpp's draft cache types
+        # llama.cpp's draft cache types
+        (["-md", "x.gguf", "-ctkd", "q8_0"], ["-md", "x.gguf", "--cache-type-k-draft", "q8"]),
         (["--spec-type", "ngram-mod,ngram-simple"], ["--spec-type", "ngram-mod+ngram-simple"]),
         (["--spec-type", "ngram-mod", "--spec-type", "ngram-simple"], ["--spec-type", "ngram-mod+ngram-simple"]),
+        # one cap per request: the largest
         (["--spec-type", "ngram-mod,draft-simple", "--spec-draft-model", "x.gguf", "--spec-ngram-mod-n-max", "32", "--spec-draft-n-max", "4"],
-         ["--spec-type", "ngram-mod+draft-model", "-md", "x.gguf", "--draft-max", "32"]),  # one cap per request: the largest
+         ["--spec-type", "ngram-mod+draft-model", "-md", "x.gguf", "--draft-max", "32"]),
     ],
 )
 def test_llama_cpp_current_spellings_parse_as_the_former(current: list[str], former: list[str]) -> None:
@@ -352,7 +355,8 @@ def test_llama_cpp_current_spellings_parse_as_the_former(current: list[str], for
 
 
 def test_a_draft_model_alone_means_its_type_unless_none_is_said() -> None:
-    assert _spec("--spec-draft-model", "my-eagle3-head").method == "eagle3"  # as vLLM's model without a method: by its name
+    # as vLLM's model without a method: by its name
+    assert _spec("--spec-draft-model", "my-eagle3-head").method == "eagle3"
     assert _spec("--spec-type", "none", "-md", "x.gguf") is None
 
 
@@ -382,7 +386,8 @@ def test_llama_cpp_environment_variables_of_both_generations(monkeypatch: pytest
     assert (spec.num_speculative_tokens, spec.draft_min) == (7, 1)
     monkeypatch.delenv("LLAMA_ARG_DRAFT_MAX")
     monkeypatch.delenv("LLAMA_ARG_DRAFT_MIN")
-    assert _spec("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "4").num_speculative_tokens == 4  # 16 is only a default
+    # 16 is only a default
+    assert _spec("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "4").num_speculative_tokens == 4
     monkeypatch.setenv("LLAMA_ARG_SPEC_DRAFT_N_MAX", "lots")
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["generate", "hi"])

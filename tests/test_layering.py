@@ -26,7 +26,8 @@ PACKAGE = "tokenleap"
 # top-level module or package (or a module inside one, placed apart) -> its floor; "" = tokenleap/__init__.py
 FLOORS: dict[str, int] = {
     "_omp_policy": 0, "_version": 0, "errors": 0, "paths": 0, "types": 0, "cost": 0, "threads": 0, "config": 0,
-    "models.gguf_file": 0,  # the file format's reader (the tokenizer reads a GGUF's metadata through it); imports only errors
+    # the file format's reader (the tokenizer reads a GGUF's metadata through it); imports only errors
+    "models.gguf_file": 0,
     "tokenizer": 1, "sampling": 1, "structured": 1, "processors": 1,
     "kernels": 2,
     "kv": 3,

@@ -89,7 +89,8 @@ def test_greedy_speculation_with_penalties_is_plain_decoding(llm: LLM) -> None:
         if "min_tokens" in extra:
             assert all(len(x.outputs[0].token_ids) >= 40 for x in a)
         plain = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48), use_tqdm=False)
-        assert any(p.outputs[0].token_ids != x.outputs[0].token_ids for p, x in zip(plain, a)), extra  # they did something
+        # they did something
+        assert any(p.outputs[0].token_ids != x.outputs[0].token_ids for p, x in zip(plain, a)), extra
     assert sum(o.metrics.spec.num_accepted_tokens for o in b) > 0
 
 

@@ -95,7 +95,8 @@ def _env(*names: str) -> str | None:
 # llama.cpp's per-type draft lengths (current names): one cap and floor per request here, so with
 # several given (or --draft-max / --draft-min too) the largest cap and the smallest floor apply
 _TYPE_DRAFT_LENGTHS: dict[str, tuple[str, str]] = {"ngram-mod": ("--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max")}
-# llama.cpp's synthetic acceptance (a benchmarking drafter tokenleap does not have): a clear error, not "unrecognized arguments"
+# llama.cpp's synthetic acceptance (a benchmarking drafter tokenleap does not have): a clear error, not "unrecognized
+# arguments"
 _UNSUPPORTED_SPEC_FLAGS = ("--spec-synth-len", "--spec-synth-rates")
 
 
@@ -106,7 +107,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-type", default="auto", action=_SpecTypes, help=spec_type_help())
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative_config as a JSON object (instead of the flags below), e.g. '{\"method\": \"ngram\"}'")
-    # llama.cpp's spellings and environment variables (a string default goes through `type`: a bad value is a usage error)
+    # llama.cpp's spellings and environment variables (a string default goes through `type`: a bad value is a usage
+    # error)
     n_max, n_min = _env("LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"), _env("LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN")
     g.add_argument("--draft-max", "--spec-draft-n-max", "--draft", "--draft-n", type=int, default=n_max or "16", action=_StoreGiven, metavar="N",
                    help="draft tokens per step at most (env LLAMA_ARG_SPEC_DRAFT_N_MAX or LLAMA_ARG_DRAFT_MAX; default: 16)")
@@ -168,7 +170,8 @@ def _add_method_option_args(p: argparse.ArgumentParser) -> None:
             g.add_argument(*spellings, **kwargs)
         except argparse.ArgumentError as exc:  # a flag another option or command already has
             logging.getLogger(__name__).warning("method %r: no flag for option %r (%s)", record.name, f.name, exc)
-    for flag, (record, f) in cli_flags.cli_own_options().items():  # a method's own spelling (llama.cpp's per-type flags)
+    # a method's own spelling (llama.cpp's per-type flags)
+    for flag, (record, f) in cli_flags.cli_own_options().items():
         tp = option_types(record).get(f.name)
         own_help = cli_flags.option_help(record, f).replace(f"{record.name}: ", f"{record.name} only: ", 1)
         kwargs = {"dest": _flag_dest(flag), "default": None, "metavar": _METAVARS.get(tp, "VALUE"),
@@ -231,7 +234,8 @@ def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
     if draft is not None and not getattr(args, "spec_type_given", False):
         from tokenleap.drafters.spec import infer_method
 
-        spec_type = infer_method(str(draft))  # llama.cpp's -md alone, vLLM's model without a method: a draft model (or a head, by its name)
+        # llama.cpp's -md alone, vLLM's model without a method: a draft model (or a head, by its name)
+        spec_type = infer_method(str(draft))
     if spec_type in _NO_SPEC:
         return None
     members = [canonical(m) for m in _chain_members(spec_type)]
@@ -607,7 +611,8 @@ def _spec_lines(out: Any, method: str | None = None) -> str:
     m = out.metrics
     s = m.spec
     per_pos = " ".join(f"{r:.2f}" for r in s.acceptance_rate_per_position()) or "-"
-    llama = "" if method is None else "".join(line + "\n" for line in s.llama_cpp_lines(method))  # a chain: one per member too
+    # a chain: one per member too
+    llama = "" if method is None else "".join(line + "\n" for line in s.llama_cpp_lines(method))
     return llama + (
         f"[spec] target forwards {m.num_forward_passes}, mean acceptance length {m.mean_acceptance_length:.2f}\n"
         f"[spec] drafts generated {s.num_drafts}, draft tokens {s.num_draft_tokens}, accepted {s.num_accepted_tokens} "

@@ -61,5 +61,6 @@ class EngineConfig:
 
 SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
 ACCEPTANCE_RULES = ("exact", "typical-lossy")  # sampled requests; "typical-lossy" changes the output distribution
-MAX_DRAFT_TOKENS = 64  # llama.cpp's --draft-max 64; k + 1 verify rows go through `forward_batch`, row-invariant at any row count
+# llama.cpp's --draft-max 64; k + 1 verify rows go through `forward_batch`, row-invariant at any row count
+MAX_DRAFT_TOKENS = 64
 DEFAULT_DRAFT_TOKENS = 16  # the default draft length cap

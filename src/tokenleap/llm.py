@@ -39,7 +39,8 @@ from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import Tokenizer
 from tokenleap.types import RequestOutput
 
-Prompt = str | Sequence[int] | dict[str, Any]  # text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
+# text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
+Prompt = str | Sequence[int] | dict[str, Any]
 Message = dict[str, str]
 Conversations = Sequence[Message] | Sequence[Sequence[Message]]  # one conversation or several
 ParamsArg = SamplingParams | Sequence[SamplingParams] | None  # one for all prompts, or one per prompt

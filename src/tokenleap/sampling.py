@@ -40,14 +40,17 @@ class SamplingParams:
     ignore_eos: bool = False
     presence_penalty: float = 0.0  # OpenAI: subtracted from the logit of every token already in the output
     frequency_penalty: float = 0.0  # OpenAI: subtracted once per occurrence in the output
-    repetition_penalty: float = 1.0  # CTRL / vLLM: divides positive (multiplies negative) logits of prompt and output tokens
-    min_tokens: int = 0  # EOS and stop_token_ids are masked (and stop strings not checked) until this many tokens are out
+    # CTRL / vLLM: divides positive (multiplies negative) logits of prompt and output tokens
+    repetition_penalty: float = 1.0
+    # EOS and stop_token_ids are masked (and stop strings not checked) until this many tokens are out
+    min_tokens: int = 0
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
     skip_special_tokens: bool = True  # leave special tokens (<|im_end|>, ...) out of the text
     logprobs: int | None = None  # per output token, its log-probability and the top N others' (0: only its own)
     structured_outputs: StructuredOutputsParams | None = None  # vLLM's: JSON schema / regex / choice / grammar
     guided_decoding: StructuredOutputsParams | None = None  # vLLM's former name for the same
-    n: int = 1  # completions per prompt (parallel sampling: one prefill, n samples; with a seed, sample i uses seed + i)
+    # completions per prompt (parallel sampling: one prefill, n samples; with a seed, sample i uses seed + i)
+    n: int = 1
 
     def __post_init__(self) -> None:
         so = self.structured_outputs if self.structured_outputs is not None else self.guided_decoding

@@ -97,7 +97,8 @@ class StructuredOutputsParams:
         if self.json_mode not in JSON_MODES:
             raise TokenleapError(f"json_mode must be 'strict' or 'lenient', got {self.json_mode!r}")
         if isinstance(self.json, dict):
-            object.__setattr__(self, "json", json.dumps(self.json))  # key order kept: it is the order of the output's properties
+            # key order kept: it is the order of the output's properties
+            object.__setattr__(self, "json", json.dumps(self.json))
         if self.choice is not None:
             choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
             if not choice or any(not isinstance(c, str) or not c for c in choice):

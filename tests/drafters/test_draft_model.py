@@ -109,7 +109,8 @@ def test_the_draft_has_its_own_kv_cache_type(tmp_path: Path) -> None:
     want = plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
     with pytest.raises(TokenleapError, match="needs a draft model of its own"):
         LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": DEFAULT_MODEL, "draft_cache_type_k": "q8_0"})
-    if not plain.model.kv_blocked:  # no blocked attention here (no AVX512-BF16): the draft's q8_0 cache is refused as the target's is
+    # no blocked attention here (no AVX512-BF16): the draft's q8_0 cache is refused as the target's is
+    if not plain.model.kv_blocked:
         with pytest.raises(TokenleapError, match="q8_0 KV cache needs the kernels' blocked attention"):
             LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": str(other), "draft_cache_type_k": "q8_0"})
         pytest.skip("q8_0 KV caches need the kernels' blocked bf16 attention (AVX512-BF16)")

@@ -109,7 +109,8 @@ def test_registered_method_is_in_the_servers_per_request_schema(repeat_method: A
 
 def test_registered_method_in_the_library_dict_api(repeat_method: Any) -> None:
     spec = SpecConfig.from_dict({"method": "repeat-last", "repeat_n": 3})
-    assert spec is not None and spec.method in registry.method_names() and spec.options_for() == RepeatOptions(3)  # read now: derived
+    # read now: derived
+    assert spec is not None and spec.method in registry.method_names() and spec.options_for() == RepeatOptions(3)
     assert SpecConfig.from_dict({"method": "repeat-last"}).options_for() == RepeatOptions(2)  # type: ignore[union-attr]
     with pytest.raises(TokenleapError, match="repeat_n must be in"):
         SpecConfig.from_dict({"method": "repeat-last", "repeat_n": 0})
@@ -224,7 +225,8 @@ def test_builtin_option_is_declared_once_and_derived_everywhere(capsys: pytest.C
         main(["generate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--spec-suffix-max-tree-depth N suffix: longest suffix indexed and matched (default: 64)" in help_text, help_text
-    assert "ngram, ngram-tree (prompt_lookup_max): longest n-gram looked up (default: 4)" in help_text  # one flag, two meanings
+    # one flag, two meanings
+    assert "ngram, ngram-tree (prompt_lookup_max): longest n-gram looked up (default: 4)" in help_text
     spec = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "suffix", "--spec-suffix-max-tree-depth", "16"])))
     assert spec is not None and spec.options_for() == SuffixOptions(suffix_decoding_max_tree_depth=16)
     with pytest.raises(TokenleapError, match="--spec-suffix-max-tree-depth is an option of method 'suffix'; --spec-type ngram does not use it"):
@@ -235,7 +237,8 @@ def test_builtin_option_is_declared_once_and_derived_everywhere(capsys: pytest.C
     props = ChatCompletionRequest.model_json_schema()["$defs"]["SpeculativeOverride"]["properties"]
     depth = props["suffix_decoding_max_tree_depth"]
     assert (depth["type"], depth["default"], depth["maximum"]) == ("integer", 64, 256) and "suffix" in depth["description"]
-    assert "suffix_decoding_max_cached_requests" not in props and "model" not in props  # the operator's: not per request
+    # the operator's: not per request
+    assert "suffix_decoding_max_cached_requests" not in props and "model" not in props
     state = SimpleNamespace(llm=SimpleNamespace(engine=SimpleNamespace(spec=None)), max_draft_tokens=16)
     spec = speculative(state, SpeculativeOverride.model_validate({"method": "suffix", "suffix_decoding_max_tree_depth": 16}))  # type: ignore[arg-type]
     assert isinstance(spec, SpecConfig) and spec.options_for() == SuffixOptions(suffix_decoding_max_tree_depth=16)
@@ -248,7 +251,8 @@ def test_builtin_option_is_declared_once_and_derived_everywhere(capsys: pytest.C
         SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 0})
     with pytest.raises(TokenleapError, match="option suffix_decoding_max_tree_depth must be int"):
         SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": "16"})
-    assert SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 1000}) is not None  # the library has no request limit
+    # the library has no request limit
+    assert SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 1000}) is not None
     assert SpecConfig("suffix").method_options == (("suffix", SuffixOptions()),)
     assert "suffix_decoding_max_tree_depth" not in {f.name for f in dataclasses.fields(SpecConfig)}
     options = {f.name for r in registry.builtin_methods() for f in r.option_fields}

@@ -243,7 +243,8 @@ def test_sampled_run_with_seed_is_reproducible(models: Models, variant: str) -> 
     llm = models.llm("bfloat16", variant)
     conv = models.conversations["summarization"]
     first = llm.chat(conv, SAMPLED, use_tqdm=False)[0]
-    llm.chat(models.conversations["qa"], SamplingParams(temperature=1.0, max_tokens=8), use_tqdm=False)  # unseeded, in between
+    # unseeded, in between
+    llm.chat(models.conversations["qa"], SamplingParams(temperature=1.0, max_tokens=8), use_tqdm=False)
     second = llm.chat(conv, SAMPLED, use_tqdm=False)[0]
     assert first.outputs[0].token_ids == second.outputs[0].token_ids
     assert first.outputs[0].text == second.outputs[0].text

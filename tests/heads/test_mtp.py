@@ -107,7 +107,8 @@ def test_the_target_loads_beside_its_mtp_layer_and_the_head_matches_the_referenc
     head = load_mtp(mimo, target)
     ids = torch.tensor([3, 17, 99, 5, 200, 41, 7, 8, 150, 2])
     n = len(ids) - 1
-    g = target.forward(ids, torch.arange(len(ids)), target.new_kv_cache()).hidden[:n]  # the target's normed final states
+    # the target's normed final states
+    g = target.forward(ids, torch.arange(len(ids)), target.new_kv_cache()).hidden[:n]
     e = head.embed_tokens(ids[1:].tolist())
     ours = head.layer(g, e, torch.arange(n), HeadKV(NKV, HD), torch.ones(n, n, dtype=torch.bool).tril())
     ref = _reference(_mtp_tensors(), g, e, target.config.rope_theta)

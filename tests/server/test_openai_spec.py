@@ -36,7 +36,8 @@ from .conftest import wait_idle
 
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "tokenleap-hypothesis")  # not a .hypothesis/ in the checkout
 _ASKED = os.environ.get("TOKENLEAP_SPEC_EXAMPLES")
-CHAT_EXAMPLES, COMPLETION_EXAMPLES = (int(_ASKED), int(_ASKED)) if _ASKED else (80, 120)  # drawing a chat body costs ~0.15 s
+# drawing a chat body costs ~0.15 s
+CHAT_EXAMPLES, COMPLETION_EXAMPLES = (int(_ASKED), int(_ASKED)) if _ASKED else (80, 120)
 NAME = "tiny-spec"
 VOCAB = 49152  # SmolLM2's tokenizer
 MAX_TOKENS = 3

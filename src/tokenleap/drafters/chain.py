@@ -71,7 +71,8 @@ class ChainDrafter:
             raise ValueError(f"a drafter chain of {len(self.drafters)} members got {len(raw)} names")
         self.names = [n if raw.count(n) == 1 else f"{n}#{i + 1}" for i, n in enumerate(raw)]
         self._stats: dict[str, list[SpecStats]] = {}  # request -> each member's counters
-        self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]  # the Drafter protocol's flag (a user's may lack it)
+        # the Drafter protocol's flag (a user's may lack it)
+        self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]
         self.needs_hidden_states = bool(self._readers)
         self.hidden_layers = tuple(sorted({layer for d in self._readers for layer in hidden_layers_of(d)}))
         self.wins = [0] * len(self.drafters)  # how often each drafter's proposal was used

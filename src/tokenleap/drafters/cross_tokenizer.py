@@ -52,7 +52,8 @@ class CrossTokenizerDrafter:
 
     def __init__(self, model: CausalLM, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer, p_min: float = 0.0) -> None:
         self.model = model
-        self.p_min = p_min  # stop where the draft model's top probability falls below this (draft-model's draft_p_min; 0: never)
+        # stop where the draft model's top probability falls below this (draft-model's draft_p_min; 0: never)
+        self.p_min = p_min
         self.draft_tok = draft_tokenizer
         self.target_tok = target_tokenizer
         self._states: dict[str, _State] = {}

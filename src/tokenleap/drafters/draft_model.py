@@ -80,7 +80,8 @@ class DraftModelDrafter:
         self.relative_draft_cost = relative_draft_cost
         self.p_min = p_min  # stop a draft where the draft model's top probability falls below this (0: never)
         self.vocab = vocab  # the token ids of the model's logits' columns (a reduced head), None: all
-        self.context = context  # the draft reads a prompt's last `context` tokens only (0: all of it; None: auto_draft_context)
+        # the draft reads a prompt's last `context` tokens only (0: all of it; None: auto_draft_context)
+        self.context = context
         self._states: dict[str, _State] = {}
 
     def _logits(self, hidden: torch.Tensor, row: int) -> torch.Tensor:

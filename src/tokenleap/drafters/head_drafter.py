@@ -219,7 +219,8 @@ class HeadDrafter:
     def _tree(self, h: torch.Tensor, L: int, kv: HeadKV, budget: int) -> Draft:
         """EAGLE-2: expand the `topk` best frontier nodes per depth (topk children each), rerank
         every candidate by cumulative log-probability, keep the best `budget` nodes."""
-        head, topk, depth = self.head, self.tree.topk, min(self.tree.depth, budget)  # deeper than the budget cannot be kept
+        # deeper than the budget cannot be kept
+        head, topk, depth = self.head, self.tree.topk, min(self.tree.depth, budget)
         base = kv.length  # = L: the head's true slots
         # candidate nodes: (score, token, parent candidate index or -1, depth)
         scores: list[float] = []

@@ -81,7 +81,8 @@ class MethodRecord:
         if self.options is not None and not (dataclasses.is_dataclass(self.options) and isinstance(self.options, type)):
             raise TokenleapError(f"method {name!r}: options must be a dataclass type, got {self.options!r}")
         fields = tuple(self.fields)
-        if self.options is not None and OPTIONS_FIELD not in fields:  # the factory reads its options there (`options_of`)
+        # the factory reads its options there (`options_of`)
+        if self.options is not None and OPTIONS_FIELD not in fields:
             fields = (*fields, OPTIONS_FIELD)
         object.__setattr__(self, "fields", fields)
         object.__setattr__(self, "aliases", tuple(self.aliases))

@@ -174,7 +174,8 @@ class NgramModOptions:
             raise TokenleapError(f"ngram_size_n and ngram_mod_pool_size must be >= 1, got {self.ngram_size_n} and {self.ngram_mod_pool_size}")
 
 
-def _build(config: SpecConfig, *, pools: PoolStore, **_: Any) -> NgramModDrafter:  # one pool per (n, size) for every drafter of a registry
+# one pool per (n, size) for every drafter of a registry
+def _build(config: SpecConfig, *, pools: PoolStore, **_: Any) -> NgramModDrafter:
     opts = options_of(config, "ngram-mod", NgramModOptions)
     n, size = opts.ngram_size_n, opts.ngram_mod_pool_size
     return NgramModDrafter(n, size, pool=pools.get(n, size))

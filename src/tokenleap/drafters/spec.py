@@ -58,13 +58,16 @@ class SpecConfig:
     """
 
     method: str
-    num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS  # draft length cap (llama.cpp: --draft-max; adaptive drafting picks within it)
+    # draft length cap (llama.cpp: --draft-max; adaptive drafting picks within it)
+    num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS
     draft_min: int = 0  # drafts shorter than this are not verified (llama.cpp: --draft-min)
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
-    chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins (draftless ones before a draft model)
+    # method "chain": these methods in order, the first that proposes wins (draftless ones before a draft model)
+    chain: tuple[str, ...] = ()
     sampled_tree: str = "full"  # sampled requests verify a tree draft: "full" (every branch, lossless) or "first-path"
-    acceptance: str = "exact"  # sampled requests: "exact" (lossless) or "typical-lossy" (Medusa's typical acceptance, NOT lossless)
+    # sampled requests: "exact" (lossless) or "typical-lossy" (Medusa's typical acceptance, NOT lossless)
+    acceptance: str = "exact"
     typical_threshold: float = 0.09  # typical-lossy: accept x when p(x) > min(threshold, alpha * exp(-H(p)))
     typical_alpha: float = 0.3
     # each used method's own options: ((method, options dataclass instance), ...) for the method
@@ -116,7 +119,8 @@ class SpecConfig:
         if flat:
             given = merge_options(given, flat_options(CHAIN_SEPARATOR.join(involved), flat))
         object.__setattr__(self, "method_options", normalize_options(involved, given))
-        if record.needs_model and not getattr(self.options_for(method), "model", None):  # eagle3 without a model: the head shipped for the target
+        # eagle3 without a model: the head shipped for the target
+        if record.needs_model and not getattr(self.options_for(method), "model", None):
             raise TokenleapError(f"method {method!r} needs {record.needs_model}: speculative_config['model'] (CLI: --model-draft)")
         if self.sampled_tree not in SAMPLED_TREE_MODES:
             raise TokenleapError(f"sampled_tree must be one of {', '.join(SAMPLED_TREE_MODES)}, got {self.sampled_tree!r}")
@@ -168,7 +172,8 @@ class SpecConfig:
                 raise TokenleapError("speculative_config needs a 'method' (or a draft 'model')")
             return None
         known = set(cls.__dataclass_fields__)
-        if set(raw) - known:  # methods' own options, as top-level keys (any built-in method's, as when SpecConfig held them all)
+        # methods' own options, as top-level keys (any built-in method's, as when SpecConfig held them all)
+        if set(raw) - known:
             known |= set(option_owners(str(raw.get("method", "")))) | builtin_option_names()
         unknown = sorted(set(raw) - known)
         if unknown:

@@ -123,9 +123,11 @@ class Engine:
         if spec is not None and self.drafter is not None:
             self._drafters[spec.drafter_key()] = self.drafter
         self._ids = itertools.count()
-        self._grammar_tokenizer: GrammarTokenizer | None = None  # llguidance's view of the tokenizer, built on first use
+        # llguidance's view of the tokenizer, built on first use
+        self._grammar_tokenizer: GrammarTokenizer | None = None
         self._cost_curve = cost_curve  # measured on first need unless given (engines on one model can share one)
-        self._trace = trace if trace is not None else SpecTrace.from_env()  # TOKENLEAP_SPEC_TRACE=FILE: one line per verified draft
+        # TOKENLEAP_SPEC_TRACE=FILE: one line per verified draft
+        self._trace = trace if trace is not None else SpecTrace.from_env()
 
     def cost_curve(self, cap: int | None = None) -> CostCurve:
         """Relative cost of verifying k drafts. Measured once, on first need, for drafts up to
@@ -249,7 +251,8 @@ class Engine:
         out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=[layer for layer in layers if layer >= 0])
         if layers:  # a head drafter reads the prompt's target features (same forward)
             features = _with_final(out, layers)
-            cast(ReadsHiddenStates, req.drafter).observe(req.request_id, start, req.prompt_ids[start:end], features)  # layers non-empty: it reads them
+            # layers non-empty: it reads them
+            cast(ReadsHiddenStates, req.drafter).observe(req.request_id, start, req.prompt_ids[start:end], features)
             if req.params.n > 1:  # the forked samples' drafters read them too (`fork`)
                 req.prompt_features.append((start, req.prompt_ids[start:end], {k: v.clone() for k, v in features.items()}))
         done = end == len(req.prompt_ids)
@@ -352,7 +355,8 @@ class Engine:
     def begin(self, req: Request) -> None:
         """Register a request with its drafter (before its prefill)."""
         if req.drafter is not None:
-            if isinstance(req.drafter, WeighsCost) and req.controller is not None:  # a chain weighing its members' drafts
+            # a chain weighing its members' drafts
+            if isinstance(req.drafter, WeighsCost) and req.controller is not None:
                 req.drafter.use_cost_curve(req.controller.curve)
             t0 = time.perf_counter()
             req.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
@@ -482,7 +486,8 @@ class Engine:
             tokens, accepted, depth, path = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents)), tree.path
         # the row each committed token came from: row 0, then the row after each accepted node
         rows = [0, *((path[j] + 1) if path is not None else (j + 1) for j in range(len(tokens) - 1))]
-        entries = self._logprobs(req, raw[rows], tokens) if req.params.logprobs is not None else None  # a copy only when asked
+        # a copy only when asked
+        entries = self._logprobs(req, raw[rows], tokens) if req.params.logprobs is not None else None
         if req.drafter is not None:
             t0 = time.perf_counter()
             req.drafter.accept(req.request_id, tokens, accepted)

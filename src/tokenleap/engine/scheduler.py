@@ -56,10 +56,12 @@ T = TypeVar("T")  # what the driver tags a job with (offline: its index; the ser
 class SchedulerOutput(Generic[T]):
     """What one `prefill` / `decode` / `step` did, each request with its job's tag."""
 
-    started: list[tuple[T, Request]] = field(default_factory=list)  # got their first token (a prefill's last chunk, or a fork of it)
+    # got their first token (a prefill's last chunk, or a fork of it)
+    started: list[tuple[T, Request]] = field(default_factory=list)
     stepped: list[tuple[T, Request]] = field(default_factory=list)  # decoded one step (finished ones included)
     finished: list[tuple[T, Request]] = field(default_factory=list)  # ended, already freed
-    failed: list[tuple[T, Request, Exception]] = field(default_factory=list)  # rolled back and freed (`isolate_failures` only)
+    # rolled back and freed (`isolate_failures` only)
+    failed: list[tuple[T, Request, Exception]] = field(default_factory=list)
 
     def extend(self, other: SchedulerOutput[T]) -> SchedulerOutput[T]:
         self.started += other.started

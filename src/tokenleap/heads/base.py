@@ -205,7 +205,8 @@ class LayerHead:
         qg = q.view(n, kvh, rep, hd).permute(1, 0, 2, 3).reshape(kvh, n * rep, hd)
         scores = torch.matmul(qg, keys.permute(1, 2, 0)) * (1.0 / math.sqrt(hd))  # [kvh, n*rep, S]
         mask = visible.unsqueeze(1).expand(n, rep, visible.shape[-1]).reshape(n * rep, -1)
-        a = torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), values.transpose(0, 1))  # [kvh, n*rep, hd]
+        # [kvh, n*rep, hd]
+        a = torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), values.transpose(0, 1))
         a = a.view(kvh, n, rep, hd).permute(1, 0, 2, 3).reshape(n, qs)
         return self._linear(a, self.wo)
 

@@ -166,7 +166,8 @@ class Eagle3Head(LayerHead):
         self.norm = f32("norm.weight")
         self.lm_head = lin("lm_head.weight")
         # the target hidden states the engine must capture: output of layer l-1 = input of layer l
-        self.hidden_layers = tuple(sorted({layer - 1 for layer in c.aux_layers if layer > 0})) or (0,)  # never empty: it turns `observe` on
+        # never empty: it turns `observe` on
+        self.hidden_layers = tuple(sorted({layer - 1 for layer in c.aux_layers if layer > 0})) or (0,)
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """[n, 3 H_target] concatenated aux states -> the feature g [n, H]."""

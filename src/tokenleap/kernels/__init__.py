@@ -282,7 +282,8 @@ class CpuKernels:
             raise ValueError(f"kernel attention: qkv {tuple(qkv.shape)} does not fit the plan ({plan.rows} rows)")
         qkv = qkv.contiguous()
         out = torch.empty(rows, heads * head_dim, dtype=torch.float32)
-        desc, _work = self.attention_desc(plan, heads, kv_heads, head_dim, cos, sin)  # _work: its buffers, alive for the call
+        # _work: its buffers, alive for the call
+        desc, _work = self.attention_desc(plan, heads, kv_heads, head_dim, cos, sin)
         if self.lib.tl_attention_run(ctypes.byref(desc), qkv.data_ptr(), layer, out.data_ptr()) != 0:
             raise ValueError("kernel attention: this build lacks the kernel these caches need")
         return out

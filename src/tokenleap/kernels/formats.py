@@ -49,7 +49,8 @@ class PackedWeight:
         return self.data.permute(0, 2, 1, 3).reshape(self.out_dim, self.in_dim)
 
 
-_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS, _Q3K, _Q2K, _Q50X8, _Q51X8 = range(1, 13)  # quant.h's TLQ_* (the table below)
+# quant.h's TLQ_* (the table below)
+_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS, _Q3K, _Q2K, _Q50X8, _Q51X8 = range(1, 13)
 # IQ4_NL's non-linear grid: w = d IQ4NL_VALUES[q] (ggml's kvalues_iq4nl; quant.h's tlq_iq4nl)
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
@@ -189,8 +190,10 @@ def _dequantize_q2k(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     """quant.h's Q2K groups -> float32 `[out, in]`: (d sc) q - dmin m per 16 inputs."""
     groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
     g = g.reshape(groups, nsb, -1)
-    d, dmin = (np.ascontiguousarray(g[..., a : a + 16]).view(np.float16).astype(np.float32) for a in (0, 16))  # [G, nsb, o]
-    scm = g[..., 32:160].reshape(groups, nsb, 4, 8, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 8, 16)  # [G, nsb, o, k]
+    # [G, nsb, o]
+    d, dmin = (np.ascontiguousarray(g[..., a : a + 16]).view(np.float16).astype(np.float32) for a in (0, 16))
+    # [G, nsb, o, k]
+    scm = g[..., 32:160].reshape(groups, nsb, 4, 8, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 8, 16)
     dl = d[..., None] * (scm & 15).astype(np.float32)
     ml = dmin[..., None] * (scm >> 4).astype(np.float32)
     crumbs = g[..., 160:].reshape(groups, nb, 2, 8, 4)  # [G, nb, u, o, i]
@@ -230,7 +233,8 @@ def _dequantize_q3k(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     low2 = (crumbs[:, :, :, None] >> (2 * s)[None, None, None, :, None, None]) & 3  # [G, nb, u, s, o, i]
     third = (thirds[:, :, None] >> np.arange(8, dtype=np.uint8)[None, None, :, None, None]) & 1  # [G, nb, g, o, i]
     q = low2.reshape(groups, nb, 8, 8, 4) | (third << 2)  # [G, nb, g, o, i]
-    qf = q.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nsb, 16, 16).astype(np.float32) - np.float32(4)  # [G, o, nsb, k, 16]
+    # [G, o, nsb, k, 16]
+    qf = q.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nsb, 16, 16).astype(np.float32) - np.float32(4)
     w = dl.transpose(0, 2, 1, 3)[..., None] * qf
     return np.ascontiguousarray(w.reshape(out_dim, in_dim))
 
@@ -272,8 +276,9 @@ def _dequantize_k(fmt: int, g: np.ndarray, out_dim: int, in_dim: int) -> np.ndar
         else:
             body = g[..., 128:].reshape(groups, nsb, 8, 160)
             hb = body[..., 128:].reshape(groups, nsb, 8, 8, 4)  # [G, nsb, j, o, i]
+            # [G, nsb, j, o, 8, i]
             h = np.concatenate([np.stack([(hb >> t) & 1 for t in range(4)], axis=-2),
-                                np.stack([(hb >> (4 + t)) & 1 for t in range(4)], axis=-2)], axis=-2)  # [G, nsb, j, o, 8, i]
+                                np.stack([(hb >> (4 + t)) & 1 for t in range(4)], axis=-2)], axis=-2)
             h = h.reshape(groups, nsb, 8, 8, 32).transpose(0, 3, 1, 2, 4)  # [G, o, nsb, j, 32]
             q = (unnibble(body[..., :128]) | (h << 4)).astype(np.float32)
         scale = (d[:, :, None, :] * sc).transpose(0, 3, 1, 2)[..., None]  # [G, o, nsb, j, 1]

@@ -191,7 +191,8 @@ class FusedLayers:
                     hidden[i] = torch.empty(rows, self.dim, dtype=torch.float32)
                     outs[i] = hidden[i].data_ptr()
             f.hidden_out = ctypes.addressof(outs)
-        f.attn, _work = kernels.attention_desc(plan, self.heads, self.kv_heads, hd, cos, sin)  # _work: alive for the call
+        # _work: alive for the call
+        f.attn, _work = kernels.attention_desc(plan, self.heads, self.kv_heads, hd, cos, sin)
         if self.has_local:  # the struct is read for sliding-window layers only
             f.attn_local, _work_local = self._local_desc(plan, cos, sin, local, f.attn)
         if kernels.lib.tl_forward_layers(ctypes.byref(f)) != 0:

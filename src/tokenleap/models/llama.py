@@ -327,7 +327,8 @@ class LlamaModel:
         c = self.config
         starts = self._reserve(seqs)
         plans = self._row_plans(seqs, starts)
-        if True not in plans:  # token trees over blocked caches past the window: the per-op block (it reserves the same slots)
+        # token trees over blocked caches past the window: the per-op block (it reserves the same slots)
+        if True not in plans:
             return self._forward_blocks(seqs, return_hidden, row_invariant=True)
         self._rope_upto(plans[False].positions)
         eps = c.rms_norm_eps
@@ -344,7 +345,8 @@ class LlamaModel:
         q_mult = query_multiplier(c)
         for idx, layer in enumerate(self.layers):
             qkv = kernels.linear(x, layer.wqkv, layer.bqkv, norm=(layer.attn_norm, eps))
-            if layer.q_norm is not None and layer.k_norm is not None:  # QK-norm (Qwen3, Gemma 3), the query scale folded in
+            # QK-norm (Qwen3, Gemma 3), the query scale folded in
+            if layer.q_norm is not None and layer.k_norm is not None:
                 kernels.head_norm(qkv, 0, c.num_heads, c.head_dim, layer.q_norm, eps, q_mult if q_mult is not None else 1.0)
                 kernels.head_norm(qkv, c.q_size, c.num_kv_heads, c.head_dim, layer.k_norm, eps)
             plan, cos, sin = local if c.is_sliding(idx) else glob
@@ -479,7 +481,8 @@ class LlamaModel:
                 hidden_states[idx] = x.clone()
         for s in seqs:
             s.kv.commit(int(s.input_ids.shape[0]))
-        final = kernels.rmsnorm(x, self.norm, eps) if kernels is not None else self._rms_norm(x, self.norm)  # the fused path's final norm on the kernels
+        # the fused path's final norm on the kernels
+        final = kernels.rmsnorm(x, self.norm, eps) if kernels is not None else self._rms_norm(x, self.norm)
         return ModelOutput(final, hidden_states)
 
     def _attend_torch(

@@ -184,7 +184,8 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
     default = state.llm.engine.spec
     if override.method_options():  # methods' own options (method records): {method: {option: value}} over the server's
         options, rest = split_options(method, override.method_options())
-        foreign = sorted(set(rest) - builtin_option_names())  # a built-in method's option: checked and dropped, as in the library
+        # a built-in method's option: checked and dropped, as in the library
+        foreign = sorted(set(rest) - builtin_option_names())
         if foreign:
             raise APIError(400, f"speculative method {method!r} has no option(s) {', '.join(foreign)}", param="speculative")
         knobs["method_options"] = merge_options(default.method_options if default is not None else None, options)
@@ -299,8 +300,9 @@ async def completions(request: Request, state: ServerState) -> Response:
     echo = tuple(t for t in texts for _ in range(body.n)) if body.echo else ()
     fmt = CompletionFormatter(request_id, body.model or state.model_name, _method_name(state, spec), body.logprobs or 0, echo=echo)
     fmt.prompt_tokens = sum(len(ids) for ids in ids_list)
+    # one per prompt, of params.n samples (one prefill each)
     jobs = [Job(f"{request_id}-p{i}" if len(prompts) > 1 else request_id, ids, params, spec, prompt=text if isinstance(prompts[i], str) else None)
-            for i, (ids, text) in enumerate(zip(ids_list, texts))]  # one per prompt, of params.n samples (one prefill each)
+            for i, (ids, text) in enumerate(zip(ids_list, texts))]
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if scoring:
         outs = [RequestOutput(j.request_id, j.prompt, j.prompt_ids, [CompletionOutput(0, "", [], "length")], True)

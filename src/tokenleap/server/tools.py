@@ -132,7 +132,8 @@ def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None
         if any(f.name == name for f in funcs):
             raise TokenleapError(f"tools[{i}]: duplicate function name {name!r}")
         params = fn.get("parameters")
-        params = {"type": "object", "properties": {}} if params is None else params  # OpenAI: no parameters, no arguments
+        # OpenAI: no parameters, no arguments
+        params = {"type": "object", "properties": {}} if params is None else params
         if not isinstance(params, dict):
             raise TokenleapError(f"tools[{i}].function.parameters must be a JSON schema object")
         desc = fn.get("description", "")

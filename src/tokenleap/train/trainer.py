@@ -57,7 +57,8 @@ HEAD_TYPES = ("eagle3", "medusa", "mtp")
 @dataclass(frozen=True)
 class TrainConfig:
     output: Path
-    head_type: str = "eagle3"  # or "medusa" (Medusa-1 heads sharing the target's LM head), "mtp" (a MiMo-layout MTP layer)
+    # or "medusa" (Medusa-1 heads sharing the target's LM head), "mtp" (a MiMo-layout MTP layer)
+    head_type: str = "eagle3"
     medusa_heads: int = 4
     data: tuple[str, ...] = ("sharegpt",)
     max_samples: int | None = 2000
@@ -305,10 +306,12 @@ class Batch:
     aux: torch.Tensor  # [B, T, 3H]
     ids: torch.Tensor  # [B, T]
     target_logp: torch.Tensor  # [B, T, Vd] log-probs of the target over the draft vocabulary (row r predicts x_{r+1})
-    valid: torch.Tensor  # [B, T] bool: row r's label counts (assistant token x_{r+1}, target argmax in the draft vocabulary)
+    # [B, T] bool: row r's label counts (assistant token x_{r+1}, target argmax in the draft vocabulary)
+    valid: torch.Tensor
     target_argmax_draft: torch.Tensor  # [B, T] draft id of the target argmax (accuracy)
     tokens: int
-    assistant: torch.Tensor | None = None  # [B, T] bool: x_{r+1} is an assistant token (the chain acceptance's positions)
+    # [B, T] bool: x_{r+1} is an assistant token (the chain acceptance's positions)
+    assistant: torch.Tensor | None = None
 
 
 def make_batch(source: RuntimeFeatures | TorchFeatures, examples: Sequence[Example], vocab: DraftVocab,
