@@ -46,10 +46,14 @@ def step_seconds(model: CausalLM, context: int, steps: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("target", help="the target (a registered name or a .gguf file)")
     ap.add_argument("draft", help="the draft model, with the target's tokenizer")
-    ap.add_argument("--vocab", type=csv_of(int), default="0,32768,16384", help="draft vocabularies to time (0: the whole)")
+    ap.add_argument(
+        "--vocab", type=csv_of(int), default="0,32768,16384", help="draft vocabularies to time (0: the whole)"
+    )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=8, help="decode steps per model and round (the best counts)")
     ap.add_argument("--context", type=int, default=256, help="cached tokens before the timed steps")
@@ -74,19 +78,35 @@ def main() -> int:
         target_ms.append(1e3 * t)
         for n, model in drafts.items():
             ratios[n].append(step_seconds(model, args.context, args.steps) / t)
-        print(f"round {r + 1}: target {1e3 * t:.1f} ms; " + ", ".join(f"vocab {n or 'all'} {ratios[n][-1]:.3f}" for n in args.vocab), flush=True)
+        print(
+            f"round {r + 1}: target {1e3 * t:.1f} ms; "
+            + ", ".join(f"vocab {n or 'all'} {ratios[n][-1]:.3f}" for n in args.vocab),
+            flush=True,
+        )
     result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "target": args.target, "draft": args.draft,
-        "context": args.context, "target_step_ms": {"best": min(target_ms), "median": statistics.median(target_ms)},
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu_name(),
+        "target": args.target,
+        "draft": args.draft,
+        "context": args.context,
+        "target_step_ms": {"best": min(target_ms), "median": statistics.median(target_ms)},
         "target_bytes_per_token": target.weight_bytes_per_token(),
-        "vocabularies": {str(n): {"vocab": int(m.compute_logits(torch.zeros(1, m.config.hidden_size)).shape[-1]),
-                           "bytes_per_token": m.weight_bytes_per_token(),
-                           "ratio_best": min(ratios[n]), "ratio_median": statistics.median(ratios[n])} for n, m in drafts.items()},
+        "vocabularies": {
+            str(n): {
+                "vocab": int(m.compute_logits(torch.zeros(1, m.config.hidden_size)).shape[-1]),
+                "bytes_per_token": m.weight_bytes_per_token(),
+                "ratio_best": min(ratios[n]),
+                "ratio_median": statistics.median(ratios[n]),
+            }
+            for n, m in drafts.items()
+        },
     }
     print(f"{cpu_name()}: target step {min(target_ms):.1f} ms ({target.weight_bytes_per_token() / 1e6:.0f} MB a token)")
     print("| draft vocabulary | MB a token | draft step / target step (best / median) |\n| --- | --- | --- |")
     for row in result["vocabularies"].values():
-        print(f"| {row['vocab']} | {row['bytes_per_token'] / 1e6:.0f} | {row['ratio_best']:.3f} / {row['ratio_median']:.3f} |")
+        print(
+            f"| {row['vocab']} | {row['bytes_per_token'] / 1e6:.0f} | {row['ratio_best']:.3f} / {row['ratio_median']:.3f} |"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -722,9 +722,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "transformers_engines": hf_info,
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else " ".join(argv),
         },
-        "config": {"max_tokens": args.max_tokens, "questions_per_group": args.questions_per_group,
-                   "quick": args.quick, "engines": [e.name for e in engines], "repeats": args.repeats},
-        "prompts": [{**asdict(q), "text": q.text[:80], "prompt_tokens": len(ids)} for q, ids in zip(questions, prompts)],
+        "config": {
+            "max_tokens": args.max_tokens,
+            "questions_per_group": args.questions_per_group,
+            "quick": args.quick,
+            "engines": [e.name for e in engines],
+            "repeats": args.repeats,
+        },
+        "prompts": [
+            {**asdict(q), "text": q.text[:80], "prompt_tokens": len(ids)} for q, ids in zip(questions, prompts)
+        ],
     }
 
     def save(complete: bool) -> None:  # partial results survive an interrupted run

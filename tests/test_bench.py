@@ -33,7 +33,17 @@ def test_default_questions_cover_all_groups_with_categories_in_turn() -> None:
 
 def test_messages_format_and_bad_lines(tmp_path: Path) -> None:
     good = tmp_path / "m.jsonl"
-    good.write_text(json.dumps({"category": "edit", "messages": [{"role": "user", "content": "hi"}], "assistant_prefix": "```", "stop": "\n```"}) + "\n")
+    good.write_text(
+        json.dumps(
+            {
+                "category": "edit",
+                "messages": [{"role": "user", "content": "hi"}],
+                "assistant_prefix": "```",
+                "stop": "\n```",
+            }
+        )
+        + "\n"
+    )
     (q,) = load_questions(good, 5)
     assert q.group == "edit" and q.turns == ("hi",) and q.assistant_prefix == "```" and q.stop == ("\n```",)
     bad_stop = tmp_path / "s.jsonl"
@@ -71,7 +81,16 @@ def test_parse_methods_takes_each_methods_options() -> None:
         parse_methods("draft-model:draft_vocab=-1", 4, model="m")
 
 
-def _rec(method: str, group: str, tokens: int, wall: float, decode: float, forwards: int, decode_tokens: int, match: bool = True) -> Record:
+def _rec(
+    method: str,
+    group: str,
+    tokens: int,
+    wall: float,
+    decode: float,
+    forwards: int,
+    decode_tokens: int,
+    match: bool = True,
+) -> Record:
     return Record("1", group, 0, method, tokens, forwards, decode_tokens, wall, decode, wall - decode, 0, 0, match)
 
 

@@ -57,7 +57,9 @@ class SamplingParams:
         if isinstance(so, dict):
             so = StructuredOutputsParams(**so)
         if so is not None and not isinstance(so, StructuredOutputsParams):
-            raise TokenleapError(f"structured_outputs must be a StructuredOutputsParams (or a dict of its fields), got {type(so).__name__}")
+            raise TokenleapError(
+                f"structured_outputs must be a StructuredOutputsParams (or a dict of its fields), got {type(so).__name__}"
+            )
         object.__setattr__(self, "structured_outputs", so)
         object.__setattr__(self, "guided_decoding", None)
         stop = self.stop
@@ -67,7 +69,11 @@ class SamplingParams:
             stop = (stop,)
         object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in (self.stop_token_ids or ())))
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if (
+            not isinstance(self.temperature, (int, float))
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
             raise TokenleapError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise TokenleapError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -91,8 +97,14 @@ class SamplingParams:
         rp = self.repetition_penalty
         if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not math.isfinite(rp) or rp <= 0:
             raise TokenleapError(f"repetition_penalty must be > 0 and finite, got {rp}")
-        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise TokenleapError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if (
+            isinstance(self.min_tokens, bool)
+            or not isinstance(self.min_tokens, int)
+            or not 0 <= self.min_tokens <= self.max_tokens
+        ):
+            raise TokenleapError(
+                f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
 
     @property
     def greedy(self) -> bool:

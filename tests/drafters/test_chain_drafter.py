@@ -128,7 +128,11 @@ def test_each_member_counts_its_calls_and_names_its_drafts() -> None:
     draft = chain.propose("r", [1, 2, 3], 4)
     assert (draft.tokens, draft.source) == ([7, 8], "ngram-mod")
     chain.accept("r", [7, 8, 5], 2)
-    assert [(s.num_begin_calls, s.num_propose_calls, s.num_accept_calls) for s in stats.values()] == [(1, 1, 1), (1, 1, 1), (1, 0, 1)]
+    assert [(s.num_begin_calls, s.num_propose_calls, s.num_accept_calls) for s in stats.values()] == [
+        (1, 1, 1),
+        (1, 1, 1),
+        (1, 0, 1),
+    ]
     assert all(s.begin_seconds >= 0 and s.draft_seconds >= 0 for s in stats.values())
     assert chain.propose("r", [1, 2, 3], 4).source == "ngram-mod"
     assert chain.member_statistics("r")["ngram-mod"].num_propose_calls == 2  # the same live counters

@@ -82,7 +82,9 @@ class ChainDrafter:
         with_model = [isinstance(d, DraftsWithModel) for d in self.drafters]
         self._precedence = [i for i, m in enumerate(with_model) if not m] + [i for i, m in enumerate(with_model) if m]
         # cost-aware: the free members first (their drafts cost nothing to look at), then the costly ones
-        self._order = [i for i in self._precedence if self.costs[i] <= 0] + [i for i in self._precedence if self.costs[i] > 0]
+        self._order = [i for i in self._precedence if self.costs[i] <= 0] + [
+            i for i in self._precedence if self.costs[i] > 0
+        ]
         self.decay = decay
         self.probe_every = probe_every
         self._curve: Any = None  # the engine's CostCurve (`use_cost_curve`); else cost(L) = 1 + 0.05 L
@@ -194,7 +196,9 @@ class ChainDrafter:
 
 
 def _build(config: Any, *, registry: Any, **context: Any) -> ChainDrafter:
-    return ChainDrafter([registry.create(m, dataclasses.replace(config, method=m), **context) for m in config.chain], names=config.chain)
+    return ChainDrafter(
+        [registry.create(m, dataclasses.replace(config, method=m), **context) for m in config.chain], names=config.chain
+    )
 
 
 def _registry(registry: Any) -> dict[str, Any]:
@@ -202,10 +206,13 @@ def _registry(registry: Any) -> dict[str, Any]:
 
 
 METHOD = MethodRecord(
-    "chain", _build, "the first drafter of a chain that proposes, draftless ones asked before a draft model",
+    "chain",
+    _build,
+    "the first drafter of a chain that proposes, draftless ones asked before a draft model",
     fields=("chain", "method_options"),  # and each member's own fields; members' options pass through
-    per_request=False, shared=_registry,
+    per_request=False,
+    shared=_registry,
     doc="the first drafter in the chain that proposes, draftless ones asked before a draft model (llama.cpp's precedence); with a head, "
-        "the best expected tokens per unit of cost",
+    "the best expected tokens per unit of cost",
     knobs="`chain` (or the method `a+b`)",
 )

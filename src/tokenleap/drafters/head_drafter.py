@@ -348,7 +348,9 @@ class MedusaDrafter:
             frontier = sorted(children, key=lambda i: -scores[i])[: self.topk]
         keep = sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:budget]
         kept = set(keep)
-        order = sorted((i for i in keep if parents[i] < 0 or parents[i] in kept), key=lambda i: (depths[i], -scores[i], i))
+        order = sorted(
+            (i for i in keep if parents[i] < 0 or parents[i] in kept), key=lambda i: (depths[i], -scores[i], i)
+        )
         index = {c: j for j, c in enumerate(order)}
         order = [i for i in order if parents[i] < 0 or parents[i] in index]
         index = {c: j for j, c in enumerate(order)}

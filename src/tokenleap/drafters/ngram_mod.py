@@ -171,7 +171,9 @@ class NgramModOptions:
 
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_mod_pool_size < 1:
-            raise TokenleapError(f"ngram_size_n and ngram_mod_pool_size must be >= 1, got {self.ngram_size_n} and {self.ngram_mod_pool_size}")
+            raise TokenleapError(
+                f"ngram_size_n and ngram_mod_pool_size must be >= 1, got {self.ngram_size_n} and {self.ngram_mod_pool_size}"
+            )
 
 
 # one pool per (n, size) for every drafter of a registry
@@ -181,5 +183,10 @@ def _build(config: SpecConfig, *, pools: PoolStore, **_: Any) -> NgramModDrafter
     return NgramModDrafter(n, size, pool=pools.get(n, size))
 
 
-METHOD = MethodRecord("ngram-mod", _build, "llama.cpp's ngram-mod: a constant-size rolling-hash pool shared by all requests",
-                      options=NgramModOptions, shared=pools_shared)
+METHOD = MethodRecord(
+    "ngram-mod",
+    _build,
+    "llama.cpp's ngram-mod: a constant-size rolling-hash pool shared by all requests",
+    options=NgramModOptions,
+    shared=pools_shared,
+)

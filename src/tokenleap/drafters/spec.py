@@ -36,7 +36,10 @@ from tokenleap.errors import TokenleapError
 # Per-request controls the engine itself reads never make a new drafter. tests/drafters/test_keys.py
 # checks that every SpecConfig field is claimed by a method's `fields` or here, and that the
 # factories read nothing else: a new field must be listed under the methods that read it.
-CONTROL_FIELDS = ("num_speculative_tokens", "draft_min", "adaptive", "sampled_tree", "acceptance", "typical_threshold", "typical_alpha")
+CONTROL_FIELDS = (
+    "num_speculative_tokens", "draft_min", "adaptive", "sampled_tree", "acceptance", "typical_threshold",
+    "typical_alpha"
+)
 _NOT_CHAINED = ("chain", "custom")  # methods a chain may not list
 
 
@@ -74,14 +77,30 @@ class SpecConfig:
     # or a chain's members; given as {method: {option: value}}, defaults filled in
     method_options: tuple[tuple[str, Any], ...] = ()
 
-    def __init__(self, method: str, num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS, draft_min: int = 0, *, drafter: object | None = None,
-                 adaptive: bool = True, chain: tuple[str, ...] | str = (), sampled_tree: str = "full", acceptance: str = "exact",
-                 typical_threshold: float = 0.09, typical_alpha: float = 0.3, method_options: Any = (), **options: Any) -> None:
+    def __init__(
+        self,
+        method: str,
+        num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS,
+        draft_min: int = 0,
+        *,
+        drafter: object | None = None,
+        adaptive: bool = True,
+        chain: tuple[str, ...] | str = (),
+        sampled_tree: str = "full",
+        acceptance: str = "exact",
+        typical_threshold: float = 0.09,
+        typical_alpha: float = 0.3,
+        method_options: Any = (),
+        **options: Any,
+    ) -> None:
         """`**options`: methods' options by their flat names (`prompt_lookup_max=3`), laid over
         `method_options`."""
-        values = {"method": method, "num_speculative_tokens": num_speculative_tokens, "draft_min": draft_min, "drafter": drafter,
-                  "adaptive": adaptive, "chain": chain, "sampled_tree": sampled_tree, "acceptance": acceptance,
-                  "typical_threshold": typical_threshold, "typical_alpha": typical_alpha, "method_options": method_options}
+        values = {
+            "method": method, "num_speculative_tokens": num_speculative_tokens, "draft_min": draft_min,
+            "drafter": drafter, "adaptive": adaptive, "chain": chain, "sampled_tree": sampled_tree,
+            "acceptance": acceptance, "typical_threshold": typical_threshold, "typical_alpha": typical_alpha,
+            "method_options": method_options
+        }
         for name, value in values.items():
             object.__setattr__(self, name, value)
         self._validate(options)
@@ -100,7 +119,9 @@ class SpecConfig:
         if record is None:
             raise unknown_method(self.method)
         if not 1 <= self.num_speculative_tokens <= MAX_DRAFT_TOKENS:
-            raise TokenleapError(f"num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_speculative_tokens}")
+            raise TokenleapError(
+                f"num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_speculative_tokens}"
+            )
         if not 0 <= self.draft_min <= self.num_speculative_tokens:
             raise TokenleapError(f"draft_min must be in [0, num_speculative_tokens], got {self.draft_min}")
         if isinstance(self.chain, str):
@@ -121,9 +142,13 @@ class SpecConfig:
         object.__setattr__(self, "method_options", normalize_options(involved, given))
         # eagle3 without a model: the head shipped for the target
         if record.needs_model and not getattr(self.options_for(method), "model", None):
-            raise TokenleapError(f"method {method!r} needs {record.needs_model}: speculative_config['model'] (CLI: --model-draft)")
+            raise TokenleapError(
+                f"method {method!r} needs {record.needs_model}: speculative_config['model'] (CLI: --model-draft)"
+            )
         if self.sampled_tree not in SAMPLED_TREE_MODES:
-            raise TokenleapError(f"sampled_tree must be one of {', '.join(SAMPLED_TREE_MODES)}, got {self.sampled_tree!r}")
+            raise TokenleapError(
+                f"sampled_tree must be one of {', '.join(SAMPLED_TREE_MODES)}, got {self.sampled_tree!r}"
+            )
         if self.acceptance not in ACCEPTANCE_RULES:
             raise TokenleapError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {self.acceptance!r}")
         if not (0.0 <= self.typical_threshold <= 1.0 and 0.0 <= self.typical_alpha <= 1.0):
@@ -177,8 +202,10 @@ class SpecConfig:
             known |= set(option_owners(str(raw.get("method", "")))) | builtin_option_names()
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise TokenleapError(f"unknown speculative_config key(s): {', '.join(unknown)}{unknown_keys_note(unknown)}; "
-                                 f"known: {', '.join(sorted(known))}")
+            raise TokenleapError(
+                f"unknown speculative_config key(s): {', '.join(unknown)}{unknown_keys_note(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
         try:
             return cls(**raw)  # type: ignore[arg-type]  # the keys are checked above, the values by __post_init__
         except TypeError as exc:

@@ -179,7 +179,9 @@ class Request:
         self.logprobs.extend(entries[: max(0, need)])
 
     def to_output(self) -> RequestOutput:
-        completion = CompletionOutput(self.sample_index, self.text, list(self.output_ids), self.finish_reason, self.stop_reason)
+        completion = CompletionOutput(
+            self.sample_index, self.text, list(self.output_ids), self.finish_reason, self.stop_reason
+        )
         if self.logprobs is not None:
             completion.logprobs = list(self.logprobs)
             completion.cumulative_logprob = sum(e[t].logprob for e, t in zip(self.logprobs, self.output_ids))

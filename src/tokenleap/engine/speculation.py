@@ -36,8 +36,10 @@ from tokenleap.cost import CostCurve, expected_tokens
 from tokenleap.models.base import CausalLM, SeqInput
 from tokenleap.paths import cache_dir
 
-__all__ = ["CostCurve", "DraftController", "cached_cost_curve", "expected_tokens", "measure_cost_curve", "plan_batch_drafts",
-           "timed_row_counts"]
+__all__ = [
+    "CostCurve", "DraftController", "cached_cost_curve", "expected_tokens", "measure_cost_curve", "plan_batch_drafts",
+    "timed_row_counts"
+]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,9 @@ def _time_rows(model: CausalLM, context: int, max_rows: int, repeats: int) -> li
             kv.truncate(context)
             t0 = time.perf_counter()
             # the engine's verify forward (`forward_batch`: the row-invariant path at any row count)
-            model.compute_logits(model.forward_batch([SeqInput(torch.full((n,), 17), torch.arange(context, context + n), kv)]).hidden)
+            model.compute_logits(
+                model.forward_batch([SeqInput(torch.full((n,), 17), torch.arange(context, context + n), kv)]).hidden
+            )
             best[n] = min(best[n], time.perf_counter() - t0)
     kv.free()
     measured = [max(1.0, best[n] / best[1]) for n in counts]
@@ -93,8 +97,11 @@ def host_key(model: CausalLM, *parts: object) -> str:
     except OSError:
         cpu = ""
     kernels = getattr(model, "kernels", None)
-    fields = [cpu, platform.machine(), getattr(kernels, "variant", None), getattr(kernels, "threads", torch.get_num_threads()),
-              repr(model.config), str(getattr(model, "dtype", "")), str(getattr(model, "kv_dtype", "")), model.weight_bytes_per_token(), *parts]
+    fields = [
+        cpu, platform.machine(), getattr(kernels, "variant", None),
+        getattr(kernels, "threads", torch.get_num_threads()), repr(model.config), str(getattr(model, "dtype", "")),
+        str(getattr(model, "kv_dtype", "")), model.weight_bytes_per_token(), *parts
+    ]
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:20]
 
 
@@ -126,7 +133,9 @@ def cached_cost_curve(model: CausalLM, max_draft: int, folder: Path | None = Non
     return curve
 
 
-def measure_cost_curve(model: CausalLM, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 5) -> CostCurve:
+def measure_cost_curve(
+    model: CausalLM, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 5
+) -> CostCurve:
     """Time forwards of 1..max_draft+1 rows at a short and a long context (fastest of `repeats`).
     The long context is skipped when the model's context cannot hold it; the short one shrinks
     to fit a small model."""

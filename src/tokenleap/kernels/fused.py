@@ -84,7 +84,9 @@ class FusedLayers:
         if not hasattr(kernels.lib, "tl_forward_layers"):
             raise ValueError("these kernels have no tl_forward_layers")
         self.kernels = kernels
-        self.dim, self.inter, self.heads, self.kv_heads, self.head_dim, self.eps = dim, inter, heads, kv_heads, head_dim, eps
+        self.dim, self.inter, self.heads, self.kv_heads, self.head_dim, self.eps = (
+            dim, inter, heads, kv_heads, head_dim, eps
+        )
         self.glu = kernels._glu_kind(activation)
         self.q_mult = 1.0 if q_mult is None else float(q_mult)
         self.has_local = False  # whether some layer is a sliding-window one (`run` needs `local`)
@@ -129,16 +131,22 @@ class FusedLayers:
         w = linear.weight
         if isinstance(w, QuantWeight):
             if (w.out_dim, w.in_dim) != (out_dim, in_dim):
-                raise ValueError(f"fused layers: {w.name} weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]")
+                raise ValueError(
+                    f"fused layers: {w.name} weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]"
+                )
             d.kind, d.format, d.w = LIN_QUANT, w.format, w.data.data_ptr()
             self._keep.append(w.data)
         elif isinstance(w, PackedWeight):
             if (w.out_dim, w.in_dim) != (out_dim, in_dim):
-                raise ValueError(f"fused layers: packed weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]")
+                raise ValueError(
+                    f"fused layers: packed weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]"
+                )
             d.kind, d.w = LIN_PACKED, w.data.data_ptr()
             self._keep.append(w.data)
             self.formed = True
-        elif isinstance(w, torch.Tensor) and w.dtype in (torch.bfloat16, torch.float32) and w.shape == (out_dim, in_dim):
+        elif (
+            isinstance(w, torch.Tensor) and w.dtype in (torch.bfloat16, torch.float32) and w.shape == (out_dim, in_dim)
+        ):
             w = w.contiguous()
             d.kind, d.w = (LIN_BF16 if w.dtype == torch.bfloat16 else LIN_F32), w.data_ptr()
             self._keep.append(w)
@@ -172,7 +180,10 @@ class FusedLayers:
         kernels = self.kernels
         hd = self.head_dim
         wide = max(self.dim, self.inter, self.heads * hd)
-        f = ForwardDesc(x=x.data_ptr(), rows=rows, dim=self.dim, inter=self.inter, eps=self.eps, q_mult=self.q_mult, glu=self.glu, n_layers=n_layers)
+        f = ForwardDesc(
+            x=x.data_ptr(), rows=rows, dim=self.dim, inter=self.inter, eps=self.eps, q_mult=self.q_mult, glu=self.glu,
+            n_layers=n_layers
+        )
         f.layers = ctypes.addressof(self._descs)
         qkv = torch.empty(rows, self.qkv_out, dtype=torch.float32)
         a = torch.empty(rows, self.heads * hd, dtype=torch.float32)
@@ -200,7 +211,12 @@ class FusedLayers:
         return hidden
 
     def _local_desc(
-        self, plan: RowPlan, cos: torch.Tensor, sin: torch.Tensor, local: tuple[RowPlan, torch.Tensor, torch.Tensor] | None, desc: AttnDesc
+        self,
+        plan: RowPlan,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        local: tuple[RowPlan, torch.Tensor, torch.Tensor] | None,
+        desc: AttnDesc,
     ) -> tuple[AttnDesc, object]:
         """The sliding-window layers' attention struct (and its work buffers to keep alive): the
         global one's copy when nothing differs."""

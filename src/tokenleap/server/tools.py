@@ -50,7 +50,10 @@ class Function:
     parameters: dict[str, Any]
 
     def as_tool(self) -> dict[str, Any]:
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,9 @@ def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None
         fn = t["function"]
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise TokenleapError(f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
+            raise TokenleapError(
+                f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}"
+            )
         if any(f.name == name for f in funcs):
             raise TokenleapError(f"tools[{i}]: duplicate function name {name!r}")
         params = fn.get("parameters")
@@ -144,7 +149,9 @@ def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None
     plan = ToolPlan(tuple(funcs), choice, named, allowed, parallel and not legacy, json_mode, legacy)
     for f in funcs:  # a bad parameters schema is a 400 now, not a failure mid-generation
         try:
-            StructuredOutputsParams(json={"type": "object", "properties": {"arguments": f.parameters}}, json_mode=json_mode)  # type: ignore[arg-type]  # a str here; StructuredOutputsParams checks its value
+            StructuredOutputsParams(
+                json={"type": "object", "properties": {"arguments": f.parameters}}, json_mode=json_mode
+            )  # type: ignore[arg-type]  # a str here; StructuredOutputsParams checks its value
         except TokenleapError as exc:
             raise TokenleapError(f"tool {f.name!r}: {exc}") from None
     return plan
@@ -160,14 +167,18 @@ def _named(spec: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _choice(tool_choice: str | dict[str, Any] | None, funcs: list[Function]) -> tuple[str, str | None, tuple[str, ...] | None]:
+def _choice(
+    tool_choice: str | dict[str, Any] | None, funcs: list[Function]
+) -> tuple[str, str | None, tuple[str, ...] | None]:
     """(choice, named function, allowed functions) of a `tool_choice`."""
     names = {f.name for f in funcs}
     if tool_choice is None:
         return ("auto" if funcs else "none"), None, None
     if isinstance(tool_choice, str):
         if tool_choice not in ("none", "auto", "required"):
-            raise TokenleapError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {tool_choice!r}")
+            raise TokenleapError(
+                f"tool_choice must be 'none', 'auto', 'required' or a named function, got {tool_choice!r}"
+            )
         return tool_choice, None, None
     kind = tool_choice.get("type")
     if kind == "custom":
@@ -180,7 +191,9 @@ def _choice(tool_choice: str | dict[str, Any] | None, funcs: list[Function]) -> 
             raise TokenleapError('tool_choice allowed_tools must be {"mode": "auto" | "required", "tools": [...]}')
         allowed = tuple(dict.fromkeys(_named(t) for t in listed))
         if not allowed or None in allowed:
-            raise TokenleapError('tool_choice allowed_tools.tools must list {"type": "function", "function": {"name": ...}} entries')
+            raise TokenleapError(
+                'tool_choice allowed_tools.tools must list {"type": "function", "function": {"name": ...}} entries'
+            )
         unknown = [n for n in allowed if n not in names]
         if unknown:
             raise TokenleapError(f"tool_choice allowed_tools names {unknown[0]!r}, which is not among the tools")
@@ -193,7 +206,9 @@ def _choice(tool_choice: str | dict[str, Any] | None, funcs: list[Function]) -> 
     return "named", named, None
 
 
-def legacy_tools(functions: list[Any], function_call: str | dict[str, Any] | None) -> tuple[list[Any], str | dict[str, Any] | None]:
+def legacy_tools(
+    functions: list[Any], function_call: str | dict[str, Any] | None
+) -> tuple[list[Any], str | dict[str, Any] | None]:
     """The deprecated `functions` / `function_call` as `tools` / `tool_choice`."""
     tools = [{"type": "function", "function": f} for f in functions]
     if isinstance(function_call, dict):
