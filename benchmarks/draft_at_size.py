@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(
                 f"  p={p} k={row['k']}: {tps:.1f} vs plain {plain_tps:.1f} tok/s ({row['speedup']:.2f}x), "
-                f"{row['tokens_per_forward']:.2f} tokens/forward, mean draft {row['mean_draft_len']:.2f}, identical={row['identical']}",
+                f"{row['tokens_per_forward']:.2f} tokens/forward, mean draft {row['mean_draft_len']:.2f}, "
+                f"identical={row['identical']}",
                 flush=True,
             )
     _, plain_tps, _ = run(None)

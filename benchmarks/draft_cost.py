@@ -1,11 +1,12 @@
-"""What one draft token costs against one target step, on a real target / draft pair: the draft
+r"""What one draft token costs against one target step, on a real target / draft pair: the draft
 model's one-row decode step (forward plus LM head) over its whole vocabulary and over reduced
 draft vocabularies (`draft_vocab`, FR-Spec: its head cut to the N most frequent tokens), each
 divided by the target's one-row step, timed in the same rounds, interleaved (memory bandwidth
 moves within minutes here: a ratio inside one round is what holds). The issue's bar: a draft
 step <= 0.3 of the target's on the real pair. Best and median over `--rounds`; JSON to `--out`.
 
-    .venv/bin/python benchmarks/draft_cost.py qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct --vocab 0,32768,16384
+    .venv/bin/python benchmarks/draft_cost.py qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct \
+        --vocab 0,32768,16384
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def main() -> int:
     print("| draft vocabulary | MB a token | draft step / target step (best / median) |\n| --- | --- | --- |")
     for row in result["vocabularies"].values():
         print(
-            f"| {row['vocab']} | {row['bytes_per_token'] / 1e6:.0f} | {row['ratio_best']:.3f} / {row['ratio_median']:.3f} |"
+            f"| {row['vocab']} | {row['bytes_per_token'] / 1e6:.0f} | "
+            f"{row['ratio_best']:.3f} / {row['ratio_median']:.3f} |"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

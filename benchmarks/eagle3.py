@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, fig in summary["overall"].items():
             print(
                 f"{name:24s} acceptance {fig['mean_acceptance_length']:.2f}  tok/s {fig['tokens_per_second']:.1f}  "
-                f"x{fig['speedup']:.2f} e2e  x{fig['decode_speedup']:.2f} decode  matched {fig['matched_plain']}/{fig['prompts']}"
+                f"x{fig['speedup']:.2f} e2e  x{fig['decode_speedup']:.2f} decode  "
+                f"matched {fig['matched_plain']}/{fig['prompts']}"
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str))

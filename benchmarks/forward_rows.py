@@ -103,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['cpu']}; {args.model} at {args.context} tokens of context, {args.rounds} rounds")
     for key, c in result["cases"].items():
         print(
-            f"  {key}: best {c['best_ms']:.1f} ms ({c['best_rel']:.2f}x), median {c['median_ms']:.1f} ms ({c['median_rel']:.2f}x)"
+            f"  {key}: best {c['best_ms']:.1f} ms ({c['best_rel']:.2f}x), "
+            f"median {c['median_ms']:.1f} ms ({c['median_rel']:.2f}x)"
         )
     if "linears_gbps" in result:
         print(
-            f"  layer linears read at {result['linears_gbps']:.1f} GB/s ({result['linears_gb']:.2f} GB); torch.sum {result['sum_gbps']:.1f} GB/s"
+            f"  layer linears read at {result['linears_gbps']:.1f} GB/s ({result['linears_gb']:.2f} GB); "
+            f"torch.sum {result['sum_gbps']:.1f} GB/s"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

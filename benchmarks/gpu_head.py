@@ -19,7 +19,8 @@ of a few minutes (issue 24), in three steps:
     #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu_carry0/gguf-*.whl;
     #   PYTHONPATH=src:/tmp/site python3 benchmarks/gpu_head.py smoke
     # device call 2 at once (carry .gpu_carry; /tmp lives 30 s after a call): the same pip install from
-    #   .gpu_carry, then PYTHONPATH=src:/tmp/site python3 benchmarks/gpu_head.py run --budget 530 --cache-gb 10 --out $OUT
+    #   .gpu_carry, then PYTHONPATH=src:/tmp/site python3 benchmarks/gpu_head.py run --budget 530 --cache-gb 10
+    #   --out $OUT
     .venv/bin/python benchmarks/gpu_head.py assemble --from DIR --to src/tokenleap/heads/smollm2-135m-instruct-eagle3
 """
 
@@ -188,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     torch.save({"config": config, "weights": {k: v.to(dtype) for k, v in weights.items()}}, work / "target.pt")
     del weights
     _log(
-        f"target on {device}: {config.num_layers} layers, {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}",
+        f"target on {device}: {config.num_layers} layers, "
+        f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}",
         start,
     )
 
@@ -229,7 +231,8 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.time() + max(60.0, end - time.monotonic() - args.reserve)  # wall clock: the variants' own clocks
     variants = [v for v in VARIANTS if v.name in args.variants.split(",")]
     _log(
-        f"training {len(variants)} variants side by side until {deadline - time.time():.0f} s from now on {len(train)} sequences",
+        f"training {len(variants)} variants side by side until {deadline - time.time():.0f} s from now "
+        f"on {len(train)} sequences",
         start,
     )
     procs = []

@@ -228,7 +228,8 @@ def main() -> None:
                 "mask_us_per_token": round(best * 1e6, 1),
             }
             print(
-                f"{name:14s} {case:8s} tokens {len(ids):3d}  compile {compile_s * 1e3:8.2f} ms  mask+advance {best * 1e6:8.1f} us/token"
+                f"{name:14s} {case:8s} tokens {len(ids):3d}  compile {compile_s * 1e3:8.2f} ms  "
+                f"mask+advance {best * 1e6:8.1f} us/token"
             )
         mean = sum(r["mask_us_per_token"] for r in rows.values()) / len(rows)
         results[name] = {"cases": rows, "mean_mask_us_per_token": round(mean, 1),

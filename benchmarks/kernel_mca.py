@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 assembly(folder, args.cpu, Path(tmp) / f"{label}.s", defines), args.function, args.cpu
             )
     print(
-        f"llvm-mca -mcpu={args.cpu}, {args.function}: cycles per block of 32 inputs x 8 outputs (a prediction, not a measurement)"
+        f"llvm-mca -mcpu={args.cpu}, {args.function}: cycles per block of 32 inputs x 8 outputs "
+        "(a prediction, not a measurement)"
     )
     for label, rows in result["builds"].items():
         print(

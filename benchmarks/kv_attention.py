@@ -105,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         "--pages",
         choices=("huge", "both"),
         default="huge",
-        help="the caches on transparent huge pages (as the library keeps them), or also on 4 KiB pages, timed in alternation",
+        help=(
+            "the caches on transparent huge pages (as the library keeps them), or also on 4 KiB pages, "
+            "timed in alternation"
+        ),
     )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kv_attention.json")

@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["llama_tg"] = [before, after]
                     row["tg_ratio"] = row["tg"] / statistics.mean([before, after])
                 print(
-                    f"{path.name} {kv_type} depth {depth}: {row['tg']:.1f} tok/s (llama.cpp {row.get('llama_tg')} {row['llama_flags']}, "
+                    f"{path.name} {kv_type} depth {depth}: {row['tg']:.1f} tok/s "
+                    f"(llama.cpp {row.get('llama_tg')} {row['llama_flags']}, "
                     f"ratio {row.get('tg_ratio', float('nan')):.2f}); prefill {row['prefill_tps']:.0f} tok/s, "
                     f"KV {row['kv_gb']:.3f} GB {row['kv_dtype']}, rss {row['rss_gb']:.2f} GB",
                     flush=True,

@@ -596,8 +596,9 @@ def describe(shapes: dict[str, Shape]) -> Iterator[str]:
         params = sum(math.prod(t.shape) for t in tensor_specs(s))
         window = s.sliding_window
         yield (
-            f"{s.name:14s} {s.arch:6s} {params / 1e9:5.2f}B  hidden {s.hidden}, {s.layers} layers, {s.heads}/{s.kv_heads} heads "
-            f"x {s.dim_per_head}, ffn {s.ffn}, vocab {s.vocab}, {'tied' if s.tied else 'untied'}, theta {s.rope_theta:g}"
+            f"{s.name:14s} {s.arch:6s} {params / 1e9:5.2f}B  hidden {s.hidden}, {s.layers} layers, "
+            f"{s.heads}/{s.kv_heads} heads x {s.dim_per_head}, ffn {s.ffn}, vocab {s.vocab}, "
+            f"{'tied' if s.tied else 'untied'}, theta {s.rope_theta:g}"
             + (f", llama3 rope x{s.llama3_rope.factor:g}" if s.llama3_rope else "")
             + (", qkv bias" if s.qkv_bias else "")
             + (f", window {window.size} ({window.period - 1}:1, local theta {window.rope_theta:g})" if window else "")
@@ -628,9 +629,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--tokenizer-from",
         type=Path,
         default=None,
-        help=f"GGUF (or SentencePiece tokenizer.model) whose tokenizer to copy (default: {TOKENIZER_FILE} "
-        f"of the {TOKENIZER_MODULE} package; Gemma 3: tokenleap's {GEMMA3_TOKENIZER_MODEL}; Mistral: "
-        f"{MISTRAL_TOKENIZER_FILE} of the {MISTRAL_TOKENIZER_MODULE} package)",
+        help=(
+            f"GGUF (or SentencePiece tokenizer.model) whose tokenizer to copy (default: {TOKENIZER_FILE} "
+            f"of the {TOKENIZER_MODULE} package; Gemma 3: tokenleap's {GEMMA3_TOKENIZER_MODEL}; Mistral: "
+            f"{MISTRAL_TOKENIZER_FILE} of the {MISTRAL_TOKENIZER_MODULE} package)"
+        ),
     )
     parser.add_argument("--list", action="store_true", help="print the shapes and exit")
     args = parser.parse_args(argv)

@@ -85,7 +85,10 @@ def cpu_name() -> str:
         isa = "AVX-512" + "".join(f" {f}" for f, n in (("VNNI", "avx512_vnni"), ("BF16", "avx512_bf16")) if n in flags)
     if "amx_tile" in flags:
         isa += " AMX"
-    return f"{info.get('model name', platform.processor() or 'unknown')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}; {isa})"
+    return (
+        f"{info.get('model name', platform.processor() or 'unknown')} "
+        f"(family {info.get('cpu family', '?')}, model {info.get('model', '?')}; {isa})"
+    )
 
 
 def load_in_fresh_process(path: Path) -> dict[str, float]:
@@ -242,7 +245,8 @@ def measure(path: Path, bench: str | None, threads: int) -> dict[str, Any]:
         row["llama_pp512"] = pps[512] if isinstance(pps, dict) else None
         row["pp_ratio"] = row["pp512"] / row["llama_pp512"] if row["llama_pp512"] else None
     print(
-        f"  tg128 {row['tg128']:.1f} tok/s (llama.cpp {row.get('llama_tg128')}, ratio {row.get('tg_ratio', float('nan')):.2f}), "
+        f"  tg128 {row['tg128']:.1f} tok/s "
+        f"(llama.cpp {row.get('llama_tg128')}, ratio {row.get('tg_ratio', float('nan')):.2f}), "
         f"floor {row['floor_tps']:.1f}; pp512 {row['pp512']:.1f} (llama.cpp {row.get('llama_pp512')}); "
         f"verify cost {row['verify_cost']}",
         flush=True,

@@ -174,7 +174,8 @@ def main() -> int:
     print("| system | tok/s | vs tokenleap plain | vs llama-server plain |\n| --- | --- | --- | --- |")
     for n in names:
         print(
-            f"| {n} | {totals[n]['tok_s']:.1f} | {totals[n]['tok_s'] / plain:.2f}x | {totals[n]['tok_s'] / llama_plain:.2f}x |"
+            f"| {n} | {totals[n]['tok_s']:.1f} | "
+            f"{totals[n]['tok_s'] / plain:.2f}x | {totals[n]['tok_s'] / llama_plain:.2f}x |"
         )
     print(f"best tokenleap ({best_tl}) / best llama.cpp speculation ({best_llama}): {result['best_over_best']:.2f}x; "
           f"identical to plain: {result['identical_to_plain']}")

@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = sorted(set(args.rows) | {1})
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "shape": SHAPE, "cases": {}}
     print(
-        f"{result['cpu']}; one core, [{SHAPE[0]}, {SHAPE[1]}] weights; compute = in-cache time, memory = the bytes at the read rate per core"
+        f"{result['cpu']}; one core, [{SHAPE[0]}, {SHAPE[1]}] weights; "
+        "compute = in-cache time, memory = the bytes at the read rate per core"
     )
     with tempfile.TemporaryDirectory() as tmp:
         builds = {v: build(v, Path(tmp) / v) for v in variants}

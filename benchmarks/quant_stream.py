@@ -108,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         "--pages",
         choices=("huge", "4k", "both"),
         default="huge",
-        help="the weights on transparent huge pages (as the library keeps them), on 4 KiB pages, or both in turn (an A/B)",
+        help=(
+            "the weights on transparent huge pages (as the library keeps them), on 4 KiB pages, "
+            "or both in turn (an A/B)"
+        ),
     )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quant_stream.json")
     args = ap.parse_args(argv)

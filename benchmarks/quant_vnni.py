@@ -6,8 +6,9 @@ here too), so the only difference is speed. One Gemma-3-ffn_down-shaped linear `
 (in a multiple of 256, so the K-quants fit) over `--copies` distinct weights (cold in cache, as
 in a forward); per type and row count the two paths alternate (ABAB) for `--rounds` rounds and
 the figures are the fastest round of each and the median of
-the per-round (paired, back to back) AVX2 / VNNI time ratios, the robust one on a busy machine. Also the file's bytes per weight and the kernel form's (the
-K-quants and Q5_0 are widened at load). JSON to `benchmarks/results/quant_vnni.json`.
+the per-round (paired, back to back) AVX2 / VNNI time ratios, the robust one on a busy machine.
+Also the file's bytes per weight and the kernel form's (the K-quants and Q5_0 are widened at
+load). JSON to `benchmarks/results/quant_vnni.json`.
 
     .venv/bin/python benchmarks/quant_vnni.py
 """
@@ -102,7 +103,8 @@ def main() -> int:
                 "avx2_over_vnni_median": ratio,
             }
             print(
-                f"{name:5s} rows {rows}: VNNI {best[True] * 1e6:7.1f} us  AVX2 {best[False] * 1e6:7.1f} us  AVX2/VNNI (median paired) {ratio:.2f}x"
+                f"{name:5s} rows {rows}: VNNI {best[True] * 1e6:7.1f} us  AVX2 {best[False] * 1e6:7.1f} us  "
+                f"AVX2/VNNI (median paired) {ratio:.2f}x"
             )
         result["types"][name] = entry
     kernels.quant_vnni(None)

@@ -8,12 +8,12 @@ Per cell: output tokens/s over the cell's wall time, time to first token, inter-
 per output token ((end - first token) / (tokens - 1), vLLM's TPOT) and the gaps between streamed
 chunks (mean / p50 / p90), mean acceptance length, and whether every greedy answer matched the
 other mode's (speculation is lossless). Each concurrency level gets its own prompts (both modes
-the same ones), so a drafter that learns from earlier outputs is not handed the answers. `--mixed` instead sends N requests at concurrency 16, a
-mix of good, malformed, explicit-null and mid-stream-disconnecting clients, and checks that every
-good request completes with the text it gets alone, every bad one (malformed, or a value the server
-must refuse) gets a 4xx error body, every body of OpenAI's explicit nulls and neutral values is
-answered, the server stays up,
-and its live-request count and resident memory return to their baseline.
+the same ones), so a drafter that learns from earlier outputs is not handed the answers.
+`--mixed` instead sends N requests at concurrency 16, a mix of good, malformed, explicit-null and
+mid-stream-disconnecting clients, and checks that every good request completes with the text it
+gets alone, every bad one (malformed, or a value the server must refuse) gets a 4xx error body,
+every body of OpenAI's explicit nulls and neutral values is answered, the server stays up, and
+its live-request count and resident memory return to their baseline.
 
 The server is started here (`tokenleap serve` on a free loopback port, stopped with SIGTERM)
 unless `--url` points at a running one. Writes JSON and a PNG chart to benchmarks/results/.
@@ -263,8 +263,9 @@ def run_load(args: argparse.Namespace, url: str, headers: dict[str, str]) -> dic
     need = len(concurrencies) * args.requests + 1
     if len(prompts) < need:
         console.print(
-            f"[yellow]{len(prompts)} prompts for {need} requests: prompts repeat across concurrency levels, and a "
-            "drafter that learns from earlier outputs (suffix) then accepts more than on new prompts (raise -q)[/yellow]"
+            f"[yellow]{len(prompts)} prompts for {need} requests: prompts repeat across concurrency levels, "
+            "and a drafter that learns from earlier outputs (suffix) then accepts more than on new prompts "
+            "(raise -q)[/yellow]"
         )
     asyncio.run(_warm_up(url, headers, [{**_body(args, prompts[-1], m == "plain"), "max_tokens": 8} for m in modes]))
     cells, mismatches = [], 0
@@ -579,7 +580,8 @@ def main() -> int:
         for name, ok in result["checks"].items():
             console.print(f"{'[green]ok[/green]' if ok else '[red]FAILED[/red]'}  {name}")
         console.print(
-            f"requests: {result['counts']}; RSS {result['rss_baseline_bytes'] / 1e6:.0f} MB -> {result['rss_after_bytes'] / 1e6:.0f} MB; wrote {out}"
+            f"requests: {result['counts']}; RSS {result['rss_baseline_bytes'] / 1e6:.0f} MB -> "
+            f"{result['rss_after_bytes'] / 1e6:.0f} MB; wrote {out}"
         )
         return 0 if all(result["checks"].values()) else 1
     print_table(result["cells"])

@@ -197,12 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     GrammarState.masked = real  # type: ignore[method-assign]
     base = results["plain"]["tokens_per_s"]
     print(
-        f"{'method':8s} {'valid':>6s} {'same':>5s} {'tok/s':>7s} {'vs plain':>8s} {'acc.len':>7s} {'mask us/row':>11s} {'mask share':>10s}"
+        f"{'method':8s} {'valid':>6s} {'same':>5s} {'tok/s':>7s} {'vs plain':>8s} "
+        f"{'acc.len':>7s} {'mask us/row':>11s} {'mask share':>10s}"
     )
     for label, r in results.items():
         same = "-" if r["identical_to_plain"] is None else f"{r['identical_to_plain']}"
         print(
-            f"{label:8s} {r['valid']:>3d}/{len(reqs)} {same:>5s} {r['tokens_per_s']:7.1f} {r['tokens_per_s'] / base:7.2f}x "
+            f"{label:8s} {r['valid']:>3d}/{len(reqs)} {same:>5s} "
+            f"{r['tokens_per_s']:7.1f} {r['tokens_per_s'] / base:7.2f}x "
             f"{r['acceptance_length']:7.2f} {r['mask_us_per_row']:11.0f} {100 * r['mask_share']:9.1f}%"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in names:
         print(f"{s:24s} {seconds[s]:7.2f} s  ({args.rounds * args.max_tokens / seconds[s]:.1f} tok/s)")
     print(
-        f"speedup of one torch thread: {ratio:.2f}x; outputs identical: {identical}; load average {load_before[0]:.1f} -> {load_after[0]:.1f}"
+        f"speedup of one torch thread: {ratio:.2f}x; outputs identical: {identical}; "
+        f"load average {load_before[0]:.1f} -> {load_after[0]:.1f}"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(

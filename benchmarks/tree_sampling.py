@@ -89,8 +89,10 @@ def main() -> None:
         )
     summary = summarize(records)["overall"]
     table = Table(
-        title=f"{len(questions)} Spec-Bench prompts x {args.seeds} seeds, {args.max_tokens} new tokens, temperature {args.temperature}, "
-        f"draft {args.draft_max} ({time.perf_counter() - t0:.0f} s)"
+        title=(
+            f"{len(questions)} Spec-Bench prompts x {args.seeds} seeds, {args.max_tokens} new tokens, "
+            f"temperature {args.temperature}, draft {args.draft_max} ({time.perf_counter() - t0:.0f} s)"
+        )
     )
     for col in ("method", "acceptance length", "decode tok/s", "decode vs plain", "end-to-end tok/s", "e2e vs plain"):
         table.add_column(col, justify="left" if col == "method" else "right")

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real SmolLM2 model (loaded once per session), its tokenizer, transformers' reference, and a tiny random Llama."""
+"""Shared fixtures: the real SmolLM2 model (loaded once per session), its tokenizer, transformers' reference,
+and a tiny random Llama."""
 
 from __future__ import annotations
 

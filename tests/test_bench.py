@@ -116,7 +116,10 @@ def test_summarize_speedups_and_acceptance(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_run_bench_on_the_real_model_honours_prefix_and_stop(model_bf16: LlamaModel, tokenizer: Tokenizer) -> None:
     source = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
-    prompt = f"Here is a file:\n\n```python\n{source}```\n\nRename `add` to `plus`. Reply with the whole file in one code block."
+    prompt = (
+        f"Here is a file:\n\n```python\n{source}```\n\n"
+        "Rename `add` to `plus`. Reply with the whole file in one code block."
+    )
     q = Question("edit", "code_edit", (prompt,), "```python\n", ("\n```",))
     records = run_bench(model_bf16, tokenizer, [q], parse_methods("ngram", 8), max_tokens=96)
     assert [r.method for r in records] == ["plain", "ngram"]

@@ -257,9 +257,13 @@ def test_the_layering_test_sees_an_upward_import(tmp_path: Path) -> None:
             "verify/chain.py": "from tokenleap.engine.speculation import expected_tokens\n",
             "config.py": "def f():\n    from tokenleap.drafters import methods\n",  # inside a function
             "tokenizer.py": "import tokenleap.models.loaders\n",
-            "models/loaders.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tokenleap.heads import base\n",  # types too
+            "models/loaders.py": (  # types too
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tokenleap.heads import base\n"
+            ),
             "kv/cache.py": "from tokenleap import LLM\n",  # the package's face
-            "engine/engine.py": "from tokenleap.drafters.ngram import NgramDrafter\nfrom tokenleap.drafters.spec import SpecConfig\n",
+            "engine/engine.py": (
+                "from tokenleap.drafters.ngram import NgramDrafter\nfrom tokenleap.drafters.spec import SpecConfig\n"
+            ),
             "engine/speculation.py": "",
             "drafters/methods.py": "",
             "drafters/ngram.py": "",

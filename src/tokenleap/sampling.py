@@ -58,7 +58,8 @@ class SamplingParams:
             so = StructuredOutputsParams(**so)
         if so is not None and not isinstance(so, StructuredOutputsParams):
             raise TokenleapError(
-                f"structured_outputs must be a StructuredOutputsParams (or a dict of its fields), got {type(so).__name__}"
+                "structured_outputs must be a StructuredOutputsParams (or a dict of its fields), "
+                f"got {type(so).__name__}"
             )
         object.__setattr__(self, "structured_outputs", so)
         object.__setattr__(self, "guided_decoding", None)

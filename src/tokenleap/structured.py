@@ -117,7 +117,8 @@ class StructuredOutputsParams:
         )
         if len(given) != 1:
             raise TokenleapError(
-                f"structured outputs need exactly one of json, regex, choice, grammar, json_object; got {given or 'none'}"
+                "structured outputs need exactly one of json, regex, choice, grammar, json_object; "
+                f"got {given or 'none'}"
             )
         self.compile()  # a bad schema, regex or grammar fails here, before any work
 

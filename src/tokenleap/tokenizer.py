@@ -93,7 +93,8 @@ class Tokenizer:
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         if not self.hf.chat_template:
             raise TokenleapError(
-                "this model has no chat template: give it a plain prompt (generate() with a string; on the command line, --raw)"
+                "this model has no chat template: give it a plain prompt "
+                "(generate() with a string; on the command line, --raw)"
             )
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:

@@ -286,15 +286,16 @@ def test_builtin_option_is_declared_once_and_derived_everywhere(capsys: pytest.C
 
     props = ChatCompletionRequest.model_json_schema()["$defs"]["SpeculativeOverride"]["properties"]
     depth = props["suffix_decoding_max_tree_depth"]
-    assert (depth["type"], depth["default"], depth["maximum"]) == ("integer", 64, 256) and "suffix" in depth[
-        "description"
-    ]
+    assert (
+        (depth["type"], depth["default"], depth["maximum"]) == ("integer", 64, 256) and "suffix" in depth["description"]
+    )
     # the operator's: not per request
     assert "suffix_decoding_max_cached_requests" not in props and "model" not in props
     state = SimpleNamespace(llm=SimpleNamespace(engine=SimpleNamespace(spec=None)), max_draft_tokens=16)
     spec = speculative(
-        state, SpeculativeOverride.model_validate({"method": "suffix", "suffix_decoding_max_tree_depth": 16})
-    )  # type: ignore[arg-type]
+        state,  # type: ignore[arg-type]
+        SpeculativeOverride.model_validate({"method": "suffix", "suffix_decoding_max_tree_depth": 16}),
+    )
     assert isinstance(spec, SpecConfig) and spec.options_for() == SuffixOptions(suffix_decoding_max_tree_depth=16)
     with pytest.raises(Exception, match="suffix_decoding_max_tree_depth must be <= 256 in a request"):
         SpeculativeOverride.model_validate({"method": "suffix", "suffix_decoding_max_tree_depth": 1000})

@@ -181,6 +181,7 @@ def test_min_hits_help_tells_the_drafters_defaults(capsys) -> None:
         build_parser().parse_args(["generate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert (
-        f"(default: ngram-map-k {NgramMapKDrafter.DEFAULT_MIN_HITS}, ngram-map-k4v {NgramMapK4VDrafter.DEFAULT_MIN_HITS})"
+        f"(default: ngram-map-k {NgramMapKDrafter.DEFAULT_MIN_HITS}, "
+        f"ngram-map-k4v {NgramMapK4VDrafter.DEFAULT_MIN_HITS})"
         in help_text
     ), help_text

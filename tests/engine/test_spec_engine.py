@@ -1,4 +1,5 @@
-"""Speculative engine on the real model: greedy output identical to plain decoding, consistent statistics, seeds, stops."""
+"""Speculative engine on the real model: greedy output identical to plain decoding, consistent statistics,
+seeds, stops."""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def test_greedy_speculative_output_is_plain_output(models: Models, dtype: str, v
         if (a.token_ids, a.text, a.finish_reason) != (b.token_ids, b.text, b.finish_reason):
             i = _first_difference(a.token_ids, b.token_ids)
             mismatches.append(
-                f"{c}: first differs at token {i} of {len(a.token_ids)}/{len(b.token_ids)} ({a.finish_reason}/{b.finish_reason})"
+                f"{c}: first differs at token {i} of {len(a.token_ids)}/{len(b.token_ids)} "
+                f"({a.finish_reason}/{b.finish_reason})"
             )
     assert not mismatches, f"{dtype} {variant}: " + "; ".join(mismatches)
     # speculation really happened: drafts were verified and some were accepted

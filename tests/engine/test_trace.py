@@ -16,8 +16,8 @@ from tokenleap.sampling import SamplingParams
 
 
 def test_trace_lines_add_up_to_the_requests_statistics(
-    tiny_model, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # noqa: ANN001
+    tiny_model, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
     path = tmp_path / "trace.ndjson"
     monkeypatch.setenv(ENV, str(path))
     spec = SpecConfig(method="ngram", num_speculative_tokens=6, adaptive=False)

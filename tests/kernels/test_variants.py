@@ -52,7 +52,9 @@ for dtype in (torch.float32, torch.bfloat16):
     model.forward(ids[:40], torch.arange(40), kv)
     whole = model.compute_logits(model.forward(ids[40:52], torch.arange(40, 52), kv).hidden)
     kv.truncate(40)
-    steps = torch.cat([model.compute_logits(model.forward(ids[i : i + 1], torch.arange(i, i + 1), kv).hidden) for i in range(40, 52)])
+    steps = torch.cat(
+        [model.compute_logits(model.forward(ids[i : i + 1], torch.arange(i, i + 1), kv).hidden) for i in range(40, 52)]
+    )
     assert torch.equal(whole, steps), (dtype, (whole - steps).abs().max())
 print("ok")
 """

@@ -256,8 +256,8 @@ def _write_gguf(name: str, folder: Path, path: Path) -> None:
             elif wavelen > s.original_max_position / s.low_freq_factor:
                 factors.append(s.factor)
             else:
-                smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (
-                    s.high_freq_factor - s.low_freq_factor
+                smooth = (
+                    (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
                 )
                 factors.append(1 / ((1 - smooth) / s.factor + smooth))
         w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))

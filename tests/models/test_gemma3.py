@@ -76,7 +76,8 @@ def test_fused_path_equals_the_per_op_block(plain: LLM) -> None:
     model = plain.model
     if model.kernels is None or not model.kernels.bf16_attention:
         pytest.skip(
-            "Gemma's 256-wide heads need the blocked bf16 attention, absent in this CPU's kernel variant (AVX-512 without BF16)"
+            "Gemma's 256-wide heads need the blocked bf16 attention, absent in this CPU's kernel variant "
+            "(AVX-512 without BF16)"
         )
     assert model.path is ExecutionPath.FUSED and model.fused is not None and model.fused.has_local
     blocks = copy.copy(model)

@@ -174,7 +174,8 @@ def _check_tree(model: LlamaModel, prompt: Sequence[int], tokens: Sequence[int],
         o = model.forward(torch.tensor([tokens[node]]), torch.tensor([p + depths[node]]), kv_b)
         single = model.compute_logits(o.hidden)[0]
         assert torch.equal(tree_logits[node], single), (
-            f"tree row {node} (path {_path(parents, node)}) differs by {(tree_logits[node] - single).abs().max().item()}"
+            f"tree row {node} (path {_path(parents, node)}) "
+            f"differs by {(tree_logits[node] - single).abs().max().item()}"
         )
         checked += 1
         stack.extend(reversed(children.get(node, [])))
@@ -457,7 +458,8 @@ from tokenleap.models.llama import LlamaModel
 c = ModelConfig(**json.loads(sys.argv[1]))
 g = torch.Generator().manual_seed(0)
 d, f = c.hidden_size, c.intermediate_size
-w = {"embed": torch.randn(c.vocab_size, d, generator=g), "norm": torch.ones(d), "lm_head": torch.randn(c.vocab_size, d, generator=g) / d**0.5}
+w = {"embed": torch.randn(c.vocab_size, d, generator=g), "norm": torch.ones(d),
+     "lm_head": torch.randn(c.vocab_size, d, generator=g) / d**0.5}
 for i in range(c.num_layers):
     p = f"layers.{i}."
     for name, shape in (("q", (c.q_size, d)), ("k", (c.kv_size, d)), ("v", (c.kv_size, d)), ("o", (d, c.q_size)),

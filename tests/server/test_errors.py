@@ -71,7 +71,10 @@ CASES = [
     (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "temperature": 0.7, "min_p": -Infinity}', 400, "finite", "min_p"),
     (
         COMPLETIONS,
-        b'{"prompt": "Hi", "max_tokens": 4, "speculative": {"method": "suffix", "suffix_decoding_min_token_prob": NaN}}',
+        (
+            b'{"prompt": "Hi", "max_tokens": 4, "speculative": {"method": "suffix", '
+            b'"suffix_decoding_min_token_prob": NaN}}'
+        ),
         400,
         "finite",
         "speculative",

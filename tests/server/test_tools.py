@@ -154,7 +154,10 @@ def test_stream_holdback() -> None:
 
     plan = plan_tools([WEATHER], "auto")
     fmt = tool_formatter(ChatFormatter, plan, "chatcmpl-x", MODEL, None, 0)
-    text = 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "celsius"}}\n</tool_call>'
+    text = (
+        'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "celsius"}}\n'
+        "</tool_call>"
+    )
     pieces = ["Let me", " check. <", "tool_", "call>\n{\"name\"", text[len('Let me check. <tool_call>\n{"name"'):]]
     assert "".join(pieces) == text
     sent = [c["choices"][0]["delta"]["content"] for p in pieces if (c := fmt.delta_chunk(p)) is not None]

@@ -1,4 +1,5 @@
-"""Chain verification: exact greedy cases, agreement with the slow reference, and chi-squared losslessness of speculative sampling."""
+"""Chain verification: exact greedy cases, agreement with the slow reference, and chi-squared losslessness of
+speculative sampling."""
 
 from __future__ import annotations
 
@@ -247,7 +248,8 @@ def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
 def assert_follows(counts: np.ndarray, probs: np.ndarray, what: str) -> None:
     pvalue = chi2_pvalue(counts, probs)
     assert pvalue >= ALPHA, (
-        f"{what}: chi-squared p={pvalue:.3g}\nobserved {counts.tolist()}\nexpected {(np.asarray(probs) * counts.sum()).round(1).tolist()}"
+        f"{what}: chi-squared p={pvalue:.3g}\nobserved {counts.tolist()}\n"
+        f"expected {(np.asarray(probs) * counts.sum()).round(1).tolist()}"
     )
 
 

@@ -3,17 +3,18 @@
 Without a member of declared drafting cost: the first member that proposes wins, the draftless
 ones (n-grams, suffix trees, prompt lookup) asked before those that run a model of their own (a
 draft model: `DraftsWithModel`), whatever order they are named in, as llama.cpp gives draftless
-decoding precedence over a draft model; among each kind, the order given. With a member that costs target time to draft (a
-trained head, `relative_draft_cost` > 0), the chain chooses per step by expected tokens per unit
-of cost, as the engine's draft-length controller does for one drafter (Leviathan et al., 2023,
-section 3.4): each member keeps its own decayed acceptance estimate alpha_m per request (from
-the verifications of its own drafts), a draft of L tokens is worth E(alpha_m, L) = sum_{j<=L}
-alpha_m^j tokens for cost(L) (the engine's measured verify cost curve) + L x the member's
-drafting cost, the free members propose first, and a costly member runs only when its expected
-rate for a full-length draft beats the best draft in hand; the best rate wins, and none when no
-draft beats plain decoding's 1 token per unit. A member left unused for `probe_every` proposals
-is tried once to refresh its estimate. Every member sees every request's lifecycle (begin /
-accept / end / observe), so each keeps its own state current whether or not its draft was used.
+decoding precedence over a draft model; among each kind, the order given. With a member that
+costs target time to draft (a trained head, `relative_draft_cost` > 0), the chain chooses per
+step by expected tokens per unit of cost, as the engine's draft-length controller does for one
+drafter (Leviathan et al., 2023, section 3.4): each member keeps its own decayed acceptance
+estimate alpha_m per request (from the verifications of its own drafts), a draft of L tokens is
+worth E(alpha_m, L) = sum_{j<=L} alpha_m^j tokens for cost(L) (the engine's measured verify
+cost curve) + L x the member's drafting cost, the free members propose first, and a costly
+member runs only when its expected rate for a full-length draft beats the best draft in hand;
+the best rate wins, and none when no draft beats plain decoding's 1 token per unit. A member
+left unused for `probe_every` proposals is tried once to refresh its estimate. Every member
+sees every request's lifecycle (begin / accept / end / observe), so each keeps its own state
+current whether or not its draft was used.
 
 Statistics per member, as llama.cpp prints a line per implementation: each request's calls of
 every member's begin / propose / accept and their durations (`member_statistics`), and the chosen
@@ -212,7 +213,9 @@ METHOD = MethodRecord(
     fields=("chain", "method_options"),  # and each member's own fields; members' options pass through
     per_request=False,
     shared=_registry,
-    doc="the first drafter in the chain that proposes, draftless ones asked before a draft model (llama.cpp's precedence); with a head, "
-    "the best expected tokens per unit of cost",
+    doc=(
+        "the first drafter in the chain that proposes, draftless ones asked before a draft model (llama.cpp's "
+        "precedence); with a head, the best expected tokens per unit of cost"
+    ),
     knobs="`chain` (or the method `a+b`)",
 )

@@ -110,8 +110,8 @@ def spec_type_help() -> str:
     return (
         " | ".join(parts)
         + " | a+b (a chain: the first that proposes; draftless methods before a draft model; llama.cpp's a,b and "
-        "repeated --spec-type too). llama.cpp's underscore spellings (ngram_simple) and type names (draft-simple, draft-eagle3, "
-        "draft-mtp) work too"
+        "repeated --spec-type too). llama.cpp's underscore spellings (ngram_simple) and type names (draft-simple, "
+        "draft-eagle3, draft-mtp) work too"
     )
 
 

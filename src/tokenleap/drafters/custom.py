@@ -19,7 +19,9 @@ METHOD = MethodRecord(
     "any object with begin/propose/accept/end (tokenleap.drafters.base.Drafter), in speculative_config['drafter']",
     fields=("drafter",),
     per_request=False,
-    doc="any object with `begin/propose/accept/end` (`tokenleap.drafters.base.Drafter`); its `Draft` may be a token tree (`parents`), "
-    "verified as a tree for greedy and sampled requests",
+    doc=(
+        "any object with `begin/propose/accept/end` (`tokenleap.drafters.base.Drafter`); its `Draft` may be a token "
+        "tree (`parents`), verified as a tree for greedy and sampled requests"
+    ),
     knobs="`drafter`",
 )

@@ -248,30 +248,38 @@ class DraftModelOptions:
     )
     draft_p_min: float = option(
         0.0,
-        help="stop a draft where the draft model's top probability falls below this (0: off; llama.cpp's own "
-        "default is 0.75); drafts only get shorter, output is unchanged",
+        help=(
+            "stop a draft where the draft model's top probability falls below this (0: off; llama.cpp's own "
+            "default is 0.75); drafts only get shorter, output is unchanged"
+        ),
         flags=("--spec-draft-p-min", "--draft-p-min"),
         per_request=False,
     )
     draft_context: int | None = option(
         None,
-        help="the draft model reads only a prompt's last N tokens (0: all; default: "
-        "max(256, 2 x max_tokens), what the answer can repay); output is unchanged",
+        help=(
+            "the draft model reads only a prompt's last N tokens (0: all; default: "
+            "max(256, 2 x max_tokens), what the answer can repay); output is unchanged"
+        ),
         flags=("--spec-draft-context", "--draft-context"),
         per_request=False,
     )
     draft_vocab: int = option(
         0,
-        help="the draft's LM head scores only its N most frequent tokens and the special ones (FR-Spec; "
-        "0: all); a cheaper draft step, output unchanged",
+        help=(
+            "the draft's LM head scores only its N most frequent tokens and the special ones (FR-Spec; "
+            "0: all); a cheaper draft step, output unchanged"
+        ),
         flags=("--spec-draft-vocab", "--draft-vocab"),
         per_request=False,
     )
 
     draft_cache_type_k: str | None = option(
         None,
-        help="the draft model's KV cache type: auto, bf16 (f16) or q8_0 (default: auto); "
-        "keys and values alike, as the target's",
+        help=(
+            "the draft model's KV cache type: auto, bf16 (f16) or q8_0 (default: auto); "
+            "keys and values alike, as the target's"
+        ),
         flags=("--cache-type-k-draft", "-ctkd"),
         per_request=False,
     )
@@ -383,6 +391,8 @@ METHOD = MethodRecord(
     per_request=False,
     needs_model="a draft model",
     shared=_loaded_models,
-    doc="a smaller LM; with the target's tokenizer it samples and returns q for lossless sampling, with another tokenizer it drafts greedily "
-    "through text ([models.md](models.md), Draft models with another tokenizer)",
+    doc=(
+        "a smaller LM; with the target's tokenizer it samples and returns q for lossless sampling, with another "
+        "tokenizer it drafts greedily through text ([models.md](models.md), Draft models with another tokenizer)"
+    ),
 )

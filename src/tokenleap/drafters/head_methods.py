@@ -42,7 +42,8 @@ class HeadOptions:
     def __post_init__(self) -> None:
         if not 1 <= self.tree_topk <= MAX_TREE_TOPK or not 1 <= self.tree_depth <= MAX_DRAFT_TOKENS:
             raise TokenleapError(
-                f"need tree_topk in [1, {MAX_TREE_TOPK}] and tree_depth in [1, {MAX_DRAFT_TOKENS}], got {self.tree_topk} and {self.tree_depth}"
+                f"need tree_topk in [1, {MAX_TREE_TOPK}] and tree_depth in [1, {MAX_DRAFT_TOKENS}], "
+                f"got {self.tree_topk} and {self.tree_depth}"
             )
 
 

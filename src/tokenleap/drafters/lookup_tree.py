@@ -98,5 +98,8 @@ METHOD = MethodRecord(
     _build,
     "prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged",
     options=NgramOptions,
-    doc="prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged (`drafters/lookup_tree.py`)",
+    doc=(
+        "prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged "
+        "(`drafters/lookup_tree.py`)"
+    ),
 )

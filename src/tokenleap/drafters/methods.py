@@ -218,7 +218,8 @@ def make_options(record: MethodRecord, raw: Mapping[str, Any] | Any) -> Any:
     unknown = sorted(set(raw) - set(names))
     if unknown:
         raise TokenleapError(
-            f"method {record.name!r} has no option(s) {', '.join(unknown)}{renamed_note(unknown, renamed_options(record))}; "
+            f"method {record.name!r} has no option(s) "
+            f"{', '.join(unknown)}{renamed_note(unknown, renamed_options(record))}; "
             f"its options: {', '.join(names)}"
         )
     tps = option_types(record)

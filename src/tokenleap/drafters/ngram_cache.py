@@ -223,7 +223,8 @@ class NgramCacheOptions:
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_cache_max_entries < 1:
             raise TokenleapError(
-                f"ngram_size_n and ngram_cache_max_entries must be >= 1, got {self.ngram_size_n} and {self.ngram_cache_max_entries}"
+                f"ngram_size_n and ngram_cache_max_entries must be >= 1, "
+                f"got {self.ngram_size_n} and {self.ngram_cache_max_entries}"
             )
 
 

@@ -243,7 +243,8 @@ class NgramMapKOptions(NgramSimpleOptions):
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_size_m < 1 or self.ngram_min_hits < 1:
             raise TokenleapError(
-                f"ngram_size_n, ngram_size_m and ngram_min_hits must be >= 1, got {self.ngram_size_n}, {self.ngram_size_m}, {self.ngram_min_hits}"
+                f"ngram_size_n, ngram_size_m and ngram_min_hits must be >= 1, "
+                f"got {self.ngram_size_n}, {self.ngram_size_m}, {self.ngram_min_hits}"
             )
 
 

@@ -163,7 +163,8 @@ def pools_shared(registry: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class NgramModOptions:
-    """ngram-mod's options: the key length (current llama.cpp's `--spec-ngram-mod-n-match`) and the shared pool's size."""
+    """ngram-mod's options: the key length (current llama.cpp's `--spec-ngram-mod-n-match`) and the shared
+    pool's size."""
 
     ngram_size_n: int = ngram_size_n_option(("--spec-ngram-mod-n-match",))
     ngram_mod_pool_size: int = option(DEFAULT_POOL_SIZE, help="hash pool slots (4 bytes each, allocated on first use)",
@@ -172,7 +173,8 @@ class NgramModOptions:
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_mod_pool_size < 1:
             raise TokenleapError(
-                f"ngram_size_n and ngram_mod_pool_size must be >= 1, got {self.ngram_size_n} and {self.ngram_mod_pool_size}"
+                f"ngram_size_n and ngram_mod_pool_size must be >= 1, "
+                f"got {self.ngram_size_n} and {self.ngram_mod_pool_size}"
             )
 
 

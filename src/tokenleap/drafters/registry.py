@@ -69,7 +69,10 @@ def load_entry_points(*, reload: bool = False) -> None:
                         register_method(record)
                 reg.failures.pop(ep.name, None)
             except Exception as exc:  # noqa: BLE001  # reported, not fatal: see the docstring
-                why = f"entry point {ep.name!r} ({getattr(ep, 'value', '?')}) of group {ENTRY_POINT_GROUP!r} failed to load: {exc}"
+                why = (
+                    f"entry point {ep.name!r} ({getattr(ep, 'value', '?')}) of group {ENTRY_POINT_GROUP!r} "
+                    f"failed to load: {exc}"
+                )
                 reg.failures[ep.name] = why
                 logger.error("%s", why)
 

@@ -132,7 +132,8 @@ class SpecConfig:
             bad = [m for m in self.chain if m not in names or m in _NOT_CHAINED]
             if not self.chain or bad:
                 raise TokenleapError(
-                    f"method 'chain' needs 'chain': a list of methods from {', '.join(m for m in names if m not in _NOT_CHAINED)}"
+                    f"method 'chain' needs 'chain': a list of methods from "
+                    f"{', '.join(m for m in names if m not in _NOT_CHAINED)}"
                     + (f"; not allowed: {', '.join(bad)}" if bad else "")
                 )
         involved = self.chain if method == "chain" else (method,)
@@ -153,7 +154,8 @@ class SpecConfig:
             raise TokenleapError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {self.acceptance!r}")
         if not (0.0 <= self.typical_threshold <= 1.0 and 0.0 <= self.typical_alpha <= 1.0):
             raise TokenleapError(
-                f"typical_threshold and typical_alpha must be in [0, 1], got {self.typical_threshold} and {self.typical_alpha}"
+                f"typical_threshold and typical_alpha must be in [0, 1], "
+                f"got {self.typical_threshold} and {self.typical_alpha}"
             )
         if method == "custom" and self.drafter is None:
             raise TokenleapError("method 'custom' needs a drafter object: speculative_config['drafter']")

@@ -4,17 +4,18 @@ With per-token acceptance rate alpha, a chain draft of k tokens yields
 E(k) = (1 - alpha^(k+1)) / (1 - alpha) committed tokens per target forward (Leviathan et al.,
 2023), and that forward costs c(k) = t(k+1 rows) / t(1 row), measured once on this machine (the
 cost curve, at a short and a long context: at long contexts each extra row's attention costs
-more, so the curve is interpolated at the request's length). The controller keeps a decayed estimate of alpha per request and chooses
-k* = argmax E(k) (1 + w) / (c(k) + w + k d) over [draft_min, cap], or 0 when no k beats plain
-decoding by a margin. d is a drafter's own cost per draft token and w the engine's per-step work
-outside the target forward (sampling, verification, bookkeeping, a head's feature fusion), both
-relative to a one-row forward: d starts at the drafter's `relative_draft_cost` (0 for the
-model-free drafters) and both are then measured on the request's own steps (decayed averages of
-the step's timings): a forward-only curve and a drafter's one-off estimate miss what a whole step
-costs on this machine at this context (on the default model in bf16: w 0.05-0.09; a trained
-EAGLE-3 head's d 0.06-0.18 against its static 0.12-0.15; a suffix tree's 0.004-0.011, not 0);
-while off it probes again every `probe_every` steps with a short draft, so a request whose text
-turns predictable (a quoted passage, code being repeated) gets speculation back.
+more, so the curve is interpolated at the request's length). The controller keeps a decayed
+estimate of alpha per request and chooses k* = argmax E(k) (1 + w) / (c(k) + w + k d) over
+[draft_min, cap], or 0 when no k beats plain decoding by a margin. d is a drafter's own cost per
+draft token and w the engine's per-step work outside the target forward (sampling, verification,
+bookkeeping, a head's feature fusion), both relative to a one-row forward: d starts at the
+drafter's `relative_draft_cost` (0 for the model-free drafters) and both are then measured on the
+request's own steps (decayed averages of the step's timings): a forward-only curve and a
+drafter's one-off estimate miss what a whole step costs on this machine at this context (on the
+default model in bf16: w 0.05-0.09; a trained EAGLE-3 head's d 0.06-0.18 against its static
+0.12-0.15; a suffix tree's 0.004-0.011, not 0); while off it probes again every `probe_every`
+steps with a short draft, so a request whose text turns predictable (a quoted passage, code being
+repeated) gets speculation back.
 """
 
 from __future__ import annotations

@@ -138,7 +138,8 @@ class Eagle3Head(LayerHead):
                 raise TokenleapError("EAGLE-3 d2t maps draft ids outside the target vocabulary")
         elif c.draft_vocab_size < c.vocab_size:
             raise TokenleapError(
-                f"EAGLE-3 head has a reduced draft vocabulary ({c.draft_vocab_size} < {c.vocab_size}) but no d2t mapping"
+                f"EAGLE-3 head has a reduced draft vocabulary ({c.draft_vocab_size} < {c.vocab_size}) "
+                "but no d2t mapping"
             )
         else:
             self.d2t_ids = torch.arange(c.draft_vocab_size)

@@ -125,7 +125,8 @@ def load_medusa(path: str | Path, target: CausalLM) -> MedusaHeads:
                 raise TokenleapError(f"Medusa checkpoint lacks tensor {wname!r}")
             if tuple(weights[wname].shape) != (h, h):
                 raise TokenleapError(
-                    f"Medusa tensor {wname!r} has shape {tuple(weights[wname].shape)}, expected {(h, h)} (target hidden size)"
+                    f"Medusa tensor {wname!r} has shape {tuple(weights[wname].shape)}, "
+                    f"expected {(h, h)} (target hidden size)"
                 )
             bias = weights.get(bname, torch.zeros(h)).float().contiguous()
             layer.append(_Block(prepared(weights[wname]), bias))

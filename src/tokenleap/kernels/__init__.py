@@ -95,10 +95,10 @@ class CpuKernels:
         glu: str | None = None,
     ) -> torch.Tensor:
         """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight a `Linear` (or the form it holds:
-        bf16/fp32 `[out, in]`, packed or quantized). With `out` (contiguous fp32 `[rows, out]`), the result is added to it in place.
-        The input may be formed first, the same bits either way (quantized weights fuse it into
-        their call): `norm=(w, eps)` RMSNorms x; `glu` ("silu" or "gelu_tanh") takes x = (gate |
-        up) `[rows, 2 in]` and uses `act(gate) * up` (`glu_mul`)."""
+        bf16/fp32 `[out, in]`, packed or quantized). With `out` (contiguous fp32 `[rows, out]`), the
+        result is added to it in place. The input may be formed first, the same bits either way
+        (quantized weights fuse it into their call): `norm=(w, eps)` RMSNorms x; `glu` ("silu" or
+        "gelu_tanh") takes x = (gate | up) `[rows, 2 in]` and uses `act(gate) * up` (`glu_mul`)."""
         if isinstance(weight, Linear):
             weight = weight.weight
         if isinstance(weight, QuantWeight):
@@ -142,7 +142,8 @@ class CpuKernels:
         rows, in_dim = x.shape
         if in_dim != weight.in_dim or x.dtype != torch.float32:
             raise ValueError(
-                f"kernel linear: x {tuple(x.shape)} {x.dtype} does not fit packed weight [{weight.out_dim}, {weight.in_dim}]"
+                f"kernel linear: x {tuple(x.shape)} {x.dtype} "
+                f"does not fit packed weight [{weight.out_dim}, {weight.in_dim}]"
             )
         if out is not None and (
             out.shape != (rows, weight.out_dim) or out.dtype != torch.float32 or not out.is_contiguous()
@@ -201,7 +202,8 @@ class CpuKernels:
             in_dim //= 2
         if in_dim != weight.in_dim or x.dtype != torch.float32:
             raise ValueError(
-                f"kernel linear: x {tuple(x.shape)} {x.dtype} does not fit {weight.name} weight [{weight.out_dim}, {weight.in_dim}]"
+                f"kernel linear: x {tuple(x.shape)} {x.dtype} "
+                f"does not fit {weight.name} weight [{weight.out_dim}, {weight.in_dim}]"
             )
         if out is not None and (
             out.shape != (rows, weight.out_dim) or out.dtype != torch.float32 or not out.is_contiguous()

@@ -125,8 +125,8 @@ def _repack_k(qtype: int, raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndar
         qh = blk[..., 16:48]  # [out, nsb, l]: bit j is sub-block j's 5th bit
         h5 = ((qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1)  # [out, nsb, j, l]
         nib = _nibbles(q.reshape(out_dim, nb, 32), groups)  # [G, nb, 128]
-        body = np.concatenate([nib, _high_bits(h5.reshape(out_dim, nb, 32), groups)], axis=-1).reshape(
-            groups, nsb, 1280
+        body = (
+            np.concatenate([nib, _high_bits(h5.reshape(out_dim, nb, 32), groups)], axis=-1).reshape(groups, nsb, 1280)
         )
         return np.concatenate([*head, body], axis=-1).reshape(groups, -1)
     ql, qh = blk[..., 0:128].reshape(out_dim, nsb, 2, 64), blk[..., 128:192].reshape(out_dim, nsb, 2, 32)
@@ -461,7 +461,8 @@ class QuantWeight:
             fit = tuple(self.data.shape) == (self.out_dim // 8, nb * BY_GGML[self.qtype].group_bytes)
         if self.in_dim % 32 or self.out_dim % 8 or self.data.dtype != torch.uint8 or not fit:
             raise ValueError(
-                f"quantized weight data {tuple(self.data.shape)} {self.data.dtype} does not fit [{self.out_dim}, {self.in_dim}] {self.name}"
+                f"quantized weight data {tuple(self.data.shape)} {self.data.dtype} "
+                f"does not fit [{self.out_dim}, {self.in_dim}] {self.name}"
             )
 
     @classmethod
@@ -473,7 +474,8 @@ class QuantWeight:
         """From a GGUF tensor's bytes, `[out, in/32 * block bytes]` uint8 (rows = outputs)."""
         if not cls.fits(qtype, out_dim, in_dim):
             raise ValueError(
-                f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized ({format_names('/')}, out % 8, in % 32 (256 for K-quants))"
+                f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized "
+                f"({format_names('/')}, out % 8, in % 32 (256 for K-quants))"
             )
         raw = np.ascontiguousarray(raw.numpy() if isinstance(raw, torch.Tensor) else raw, dtype=np.uint8)
         fmt = BY_GGML[qtype]

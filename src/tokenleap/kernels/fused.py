@@ -6,11 +6,12 @@ global layers with their own rope tables) makes five to seven kernel calls per l
 with its RMSNorm, QK-norm when the model has it, attention, output linear with the residual add
 or with a post-norm and the add, gate/up linear with its RMSNorm, down linear with the gate and
 the residual add, likewise): ~150 a decode step of the default model, ~240 of Gemma 3 4B, each
-paying ~4-10 us of Python and ctypes outside the kernel. `FusedLayers` describes a model's layers once, as C structs of weight
-addresses, kinds and formats; `FusedLayers.run` then fills one struct with a forward's buffers
-and its attention plan and makes a single call, in which C makes the same kernel calls in the
-same order on the same inputs, so the result is bit-identical to the per-call loop. A layer is
-read as it is (`FusedLayer`: its four `Linear`s and its norms; `models.layers.LayerWeights` is one).
+paying ~4-10 us of Python and ctypes outside the kernel. `FusedLayers` describes a model's layers
+once, as C structs of weight addresses, kinds and formats; `FusedLayers.run` then fills one struct
+with a forward's buffers and its attention plan and makes a single call, in which C makes the same
+kernel calls in the same order on the same inputs, so the result is bit-identical to the per-call
+loop. A layer is read as it is (`FusedLayer`: its four `Linear`s and its norms;
+`models.layers.LayerWeights` is one).
 """
 
 from __future__ import annotations

@@ -108,8 +108,8 @@ def torch_qk_norm(qkv: torch.Tensor, layer: LayerWeights, config: ModelConfig) -
     lead = qkv.shape[:-1]
     if layer.q_norm is not None:
         qkv[..., :q_end] = rms_norm(qkv[..., :q_end].view(*lead, nq, hd), layer.q_norm, c.rms_norm_eps).view(*lead, -1)
-        qkv[..., q_end:k_end] = rms_norm(qkv[..., q_end:k_end].view(*lead, nkv, hd), layer.k_norm, c.rms_norm_eps).view(
-            *lead, -1
+        qkv[..., q_end:k_end] = (
+            rms_norm(qkv[..., q_end:k_end].view(*lead, nkv, hd), layer.k_norm, c.rms_norm_eps).view(*lead, -1)
         )
     q_mult = query_multiplier(c)
     if q_mult is not None:

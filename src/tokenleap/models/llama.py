@@ -37,10 +37,11 @@ Which code serves the forwards is decided once, at load (`ExecutionPath`, `Llama
 
 Longer forwards of fp32 models (prompt prefill) run the block on torch's GEMM and SDPA.
 
-Sliding-window attention (Beltagy et al., 2020; Mistral, Gemma 3) is a mask: the cache keeps every slot (slot i holds position i), and a local layer's row
-at position p sees the slots of positions > p - window, so truncating the cache (rejected draft
-tokens) stays exact. Rotary tables follow transformers (float32 `inv_freq`, Llama 3.x scaling of
-the frequencies, or GGUF's `rope_freqs` divisors).
+Sliding-window attention (Beltagy et al., 2020; Mistral, Gemma 3) is a mask: the cache keeps
+every slot (slot i holds position i), and a local layer's row at position p sees the slots of
+positions > p - window, so truncating the cache (rejected draft tokens) stays exact. Rotary
+tables follow transformers (float32 `inv_freq`, Llama 3.x scaling of the frequencies, or
+GGUF's `rope_freqs` divisors).
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ class LlamaModel:
         self.kernels = kernels = usable_kernels(config, dtype, kernels)
         # the kernels' fused attention serves head_dim 16..128, and 256 (Gemma 3) over bf16 caches;
         # other head dims (256 in float32) attend with torch's row path beside the kernels' linears
-        self.kernel_attention = kernels is not None and config.head_dim in kernels.attention_head_dims(
-            dtype == torch.bfloat16
+        self.kernel_attention = (
+            kernels is not None and config.head_dim in kernels.attention_head_dims(dtype == torch.bfloat16)
         )
         # the one decision of which code serves the forwards (ExecutionPath)
         self.path = ExecutionPath.TORCH
@@ -583,7 +584,8 @@ def usable_kernels(config: ModelConfig, dtype: torch.dtype, kernels: CpuKernels 
     is checked for attention apart), else None; either way, a warning where torch ops serve it."""
     if kernels is not None and not kernels.supports(config.hidden_size, config.intermediate_size, config.q_size, 32):
         logger.warning(
-            "tokenleap kernels need widths that are multiples of 32; using torch ops for this model (slower, not row-invariant)"
+            "tokenleap kernels need widths that are multiples of 32; using torch ops for this model "
+            "(slower, not row-invariant)"
         )
         kernels = None
     if kernels is None and dtype == torch.bfloat16 and not config.plain_llama:

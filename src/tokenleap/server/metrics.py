@@ -56,11 +56,11 @@ class ServerMetrics:
 
         gauge("num_requests_running", "Requests in the running batch (prefilling or decoding).", running)
         gauge("num_requests_waiting", "Requests waiting for a batch slot.", waiting)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens.", label, registry=r).labels(
-            model_name
+        self.prompt_tokens = (
+            Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens.", label, registry=r).labels(model_name)
         )
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", label, registry=r).labels(
-            model_name
+        self.generation_tokens = (
+            Counter(PREFIX + "generation_tokens", "Generated tokens.", label, registry=r).labels(model_name)
         )
         self._success = Counter(
             PREFIX + "request_success", "Finished requests, by finish reason.", label + ["finished_reason"], registry=r

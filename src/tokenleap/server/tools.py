@@ -36,9 +36,10 @@ _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 HERMES_SYSTEM = (
     "You are a function calling AI model. You are provided with function signatures within <tools></tools> XML tags. "
-    "You may call one or more functions to assist with the user query. Don't make assumptions about what values to plug "
-    "into functions. Here are the available tools: <tools>\n{tools}\n</tools>\nFor each function call return a json object "
-    "with function name and arguments within <tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
+    "You may call one or more functions to assist with the user query. Don't make assumptions about what values to "
+    "plug into functions. Here are the available tools: <tools>\n{tools}\n</tools>\nFor each function call return "
+    "a json object with function name and arguments within <tool_call></tool_call> XML tags as follows:\n"
+    "<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
 )
 
@@ -150,8 +151,9 @@ def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None
     for f in funcs:  # a bad parameters schema is a 400 now, not a failure mid-generation
         try:
             StructuredOutputsParams(
-                json={"type": "object", "properties": {"arguments": f.parameters}}, json_mode=json_mode
-            )  # type: ignore[arg-type]  # a str here; StructuredOutputsParams checks its value
+                json={"type": "object", "properties": {"arguments": f.parameters}},
+                json_mode=json_mode,  # type: ignore[arg-type]  # a str here; StructuredOutputsParams checks its value
+            )
         except TokenleapError as exc:
             raise TokenleapError(f"tool {f.name!r}: {exc}") from None
     return plan

@@ -8,8 +8,9 @@ rotary position i+k, and attends to the step-0 keys of positions <= i plus its o
 (`eagle3_head.ttt_attention`), so chained drafting at inference is what training saw.
 
 Its shape is the runtime's `HeadShape` of the target (`eagle3_head.shape_for_target(config,
-vocab_size, ())`: no aux layers, the full vocabulary). `export` writes `model.mtp_layers.0.*` and a config.json with the target's shape, which
-`speculative_config={"method": "mtp", "model": DIR}` loads.
+vocab_size, ())`: no aux layers, the full vocabulary). `export` writes `model.mtp_layers.0.*` and
+a config.json with the target's shape, which `speculative_config={"method": "mtp", "model": DIR}`
+loads.
 """
 
 from __future__ import annotations

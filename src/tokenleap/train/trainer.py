@@ -748,18 +748,9 @@ def _resume(head: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, 
     return state["step"], state["tokens"], state["seconds"]
 
 
-def fit_head(
-    source: RuntimeFeatures | TorchFeatures,
-    train: Sequence[Example],
-    heldout: Sequence[Example],
-    cfg: TrainConfig,
-    model_name: str,
-    *,
-    eos: Sequence[int] = (),
-    state: dict[str, Any] | None = None,
-    progress: bool = True,
-    log: Callable[[str], None] = logger.warning,
-) -> TrainResult:
+def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], heldout: Sequence[Example],
+             cfg: TrainConfig, model_name: str, *, eos: Sequence[int] = (), state: dict[str, Any] | None = None,
+             progress: bool = True, log: Callable[[str], None] = logger.warning) -> TrainResult:
     """The training loop over tokenized `train` sequences on the source's device: the draft
     vocabulary, the head, AdamW with warmup and cosine decay, held-out evaluation, saves (the
     head in its layout and `trainer_state.pt`) every `save_every` steps and at the end."""
@@ -788,17 +779,8 @@ def fit_head(
         log(f"resuming at step {step} of {total_steps} ({tokens_seen} tokens, {elapsed:.0f} s trained)")
 
     def save() -> None:
-        _save(
-            head,
-            opt,
-            vocab,
-            shape,
-            cfg,
-            {
-                "steps": step, "tokens": tokens_seen, "seconds": elapsed, "draft_steps": steps, "target": model_name,
-                "device": str(dev)
-            },
-        )
+        _save(head, opt, vocab, shape, cfg, {"steps": step, "tokens": tokens_seen, "seconds": elapsed,
+                                             "draft_steps": steps, "target": model_name, "device": str(dev)})
 
     flat = [(e, b) for e, bs in enumerate(epoch_batches) for b in bs]
     keep_keys = cfg.epochs > 1  # features kept between epochs only when a sequence comes back
@@ -863,15 +845,6 @@ def fit_head(
     save()
     if heldout and held is None:
         held = evaluate()
-    return TrainResult(
-        out,
-        step,
-        tokens_seen,
-        elapsed,
-        vocab.coverage,
-        held.accuracy if held else [],
-        None,
-        stopped_early or (step < total_steps and not cfg.time_schedule),
-        losses,
-        held.acceptance if held else None,
-    )
+    return TrainResult(out, step, tokens_seen, elapsed, vocab.coverage, held.accuracy if held else [], None,
+                       stopped_early or (step < total_steps and not cfg.time_schedule), losses,
+                       held.acceptance if held else None)
