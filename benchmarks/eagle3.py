@@ -64,24 +64,12 @@ def random_head_dir(model: Any, draft_vocab: int, folder: Path) -> Path:
     }
     folder.mkdir(parents=True, exist_ok=True)
     save_file(t, str(folder / "model.safetensors"))
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": h,
-        "intermediate_size": inter,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "max_position_embeddings": c.max_position,
-        "hidden_act": "silu",
-        "vocab_size": c.vocab_size,
-        "draft_vocab_size": draft_vocab,
-        "num_hidden_layers": 1,
-        "tie_word_embeddings": False,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, n // 2, n - 3]},
-    }
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h,
+              "intermediate_size": inter, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+              "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+              "max_position_embeddings": c.max_position, "hidden_act": "silu", "vocab_size": c.vocab_size,
+              "draft_vocab_size": draft_vocab, "num_hidden_layers": 1, "tie_word_embeddings": False,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, n // 2, n - 3]}}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 

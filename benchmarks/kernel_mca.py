@@ -32,15 +32,9 @@ KERNEL_DIR = ROOT / "src" / "tokenleap" / "kernels"
 
 def assembly(source_dir: Path, cpu: str, out: Path, defines: list[str]) -> str:
     compiler = shutil.which("gcc") or "cc"
-    subprocess.run(
-        [
-            compiler, "-O3", f"-march={cpu}", "-ffp-contract=off", "-pthread", "-std=gnu11", "-fPIC", *defines, "-S",
-            str(source_dir / "kernels_avx2.c"), "-o", str(out)
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    subprocess.run([compiler, "-O3", f"-march={cpu}", "-ffp-contract=off", "-pthread", "-std=gnu11", "-fPIC", *defines,
+                    "-S", str(source_dir / "kernels_avx2.c"), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
     return out.read_text()
 
 

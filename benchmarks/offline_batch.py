@@ -265,16 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{s['prompts_identical']}/{len(prompts)}", *mem(s))
     table.add_row("all up front (old)", "-", "-", "-", *mem(eager))
     console.print(table)
-    meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "args": vars(args),
-        "num_prompts": len(prompts),
-        "prompt_tokens": sum(map(len, prompts)),
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
-        "cpus": os.cpu_count(),
-        "eager_allocation": eager,
-    }
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "num_prompts": len(prompts),
+            "prompt_tokens": sum(map(len, prompts)), "load_average_before": load_before,
+            "load_average_after": os.getloadavg(), "cpus": os.cpu_count(), "eager_allocation": eager}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, **result}, indent=1))

@@ -66,18 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:22s} {v:7.2f} s")
     print(f"prompt tokens {prompt_tokens}; shared prefill is {ratio:.2f}x faster; identical samples: {same}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "seconds": seconds,
-                "speedup": ratio,
-                "identical": same,
-                "prompt_tokens": prompt_tokens,
-                "meta": {k: str(v) for k, v in vars(args).items()},
-            },
-            indent=1,
-        )
-    )
+    args.out.write_text(json.dumps({"seconds": seconds, "speedup": ratio, "identical": same,
+                                    "prompt_tokens": prompt_tokens,
+                                    "meta": {k: str(v) for k, v in vars(args).items()}}, indent=1))
     return 0 if same else 1
 
 

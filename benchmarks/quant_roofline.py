@@ -50,15 +50,9 @@ def build(variant: str, out: Path, no_avx512: bool = False) -> Path:
     source = "kernels.c" if variant == "avx512" else "kernels_avx2.c"
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
     flags = [f for f in _FLAGS if f not in ("-shared", "-fPIC")] + (["-mno-avx512f"] if no_avx512 else [])
-    subprocess.run(
-        [
-            compiler, *flags, f"-I{KERNEL_DIR}", f'-DKERNELS_SOURCE="{source}"',
-            str(ROOT / "benchmarks" / "quant_roofline.c"), "-o", str(out), "-lm"
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    subprocess.run([compiler, *flags, f"-I{KERNEL_DIR}", f'-DKERNELS_SOURCE="{source}"',
+                    str(ROOT / "benchmarks" / "quant_roofline.c"), "-o", str(out), "-lm"],
+                   check=True, capture_output=True, text=True)
     return out
 
 

@@ -49,15 +49,9 @@ def build(source_dir: Path, variant: str, out: Path) -> Path:
     source = "kernels.c" if variant == "avx512" else "kernels_avx2.c"
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
     flags = [f for f in _FLAGS if f not in ("-shared", "-fPIC")]
-    subprocess.run(
-        [
-            compiler, *flags, f"-I{source_dir}", f'-DKERNELS_SOURCE="{source}"',
-            str(ROOT / "benchmarks" / "quant_stream.c"), "-o", str(out), "-lm"
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    subprocess.run([compiler, *flags, f"-I{source_dir}", f'-DKERNELS_SOURCE="{source}"',
+                    str(ROOT / "benchmarks" / "quant_stream.c"), "-o", str(out), "-lm"],
+                   check=True, capture_output=True, text=True)
     return out
 
 

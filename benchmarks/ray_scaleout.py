@@ -237,17 +237,9 @@ def part_mixed(args: argparse.Namespace) -> dict[str, Any]:
         k = by_kind.setdefault(o["kind"], {"sent": 0, "ok": 0})
         k["sent"] += 1
         k["ok"] += int(o["ok"])
-    return {
-        "requests": len(jobs),
-        "startup_s": startup,
-        "wall_s": wall,
-        "by_kind": by_kind,
-        "replicas": replicas,
-        "health_after": health,
-        "statuses": sorted({o["status"] for o in outcomes}),
-        "exit_code": proc.returncode,
-        "nothing_leaked": all(r["live"] == 0 and r["added"] == r["freed"] for r in replicas.values()),
-    }
+    return {"requests": len(jobs), "startup_s": startup, "wall_s": wall, "by_kind": by_kind, "replicas": replicas,
+            "health_after": health, "statuses": sorted({o["status"] for o in outcomes}), "exit_code": proc.returncode,
+            "nothing_leaked": all(r["live"] == 0 and r["added"] == r["freed"] for r in replicas.values())}
 
 
 def good_request(
@@ -339,15 +331,9 @@ def part_data(args: argparse.Namespace) -> dict[str, Any]:
     ray.shutdown()
     got = {int(r["i"]): list(r["generated_token_ids"]) for r in rows}
     equal = sum(got.get(i) == list(o.outputs[0].token_ids) for i, o in enumerate(ref))
-    return {
-        "prompts": len(prompts),
-        "max_tokens": args.max_tokens,
-        "rows": len(rows),
-        "identical": equal,
-        "llm_chat_s": t_ref,
-        "ray_data_s": t_data,
-        "generated_tokens": sum(len(o.outputs[0].token_ids) for o in ref),
-    }
+    return {"prompts": len(prompts), "max_tokens": args.max_tokens, "rows": len(rows), "identical": equal,
+            "llm_chat_s": t_ref, "ray_data_s": t_data,
+            "generated_tokens": sum(len(o.outputs[0].token_ids) for o in ref)}
 
 
 def main() -> None:

@@ -122,22 +122,10 @@ def requests() -> list[tuple[str, list[dict[str, str]], StructuredOutputsParams,
         for topic in TOPICS:
             msg = [{"role": "user", "content": f"Write a JSON object ({name}) about {topic}."}]
             out.append((name, msg, StructuredOutputsParams(json=schema), schema))
-    out.append(
-        (
-            "regex",
-            [{"role": "user", "content": "Make up a US phone number."}],
-            StructuredOutputsParams(regex=REGEX),
-            REGEX,
-        )
-    )
-    out.append(
-        (
-            "choice",
-            [{"role": "user", "content": "Sentiment of 'I loved this film'?"}],
-            StructuredOutputsParams(choice=CHOICES),
-            CHOICES,
-        )
-    )
+    out.append(("regex", [{"role": "user", "content": "Make up a US phone number."}],
+                StructuredOutputsParams(regex=REGEX), REGEX))
+    out.append(("choice", [{"role": "user", "content": "Sentiment of 'I loved this film'?"}],
+                StructuredOutputsParams(choice=CHOICES), CHOICES))
     return out
 
 

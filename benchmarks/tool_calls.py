@@ -94,15 +94,9 @@ def main() -> None:
         tokens = sum(len(i) for i in ids)
         forwards = sum(o.metrics.num_forward_passes for o in outs)
         decode = sum(o.metrics.num_decode_tokens for o in outs)
-        row = {
-            "wall_s": round(wall, 2),
-            "tokens": tokens,
-            "tok_per_s": round(tokens / wall, 1),
-            "answers_with_calls": calls,
-            "valid": valid,
-            "requests": len(outs),
-            "acceptance_length": round(decode / forwards, 2) if forwards else 0.0,
-        }
+        row = {"wall_s": round(wall, 2), "tokens": tokens, "tok_per_s": round(tokens / wall, 1),
+               "answers_with_calls": calls, "valid": valid, "requests": len(outs),
+               "acceptance_length": round(decode / forwards, 2) if forwards else 0.0}
         if plain_ids is None:
             plain_ids = ids
         else:

@@ -67,15 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         f"load average {load_before[0]:.1f} -> {load_after[0]:.1f}"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "seconds": seconds, "speedup": ratio, "identical": identical, "load_before": load_before,
-                "load_after": load_after, "meta": {k: str(v) for k, v in vars(args).items()}
-            },
-            indent=1,
-        )
-    )
+    args.out.write_text(json.dumps({"seconds": seconds, "speedup": ratio, "identical": identical,
+                                    "load_before": load_before, "load_after": load_after,
+                                    "meta": {k: str(v) for k, v in vars(args).items()}}, indent=1))
     return 0 if identical else 1
 
 

@@ -98,14 +98,8 @@ def main() -> None:
         table.add_column(col, justify="left" if col == "method" else "right")
     for name in ("plain", *methods(args.draft_max)):
         f = summary[name]
-        table.add_row(
-            name,
-            f"{f['mean_acceptance_length']:.2f}",
-            f"{f['decode_tokens_per_second']:.1f}",
-            f"{f['decode_speedup']:.2f}x",
-            f"{f['tokens_per_second']:.1f}",
-            f"{f['speedup']:.2f}x",
-        )
+        table.add_row(name, f"{f['mean_acceptance_length']:.2f}", f"{f['decode_tokens_per_second']:.1f}",
+                      f"{f['decode_speedup']:.2f}x", f"{f['tokens_per_second']:.1f}", f"{f['speedup']:.2f}x")
     console.print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,17 +33,8 @@ def test_default_questions_cover_all_groups_with_categories_in_turn() -> None:
 
 def test_messages_format_and_bad_lines(tmp_path: Path) -> None:
     good = tmp_path / "m.jsonl"
-    good.write_text(
-        json.dumps(
-            {
-                "category": "edit",
-                "messages": [{"role": "user", "content": "hi"}],
-                "assistant_prefix": "```",
-                "stop": "\n```",
-            }
-        )
-        + "\n"
-    )
+    good.write_text(json.dumps({"category": "edit", "messages": [{"role": "user", "content": "hi"}],
+                                "assistant_prefix": "```", "stop": "\n```"}) + "\n")
     (q,) = load_questions(good, 5)
     assert q.group == "edit" and q.turns == ("hi",) and q.assistant_prefix == "```" and q.stop == ("\n```",)
     bad_stop = tmp_path / "s.jsonl"

@@ -122,15 +122,8 @@ def test_llama_cpp_ngram_mod_example_is_lossless_with_statistics(capsys: pytest.
     ]
     assert main(base) == 0
     plain = capsys.readouterr().out
-    assert (
-        main(
-            [
-                *base, "--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max",
-                "64", "--stats"
-            ]
-        )
-        == 0
-    )
+    assert main([*base, "--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max",
+                 "64", "--stats"]) == 0
     captured = capsys.readouterr()
     assert captured.out == plain
     m = re.search(
@@ -155,15 +148,8 @@ def test_q8_0_kv_cache_as_llama_cpp_users_type_it(capsys: pytest.CaptureFixture[
             "--temperature", "0", "-n", "48"]
     assert main([*base, "-ctk", "q8_0", "-ctv", "q8_0"]) == 0
     plain = capsys.readouterr().out
-    assert (
-        main(
-            [
-                *base, "--cache-type-k", "q8_0", "--spec-type", "ngram-mod", "--spec-ngram-size-n", "8", "--draft-max",
-                "16"
-            ]
-        )
-        == 0
-    )
+    assert main([*base, "--cache-type-k", "q8_0", "--spec-type", "ngram-mod", "--spec-ngram-size-n", "8", "--draft-max",
+                 "16"]) == 0
     captured = capsys.readouterr()
     assert captured.out == plain and "--cache-type-k q8_0 applies to keys and values alike" in captured.err
 
@@ -174,24 +160,9 @@ def test_stats_print_a_statistics_line_per_chain_member(capsys: pytest.CaptureFi
     add up to the chain's (each verified draft is one member's)."""
     import re
 
-    assert (
-        main(
-            [
-                "generate",
-                "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
-                "--temperature",
-                "0",
-                "-n",
-                "48",
-                "--spec-type",
-                "ngram_map_k+ngram-simple",
-                "--draft-max",
-                "8",
-                "--stats",
-            ]
-        )
-        == 0
-    )
+    assert main(["generate", "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
+                 "--temperature", "0", "-n", "48", "--spec-type", "ngram_map_k+ngram-simple", "--draft-max", "8",
+                 "--stats"]) == 0
     err = capsys.readouterr().err
     pattern = (r"statistics {}: #calls\(b,g,a\) = (\d+) (\d+) (\d+), #gen drafts = (\d+), #acc drafts = (\d+), "
                r"#gen tokens = (\d+), #acc tokens = (\d+), dur\(b,g,a\) = [\d.]+, [\d.]+, [\d.]+ ms")
@@ -319,15 +290,8 @@ def test_llama_cpp_spellings_flags_and_environment(
 
 @pytest.mark.slow
 def test_speculative_config_json_and_penalties(capsys: pytest.CaptureFixture[str]) -> None:
-    base = [
-        "generate",
-        "Repeat after me: red green blue red green blue red green blue",
-        "--temperature",
-        "0",
-        "-n",
-        "24",
-        "--json",
-    ]
+    base = ["generate", "Repeat after me: red green blue red green blue red green blue", "--temperature", "0", "-n",
+            "24", "--json"]
     assert main(base + ["--repeat-penalty", "1.3"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert (

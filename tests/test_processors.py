@@ -40,14 +40,8 @@ def _reference(
 def test_rows_match_the_reference_along_a_chain_and_a_tree() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 12, generator=g) * 3
-    params = SamplingParams(
-        temperature=0.0,
-        presence_penalty=0.5,
-        frequency_penalty=0.3,
-        repetition_penalty=1.3,
-        min_tokens=4,
-        max_tokens=10,
-    )
+    params = SamplingParams(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3,
+                            min_tokens=4, max_tokens=10)
     prompt, output, stop = [1, 2, 3], [4, 4, 5], {0, 7}
     for draft, parents in (([4, 6, 6], None), ([6, 4, 9], [-1, -1, 1])):
         prefixes = row_prefixes(draft, parents)
@@ -124,15 +118,8 @@ def test_sampled_speculation_with_penalties_keeps_the_distribution(
     tiny_model: LlamaModel, tokenizer: Tokenizer
 ) -> None:
     prompt = [17, 42, 99, 5, 200]
-    params = SamplingParams(
-        temperature=1.0,
-        top_k=3,
-        max_tokens=8,
-        ignore_eos=True,
-        repetition_penalty=1.5,
-        presence_penalty=1.0,
-        frequency_penalty=0.5,
-    )
+    params = SamplingParams(temperature=1.0, top_k=3, max_tokens=8, ignore_eos=True, repetition_penalty=1.5,
+                            presence_penalty=1.0, frequency_penalty=0.5)
 
     def probs(ctx: list[int]) -> torch.Tensor:
         kv = tiny_model.new_kv_cache(64)

@@ -85,24 +85,12 @@ class LLM:
         registry = default_registry()
 
         def make_drafter(spec: SpecConfig) -> Drafter:
-            return registry.create(
-                spec.method,
-                spec,
-                target=self.model,
-                tokenizer=self.tokenizer,
-                target_path=self.source.path,
-                target_name=self.source.name,
-            )
+            return registry.create(spec.method, spec, target=self.model, tokenizer=self.tokenizer,
+                                   target_path=self.source.path, target_name=self.source.name)
 
         self.drafter = make_drafter(self.spec_config) if self.spec_config is not None else None
-        self.engine = Engine(
-            self.model,
-            self.tokenizer,
-            self.config.max_model_len,
-            self.spec_config,
-            self.drafter,
-            drafter_factory=make_drafter,
-        )
+        self.engine = Engine(self.model, self.tokenizer, self.config.max_model_len, self.spec_config, self.drafter,
+                             drafter_factory=make_drafter)
 
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer

@@ -91,15 +91,8 @@ def test_a_chain_asks_its_draftless_member_first_and_prices_its_draft_model(llm:
     target drafting for itself: 1.0, a draft that can never beat plain decoding), runs only
     when its expected tokens per cost beat the draft in hand, so here only to probe. Greedy
     output stays the plain output; the members' statistics add up to the chain's."""
-    cfg = SpecConfig.from_dict(
-        {
-            "method": "draft-model+ngram-simple",
-            "model": "smollm2-135m-instruct",
-            "adaptive": False,
-            "num_speculative_tokens": 6,
-            "ngram_size_n": 2,
-        }
-    )
+    cfg = SpecConfig.from_dict({"method": "draft-model+ngram-simple", "model": "smollm2-135m-instruct",
+                                "adaptive": False, "num_speculative_tokens": 6, "ngram_size_n": 2})
     assert cfg is not None and cfg.chain == ("draft-model", "ngram-simple")
     drafter = default_registry().create(
         cfg.method, cfg, target=llm.model, tokenizer=llm.tokenizer, target_path=llm.source.path

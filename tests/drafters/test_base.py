@@ -195,15 +195,8 @@ def user_drafter() -> UserDrafter:
 @pytest.fixture(scope="module")
 def custom_llm(user_drafter: UserDrafter) -> tokenleap.LLM:
     # fixed draft length (no adaptive controller), so acceptance statistics are deterministic
-    return tokenleap.LLM(
-        dtype="bfloat16",
-        speculative_config={
-            "method": "custom",
-            "drafter": user_drafter,
-            "num_speculative_tokens": 8,
-            "adaptive": False,
-        },
-    )
+    return tokenleap.LLM(dtype="bfloat16", speculative_config={"method": "custom", "drafter": user_drafter,
+                                                               "num_speculative_tokens": 8, "adaptive": False})
 
 
 GREEDY_48 = SamplingParams(temperature=0.0, max_tokens=48)

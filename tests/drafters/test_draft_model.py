@@ -62,17 +62,9 @@ def test_greedy_output_with_a_draft_context_is_plain_decoding(tiny_hf_folder: ob
     folder = str(tiny_hf_folder)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     want = LLM(folder, dtype="float32").generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids
-    spec = LLM(
-        folder,
-        dtype="float32",
-        speculative_config={
-            "method": "draft-model",
-            "model": folder,
-            "draft_context": 4,
-            "num_speculative_tokens": 4,
-            "adaptive": False,
-        },
-    )
+    spec = LLM(folder, dtype="float32", speculative_config={"method": "draft-model", "model": folder,
+                                                            "draft_context": 4, "num_speculative_tokens": 4,
+                                                            "adaptive": False})
     assert spec.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids == want
 
 
@@ -135,16 +127,9 @@ def test_the_draft_has_its_own_kv_cache_type(tmp_path: Path) -> None:
                 speculative_config={"method": "draft-model", "model": str(other), "draft_cache_type_k": "q8_0"},
             )
         pytest.skip("q8_0 KV caches need the kernels' blocked bf16 attention (AVX512-BF16)")
-    spec = LLM(
-        DEFAULT_MODEL,
-        speculative_config={
-            "method": "draft-model",
-            "model": str(other),
-            "draft_cache_type_v": "q8_0",
-            "num_speculative_tokens": 3,
-            "adaptive": False,
-        },
-    )
+    spec = LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": str(other),
+                                                  "draft_cache_type_v": "q8_0", "num_speculative_tokens": 3,
+                                                  "adaptive": False})
     draft = spec.engine.drafter
     assert isinstance(draft, DraftModelDrafter) and draft.model is not spec.model
     if spec.model.kernels is not None:  # q8_0 caches are the kernels' blocked ones

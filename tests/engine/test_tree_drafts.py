@@ -71,15 +71,8 @@ def test_sampled_requests_verify_the_whole_tree_or_its_first_path() -> None:
     params = SamplingParams(temperature=0.7, max_tokens=32, seed=5, ignore_eos=True)
     accepted = {}
     for mode in ("first-path", "full"):
-        llm = tokenleap.LLM(
-            speculative_config={
-                "method": "custom",
-                "drafter": drafter,
-                "adaptive": False,
-                "num_speculative_tokens": 8,
-                "sampled_tree": mode,
-            }
-        )
+        llm = tokenleap.LLM(speculative_config={"method": "custom", "drafter": drafter, "adaptive": False,
+                                                "num_speculative_tokens": 8, "sampled_tree": mode})
         a = llm.chat(PROMPT, params, use_tqdm=False)[0]
         b = llm.chat(PROMPT, params, use_tqdm=False)[0]
         assert a.outputs[0].token_ids == b.outputs[0].token_ids and len(a.outputs[0].token_ids) == 32

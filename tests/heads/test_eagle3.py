@@ -78,24 +78,11 @@ def write_head(
     folder.mkdir(parents=True, exist_ok=True)
     tensors = head_tensors(dims=dims, **kw)  # type: ignore[arg-type]
     H, HEADS, KVH, HD, INTER, VOCAB = (dims[k] for k in ("H", "HEADS", "KVH", "HD", "INTER", "VOCAB"))  # noqa: N806
-    layer = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": H,
-        "intermediate_size": INTER,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KVH,
-        "head_dim": HD,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "max_position_embeddings": 128,
-        "hidden_act": "silu",
-        "vocab_size": VOCAB,
-        "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]),
-        "num_hidden_layers": 1,
-        "tie_word_embeddings": False,
-        "norm_before_residual": nbr,
-    }
+    layer = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
+             "intermediate_size": INTER, "num_attention_heads": HEADS, "num_key_value_heads": KVH, "head_dim": HD,
+             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 128, "hidden_act": "silu",
+             "vocab_size": VOCAB, "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]), "num_hidden_layers": 1,
+             "tie_word_embeddings": False, "norm_before_residual": nbr}
     if speculators:
         config = {
             "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",

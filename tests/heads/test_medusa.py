@@ -27,14 +27,8 @@ H, VOCAB, HEADS = 64, 256, 3
 
 def medusa_tensors(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [
-        (
-            torch.randn(H, H, generator=g) * H**-0.5,
-            torch.randn(H, generator=g) * 0.1,
-            torch.randn(VOCAB, H, generator=g) * H**-0.5,
-        )
-        for _ in range(HEADS)
-    ]
+    return [(torch.randn(H, H, generator=g) * H**-0.5, torch.randn(H, generator=g) * 0.1,
+             torch.randn(VOCAB, H, generator=g) * H**-0.5) for _ in range(HEADS)]
 
 
 def write_medusa(folder: Path, layout: str = "fasterdecoding", share_head: int | None = None) -> Path:

@@ -40,12 +40,6 @@ def test_unknown_cache_kind_is_refused(kernels: CpuKernels) -> None:
         == -1
     )
     layer = (LayerDesc * 1)(LayerDesc(local=1))
-    bad_local = ForwardDesc(
-        rows=1,
-        n_layers=1,
-        glu=1,
-        layers=ctypes.addressof(layer),
-        attn=AttnDesc(kv=0, rows=1),
-        attn_local=AttnDesc(kv=0, rows=2),
-    )
+    bad_local = ForwardDesc(rows=1, n_layers=1, glu=1, layers=ctypes.addressof(layer), attn=AttnDesc(kv=0, rows=1),
+                            attn_local=AttnDesc(kv=0, rows=2))
     assert kernels.lib.tl_forward_layers(ctypes.byref(bad_local)) == -1

@@ -111,15 +111,8 @@ def test_per_request_speculation(client: openai.OpenAI, llm: LLM) -> None:
 def test_sampling_options(client: openai.OpenAI) -> None:
     # Seeded sampling repeats under plain decoding (with the suffix drafter, whose tree over
     # earlier outputs changes the drafts and so the random draws, it is lossless but not repeatable).
-    kw = dict(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Tell me a story."}],
-        max_tokens=12,
-        temperature=0.8,
-        top_p=0.9,
-        seed=7,
-        extra_body={"top_k": 40, "min_p": 0.05, "speculative": {"method": "none"}},
-    )
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=12, temperature=0.8,
+              top_p=0.9, seed=7, extra_body={"top_k": 40, "min_p": 0.05, "speculative": {"method": "none"}})
     a = client.chat.completions.create(**kw)  # type: ignore[call-overload]
     b = client.chat.completions.create(**kw)  # type: ignore[call-overload]
     assert a.choices[0].message.content == b.choices[0].message.content
@@ -159,15 +152,9 @@ def test_penalties_and_min_tokens_match_library(client: openai.OpenAI, llm: LLM)
         temperature=0, max_tokens=24, presence_penalty=0.7, frequency_penalty=0.3, repetition_penalty=1.2, min_tokens=20
     )
     ref = llm.chat([messages], params, use_tqdm=False)[0].outputs[0]
-    r = client.chat.completions.create(
-        model=MODEL,
-        messages=messages,
-        temperature=0,
-        max_tokens=24,
-        presence_penalty=0.7,
-        frequency_penalty=0.3,
-        extra_body={"repetition_penalty": 1.2, "min_tokens": 20},
-    )
+    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24,
+                                       presence_penalty=0.7, frequency_penalty=0.3,
+                                       extra_body={"repetition_penalty": 1.2, "min_tokens": 20})
     assert r.choices[0].message.content == ref.text
     assert r.usage.completion_tokens == len(ref.token_ids) >= 20
 
@@ -178,14 +165,8 @@ def test_completion_keeps_the_stop_string_when_asked(client: openai.OpenAI) -> N
     cut = client.completions.create(
         model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, stop=[stop]
     )
-    kept = client.completions.create(
-        model=MODEL,
-        prompt="The capital of France is",
-        temperature=0,
-        max_tokens=8,
-        stop=[stop],
-        extra_body={"include_stop_str_in_output": True},
-    )
+    kept = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8,
+                                     stop=[stop], extra_body={"include_stop_str_in_output": True})
     assert kept.choices[0].text == cut.choices[0].text + stop and kept.choices[0].finish_reason == "stop"
 
 

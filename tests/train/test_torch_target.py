@@ -175,13 +175,7 @@ def test_unsupported_targets_are_refused_by_name() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_cli_device_cuda_without_a_gpu_says_so(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "tokenleap.cli", "train-drafter", "-o", str(tmp_path / "h"), "--device", "cuda",
-            "--max-samples", "4", "--no-progress"
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = subprocess.run([sys.executable, "-m", "tokenleap.cli", "train-drafter", "-o", str(tmp_path / "h"),
+                           "--device", "cuda", "--max-samples", "4", "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -130,21 +130,9 @@ def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
             for g in groups
         ]
         slot_lo = torch.cat(lo).to(torch.int64)  # cached slot i holds position i
-    return RowPlan(
-        positions,
-        kv_base,
-        capacity,
-        write_slot,
-        slot_end,
-        slot_off,
-        slot_idx,
-        -(-max_slots // 16) * 16,
-        blocked=blocked,
-        mask_start=mask_start,
-        mask=mask,
-        slot_lo=slot_lo,
-        kv_type=groups[0].kv.kv_type if blocked else 0,
-    )
+    return RowPlan(positions, kv_base, capacity, write_slot, slot_end, slot_off, slot_idx, -(-max_slots // 16) * 16,
+                   blocked=blocked, mask_start=mask_start, mask=mask, slot_lo=slot_lo,
+                   kv_type=groups[0].kv.kv_type if blocked else 0)
 
 
 def attend(

@@ -158,14 +158,8 @@ EAGLE = MethodRecord(  # EAGLE-1/2 heads, same loader (it tells the layouts apar
     "eagle", _eagle_head, "an EAGLE-1/2 head over the target's hidden states",
     options=HeadOptions, per_request=False, needs_model="an EAGLE head directory", shared=_eagle_heads, doc=_HEADS_DOC,
 )
-MEDUSA = MethodRecord(
-    "medusa",
-    _medusa,
-    "Medusa heads: chains or trees",
-    options=MedusaOptions,
-    per_request=False,
-    needs_model="Medusa heads directory",
-)
+MEDUSA = MethodRecord("medusa", _medusa, "Medusa heads: chains or trees", options=MedusaOptions, per_request=False,
+                      needs_model="Medusa heads directory")
 MTP = MethodRecord(  # MiMo MTP layers (model None: the target's own folder)
     "mtp", _mtp, "the target checkpoint's own MTP layer (MiMo), chains or trees", options=MtpOptions,
     aliases=("mimo_mtp", "mimo-mtp", "deepseek_mtp", "draft-mtp"), shared=_mtp_heads,

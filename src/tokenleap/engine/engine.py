@@ -495,15 +495,8 @@ class Engine:
         logits = self._processed(req, logits, row_prefixes(draft.tokens, draft.parents))
         if spec is not None and spec.acceptance == "typical-lossy" and not req.params.greedy and len(draft):
             # opted in: lossy (the output is no longer distributed as the target's)
-            tree = verify_tree_typical(
-                draft.tokens,
-                draft.parents,
-                logits,
-                req.params,
-                req.generator,
-                spec.typical_threshold,
-                spec.typical_alpha,
-            )
+            tree = verify_tree_typical(draft.tokens, draft.parents, logits, req.params, req.generator,
+                                       spec.typical_threshold, spec.typical_alpha)
             depth = len(draft) if draft.parents is None else max(tree_depths(draft.parents))
             tokens, accepted, path = tree.tokens, tree.num_accepted, (None if draft.parents is None else tree.path)
         elif draft.parents is None:
@@ -541,14 +534,8 @@ class Engine:
             req.metrics.spec.member(draft.source).record(len(draft), min(accepted, kept - 1), depth)
         if self._trace is not None and len(draft) and spec is not None:
             method = "+".join(spec.chain) if spec.chain else spec.method
-            self._trace.step(
-                req.request_id,
-                method,
-                req.metrics.num_forward_passes,
-                draft.tokens,
-                draft.parents,
-                min(accepted, kept - 1),
-            )
+            self._trace.step(req.request_id, method, req.metrics.num_forward_passes, draft.tokens, draft.parents,
+                             min(accepted, kept - 1))
         if req.controller is not None:
             req.controller.update(depth, accepted)
         req.metrics.num_forward_passes += 1

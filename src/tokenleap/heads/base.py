@@ -285,15 +285,8 @@ def measure_step_cost(head: DraftHead, context: int = 64, repeats: int = 5) -> f
             target.compute_logits(target.forward(torch.tensor([1]), torch.tensor([context]), kv).hidden)
             t1 = time.perf_counter()
             hkv.truncate(context)
-            head.logits(
-                head.layer(
-                    h,
-                    head.embed_tokens([1]),
-                    torch.tensor([context]),
-                    hkv,
-                    torch.ones(1, context + 1, dtype=torch.bool),
-                )
-            )
+            head.logits(head.layer(h, head.embed_tokens([1]), torch.tensor([context]), hkv,
+                                   torch.ones(1, context + 1, dtype=torch.bool)))
             t2 = time.perf_counter()
             best_t, best_h = min(best_t, t1 - t0), min(best_h, t2 - t1)
         kv.free()

@@ -236,14 +236,8 @@ def _dequantize_q3k(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     d = np.ascontiguousarray(g[..., 0:16]).view(np.float16).astype(np.float32)  # [G, nsb, o]
     words = [np.ascontiguousarray(g[..., 16 + 32 * v : 48 + 32 * v]).view(np.uint32) for v in range(3)]  # [G, nsb, o]
     k = np.arange(16, dtype=np.uint32)
-    low = (
-        np.where(
-            (k % 8) < 4,
-            words[0][..., None] >> (8 * (k % 4) + 4 * (k // 8)),
-            words[1][..., None] >> (8 * (k % 4) + 4 * (k // 8)),
-        )
-        & 15
-    )
+    low = np.where((k % 8) < 4, words[0][..., None] >> (8 * (k % 4) + 4 * (k // 8)),
+                   words[1][..., None] >> (8 * (k % 4) + 4 * (k // 8))) & 15
     high = (words[2][..., None] >> (8 * (k % 4) + 2 * (k // 4))) & 3
     dl = d[..., None] * ((low | (high << 4)).astype(np.float32) - np.float32(32))  # [G, nsb, o, k]
     body = g[..., 112:].reshape(groups, nb, 96)

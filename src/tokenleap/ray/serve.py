@@ -92,21 +92,11 @@ class EngineReplica:
             async for item in self._stats_response(headers):
                 yield item
             return
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
-            "method": method,
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "root_path": "",
-            "query_string": query.encode(),
-            "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-            "client": ("127.0.0.1", 0),
-            "server": ("127.0.0.1", 80),
-            "state": {},
-        }
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+                 "query_string": query.encode(),
+                 "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+                 "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 80), "state": {}}
         messages: asyncio.Queue[MutableMapping[str, Any] | None] = asyncio.Queue()
         gone = asyncio.Event()
         sent = False

@@ -64,15 +64,9 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     metrics = ServerMetrics(
         served, running=lambda: holder["loop"].num_running, waiting=lambda: holder["loop"].num_waiting
     )
-    loop = holder["loop"] = EngineLoop(
-        llm.engine,
-        metrics,
-        max_num_seqs=config.max_num_seqs,
-        max_queue=config.max_queue,
-        timeout=config.timeout,
-        log_requests=config.log_requests,
-        cost_curve_cap=draft_cap,
-    )
+    loop = holder["loop"] = EngineLoop(llm.engine, metrics, max_num_seqs=config.max_num_seqs,
+                                       max_queue=config.max_queue, timeout=config.timeout,
+                                       log_requests=config.log_requests, cost_curve_cap=draft_cap)
     state = ServerState(llm, config, loop, metrics, served, _aliases(llm, served), int(time.time()), draft_cap)
     llm.engine.max_drafters = config.max_spec_configs  # per-request configs keep at most this many drafters
 

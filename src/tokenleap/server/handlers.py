@@ -183,14 +183,8 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
     if optional.get("top_p") == 0:  # OpenAI's range is [0, 1]: 0 keeps only the most likely token
         optional["top_p"] = 1e-12
     try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            seed=body.seed,
-            stop=tuple(stops or ()),
-            stop_token_ids=tuple(body.stop_token_ids or ()),
-            ignore_eos=body.ignore_eos,
-            **optional,
-        )
+        return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=tuple(stops or ()),
+                              stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, **optional)
     except TokenleapError as exc:
         raise bad_request(exc) from None
 

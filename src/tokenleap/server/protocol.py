@@ -166,16 +166,9 @@ class _Sampling(_Strict):
     def constraint(self, json_mode: str = "strict") -> dict[str, Any] | None:
         """The structured-output constraint as `StructuredOutputsParams` fields (None: free text);
         `json_mode` is the server's reading of JSON schemas unless the request names its own."""
-        given: dict[str, Any] = {
-            k: v
-            for k, v in (
-                ("json", self.guided_json),
-                ("regex", self.guided_regex),
-                ("choice", self.guided_choice),
-                ("grammar", self.guided_grammar),
-            )
-            if v is not None
-        }
+        given: dict[str, Any] = {k: v for k, v in (("json", self.guided_json), ("regex", self.guided_regex),
+                                                   ("choice", self.guided_choice),
+                                                   ("grammar", self.guided_grammar)) if v is not None}
         if self.structured_outputs:
             given.update(self.structured_outputs)
         fmt = getattr(self, "response_format", None)
@@ -540,15 +533,9 @@ class CompletionFormatter(Formatter):
         return chunk
 
     def response(self, out: RequestOutput) -> dict[str, Any]:
-        choices = [
-            {
-                "index": c.index,
-                "text": (self.echo[c.index] if self.echo else "") + c.text,
-                "logprobs": completion_logprobs(c, self.top),
-                "finish_reason": c.finish_reason,
-            }
-            for c in out.outputs
-        ]
+        choices = [{"index": c.index, "text": (self.echo[c.index] if self.echo else "") + c.text,
+                    "logprobs": completion_logprobs(c, self.top),
+                    "finish_reason": c.finish_reason} for c in out.outputs]
         return {
             **self._head(self.object_name),
             "choices": choices,

@@ -42,21 +42,11 @@ def shape_for_target(target_config: Any, draft_vocab_size: int, aux_layers: Sequ
     feature: without it the raw fused feature carries the target's massive activations (rms ~170,
     peaks ~25000 on SmolLM2's middle layers) past the layer, drowning what attention and the MLP add."""
     c = target_config
-    return HeadShape(
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_heads=c.num_heads,
-        num_kv_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        vocab_size=c.vocab_size,
-        draft_vocab_size=draft_vocab_size,
-        target_hidden_size=c.hidden_size,
-        aux_layers=tuple(int(a) for a in aux_layers),
-        rms_norm_eps=c.rms_norm_eps,
-        rope_theta=c.rope_theta,
-        max_position=c.max_position,
-        norm_before_residual=norm_before_residual,
-    )
+    return HeadShape(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=c.num_heads,
+                     num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, vocab_size=c.vocab_size,
+                     draft_vocab_size=draft_vocab_size, target_hidden_size=c.hidden_size,
+                     aux_layers=tuple(int(a) for a in aux_layers), rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+                     max_position=c.max_position, norm_before_residual=norm_before_residual)
 
 
 def write_head(folder: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:

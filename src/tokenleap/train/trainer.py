@@ -639,25 +639,12 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
     prompts = [_first_turn(r) for r, _ in pairs[:n_eval] if r.example is None][: cfg.eval_prompts]
     if prompts:
         log(f"evaluating the head in the engine on {len(prompts)} held-out prompts (greedy, plain vs {cfg.head_type})")
-        result.engine_eval = engine_eval(
-            model_name,
-            cfg.output,
-            prompts,
-            cfg.eval_max_tokens,
-            steps if cfg.head_type == "medusa" else steps + 2,
-            llm_kwargs or {},
-            cfg.head_type,
-        )
-        (cfg.output / "eval.json").write_text(
-            json.dumps(
-                {
-                    "heldout_top1": result.eval_accuracy,
-                    "heldout_acceptance": result.eval_acceptance,
-                    **result.engine_eval,
-                },
-                indent=2,
-            )
-        )
+        result.engine_eval = engine_eval(model_name, cfg.output, prompts, cfg.eval_max_tokens,
+                                         steps if cfg.head_type == "medusa" else steps + 2, llm_kwargs or {},
+                                         cfg.head_type)
+        (cfg.output / "eval.json").write_text(json.dumps({"heldout_top1": result.eval_accuracy,
+                                                          "heldout_acceptance": result.eval_acceptance,
+                                                          **result.engine_eval}, indent=2))
     return result
 
 
