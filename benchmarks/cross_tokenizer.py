@@ -48,17 +48,26 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(model=args.target)
     model, tok = llm.model, llm.tokenizer
     configs = {
-        f"draft-model {DRAFT}, k={args.draft}": SpecConfig(method="draft-model", model=DRAFT, num_speculative_tokens=args.draft, adaptive=False),
+        f"draft-model {DRAFT}, k={args.draft}": SpecConfig(
+            method="draft-model", model=DRAFT, num_speculative_tokens=args.draft, adaptive=False
+        ),
         f"draft-model {DRAFT}, adaptive": SpecConfig(method="draft-model", model=DRAFT, num_speculative_tokens=8),
         "ngram": SpecConfig(method="ngram"),
     }
     engines = {"plain": Engine(model, tok)}
     registry = default_registry()
     for name, cfg in configs.items():
-        engines[name] = Engine(model, tok, spec=cfg, drafter=registry.create(cfg.method, cfg, target=model, tokenizer=tok))
+        engines[name] = Engine(
+            model, tok, spec=cfg, drafter=registry.create(cfg.method, cfg, target=model, tokenizer=tok)
+        )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     names = list(engines)
-    totals = {n: {"tokens": 0, "forwards": 0, "decode_tokens": 0, "decode_s": 0.0, "identical": 0, "drafted": 0, "accepted": 0} for n in names}
+    totals = {
+        n: {
+            "tokens": 0, "forwards": 0, "decode_tokens": 0, "decode_s": 0.0, "identical": 0, "drafted": 0, "accepted": 0
+        }
+        for n in names
+    }
     texts = prompts(args.num_prompts)
     t0 = time.perf_counter()
     for i, text in enumerate(texts):
@@ -85,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         t = totals[name]
         rate = t["decode_tokens"] / t["decode_s"]
-        summary[name] = dict(t, acceptance_length=t["decode_tokens"] / max(1, t["forwards"]),  # decode forwards decode_tokens_per_second=rate,
-                             decode_speedup=rate / plain_rate)
+        # tokens per decode forward, the decode rate and its ratio to plain decoding's
+        summary[name] = dict(t, acceptance_length=t["decode_tokens"] / max(1, t["forwards"]),
+                             decode_tokens_per_second=rate, decode_speedup=rate / plain_rate)
         table.add_row(name, f"{t['identical']}/{len(texts)}", f"{summary[name]['acceptance_length']:.2f}",
                       f"{t['accepted']}/{t['drafted']}", f"{rate:.1f}", f"{rate / plain_rate:.2f}x")
     Console(width=140).print(table)

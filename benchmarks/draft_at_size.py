@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "draft_at_size.json")
     args = ap.parse_args(argv)
     if not args.target.is_file():
-        ap.error(f"no such file: {args.target} (make it with benchmarks/make_gguf.py --shape smollm2-1.7b --types Q4_K_M)")
+        ap.error(
+            f"no such file: {args.target} (make it with benchmarks/make_gguf.py --shape smollm2-1.7b --types Q4_K_M)"
+        )
     lengths, probs = args.lengths, args.probs
     target = LLM(model=str(args.target))
     draft = LLM(model=args.draft)
@@ -129,17 +131,26 @@ def main(argv: list[str] | None = None) -> int:
                               "target": args.target.name, "draft": args.draft, "target_step_ms": t_target * 1e3,
                               "draft_step_ms": t_draft * 1e3, "draft_cost": d,
                               "verify_cost": {k: curve.cost(k, context) for k in range(1, cap + 1)}}
-    print(f"target step {t_target * 1e3:.1f} ms, draft step {t_draft * 1e3:.2f} ms: d = {d:.3f} per draft token; "
-          f"verify cost k=1..{cap}: {', '.join(f'{curve.cost(k, context):.2f}' for k in range(1, cap + 1))}", flush=True)
+    print(
+        f"target step {t_target * 1e3:.1f} ms, draft step {t_draft * 1e3:.2f} ms: d = {d:.3f} per draft token; "
+        f"verify cost k=1..{cap}: {', '.join(f'{curve.cost(k, context):.2f}' for k in range(1, cap + 1))}",
+        flush=True,
+    )
     result["break_even"] = {k: break_even(curve, d, k, context) for k in range(1, cap + 1)}
     result["controller"] = {}
     for alpha in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
         k, gain = controller_choice(curve, d, alpha, cap, context)
         result["controller"][alpha] = {"k": k, "expected_speedup": gain}
     print("break-even alpha by k: " + ", ".join(f"{k}: {a}" for k, a in result["break_even"].items()))
-    print("controller: " + ", ".join(f"alpha {a}: k={v['k']} ({v['expected_speedup']:.2f}x)" for a, v in result["controller"].items()), flush=True)
+    print(
+        "controller: "
+        + ", ".join(f"alpha {a}: k={v['k']} ({v['expected_speedup']:.2f}x)" for a, v in result["controller"].items()),
+        flush=True,
+    )
 
-    ids = target.chat_token_ids([{"role": "user", "content": "Explain how a hash map works, with an example in Python."}])
+    ids = target.chat_token_ids(
+        [{"role": "user", "content": "Explain how a hash map works, with an example in Python."}]
+    )
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
 
     def run(spec: SpecConfig | None) -> tuple[list[int], float, Any]:
@@ -154,20 +165,42 @@ def main(argv: list[str] | None = None) -> int:
         for k in [*lengths, 0]:  # 0: adaptive, capped at max(lengths)
             _, plain_tps, _ = run(None)
             drafter = CostedReplayDrafter(DraftModelDrafter(draft.model), reference, p)
-            spec = SpecConfig(method="custom", drafter=drafter, num_speculative_tokens=k or max(lengths), adaptive=k == 0)
+            spec = SpecConfig(
+                method="custom", drafter=drafter, num_speculative_tokens=k or max(lengths), adaptive=k == 0
+            )
             out, tps, m = run(spec)
-            row = {"p": p, "k": k or "adaptive", "plain_tps": plain_tps, "spec_tps": tps, "speedup": tps / plain_tps,
-                   "tokens_per_forward": m.mean_acceptance_length,
-                   "mean_draft_len": m.spec.num_draft_tokens / max(1, m.num_forward_passes), "identical": out == plain_ids}
+            row = {
+                "p": p,
+                "k": k or "adaptive",
+                "plain_tps": plain_tps,
+                "spec_tps": tps,
+                "speedup": tps / plain_tps,
+                "tokens_per_forward": m.mean_acceptance_length,
+                "mean_draft_len": m.spec.num_draft_tokens / max(1, m.num_forward_passes),
+                "identical": out == plain_ids,
+            }
             rows.append(row)
-            print(f"  p={p} k={row['k']}: {tps:.1f} vs plain {plain_tps:.1f} tok/s ({row['speedup']:.2f}x), "
-                  f"{row['tokens_per_forward']:.2f} tokens/forward, mean draft {row['mean_draft_len']:.2f}, identical={row['identical']}",
-                  flush=True)
+            print(
+                f"  p={p} k={row['k']}: {tps:.1f} vs plain {plain_tps:.1f} tok/s ({row['speedup']:.2f}x), "
+                f"{row['tokens_per_forward']:.2f} tokens/forward, mean draft {row['mean_draft_len']:.2f}, "
+                f"identical={row['identical']}",
+                flush=True,
+            )
     _, plain_tps, _ = run(None)
     out, tps, m = run(SpecConfig(method="draft-model", model=args.draft, num_speculative_tokens=max(lengths)))
-    rows.append({"p": "real draft model", "k": "adaptive", "plain_tps": plain_tps, "spec_tps": tps, "speedup": tps / plain_tps,
-                 "tokens_per_forward": m.mean_acceptance_length, "acceptance_rate": m.spec.acceptance_rate,
-                 "mean_draft_len": m.spec.num_draft_tokens / max(1, m.num_forward_passes), "identical": out == plain_ids})
+    rows.append(
+        {
+            "p": "real draft model",
+            "k": "adaptive",
+            "plain_tps": plain_tps,
+            "spec_tps": tps,
+            "speedup": tps / plain_tps,
+            "tokens_per_forward": m.mean_acceptance_length,
+            "acceptance_rate": m.spec.acceptance_rate,
+            "mean_draft_len": m.spec.num_draft_tokens / max(1, m.num_forward_passes),
+            "identical": out == plain_ids,
+        }
+    )
     print(f"  real draft model (acceptance {m.spec.acceptance_rate:.2f}): {tps:.1f} vs plain {plain_tps:.1f} tok/s "
           f"({tps / plain_tps:.2f}x), identical={out == plain_ids}", flush=True)
     result["runs"] = rows

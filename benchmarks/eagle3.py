@@ -53,19 +53,23 @@ def random_head_dir(model: Any, draft_vocab: int, folder: Path) -> Path:
         return (torch.randn(*shape, generator=g) * shape[-1] ** -0.5).to(torch.bfloat16)
 
     p = "midlayer."
-    t = {"fc.weight": rnd(h, 3 * h), p + "input_layernorm.weight": torch.ones(h), p + "hidden_norm.weight": torch.ones(h),
-         p + "self_attn.q_proj.weight": rnd(c.q_size, 2 * h), p + "self_attn.k_proj.weight": rnd(c.kv_size, 2 * h),
-         p + "self_attn.v_proj.weight": rnd(c.kv_size, 2 * h), p + "self_attn.o_proj.weight": rnd(h, c.q_size),
-         p + "post_attention_layernorm.weight": torch.ones(h), p + "mlp.gate_proj.weight": rnd(inter, h),
-         p + "mlp.up_proj.weight": rnd(inter, h), p + "mlp.down_proj.weight": rnd(h, inter), "norm.weight": torch.ones(h),
-         "lm_head.weight": rnd(draft_vocab, h), "d2t": torch.zeros(draft_vocab, dtype=torch.int64)}
+    t = {
+        "fc.weight": rnd(h, 3 * h), p + "input_layernorm.weight": torch.ones(h),
+        p + "hidden_norm.weight": torch.ones(h), p + "self_attn.q_proj.weight": rnd(c.q_size, 2 * h),
+        p + "self_attn.k_proj.weight": rnd(c.kv_size, 2 * h), p + "self_attn.v_proj.weight": rnd(c.kv_size, 2 * h),
+        p + "self_attn.o_proj.weight": rnd(h, c.q_size), p + "post_attention_layernorm.weight": torch.ones(h),
+        p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
+        p + "mlp.down_proj.weight": rnd(h, inter), "norm.weight": torch.ones(h), "lm_head.weight": rnd(draft_vocab, h),
+        "d2t": torch.zeros(draft_vocab, dtype=torch.int64)
+    }
     folder.mkdir(parents=True, exist_ok=True)
     save_file(t, str(folder / "model.safetensors"))
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
-              "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-              "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position,
-              "hidden_act": "silu", "vocab_size": c.vocab_size, "draft_vocab_size": draft_vocab, "num_hidden_layers": 1,
-              "tie_word_embeddings": False, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, n // 2, n - 3]}}
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h,
+              "intermediate_size": inter, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+              "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+              "max_position_embeddings": c.max_position, "hidden_act": "silu", "vocab_size": c.vocab_size,
+              "draft_vocab_size": draft_vocab, "num_hidden_layers": 1, "tie_word_embeddings": False,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, n // 2, n - 3]}}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -93,12 +97,22 @@ def measure_costs(model: Any, head: DraftHead, context: int, topk: int, repeats:
     c = head.config
     hkv = HeadKV(c.num_kv_heads, c.head_dim, context + 64)
     g = torch.randn(context, c.hidden_size)
-    head.layer(g, head.embed_tokens(ids.tolist()), torch.arange(context), hkv, torch.ones(context, context, dtype=torch.bool).tril())
+    head.layer(
+        g,
+        head.embed_tokens(ids.tolist()),
+        torch.arange(context),
+        hkv,
+        torch.ones(context, context, dtype=torch.bool).tril(),
+    )
     h1, hk = torch.randn(1, c.hidden_size), torch.randn(topk, c.hidden_size)
 
     def chain_step() -> None:
         hkv.truncate(context)
-        head.logits(head.layer(h1, head.embed_tokens([17]), torch.tensor([context]), hkv, torch.ones(1, context + 1, dtype=torch.bool)))
+        head.logits(
+            head.layer(
+                h1, head.embed_tokens([17]), torch.tensor([context]), hkv, torch.ones(1, context + 1, dtype=torch.bool)
+            )
+        )
 
     def tree_level() -> None:
         hkv.truncate(context)
@@ -123,8 +137,14 @@ def measure_costs(model: Any, head: DraftHead, context: int, topk: int, repeats:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head", type=Path, default=DEFAULT_HEAD)
-    ap.add_argument("--cost-only", action="store_true", help="only time the draft step (a random head when --head is absent)")
-    ap.add_argument("--draft-vocab", default="2048,8192,32000,49152", help="draft vocabularies (comma list) of the random heads timed without --head")
+    ap.add_argument(
+        "--cost-only", action="store_true", help="only time the draft step (a random head when --head is absent)"
+    )
+    ap.add_argument(
+        "--draft-vocab",
+        default="2048,8192,32000,49152",
+        help="draft vocabularies (comma list) of the random heads timed without --head",
+    )
     ap.add_argument("--num-prompts", "-n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--draft-max", type=int, default=6, help="chain length cap (num_speculative_tokens)")
@@ -145,9 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         for v in vocabs:
             head_dir = args.head if have_head else random_head_dir(model, v, Path(tmp) / f"head{v}")
             head = load_eagle3(head_dir, model)
-            costs_by_vocab[head.config.draft_vocab_size] = measure_costs(model, head, args.context, args.topk, args.repeats)
-    result: dict[str, Any] = {"date": datetime.date.today().isoformat(), "head": str(args.head) if have_head else "random weights (cost only)",
-                              "context": args.context, "costs_by_draft_vocab": costs_by_vocab}
+            costs_by_vocab[head.config.draft_vocab_size] = measure_costs(
+                model, head, args.context, args.topk, args.repeats
+            )
+    result: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "head": str(args.head) if have_head else "random weights (cost only)",
+        "context": args.context,
+        "costs_by_draft_vocab": costs_by_vocab,
+    }
     print(json.dumps(costs_by_vocab, indent=1))
     if not have_head or args.cost_only:
         if not have_head:
@@ -157,24 +183,36 @@ def main(argv: list[str] | None = None) -> int:
         by_group: dict[str, list[Any]] = {}
         for q in questions:
             by_group.setdefault(q.group, []).append(q)
-        mixed = [q for i in range(args.num_prompts) for qs in by_group.values() if i < len(qs) for q in [qs[i]]][: args.num_prompts]
+        mixed = [q for i in range(args.num_prompts) for qs in by_group.values() if i < len(qs) for q in [qs[i]]][
+            : args.num_prompts
+        ]
         mixed = [type(q)(q.question_id, q.group, q.turns[:1], q.assistant_prefix, q.stop, q.max_tokens) for q in mixed]
-        methods = {f"eagle3-chain{args.draft_max}": SpecConfig(method="eagle3", model=str(args.head), num_speculative_tokens=args.draft_max)}
+        methods = {
+            f"eagle3-chain{args.draft_max}": SpecConfig(
+                method="eagle3", model=str(args.head), num_speculative_tokens=args.draft_max
+            )
+        }
         if args.tree:
             k, d, n = (int(x) for x in args.tree.split(":"))
-            methods[f"eagle3-tree{k}x{d}n{n}"] = SpecConfig(method="eagle3", model=str(args.head), num_speculative_tokens=n,
-                                                         tree_topk=k, tree_depth=d)
+            methods[f"eagle3-tree{k}x{d}n{n}"] = SpecConfig(
+                method="eagle3", model=str(args.head), num_speculative_tokens=n, tree_topk=k, tree_depth=d
+            )
         methods["ngram"] = SpecConfig(method="ngram", num_speculative_tokens=args.draft_max)
         methods["suffix"] = SpecConfig(method="suffix", num_speculative_tokens=args.draft_max)
         # the suffix tree where the text repeats, the head elsewhere
-        methods["suffix+eagle3"] = SpecConfig(method="suffix+eagle3", model=str(args.head), num_speculative_tokens=args.draft_max)
+        methods["suffix+eagle3"] = SpecConfig(
+            method="suffix+eagle3", model=str(args.head), num_speculative_tokens=args.draft_max
+        )
         records = run_bench(model, tok, mixed, methods, args.max_tokens)
         summary = summarize(records)
         result["summary"] = summary
         result["records"] = [r.__dict__ for r in records]
         for name, fig in summary["overall"].items():
-            print(f"{name:24s} acceptance {fig['mean_acceptance_length']:.2f}  tok/s {fig['tokens_per_second']:.1f}  "
-                  f"x{fig['speedup']:.2f} e2e  x{fig['decode_speedup']:.2f} decode  matched {fig['matched_plain']}/{fig['prompts']}")
+            print(
+                f"{name:24s} acceptance {fig['mean_acceptance_length']:.2f}  tok/s {fig['tokens_per_second']:.1f}  "
+                f"x{fig['speedup']:.2f} e2e  x{fig['decode_speedup']:.2f} decode  "
+                f"matched {fig['matched_plain']}/{fig['prompts']}"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str))
     return 0

@@ -32,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "first_request.json")
     args = ap.parse_args(argv)
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
-    result: dict[str, object] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "model": args.model, "method": args.method}
+    result: dict[str, object] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu_name(),
+        "model": args.model,
+        "method": args.method,
+    }
     user_cache = speculation.cache_dir
     with tempfile.TemporaryDirectory() as folder:
         speculation.cache_dir = lambda: Path(folder)  # type: ignore[assignment]  # an empty cache: the first curve is measured

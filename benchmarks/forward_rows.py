@@ -54,8 +54,12 @@ def measure(llm: LLM, rows: list[int], context: int, rounds: int) -> dict[str, A
                     kernels.quant_pair_rows(pair_default if pair else 0)
                 kv.truncate(context)
                 t0 = time.perf_counter()
-                model.compute_logits(model.forward_batch([SeqInput(torch.full((n,), 17), torch.arange(context, context + n), kv)]).hidden)
-                times.setdefault(f"{n} rows" + ("" if pair else ", one-group tile"), []).append(time.perf_counter() - t0)
+                model.compute_logits(
+                    model.forward_batch([SeqInput(torch.full((n,), 17), torch.arange(context, context + n), kv)]).hidden
+                )
+                times.setdefault(f"{n} rows" + ("" if pair else ", one-group tile"), []).append(
+                    time.perf_counter() - t0
+                )
             if kernels is not None:
                 kernels.quant_pair_rows(pair_default)
                 t0 = time.perf_counter()
@@ -69,8 +73,12 @@ def measure(llm: LLM, rows: list[int], context: int, rounds: int) -> dict[str, A
     one = f"{rows[0]} rows"
     result: dict[str, Any] = {"cases": {}}
     for key, ts in times.items():
-        result["cases"][key] = {"best_ms": min(ts) * 1e3, "median_ms": statistics.median(ts) * 1e3,
-                                "best_rel": min(ts) / min(times[one]), "median_rel": statistics.median(ts) / statistics.median(times[one])}
+        result["cases"][key] = {
+            "best_ms": min(ts) * 1e3,
+            "median_ms": statistics.median(ts) * 1e3,
+            "best_rel": min(ts) / min(times[one]),
+            "median_rel": statistics.median(ts) / statistics.median(times[one]),
+        }
     nbytes = sum(w.nbytes for w in linears)
     if "layer linears, 1 row" in times and nbytes:
         result["linears_gb"] = nbytes / 1e9
@@ -94,9 +102,15 @@ def main(argv: list[str] | None = None) -> int:
               "rounds": args.rounds, **measure(llm, args.rows, args.context, args.rounds)}
     print(f"{result['cpu']}; {args.model} at {args.context} tokens of context, {args.rounds} rounds")
     for key, c in result["cases"].items():
-        print(f"  {key}: best {c['best_ms']:.1f} ms ({c['best_rel']:.2f}x), median {c['median_ms']:.1f} ms ({c['median_rel']:.2f}x)")
+        print(
+            f"  {key}: best {c['best_ms']:.1f} ms ({c['best_rel']:.2f}x), "
+            f"median {c['median_ms']:.1f} ms ({c['median_rel']:.2f}x)"
+        )
     if "linears_gbps" in result:
-        print(f"  layer linears read at {result['linears_gbps']:.1f} GB/s ({result['linears_gb']:.2f} GB); torch.sum {result['sum_gbps']:.1f} GB/s")
+        print(
+            f"  layer linears read at {result['linears_gbps']:.1f} GB/s ({result['linears_gb']:.2f} GB); "
+            f"torch.sum {result['sum_gbps']:.1f} GB/s"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

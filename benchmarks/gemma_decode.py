@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--quantization", choices=["gguf", "none"], default=None, help="tokenleap's (default: its own default)")
+    ap.add_argument(
+        "--quantization", choices=["gguf", "none"], default=None, help="tokenleap's (default: its own default)"
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gemma_decode.json")
     args = ap.parse_args(argv)
 
@@ -82,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in order if r % 2 == 0 else order[::-1]:
             got = fn()
             totals[name] = [a + b for a, b in zip(totals[name], got)]
-            print(f"round {r} {name:12s} end to end {got[0] / got[1]:6.1f} tok/s, decode {got[2] / got[3]:6.1f} tok/s", flush=True)
+            print(
+                f"round {r} {name:12s} end to end {got[0] / got[1]:6.1f} tok/s, decode {got[2] / got[3]:6.1f} tok/s",
+                flush=True,
+            )
     tps = {k: v[0] / v[1] for k, v in totals.items()}
     dec = {k: v[2] / v[3] for k, v in totals.items()}
     ratio, dec_ratio = tps["tokenleap"] / tps["transformers"], dec["tokenleap"] / dec["transformers"]

@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     identical = sum(r["identical"] for r in records)
     print(f"{identical}/{len(records)} outputs identical ({args.max_tokens} tokens each, fp32)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"max_tokens": args.max_tokens, "identical": identical, "records": records}, indent=1))
+    args.out.write_text(
+        json.dumps({"max_tokens": args.max_tokens, "identical": identical, "records": records}, indent=1)
+    )
     return 0 if identical == len(records) else 1
 
 

@@ -19,7 +19,8 @@ of a few minutes (issue 24), in three steps:
     #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu_carry0/gguf-*.whl;
     #   PYTHONPATH=src:/tmp/site python3 benchmarks/gpu_head.py smoke
     # device call 2 at once (carry .gpu_carry; /tmp lives 30 s after a call): the same pip install from
-    #   .gpu_carry, then PYTHONPATH=src:/tmp/site python3 benchmarks/gpu_head.py run --budget 530 --cache-gb 10 --out $OUT
+    #   .gpu_carry, then PYTHONPATH=src:/tmp/site python3 benchmarks/gpu_head.py run --budget 530 --cache-gb 10
+    #   --out $OUT
     .venv/bin/python benchmarks/gpu_head.py assemble --from DIR --to src/tokenleap/heads/smollm2-135m-instruct-eagle3
 """
 
@@ -106,8 +107,14 @@ def prepare(args: argparse.Namespace) -> int:
     assert ref is not None and built.ids == ref.ids and built.mask == ref.mask, (built, ref)
     flat = np.concatenate([np.asarray(p, dtype=np.uint16) for p in prompts])
     offsets = np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64)
-    np.savez_compressed(out / "prompts.npz", ids=flat, offsets=offsets, eos=np.asarray(eos), turn_end=np.asarray(turn_end, dtype=np.int64),
-                        heldout=np.asarray(args.heldout))
+    np.savez_compressed(
+        out / "prompts.npz",
+        ids=flat,
+        offsets=offsets,
+        eos=np.asarray(eos),
+        turn_end=np.asarray(turn_end, dtype=np.int64),
+        heldout=np.asarray(args.heldout),
+    )
     gguf_path = llm.source.path
     data = Path(gguf_path).read_bytes()
     half = args.first_part_mb << 20
@@ -117,15 +124,20 @@ def prepare(args: argparse.Namespace) -> int:
         old.unlink()
     (first / "model.gguf.part0").write_bytes(data[:half])
     (out / "model.gguf.part1").write_bytes(data[half:])
-    print(f"{len(prompts)} prompts ({int(offsets[-1])} tokens, {args.heldout} held out), turn end {turn_end}, eos {eos}; "
-          f"{gguf_path.name} in two parts: {half >> 20} MiB in {first}, {(len(data) - half) >> 20} MiB in {out}")
+    print(
+        f"{len(prompts)} prompts ({int(offsets[-1])} tokens, {args.heldout} held out), turn end {turn_end}, eos {eos}; "
+        f"{gguf_path.name} in two parts: {half >> 20} MiB in {first}, {(len(data) - half) >> 20} MiB in {out}"
+    )
     if not any(out.glob("gguf-*.whl")):
         import gguf
 
         ver = gguf.__version__ if hasattr(gguf, "__version__") else None
         spec = f"gguf=={ver}" if ver else "gguf"
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(out), spec],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(out), spec],
+            check=True,
+            capture_output=True,
+        )
     for wheel in out.glob("gguf-*.whl"):
         (first / wheel.name).write_bytes(wheel.read_bytes())
     return 0
@@ -176,7 +188,11 @@ def run(args: argparse.Namespace) -> int:
     target = TorchTarget(config, weights, device, dtype, max_positions=MAX_LEN + 64)
     torch.save({"config": config, "weights": {k: v.to(dtype) for k, v in weights.items()}}, work / "target.pt")
     del weights
-    _log(f"target on {device}: {config.num_layers} layers, {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}", start)
+    _log(
+        f"target on {device}: {config.num_layers} layers, "
+        f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}",
+        start,
+    )
 
     z = np.load(carry / "prompts.npz")
     offsets, flat_ids = z["offsets"], z["ids"].astype(np.int64)  # each z[...] reads the archive again: once
@@ -195,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
         if done % 4096 < len(idx):
             _log(f"self-distillation: {done} answers", start)
 
-    rest = target.generate(prompts[n_held:], args.max_new, eos, max_batch=args.max_batch, deadline=gen_end, on_batch=progress)
+    rest = target.generate(
+        prompts[n_held:], args.max_new, eos, max_batch=args.max_batch, deadline=gen_end, on_batch=progress
+    )
     answers.update({n_held + i: a for i, a in rest.items()})
     n_tokens = sum(len(a) for a in answers.values())
     _log(f"self-distillation: {len(answers)} of {len(prompts)} prompts answered, {n_tokens} answer tokens "
@@ -212,13 +230,25 @@ def run(args: argparse.Namespace) -> int:
 
     deadline = time.time() + max(60.0, end - time.monotonic() - args.reserve)  # wall clock: the variants' own clocks
     variants = [v for v in VARIANTS if v.name in args.variants.split(",")]
-    _log(f"training {len(variants)} variants side by side until {deadline - time.time():.0f} s from now on {len(train)} sequences", start)
+    _log(
+        f"training {len(variants)} variants side by side until {deadline - time.time():.0f} s from now "
+        f"on {len(train)} sequences",
+        start,
+    )
     procs = []
     for v in variants:
         cmd = [sys.executable, __file__, "variant", "--work", str(work), "--name", v.name, "--deadline", str(deadline),
                "--device", device, "--cache-gb", str(args.cache_gb), "--dtype", args.dtype]
         log = (work / f"variant_{v.name}.log").open("w")
-        procs.append((v, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}), log))
+        procs.append(
+            (
+                v,
+                subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+                ),
+                log,
+            )
+        )
     results: dict[str, Any] = {}
     for v, p, log in procs:
         try:
@@ -229,11 +259,22 @@ def run(args: argparse.Namespace) -> int:
         res = work / f"variant_{v.name}" / "result.json"
         results[v.name] = json.loads(res.read_text()) if res.is_file() else {"failed": p.returncode}
         tail = (work / f"variant_{v.name}.log").read_text().splitlines()[-6:]
-        _log(f"variant {v.name} {asdict(v)}: {results[v.name].get('acceptance', 'no result')}\n    " + "\n    ".join(tail), start)
+        _log(
+            f"variant {v.name} {asdict(v)}: {results[v.name].get('acceptance', 'no result')}\n    "
+            + "\n    ".join(tail),
+            start,
+        )
     ok = {k: r for k, r in results.items() if "acceptance" in r}
-    summary = {"prompts": len(prompts), "answered": len(answers), "answer_tokens": n_tokens, "train_sequences": len(train),
-               "heldout_sequences": len(heldout), "variants": {v.name: {**asdict(v), **results[v.name]} for v in variants},
-               "seconds": round(time.monotonic() - start, 1), "device": torch.cuda.get_device_name() if device == "cuda" else device}
+    summary = {
+        "prompts": len(prompts),
+        "answered": len(answers),
+        "answer_tokens": n_tokens,
+        "train_sequences": len(train),
+        "heldout_sequences": len(heldout),
+        "variants": {v.name: {**asdict(v), **results[v.name]} for v in variants},
+        "seconds": round(time.monotonic() - start, 1),
+        "device": torch.cuda.get_device_name() if device == "cuda" else device,
+    }
     if ok:
         best = max(ok, key=lambda k: ok[k]["acceptance"])
         summary["best"] = best
@@ -254,21 +295,38 @@ def variant(args: argparse.Namespace) -> int:
     work = Path(args.work)
     v = next(x for x in VARIANTS if x.name == args.name)
     saved = torch.load(work / "target.pt", weights_only=False)
-    target = TorchTarget(saved["config"], saved["weights"], args.device, getattr(torch, args.dtype), max_positions=MAX_LEN + 64)
+    target = TorchTarget(
+        saved["config"], saved["weights"], args.device, getattr(torch, args.dtype), max_positions=MAX_LEN + 64
+    )
     del saved
     data = torch.load(work / "examples.pt", weights_only=False)
     seconds = args.deadline - time.time() - args.margin  # the final held-out evaluation and the save come after
     cmd = (f"python benchmarks/gpu_head.py run (variant {v.name}: lr {v.lr}, {v.tokens_per_batch} tokens a batch, "
            f"{v.ttt_steps} unrolled steps{', lm_head from the target' if v.init_from_target else ''}; {seconds:.0f} s)")
-    cfg = TrainConfig(output=work / f"variant_{v.name}", data=("sharegpt",), max_len=MAX_LEN, ttt_steps=v.ttt_steps, epochs=1000,
-                      lr=v.lr, warmup_steps=50, tokens_per_batch=v.tokens_per_batch, eval_examples=len(data["heldout"]),
-                      eval_every=500, save_every=10**9, max_time=max(1.0, seconds), time_schedule=True, cache_gb=args.cache_gb,
-                      init_from_target=v.init_from_target, command=cmd, device=args.device, seed=0)
-    source = TorchFeatures(target, aux_layers_for(cfg, target.config.num_layers), FeatureCache(int(args.cache_gb * 2**30)))
-    res = fit_head(source, data["train"], data["heldout"], cfg, "smollm2-135m-instruct", eos=data["eos"], progress=False,
-                   log=lambda m: print(m, flush=True))
-    (cfg.output / "result.json").write_text(json.dumps({"acceptance": res.eval_acceptance, "accuracy": res.eval_accuracy,
-                                                         "steps": res.steps, "tokens": res.tokens, "seconds": round(res.seconds, 1)}))
+    cfg = TrainConfig(
+        output=work / f"variant_{v.name}", data=("sharegpt",), max_len=MAX_LEN, ttt_steps=v.ttt_steps, epochs=1000,
+        lr=v.lr, warmup_steps=50, tokens_per_batch=v.tokens_per_batch, eval_examples=len(data["heldout"]),
+        eval_every=500, save_every=10**9, max_time=max(1.0, seconds), time_schedule=True, cache_gb=args.cache_gb,
+        init_from_target=v.init_from_target, command=cmd, device=args.device, seed=0
+    )
+    source = TorchFeatures(
+        target, aux_layers_for(cfg, target.config.num_layers), FeatureCache(int(args.cache_gb * 2**30))
+    )
+    res = fit_head(
+        source, data["train"], data["heldout"], cfg, "smollm2-135m-instruct", eos=data["eos"], progress=False,
+        log=lambda m: print(m, flush=True)
+    )
+    (cfg.output / "result.json").write_text(
+        json.dumps(
+            {
+                "acceptance": res.eval_acceptance,
+                "accuracy": res.eval_accuracy,
+                "steps": res.steps,
+                "tokens": res.tokens,
+                "seconds": round(res.seconds, 1),
+            }
+        )
+    )
     return 0
 
 
@@ -283,15 +341,24 @@ def smoke(args: argparse.Namespace) -> int:
     from tokenleap.train.trainer import FeatureCache, TorchFeatures, TrainConfig, fit_head
 
     t0 = time.monotonic()
-    cfg = ModelConfig(architecture="llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
-                      num_kv_heads=2, head_dim=32, max_position=512)
+    cfg = ModelConfig(
+        architecture="llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
+        num_kv_heads=2, head_dim=32, max_position=512
+    )
     g = torch.Generator().manual_seed(0)
     d = cfg.hidden_size
-    w = {"embed": torch.randn(cfg.vocab_size, d, generator=g), "norm": torch.ones(d), "lm_head": torch.randn(cfg.vocab_size, d, generator=g) * d**-0.5}
+    w = {
+        "embed": torch.randn(cfg.vocab_size, d, generator=g),
+        "norm": torch.ones(d),
+        "lm_head": torch.randn(cfg.vocab_size, d, generator=g) * d**-0.5,
+    }
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        for n, shape in (("q", (cfg.q_size, d)), ("k", (cfg.kv_size, d)), ("v", (cfg.kv_size, d)), ("o", (d, cfg.q_size)),
-                         ("gate", (cfg.intermediate_size, d)), ("up", (cfg.intermediate_size, d)), ("down", (d, cfg.intermediate_size))):
+        for n, shape in (
+            ("q", (cfg.q_size, d)), ("k", (cfg.kv_size, d)), ("v", (cfg.kv_size, d)), ("o", (d, cfg.q_size)),
+            ("gate", (cfg.intermediate_size, d)), ("up", (cfg.intermediate_size, d)),
+            ("down", (d, cfg.intermediate_size))
+        ):
             w[p + n] = torch.randn(*shape, generator=g) * shape[1] ** -0.5
         w[p + "attn_norm"] = w[p + "mlp_norm"] = torch.ones(d)
     target = TorchTarget(cfg, w, args.device, torch.float32, max_positions=512)
@@ -299,12 +366,24 @@ def smoke(args: argparse.Namespace) -> int:
     batched = target.generate(prompts, 20, [7])
     alone = {i: target.generate([p], 20, [7])[0] for i, p in enumerate(prompts)}
     same = all(batched[i] == alone[i] for i in alone)
-    print(f"generate: batched == one at a time: {same}; lengths {[len(batched[i]) for i in sorted(batched)]}", flush=True)
+    print(
+        f"generate: batched == one at a time: {same}; lengths {[len(batched[i]) for i in sorted(batched)]}", flush=True
+    )
     data = [Example(tuple(p + target.generate([p], 40, [])[0]), (False,) * len(p) + (True,) * 40) for p in
             (torch.randint(0, 512, (4,), generator=g).tolist() for _ in range(64))]
-    tc = TrainConfig(output=Path(args.work) / "smoke", draft_vocab_size=128, aux_layers=(0, 1, 3), ttt_steps=3, epochs=30, lr=3e-3,
-                     warmup_steps=5, tokens_per_batch=1024, eval_every=10**6, save_every=10**6, device=args.device)
-    res = fit_head(TorchFeatures(target, (0, 1, 3), FeatureCache(1 << 30)), data[8:], data[:8], tc, "smoke", progress=False, log=print)
+    tc = TrainConfig(
+        output=Path(args.work) / "smoke", draft_vocab_size=128, aux_layers=(0, 1, 3), ttt_steps=3, epochs=30, lr=3e-3,
+        warmup_steps=5, tokens_per_batch=1024, eval_every=10**6, save_every=10**6, device=args.device
+    )
+    res = fit_head(
+        TorchFeatures(target, (0, 1, 3), FeatureCache(1 << 30)),
+        data[8:],
+        data[:8],
+        tc,
+        "smoke",
+        progress=False,
+        log=print,
+    )
     first, last = sum(res.losses[:5]) / 5, sum(res.losses[-5:]) / 5
     print(f"smoke: {res.steps} steps, loss {first:.3f} -> {last:.3f}, acceptance {res.eval_acceptance:.2f}, "
           f"{time.monotonic() - t0:.1f} s", flush=True)
@@ -341,7 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--prompts", type=int, default=40000)
     p.add_argument("--heldout", type=int, default=256, help="first turns held out (the first ones)")
-    p.add_argument("--turns", type=int, default=4, help="user turns of a chat answered at most (later ones after the data's answers)")
+    p.add_argument(
+        "--turns",
+        type=int,
+        default=4,
+        help="user turns of a chat answered at most (later ones after the data's answers)",
+    )
     p.add_argument("--first-part-mb", type=int, default=56)
     p.add_argument("--seed", type=int, default=0)
     r = sub.add_parser("run", help="self-distil and train on the GPU (the device script)")

@@ -26,19 +26,64 @@ import torch
 
 S = {"type": "string", "maxLength": 24}
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "person": ({"type": "object", "properties": {"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                                 "role": {"type": "string", "enum": ["admin", "user", "guest"]}},
-                "required": ["name", "age", "role"], "additionalProperties": False},
-               {"name": "Ada Lovelace", "age": 36, "role": "admin"}),
-    "order": ({"type": "object", "properties": {"id": {"type": "integer"}, "items": {"type": "array", "maxItems": 3, "items": {
-        "type": "object", "properties": {"product": S, "quantity": {"type": "integer", "minimum": 1}}, "required": ["product", "quantity"],
-        "additionalProperties": False}}, "status": {"type": "string", "enum": ["pending", "shipped", "delivered"]}},
-               "required": ["id", "items", "status"], "additionalProperties": False},
-              {"id": 1042, "items": [{"product": "keyboard", "quantity": 2}, {"product": "mouse", "quantity": 1}], "status": "shipped"}),
-    "city": ({"type": "object", "properties": {"city": S, "country": S, "population": {"type": "integer"},
-                                               "landmarks": {"type": "array", "items": S, "maxItems": 3}},
-              "required": ["city", "country", "population", "landmarks"], "additionalProperties": False},
-             {"city": "Paris", "country": "France", "population": 2102650, "landmarks": ["Eiffel Tower", "Louvre", "Notre-Dame"]}),
+    "person": (
+        {
+            "type": "object",
+            "properties": {
+                "name": S,
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                "role": {"type": "string", "enum": ["admin", "user", "guest"]},
+            },
+            "required": ["name", "age", "role"],
+            "additionalProperties": False,
+        },
+        {"name": "Ada Lovelace", "age": 36, "role": "admin"},
+    ),
+    "order": (
+        {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer"},
+                "items": {
+                    "type": "array",
+                    "maxItems": 3,
+                    "items": {
+                        "type": "object",
+                        "properties": {"product": S, "quantity": {"type": "integer", "minimum": 1}},
+                        "required": ["product", "quantity"],
+                        "additionalProperties": False,
+                    },
+                },
+                "status": {"type": "string", "enum": ["pending", "shipped", "delivered"]},
+            },
+            "required": ["id", "items", "status"],
+            "additionalProperties": False,
+        },
+        {
+            "id": 1042,
+            "items": [{"product": "keyboard", "quantity": 2}, {"product": "mouse", "quantity": 1}],
+            "status": "shipped",
+        },
+    ),
+    "city": (
+        {
+            "type": "object",
+            "properties": {
+                "city": S,
+                "country": S,
+                "population": {"type": "integer"},
+                "landmarks": {"type": "array", "items": S, "maxItems": 3},
+            },
+            "required": ["city", "country", "population", "landmarks"],
+            "additionalProperties": False,
+        },
+        {
+            "city": "Paris",
+            "country": "France",
+            "population": 2102650,
+            "landmarks": ["Eiffel Tower", "Louvre", "Notre-Dame"],
+        },
+    ),
 }
 
 Walk = Callable[[], int]  # walks the instance once, returns masks computed
@@ -46,7 +91,11 @@ Walk = Callable[[], int]  # walks the instance once, returns masks computed
 
 def _bytes_vocab(hf: Any, vocab_size: int) -> dict[bytes, list[int]]:
     """Token id -> raw bytes for a byte-level BPE tokenizer (GPT-2 byte alphabet)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + list(range(ord("\u00ae"), 256))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+        + list(range(ord("\u00ae"), 256))
+    )
     chars, n = list(printable), 0
     for b in range(256):  # GPT-2's byte -> printable character map, inverted
         if b not in printable:
@@ -173,14 +222,23 @@ def main() -> None:
                 t0 = time.perf_counter()
                 n = walk()
                 best = min(best, (time.perf_counter() - t0) / n)
-            rows[case] = {"tokens": len(ids), "compile_ms": round(compile_s * 1e3, 2), "mask_us_per_token": round(best * 1e6, 1)}
-            print(f"{name:14s} {case:8s} tokens {len(ids):3d}  compile {compile_s * 1e3:8.2f} ms  mask+advance {best * 1e6:8.1f} us/token")
+            rows[case] = {
+                "tokens": len(ids),
+                "compile_ms": round(compile_s * 1e3, 2),
+                "mask_us_per_token": round(best * 1e6, 1),
+            }
+            print(
+                f"{name:14s} {case:8s} tokens {len(ids):3d}  compile {compile_s * 1e3:8.2f} ms  "
+                f"mask+advance {best * 1e6:8.1f} us/token"
+            )
         mean = sum(r["mask_us_per_token"] for r in rows.values()) / len(rows)
         results[name] = {"cases": rows, "mean_mask_us_per_token": round(mean, 1),
                          "mean_compile_ms": round(sum(r["compile_ms"] for r in rows.values()) / len(rows), 2)}
         print(f"{name:14s} mean mask+advance {mean:.1f} us/token, mean compile {results[name]['mean_compile_ms']} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"vocab_size": vocab, "repeats": args.repeats, "backends": results}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps({"vocab_size": vocab, "repeats": args.repeats, "backends": results}, indent=2) + "\n"
+    )
     print(f"wrote {args.out}")
 
 

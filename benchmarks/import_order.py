@@ -53,8 +53,13 @@ def main() -> int:
     for _ in range(args.rounds):
         for quant in ("gguf", "none"):
             for order in ("tokenleap-first", "torch-first"):
-                proc = subprocess.run([sys.executable, "-c", code, order, quant, str(args.max_tokens), str(args.repeats)],
-                                      capture_output=True, text=True, env=env, timeout=600)
+                proc = subprocess.run(
+                    [sys.executable, "-c", code, order, quant, str(args.max_tokens), str(args.repeats)],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=600,
+                )
                 if proc.returncode != 0:
                     print(proc.stderr[-2000:], file=sys.stderr)
                     return 1
@@ -62,8 +67,15 @@ def main() -> int:
                 runs.setdefault(f"{quant} {order}", []).append(tps)
                 print(f"quantization={quant:5s} {order:16s} {tps:6.1f} decode tok/s", flush=True)
     best = {k: max(v) for k, v in runs.items()}
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "max_tokens": args.max_tokens, "runs": runs, "best": best,
-              "torch_first_over_tokenleap_first": {q: best[f"{q} torch-first"] / best[f"{q} tokenleap-first"] for q in ("gguf", "none")}}
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "max_tokens": args.max_tokens,
+        "runs": runs,
+        "best": best,
+        "torch_first_over_tokenleap_first": {
+            q: best[f"{q} torch-first"] / best[f"{q} tokenleap-first"] for q in ("gguf", "none")
+        },
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result["torch_first_over_tokenleap_first"]))

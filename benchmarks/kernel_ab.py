@@ -48,7 +48,9 @@ def revision_sources(rev: str, workdir: Path) -> Path:
                            check=True, capture_output=True, text=True).stdout.split()
     for name in names:
         if name.endswith((".c", ".h")):
-            blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{KERNEL_DIR}/{name}"], check=True, capture_output=True).stdout
+            blob = subprocess.run(
+                ["git", "-C", str(ROOT), "show", f"{rev}:{KERNEL_DIR}/{name}"], check=True, capture_output=True
+            ).stdout
             (workdir / name).write_bytes(blob)
     return workdir
 
@@ -65,7 +67,9 @@ def build_revision(rev: str, variant: str, workdir: Path) -> Path:
 def load_library(path: Path, variant: str, threads: int) -> CpuKernels:
     lib = ctypes.CDLL(str(path))
     packed, bf16_attention = bind(lib)
-    return CpuKernels(lib=lib, threads=lib.tl_init(threads), packed=packed, bf16_attention=bf16_attention, variant=variant)
+    return CpuKernels(
+        lib=lib, threads=lib.tl_init(threads), packed=packed, bf16_attention=bf16_attention, variant=variant
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,21 +90,31 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown GGUF type {name!r}")
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            baseline = load_library(build_revision(args.baseline, current.variant, Path(tmp)), current.variant, current.threads)
+            baseline = load_library(
+                build_revision(args.baseline, current.variant, Path(tmp)), current.variant, current.threads
+            )
         except subprocess.CalledProcessError as exc:
             ap.error(f"could not build the kernels of {args.baseline!r}: {(exc.stderr or '').strip()[:300]}")
         builds = {"baseline": baseline, "current": current}
-        result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "variant": current.variant, "threads": current.threads,
-                  "vnni": current.quant_vnni(), "baseline": args.baseline, "shape": args.shape, "ms": {}}
-        print(f"{result['cpu']}, {current.variant} kernels, {current.threads} threads; baseline {args.baseline}", flush=True)
+        result = {
+            "date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "variant": current.variant,
+            "threads": current.threads, "vnni": current.quant_vnni(), "baseline": args.baseline, "shape": args.shape,
+            "ms": {}
+        }
+        print(
+            f"{result['cpu']}, {current.variant} kernels, {current.threads} threads; baseline {args.baseline}",
+            flush=True,
+        )
         rng = np.random.default_rng(0)
         for name in args.types:
             qtype = gguf.GGMLQuantizationType[name]
             for out_dim, in_dim in SHAPES[args.shape]:
                 first = QuantWeight.from_blocks(random_blocks(qtype, out_dim, in_dim, rng), int(qtype), out_dim, in_dim)
                 copies = max(1, int(args.budget_mb * 1e6 // first.nbytes))
-                weights = [first] + [QuantWeight.from_blocks(random_blocks(qtype, out_dim, in_dim, rng), int(qtype), out_dim, in_dim)
-                                     for _ in range(copies - 1)]
+                weights = [first] + [
+                    QuantWeight.from_blocks(random_blocks(qtype, out_dim, in_dim, rng), int(qtype), out_dim, in_dim)
+                    for _ in range(copies - 1)
+                ]
                 for rows in args.rows:
                     x = torch.randn(rows, in_dim)
                     best = dict.fromkeys(builds, float("inf"))

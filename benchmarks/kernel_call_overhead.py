@@ -59,7 +59,11 @@ def main() -> int:
     result = {
         "kernels": kernels.variant,
         "wrapper_us": per_call_us(lambda: kernels.linear(x, w), args.calls, args.rounds),
-        "bare_ctypes_us": per_call_us(lambda: lib.tl_linear_q(ptrs[0], None, 0.0, 0, ptrs[1], ptrs[2], fmt, None, ptrs[3], 1, 32, 8, 0), args.calls, args.rounds),
+        "bare_ctypes_us": per_call_us(
+            lambda: lib.tl_linear_q(ptrs[0], None, 0.0, 0, ptrs[1], ptrs[2], fmt, None, ptrs[3], 1, 32, 8, 0),
+            args.calls,
+            args.rounds,
+        ),
         "torch_empty_us": per_call_us(lambda: torch.empty(100, dtype=torch.uint8), args.calls, args.rounds),
     }
     result["overhead_us"] = result["wrapper_us"] - result["bare_ctypes_us"]

@@ -33,7 +33,8 @@ KERNEL_DIR = ROOT / "src" / "tokenleap" / "kernels"
 def assembly(source_dir: Path, cpu: str, out: Path, defines: list[str]) -> str:
     compiler = shutil.which("gcc") or "cc"
     subprocess.run([compiler, "-O3", f"-march={cpu}", "-ffp-contract=off", "-pthread", "-std=gnu11", "-fPIC", *defines,
-                    "-S", str(source_dir / "kernels_avx2.c"), "-o", str(out)], check=True, capture_output=True, text=True)
+                    "-S", str(source_dir / "kernels_avx2.c"), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
     return out.read_text()
 
 
@@ -65,7 +66,9 @@ def model(asm: str, function: str, cpu: str) -> list[dict[str, Any]]:
         if not n:
             continue
         text = "\n".join(line for line in b if not line.strip().startswith("j"))
-        out = subprocess.run(["llvm-mca", f"-mcpu={cpu}", "-iterations=200"], input=text, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["llvm-mca", f"-mcpu={cpu}", "-iterations=200"], input=text, capture_output=True, text=True, check=True
+        ).stdout
         m = re.search(r"Total Cycles:\s+(\d+)", out)
         if m is None:
             raise RuntimeError(f"unexpected llvm-mca output: {out[:300]!r}")
@@ -93,10 +96,18 @@ def main(argv: list[str] | None = None) -> int:
             src.mkdir()
             sources = {"baseline": revision_sources(args.baseline, src), **sources}
         for label, folder in sources.items():
-            result["builds"][label] = model(assembly(folder, args.cpu, Path(tmp) / f"{label}.s", defines), args.function, args.cpu)
-    print(f"llvm-mca -mcpu={args.cpu}, {args.function}: cycles per block of 32 inputs x 8 outputs (a prediction, not a measurement)")
+            result["builds"][label] = model(
+                assembly(folder, args.cpu, Path(tmp) / f"{label}.s", defines), args.function, args.cpu
+            )
+    print(
+        f"llvm-mca -mcpu={args.cpu}, {args.function}: cycles per block of 32 inputs x 8 outputs "
+        "(a prediction, not a measurement)"
+    )
     for label, rows in result["builds"].items():
-        print(f"  {label}: " + ", ".join(f"{r['maddubs'] // 8} rows {r['cycles']:.1f}" for r in rows if r["maddubs"] % 8 == 0))
+        print(
+            f"  {label}: "
+            + ", ".join(f"{r['maddubs'] // 8} rows {r['cycles']:.1f}" for r in rows if r["maddubs"] % 8 == 0)
+        )
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return 0

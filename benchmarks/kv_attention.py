@@ -97,10 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", type=csv_of(int), default="1024,8192")
     ap.add_argument("--rows", type=csv_of(int), default="1,5")
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--layers", type=int, default=16, help="layers in the cache, attended in turn (default: %(default)s)")
+    ap.add_argument(
+        "--layers", type=int, default=16, help="layers in the cache, attended in turn (default: %(default)s)"
+    )
     ap.add_argument("--variants", default="avx2,avx512", help="kernel variants to run (those the CPU has)")
-    ap.add_argument("--pages", choices=("huge", "both"), default="huge",
-                    help="the caches on transparent huge pages (as the library keeps them), or also on 4 KiB pages, timed in alternation")
+    ap.add_argument(
+        "--pages",
+        choices=("huge", "both"),
+        default="huge",
+        help=(
+            "the caches on transparent huge pages (as the library keeps them), or also on 4 KiB pages, "
+            "timed in alternation"
+        ),
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kv_attention.json")
     args = ap.parse_args(argv)
@@ -108,11 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(measure(depths, rows_list, args.repeats, args.layers, args.pages)))
         return 0
-    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "command": " ".join(sys.argv), "variants": []}
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu_name(),
+        "command": " ".join(sys.argv),
+        "variants": [],
+    }
     for variant in args.variants.split(","):
         env = {**os.environ, "TOKENLEAP_KERNELS": variant}
-        cmd = [sys.executable, __file__, "--worker", "--depths", ",".join(map(str, depths)), "--rows", ",".join(map(str, rows_list)),
-               "--repeats", str(args.repeats), "--layers", str(args.layers), "--pages", args.pages]
+        cmd = [
+            sys.executable, __file__, "--worker", "--depths", ",".join(map(str, depths)), "--rows",
+            ",".join(map(str, rows_list)), "--repeats", str(args.repeats), "--layers", str(args.layers), "--pages",
+            args.pages
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(f"{variant}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
@@ -120,9 +137,16 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(proc.stdout.strip().splitlines()[-1])
         result["variants"].append(data)
         for r in data["rows"]:
-            print(f"{data['variant']}: depth {r['depth']}, {r['rows']} row(s): us per layer: fp32 {r['fp32_us']:.0f}, "
-                  f"bf16 {r['bf16_us']:.0f}, q8_0 {r['q8_0_us']:.0f} (bf16 / q8_0 {r['bf16_over_q8_0']:.2f}x)"
-                  + (f"; on 4 KiB pages: bf16 {r['bf16_4k_us']:.0f}, q8_0 {r['q8_0_4k_us']:.0f}" if "bf16_4k_us" in r else ""), flush=True)
+            print(
+                f"{data['variant']}: depth {r['depth']}, {r['rows']} row(s): us per layer: fp32 {r['fp32_us']:.0f}, "
+                f"bf16 {r['bf16_us']:.0f}, q8_0 {r['q8_0_us']:.0f} (bf16 / q8_0 {r['bf16_over_q8_0']:.2f}x)"
+                + (
+                    f"; on 4 KiB pages: bf16 {r['bf16_4k_us']:.0f}, q8_0 {r['q8_0_4k_us']:.0f}"
+                    if "bf16_4k_us" in r
+                    else ""
+                ),
+                flush=True,
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

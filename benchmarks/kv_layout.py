@@ -42,7 +42,9 @@ def time_rows(model, context: int, ks: list[int], repeats: int) -> dict[int, flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--contexts", type=int, nargs="+", default=[300, 1000, 2000])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=7)
@@ -69,7 +71,9 @@ def main() -> None:
         table.add_row(str(r["context"]), r["layout"], *(f"{r['ms'][k]:.1f} ({r['ms'][k] / base:.2f})" for k in args.ks))
     Console().print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "ks": args.ks, "results": results}, indent=1))
+    Path(args.out).write_text(
+        json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "ks": args.ks, "results": results}, indent=1)
+    )
     print(f"wrote {args.out}")
 
 

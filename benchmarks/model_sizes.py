@@ -85,7 +85,10 @@ def cpu_name() -> str:
         isa = "AVX-512" + "".join(f" {f}" for f, n in (("VNNI", "avx512_vnni"), ("BF16", "avx512_bf16")) if n in flags)
     if "amx_tile" in flags:
         isa += " AMX"
-    return f"{info.get('model name', platform.processor() or 'unknown')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}; {isa})"
+    return (
+        f"{info.get('model name', platform.processor() or 'unknown')} "
+        f"(family {info.get('cpu family', '?')}, model {info.get('model', '?')}; {isa})"
+    )
 
 
 def load_in_fresh_process(path: Path) -> dict[str, float]:
@@ -93,7 +96,9 @@ def load_in_fresh_process(path: Path) -> dict[str, float]:
     cache and the tokenizer cache)."""
     result: dict[str, float] = {}
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT, str(path)], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            [sys.executable, "-c", _LOAD_SCRIPT, str(path)], capture_output=True, text=True, timeout=900
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"load failed: {proc.stderr[-1500:]}")
         result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -179,7 +184,11 @@ def replay(llm: LLM, prompt: str, tokens: int, lengths: Sequence[int], p: float,
     def run(spec: SpecConfig | None) -> tuple[list[int], float, float]:
         req = llm.engine.run(llm.engine.add_request(ids, params, speculative=spec or False))
         m = req.metrics
-        return list(req.output_ids), m.num_decode_tokens / m.decode_seconds, m.num_decode_tokens / max(1, m.num_forward_passes)
+        return (
+            list(req.output_ids),
+            m.num_decode_tokens / m.decode_seconds,
+            m.num_decode_tokens / max(1, m.num_forward_passes),
+        )
 
     plain_ids, _, _ = run(None)  # the reference (and a warm-up)
     reference = ids + plain_ids
@@ -191,14 +200,20 @@ def replay(llm: LLM, prompt: str, tokens: int, lengths: Sequence[int], p: float,
             per_forward = 0.0
             for _ in range(rounds):
                 _, plain_tps, _ = run(None)
-                spec = SpecConfig(method="custom", drafter=ReplayDrafter(reference, prob), num_speculative_tokens=k, adaptive=False)
+                spec = SpecConfig(
+                    method="custom", drafter=ReplayDrafter(reference, prob), num_speculative_tokens=k, adaptive=False
+                )
                 out, tps, per_forward = run(spec)
                 identical = identical and out == plain_ids
                 pairs.append((plain_tps, tps))
             speedup = statistics.median(s / b for b, s in pairs)
-            rows.append({"k": k, "p": prob, "plain_tps": statistics.median(b for b, _ in pairs),
-                         "spec_tps": statistics.median(s for _, s in pairs), "speedup": speedup,
-                         "speedups": [s / b for b, s in pairs], "tokens_per_forward": per_forward, "identical": identical})
+            rows.append(
+                {
+                    "k": k, "p": prob, "plain_tps": statistics.median(b for b, _ in pairs),
+                    "spec_tps": statistics.median(s for _, s in pairs), "speedup": speedup,
+                    "speedups": [s / b for b, s in pairs], "tokens_per_forward": per_forward, "identical": identical
+                }
+            )
             print(f"  replay k={k} p={prob}: {rows[-1]['spec_tps']:.1f} vs plain {rows[-1]['plain_tps']:.1f} tok/s, "
                   f"speed-up {speedup:.2f}x (median of {', '.join(f'{r:.2f}' for r in rows[-1]['speedups'])}), "
                   f"{per_forward:.2f} tokens/forward, identical={identical}", flush=True)
@@ -208,7 +223,10 @@ def replay(llm: LLM, prompt: str, tokens: int, lengths: Sequence[int], p: float,
 def measure(path: Path, bench: str | None, threads: int) -> dict[str, Any]:
     row: dict[str, Any] = {"file": path.name, "file_gb": path.stat().st_size / 1e9}
     row.update(load_in_fresh_process(path))
-    print(f"{path.name}: load {row['load_s']:.1f}s, rss {row['rss_gb']:.2f} GB (peak {row['peak_rss_gb']:.2f})", flush=True)
+    print(
+        f"{path.name}: load {row['load_s']:.1f}s, rss {row['rss_gb']:.2f} GB (peak {row['peak_rss_gb']:.2f})",
+        flush=True,
+    )
     ref_before = llama_bench(bench, path, threads) if bench else None
     llm = LLM(model=str(path))
     model = llm.model
@@ -226,9 +244,13 @@ def measure(path: Path, bench: str | None, threads: int) -> dict[str, Any]:
         pps = llama_bench(bench, path, threads, prompt="512", gen="0")
         row["llama_pp512"] = pps[512] if isinstance(pps, dict) else None
         row["pp_ratio"] = row["pp512"] / row["llama_pp512"] if row["llama_pp512"] else None
-    print(f"  tg128 {row['tg128']:.1f} tok/s (llama.cpp {row.get('llama_tg128')}, ratio {row.get('tg_ratio', float('nan')):.2f}), "
-          f"floor {row['floor_tps']:.1f}; pp512 {row['pp512']:.1f} (llama.cpp {row.get('llama_pp512')}); "
-          f"verify cost {row['verify_cost']}", flush=True)
+    print(
+        f"  tg128 {row['tg128']:.1f} tok/s "
+        f"(llama.cpp {row.get('llama_tg128')}, ratio {row.get('tg_ratio', float('nan')):.2f}), "
+        f"floor {row['floor_tps']:.1f}; pp512 {row['pp512']:.1f} (llama.cpp {row.get('llama_pp512')}); "
+        f"verify cost {row['verify_cost']}",
+        flush=True,
+    )
     return row
 
 
@@ -241,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay-lengths", type=csv_of(int), default="1,2,4,8")
     ap.add_argument("--replay-p", type=float, default=0.7)
     ap.add_argument("--replay-tokens", type=int, default=96)
-    ap.add_argument("--replay-rounds", type=int, default=3, help="plain / replay pairs per case (the median ratio is reported)")
+    ap.add_argument(
+        "--replay-rounds", type=int, default=3, help="plain / replay pairs per case (the median ratio is reported)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "model_sizes.json")
     args = ap.parse_args(argv)
     missing = [str(f) for f in args.files if not f.is_file()]

@@ -201,7 +201,9 @@ def measure(llm: LLM, prompts: list[list[int]], params: SamplingParams, batch_si
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("-n", "--num-prompts", type=int, default=64)
@@ -209,7 +211,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", default="16", help="batched runs, a comma list")
     p.add_argument("--rounds", type=int, default=2, help="ABBA rounds (1: one at a time, then batched)")
     p.add_argument("--spec-type", default=None, help="speculative method for both modes (default: none, as LLM())")
-    p.add_argument("--input", default=None, help="Spec-Bench JSONL (default: ../shared/bench/spec_bench.jsonl, else the shipped subset)")
+    p.add_argument(
+        "--input",
+        default=None,
+        help="Spec-Bench JSONL (default: ../shared/bench/spec_bench.jsonl, else the shipped subset)",
+    )
     p.add_argument("--out", default=str(RESULTS / "offline_batch.json"))
     return p.parse_args(argv)
 
@@ -231,29 +237,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     eager = eager_allocation(llm, prompts)
 
     def progress(run: dict[str, Any]) -> None:
-        console.print(f"  round {run['round']} {run['mode']:>14}: {run['output_tokens']} tokens in {run['seconds']:.1f} s = "
-                      f"{run['output_tokens_per_second']:.1f} tok/s; at most {run['peak_live_requests']} live requests, "
-                      f"{run['peak_kv_mb']:.0f} MB of KV cache, RSS +{run['peak_rss_above_start_mb']:.0f} MB, "
-                      f"virtual +{run['peak_vm_above_start_mb']:.0f} MB")
+        console.print(
+            f"  round {run['round']} {run['mode']:>14}: {run['output_tokens']} tokens in {run['seconds']:.1f} s = "
+            f"{run['output_tokens_per_second']:.1f} tok/s; at most {run['peak_live_requests']} live requests, "
+            f"{run['peak_kv_mb']:.0f} MB of KV cache, RSS +{run['peak_rss_above_start_mb']:.0f} MB, "
+            f"virtual +{run['peak_vm_above_start_mb']:.0f} MB"
+        )
 
     result = measure(llm, prompts, params, batch_sizes, args.rounds, progress)
     table = Table(title=f"LLM.generate over {len(prompts)} Spec-Bench prompts")
-    for col in ("mode", "output tok/s", "x one-at-a-time", "identical prompts", "live requests", "KV MB", "RSS + MB", "virtual + MB"):
+    for col in (
+        "mode", "output tok/s", "x one-at-a-time", "identical prompts", "live requests", "KV MB", "RSS + MB",
+        "virtual + MB"
+    ):
         table.add_column(col, justify="right")
 
     def mem(s: dict[str, Any]) -> list[str]:
-        return [str(s["peak_live_requests"]), f"{s['peak_kv_mb']:.0f}", f"{s['peak_rss_above_start_mb']:.0f}", f"{s['peak_vm_above_start_mb']:.0f}"]
+        return [
+            str(s["peak_live_requests"]),
+            f"{s['peak_kv_mb']:.0f}",
+            f"{s['peak_rss_above_start_mb']:.0f}",
+            f"{s['peak_vm_above_start_mb']:.0f}",
+        ]
 
     for name, s in result["summary"].items():
         table.add_row(name, f"{s['output_tokens_per_second']:.1f}", f"{s['ratio_to_one_at_a_time']:.2f}x",
                       f"{s['prompts_identical']}/{len(prompts)}", *mem(s))
     table.add_row("all up front (old)", "-", "-", "-", *mem(eager))
     console.print(table)
-    meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "num_prompts": len(prompts),
-        "prompt_tokens": sum(map(len, prompts)), "load_average_before": load_before, "load_average_after": os.getloadavg(),
-        "cpus": os.cpu_count(), "eager_allocation": eager,
-    }
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "num_prompts": len(prompts),
+            "prompt_tokens": sum(map(len, prompts)), "load_average_before": load_before,
+            "load_average_after": os.getloadavg(), "cpus": os.cpu_count(), "eager_allocation": eager}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, **result}, indent=1))

@@ -47,7 +47,9 @@ from tokenleap.models.registry import resolve  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--llama-server", required=True, help="a llama-server binary (benchmarks/build_llamacpp.sh)")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
@@ -57,7 +59,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--draft-max", type=int, default=4, help="tokenleap's draft length cap")
     ap.add_argument("--draft-vocab", type=int, default=32768, help="tokenleap's draft vocabulary (0: the whole)")
-    ap.add_argument("--llama-draft-flags", default="--spec-draft-n-max 8 --spec-draft-p-min 0.6", help="llama-server -md tuned: its draft flags")
+    ap.add_argument(
+        "--llama-draft-flags",
+        default="--spec-draft-n-max 8 --spec-draft-p-min 0.6",
+        help="llama-server -md tuned: its draft flags",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pair_server.json")
     args = ap.parse_args()
 
@@ -74,15 +80,27 @@ def main() -> int:
     procs: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     tport = free_port()
     tl = subprocess.Popen(
-        [str(Path(sys.executable).parent / "tokenleap"), "serve", "-m", args.target, "-md", args.draft, "--spec-type", "draft-model",
-         "--spec-draft-vocab", str(args.draft_vocab), "--draft-max", str(args.draft_max), "--threads", str(args.threads),
-         "--max-num-speculative-tokens", "16", "--port", str(tport), "--max-num-seqs", "1", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            str(Path(sys.executable).parent / "tokenleap"), "serve", "-m", args.target, "-md", args.draft,
+            "--spec-type", "draft-model", "--spec-draft-vocab", str(args.draft_vocab), "--draft-max",
+            str(args.draft_max), "--threads", str(args.threads), "--max-num-speculative-tokens", "16", "--port",
+            str(tport), "--max-num-seqs", "1", "--log-level", "warning"
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "target": str(target), "draft": str(draft),
-                              "input": str(args.input), "threads": args.threads, "max_tokens": args.max_tokens,
-                              "tokenleap": {"draft_max": args.draft_max, "draft_vocab": args.draft_vocab},
-                              "llama_configs": {k: " ".join(v) for k, v in llama_configs.items()}, "load_before": os.getloadavg()}
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu_name(),
+        "target": str(target),
+        "draft": str(draft),
+        "input": str(args.input),
+        "threads": args.threads,
+        "max_tokens": args.max_tokens,
+        "tokenleap": {"draft_max": args.draft_max, "draft_vocab": args.draft_vocab},
+        "llama_configs": {k: " ".join(v) for k, v in llama_configs.items()},
+        "load_before": os.getloadavg(),
+    }
     try:
         for name, extra in llama_configs.items():
             port = free_port()
@@ -102,8 +120,13 @@ def main() -> int:
 
         def ask(name: str, text: str) -> tuple[float, dict[str, Any]]:
             url, extra = systems[name]
-            body = {"model": args.target, "messages": [{"role": "user", "content": text}], "max_tokens": args.max_tokens,
-                    "temperature": 0.0, **extra}
+            body = {
+                "model": args.target,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": args.max_tokens,
+                "temperature": 0.0,
+                **extra,
+            }
             t0 = time.perf_counter()
             try:
                 out = post(url, body)
@@ -121,8 +144,12 @@ def main() -> int:
                 totals[name]["seconds"] += dt
                 totals[name]["tokens"] += int(out["usage"]["completion_tokens"])
                 texts[name].append(out["choices"][0]["message"]["content"])
-            print(f"[{i + 1}/{len(questions)}] " + ", ".join(f"{n} {t['tokens'] / t['seconds']:.1f}" for n, t in totals.items())
-                  + " tok/s", flush=True)
+            print(
+                f"[{i + 1}/{len(questions)}] "
+                + ", ".join(f"{n} {t['tokens'] / t['seconds']:.1f}" for n, t in totals.items())
+                + " tok/s",
+                flush=True,
+            )
     finally:
         stop(tl)
         for proc, _ in procs.values():
@@ -132,7 +159,10 @@ def main() -> int:
     plain = totals["tokenleap plain"]["tok_s"]
     llama_plain = totals["llama-server plain"]["tok_s"]
     best_tl = max((n for n in names if n.startswith("tokenleap")), key=lambda n: totals[n]["tok_s"])
-    best_llama = max((n for n in names if n.startswith("llama-server") and n != "llama-server plain"), key=lambda n: totals[n]["tok_s"])
+    best_llama = max(
+        (n for n in names if n.startswith("llama-server") and n != "llama-server plain"),
+        key=lambda n: totals[n]["tok_s"],
+    )
     result.update(prompts=len(questions), totals=totals, best_tokenleap=best_tl, best_llama_speculation=best_llama,
                   best_over_best=totals[best_tl]["tok_s"] / totals[best_llama]["tok_s"],
                   identical_to_plain={n: sum(a == b for a, b in zip(texts[n], texts["tokenleap plain"], strict=True))
@@ -143,7 +173,10 @@ def main() -> int:
     print(f"{cpu_name()}; {len(questions)} prompts of {args.input.name}, {args.max_tokens} tokens at most")
     print("| system | tok/s | vs tokenleap plain | vs llama-server plain |\n| --- | --- | --- | --- |")
     for n in names:
-        print(f"| {n} | {totals[n]['tok_s']:.1f} | {totals[n]['tok_s'] / plain:.2f}x | {totals[n]['tok_s'] / llama_plain:.2f}x |")
+        print(
+            f"| {n} | {totals[n]['tok_s']:.1f} | "
+            f"{totals[n]['tok_s'] / plain:.2f}x | {totals[n]['tok_s'] / llama_plain:.2f}x |"
+        )
     print(f"best tokenleap ({best_tl}) / best llama.cpp speculation ({best_llama}): {result['best_over_best']:.2f}x; "
           f"identical to plain: {result['identical_to_plain']}")
     return 0 if all(v == len(questions) for v in result["identical_to_plain"].values()) else 1

@@ -47,8 +47,13 @@ def main(argv: list[str] | None = None) -> int:
                 texts = [[c.token_ids for c in o.outputs] for o in outs]
             else:
                 singles = [dataclasses.replace(params, n=1, seed=i) for i in range(args.samples)]
-                flat = llm.chat([c for c in convs for _ in range(args.samples)], [s for _ in convs for s in singles], use_tqdm=False)
-                texts = [[flat[k * args.samples + i].outputs[0].token_ids for i in range(args.samples)] for k in range(len(convs))]
+                flat = llm.chat(
+                    [c for c in convs for _ in range(args.samples)], [s for _ in convs for s in singles], use_tqdm=False
+                )
+                texts = [
+                    [flat[k * args.samples + i].outputs[0].token_ids for i in range(args.samples)]
+                    for k in range(len(convs))
+                ]
             seconds[form] += time.perf_counter() - t0
             if r == 0:
                 if form.startswith("shared"):
@@ -61,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:22s} {v:7.2f} s")
     print(f"prompt tokens {prompt_tokens}; shared prefill is {ratio:.2f}x faster; identical samples: {same}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"seconds": seconds, "speedup": ratio, "identical": same, "prompt_tokens": prompt_tokens,
+    args.out.write_text(json.dumps({"seconds": seconds, "speedup": ratio, "identical": same,
+                                    "prompt_tokens": prompt_tokens,
                                     "meta": {k: str(v) for k, v in vars(args).items()}}, indent=1))
     return 0 if same else 1
 

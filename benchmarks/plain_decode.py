@@ -50,8 +50,9 @@ Everything is measured back to back in one process, on the same prompts, with
    model's kernel object is wrapped for the profile only in one that opens a
    `record_function("tokenleap::linear" / "tokenleap::attention")` range per call.
 
-Absolute numbers drift on shared machines (the project's performance method: ratios in one run, never absolute times); the load average before and
-after the run is stored with the results, and the JSON is rewritten after every prompt and
+Absolute numbers drift on shared machines (the project's performance method: ratios in one run,
+never absolute times); the load average before and after the run is stored with the results,
+and the JSON is rewritten after every prompt and
 section (`"complete": false` until the end), so an interrupted run keeps what it measured. On a
 CPU shared with other busy processes the OpenMP threads of the kernels spin-wait and decoding
 slows down several-fold; such a run measures the contention, not the engine. Results: JSON
@@ -722,9 +723,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "transformers_engines": hf_info,
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else " ".join(argv),
         },
-        "config": {"max_tokens": args.max_tokens, "questions_per_group": args.questions_per_group,
-                   "quick": args.quick, "engines": [e.name for e in engines], "repeats": args.repeats},
-        "prompts": [{**asdict(q), "text": q.text[:80], "prompt_tokens": len(ids)} for q, ids in zip(questions, prompts)],
+        "config": {
+            "max_tokens": args.max_tokens,
+            "questions_per_group": args.questions_per_group,
+            "quick": args.quick,
+            "engines": [e.name for e in engines],
+            "repeats": args.repeats,
+        },
+        "prompts": [
+            {**asdict(q), "text": q.text[:80], "prompt_tokens": len(ids)} for q, ids in zip(questions, prompts)
+        ],
     }
 
     def save(complete: bool) -> None:  # partial results survive an interrupted run

@@ -62,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         for out_dim, in_dim in SHAPES:
             first = QuantWeight.from_blocks(random_blocks(qtype, out_dim, in_dim, rng), int(qtype), out_dim, in_dim)
             copies = max(1, int(args.budget_mb * 1e6 // first.nbytes))
-            weights = [first] + [QuantWeight.from_blocks(random_blocks(qtype, out_dim, in_dim, rng), int(qtype), out_dim, in_dim)
-                                 for _ in range(copies - 1)]
+            weights = [first] + [
+                QuantWeight.from_blocks(random_blocks(qtype, out_dim, in_dim, rng), int(qtype), out_dim, in_dim)
+                for _ in range(copies - 1)
+            ]
             for rows in (1, 8):
                 x = torch.randn(rows, in_dim)
                 best = float("inf")

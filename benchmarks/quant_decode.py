@@ -48,7 +48,11 @@ def spec_bench_prompts(path: Path, per_group: int) -> list[str]:
     for line in path.read_text().splitlines():
         q = json.loads(line)
         cat = q.get("category", "")
-        group = "mt_bench" if cat in ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities") else cat
+        group = (
+            "mt_bench"
+            if cat in ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+            else cat
+        )
         if len(groups.setdefault(group, [])) < per_group:
             groups[group].append(q["turns"][0])
     return [p for g in sorted(groups) for p in groups[g]]
@@ -59,7 +63,9 @@ def llama_bench(binary: str, model: Path, threads: int, prompt: str = "0", gen: 
     """llama-bench's tokens/s: tg128 by default; with `prompt` lengths (e.g. "64,256,512") and
     `gen` "0", its pp figures as {prompt length: tokens/s}; `depth`: decode after that many
     tokens of context (`-d`); `extra`: more flags (e.g. "-ctk", "q8_0")."""
-    cmd = [binary, "-m", str(model), "-p", prompt, "-n", gen, "-t", str(threads), "-r", str(repeats), "-o", "json", *extra]
+    cmd = [
+        binary, "-m", str(model), "-p", prompt, "-n", gen, "-t", str(threads), "-r", str(repeats), "-o", "json", *extra
+    ]
     if depth:
         cmd += ["-d", str(depth)]
     # tokenleap sets OMP_WAIT_POLICY=passive for torch; llama.cpp's OpenMP threads would inherit it
@@ -115,9 +121,18 @@ def linear_micro(llm: LLM, rows_list: tuple[int, ...] = (1, 4, 8), copies: int =
     dense = [(rng.standard_normal((3072, 576)) * 0.05).astype(np.float32) for _ in range(copies)]
     formats = {
         "bf16 packed": [PackedWeight.pack(torch.from_numpy(d).bfloat16()) for d in dense] if kernels.packed else [],
-        "Q4_1": [QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q4_1), 3, 3072, 576) for d in dense],
-        "Q8_0": [QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q8_0), 8, 3072, 576) for d in dense],
-        "Q5_0": [QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q5_0), 6, 3072, 576) for d in dense],
+        "Q4_1": [
+            QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q4_1), 3, 3072, 576)
+            for d in dense
+        ],
+        "Q8_0": [
+            QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q8_0), 8, 3072, 576)
+            for d in dense
+        ],
+        "Q5_0": [
+            QuantWeight.from_blocks(gguf.quants.quantize(d, gguf.GGMLQuantizationType.Q5_0), 6, 3072, 576)
+            for d in dense
+        ],
     }
     out: dict[str, dict[int, float]] = {}
     for name, weights in formats.items():
@@ -155,9 +170,16 @@ def main() -> int:
         rounds = [{n: prefill_speed(e) for n, e in engines.items()} for _ in range(2)]
         best = {n: {k: max(r[n][k] for r in rounds) for k in rounds[0][n]} for n in engines}
         if args.llama_bench:  # llama.cpp's prompt processing (pp) on the same file, after tokenleap's
-            best["llama.cpp pp"] = llama_bench(args.llama_bench, engines["bf16"].source.path, args.threads, "64,256,512", "0") or {}
+            best["llama.cpp pp"] = (
+                llama_bench(args.llama_bench, engines["bf16"].source.path, args.threads, "64,256,512", "0") or {}
+            )
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"date": result["date"], "cpu_flags_avx512": result["cpu_flags_avx512"], "prefill_tok_s": best}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {"date": result["date"], "cpu_flags_avx512": result["cpu_flags_avx512"], "prefill_tok_s": best},
+                indent=1,
+            )
+        )
         for n, by_len in best.items():
             print(f"prefill {n}: " + ", ".join(f"{k} tokens {v:.0f} tok/s" for k, v in by_len.items()))
         return 0
@@ -184,7 +206,11 @@ def main() -> int:
             tot["decode_s"] += out.metrics.decode_seconds
             tot["decode_tokens"] += out.metrics.num_decode_tokens
             outputs[name].append(list(out.outputs[0].token_ids))
-        print(f"[{i + 1}/{len(prompts)}] " + ", ".join(f"{n} {totals[n]['decode_tokens'] / totals[n]['decode_s']:.1f}" for n in names) + " decode tok/s")
+        print(
+            f"[{i + 1}/{len(prompts)}] "
+            + ", ".join(f"{n} {totals[n]['decode_tokens'] / totals[n]['decode_s']:.1f}" for n in names)
+            + " decode tok/s"
+        )
     for name, tot in totals.items():
         tot["decode_tps"] = tot["decode_tokens"] / tot["decode_s"]
         tot["e2e_tps"] = tot["tokens"] / tot["e2e_s"]
@@ -194,7 +220,10 @@ def main() -> int:
     result["identical_outputs"] = sum(a == b for a, b in zip(outputs["bf16"], outputs["gguf"]))
     result["prompts"] = len(prompts)
     result["tg128"] = {n: tg128(e) for n, e in engines.items()}
-    print("tokenleap tg128 (decode tok/s after a one-token prompt): " + ", ".join(f"{n} {v:.1f}" for n, v in result["tg128"].items()))
+    print(
+        "tokenleap tg128 (decode tok/s after a one-token prompt): "
+        + ", ".join(f"{n} {v:.1f}" for n, v in result["tg128"].items())
+    )
     result["verify_cost"] = {n: _time_rows(e.model, args.context, 16, 5) for n, e in engines.items()}
     result["linear_us_3072x576"] = linear_micro(engines["gguf"])
     if args.llama_bench:

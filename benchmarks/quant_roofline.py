@@ -51,7 +51,8 @@ def build(variant: str, out: Path, no_avx512: bool = False) -> Path:
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
     flags = [f for f in _FLAGS if f not in ("-shared", "-fPIC")] + (["-mno-avx512f"] if no_avx512 else [])
     subprocess.run([compiler, *flags, f"-I{KERNEL_DIR}", f'-DKERNELS_SOURCE="{source}"',
-                    str(ROOT / "benchmarks" / "quant_roofline.c"), "-o", str(out), "-lm"], check=True, capture_output=True, text=True)
+                    str(ROOT / "benchmarks" / "quant_roofline.c"), "-o", str(out), "-lm"],
+                   check=True, capture_output=True, text=True)
     return out
 
 
@@ -73,9 +74,18 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
     """Memory time of the weight's bytes, each row count's compute / memory ratio, the free rows."""
     memory_ns = r["bytes"] / r["read_gbps_per_core"]
     one_cold = r["rows"][min(r["rows"])]["cold_ns"]
-    per = {n: {**v, "compute_over_memory": v["hot_ns"] / memory_ns, "cold_over_one_row": v["cold_ns"] / one_cold} for n, v in r["rows"].items()}
+    per = {
+        n: {**v, "compute_over_memory": v["hot_ns"] / memory_ns, "cold_over_one_row": v["cold_ns"] / one_cold}
+        for n, v in r["rows"].items()
+    }
     free = max((n for n, v in per.items() if v["compute_over_memory"] <= 1.0), default=0)
-    return {"memory_ns": memory_ns, "free_rows": free, "rows": per, "read_gbps_per_core": r["read_gbps_per_core"], "bytes": r["bytes"]}
+    return {
+        "memory_ns": memory_ns,
+        "free_rows": free,
+        "rows": per,
+        "read_gbps_per_core": r["read_gbps_per_core"],
+        "bytes": r["bytes"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", type=csv_of(str), default=",".join(FORMATS))
     ap.add_argument("--rows", type=csv_of(int), default="1,2,3,4,5,8")
     ap.add_argument("--variants", type=csv_of(str), default="", help="avx2, avx512 (default: every one this CPU runs)")
-    ap.add_argument("--mno-avx512", action="store_true", help="also an AVX2 build without AVX-512 (16 registers: an AVX2-only CPU's code)")
+    ap.add_argument(
+        "--mno-avx512",
+        action="store_true",
+        help="also an AVX2 build without AVX-512 (16 registers: an AVX2-only CPU's code)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quant_roofline.json")
     args = ap.parse_args(argv)
     unknown = [t for t in args.types if t not in FORMATS]
@@ -101,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("this CPU has no AVX-512 kernels")
     rows = sorted(set(args.rows) | {1})
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "shape": SHAPE, "cases": {}}
-    print(f"{result['cpu']}; one core, [{SHAPE[0]}, {SHAPE[1]}] weights; compute = in-cache time, memory = the bytes at the read rate per core")
+    print(
+        f"{result['cpu']}; one core, [{SHAPE[0]}, {SHAPE[1]}] weights; "
+        "compute = in-cache time, memory = the bytes at the read rate per core"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         builds = {v: build(v, Path(tmp) / v) for v in variants}
         if args.mno_avx512 and best == "avx512":
@@ -113,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.types:
                 s = summarize(run(binary, FORMATS[name], rows))
                 result["cases"][f"{label} {name}"] = s
-                cells = " | ".join(f"{s['rows'][n]['compute_over_memory']:.2f} ({s['rows'][n]['cold_over_one_row']:.2f})" for n in rows)
+                cells = " | ".join(
+                    f"{s['rows'][n]['compute_over_memory']:.2f} ({s['rows'][n]['cold_over_one_row']:.2f})" for n in rows
+                )
                 print(f"| {label} | {name} | {s['read_gbps_per_core']:.1f} | {cells} | {s['free_rows']} |", flush=True)
     print("cells: in-cache time / memory time (streamed time / one row's streamed time)")
     args.out.parent.mkdir(parents=True, exist_ok=True)

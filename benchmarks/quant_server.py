@@ -78,8 +78,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--llama-server", required=True, help="path of a llama-server binary (benchmarks/build_llamacpp.sh)")
-    ap.add_argument("--per-group", "-q", type=int, default=8, help="Spec-Bench first turns per group (default: %(default)s)")
+    ap.add_argument(
+        "--llama-server", required=True, help="path of a llama-server binary (benchmarks/build_llamacpp.sh)"
+    )
+    ap.add_argument(
+        "--per-group", "-q", type=int, default=8, help="Spec-Bench first turns per group (default: %(default)s)"
+    )
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spec-type", default="suffix", help="tokenleap's speculation (default: %(default)s)")
@@ -96,13 +100,19 @@ def main() -> int:
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     tl = subprocess.Popen(
-        [str(Path(sys.executable).parent / "tokenleap"), "serve", "--quantization", "gguf", "--spec-type", args.spec_type,
-         "--threads", str(args.threads), "--port", str(tport), "--max-num-seqs", "1", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            str(Path(sys.executable).parent / "tokenleap"), "serve", "--quantization", "gguf", "--spec-type",
+            args.spec_type, "--threads", str(args.threads), "--port", str(tport), "--max-num-seqs", "1", "--log-level",
+            "warning"
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
-                              "model_file": str(model_file), "threads": args.threads, "spec_type": args.spec_type,
-                              "max_tokens": args.max_tokens, "load_before": os.getloadavg()}
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
+        "model_file": str(model_file), "threads": args.threads, "spec_type": args.spec_type,
+        "max_tokens": args.max_tokens, "load_before": os.getloadavg()
+    }
     try:
         wait_healthy(f"http://127.0.0.1:{lport}/health", llama, "llama-server")
         wait_healthy(f"http://127.0.0.1:{tport}/health", tl, "tokenleap serve")
@@ -130,12 +140,19 @@ def main() -> int:
             for name in names[i % 3 :] + names[: i % 3]:
                 dt, out = ask(name, q.turns[0])
                 tokens = int(out["usage"]["completion_tokens"])
-                for bucket in (totals[name], per_group.setdefault(q.group, {}).setdefault(name, {"seconds": 0.0, "tokens": 0})):
+                for bucket in (
+                    totals[name],
+                    per_group.setdefault(q.group, {}).setdefault(name, {"seconds": 0.0, "tokens": 0}),
+                ):
                     bucket["seconds"] += dt
                     bucket["tokens"] += tokens
                 texts[name].append(out["choices"][0]["message"]["content"])
-            print(f"[{i + 1}/{len(questions)}] " + ", ".join(f"{n} {totals[n]['tokens'] / totals[n]['seconds']:.1f}" for n in names)
-                  + " tok/s", flush=True)
+            print(
+                f"[{i + 1}/{len(questions)}] "
+                + ", ".join(f"{n} {totals[n]['tokens'] / totals[n]['seconds']:.1f}" for n in names)
+                + " tok/s",
+                flush=True,
+            )
     finally:
         stop(tl)
         stop(llama)
@@ -149,7 +166,9 @@ def main() -> int:
     result["plain_over_llama_server"] = totals["tokenleap plain"]["tok_s"] / totals["llama-server"]["tok_s"]
     result["spec_over_plain"] = totals[spec]["tok_s"] / totals["tokenleap plain"]["tok_s"]
     result["spec_identical_to_plain"] = sum(a == b for a, b in zip(texts[spec], texts["tokenleap plain"]))
-    result["llama_identical_to_tokenleap"] = sum(a == b for a, b in zip(texts["llama-server"], texts["tokenleap plain"]))
+    result["llama_identical_to_tokenleap"] = sum(
+        a == b for a, b in zip(texts["llama-server"], texts["tokenleap plain"])
+    )
     result["load_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -50,15 +50,23 @@ def build(source_dir: Path, variant: str, out: Path) -> Path:
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
     flags = [f for f in _FLAGS if f not in ("-shared", "-fPIC")]
     subprocess.run([compiler, *flags, f"-I{source_dir}", f'-DKERNELS_SOURCE="{source}"',
-                    str(ROOT / "benchmarks" / "quant_stream.c"), "-o", str(out), "-lm"], check=True, capture_output=True, text=True)
+                    str(ROOT / "benchmarks" / "quant_stream.c"), "-o", str(out), "-lm"],
+                   check=True, capture_output=True, text=True)
     return out
 
 
-def run_once(binary: Path, fmt: int, out_dim: int, in_dim: int, mb: float, rows: int, threads: int, huge: bool = True) -> dict[str, float]:
+def run_once(
+    binary: Path, fmt: int, out_dim: int, in_dim: int, mb: float, rows: int, threads: int, huge: bool = True
+) -> dict[str, float]:
     """One run: the kernel's and the read's best of 3, as quant_stream.c prints them (`huge`: the
     weights on transparent huge pages, as the library keeps them; else on 4 KiB pages)."""
-    text = subprocess.run([str(binary), str(fmt), str(out_dim), str(in_dim), str(mb), "3", str(rows), str(threads), str(int(huge))],
-                          check=True, capture_output=True, text=True, timeout=600).stdout
+    text = subprocess.run(
+        [str(binary), str(fmt), str(out_dim), str(in_dim), str(mb), "3", str(rows), str(threads), str(int(huge))],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
     m = _LINE.search(text)
     if m is None:
         raise RuntimeError(f"unexpected output from {binary.name}: {text!r}")
@@ -71,7 +79,10 @@ def summarize(runs: list[dict[str, float]], fast_gbps: float) -> dict[str, dict[
     for state in ("fast", "slow"):
         part = [r for r in runs if (r["read"] > fast_gbps) == (state == "fast")]
         if part:
-            out[state] = {"n": len(part), **{k: statistics.median(r[k] for r in part) for k in ("ratio", "gbps", "read")}}
+            out[state] = {
+                "n": len(part),
+                **{k: statistics.median(r[k] for r in part) for k in ("ratio", "gbps", "read")},
+            }
     return out
 
 
@@ -84,9 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mb", type=float, default=150.0, help="bytes of distinct weights per run")
     ap.add_argument("--seconds", type=float, default=60.0, help="per type and shape")
-    ap.add_argument("--fast-gbps", type=float, default=45.0, help="read rate above which a run counts as the fast memory state")
-    ap.add_argument("--pages", choices=("huge", "4k", "both"), default="huge",
-                    help="the weights on transparent huge pages (as the library keeps them), on 4 KiB pages, or both in turn (an A/B)")
+    ap.add_argument(
+        "--fast-gbps", type=float, default=45.0, help="read rate above which a run counts as the fast memory state"
+    )
+    ap.add_argument(
+        "--pages",
+        choices=("huge", "4k", "both"),
+        default="huge",
+        help=(
+            "the weights on transparent huge pages (as the library keeps them), on 4 KiB pages, "
+            "or both in turn (an A/B)"
+        ),
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quant_stream.json")
     args = ap.parse_args(argv)
     unknown = [t for t in args.types if t not in FORMATS]
@@ -108,8 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         pages = {"huge": [True], "4k": [False], "both": [False, True]}[args.pages]
         cases = {(f"{label} {'huge' if huge else '4k'}" if len(pages) > 1 else label): (binary, huge)
                  for label, binary in binaries.items() for huge in pages}
-        result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "variant": variant, "threads": args.threads,
-                  "rows": args.rows, "baseline": args.baseline, "shape": args.shape, "pages": args.pages, "fast_gbps": args.fast_gbps, "cases": {}}
+        result = {
+            "date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "variant": variant, "threads": args.threads,
+            "rows": args.rows, "baseline": args.baseline, "shape": args.shape, "pages": args.pages,
+            "fast_gbps": args.fast_gbps, "cases": {}
+        }
         print(f"{result['cpu']}, {variant} kernels, {args.threads} threads, {args.rows} row(s)", flush=True)
         for name in args.types:
             for out_dim, in_dim in SHAPES[args.shape]:
@@ -117,12 +140,16 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 while time.perf_counter() - t0 < args.seconds or not all(runs.values()):
                     for label, (binary, huge) in cases.items():
-                        runs[label].append(run_once(binary, FORMATS[name], out_dim, in_dim, args.mb, args.rows, args.threads, huge))
+                        runs[label].append(
+                            run_once(binary, FORMATS[name], out_dim, in_dim, args.mb, args.rows, args.threads, huge)
+                        )
                 key = f"{name} [{out_dim},{in_dim}]"
                 result["cases"][key] = {label: summarize(r, args.fast_gbps) for label, r in runs.items()}
                 for label, states in result["cases"][key].items():
-                    text = "; ".join(f"{s} (n={v['n']:.0f}): {v['ratio']:.3f} of the read ({v['gbps']:.1f} of {v['read']:.1f} GB/s)"
-                                     for s, v in states.items())
+                    text = "; ".join(
+                        f"{s} (n={v['n']:.0f}): {v['ratio']:.3f} of the read ({v['gbps']:.1f} of {v['read']:.1f} GB/s)"
+                        for s, v in states.items()
+                    )
                     print(f"{key} {label}: {text}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -6,8 +6,9 @@ here too), so the only difference is speed. One Gemma-3-ffn_down-shaped linear `
 (in a multiple of 256, so the K-quants fit) over `--copies` distinct weights (cold in cache, as
 in a forward); per type and row count the two paths alternate (ABAB) for `--rounds` rounds and
 the figures are the fastest round of each and the median of
-the per-round (paired, back to back) AVX2 / VNNI time ratios, the robust one on a busy machine. Also the file's bytes per weight and the kernel form's (the
-K-quants and Q5_0 are widened at load). JSON to `benchmarks/results/quant_vnni.json`.
+the per-round (paired, back to back) AVX2 / VNNI time ratios, the robust one on a busy machine.
+Also the file's bytes per weight and the kernel form's (the K-quants and Q5_0 are widened at
+load). JSON to `benchmarks/results/quant_vnni.json`.
 
     .venv/bin/python benchmarks/quant_vnni.py
 """
@@ -73,7 +74,10 @@ def main() -> int:
         qtype, name = fmt.ggml_id, fmt.name
         weights = [random_weight(qtype, out_dim, in_dim, rng) for _ in range(args.copies)]
         block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
-        entry: dict = {"file_bits_per_weight": 8 * nbytes / block, "kernel_bits_per_weight": 8 * weights[0].nbytes / (out_dim * in_dim)}
+        entry: dict = {
+            "file_bits_per_weight": 8 * nbytes / block,
+            "kernel_bits_per_weight": 8 * weights[0].nbytes / (out_dim * in_dim),
+        }
         for rows in (1, 8):
             x = torch.randn(rows, in_dim, generator=torch.Generator().manual_seed(rows))
             best = {True: float("inf"), False: float("inf")}
@@ -93,8 +97,15 @@ def main() -> int:
             if not torch.equal(ys[True], ys[False]):
                 print(f"{name}: VNNI and AVX2 outputs differ", file=sys.stderr)
                 return 1
-            entry[f"rows_{rows}"] = {"vnni_us": best[True] * 1e6, "avx2_us": best[False] * 1e6, "avx2_over_vnni_median": ratio}
-            print(f"{name:5s} rows {rows}: VNNI {best[True] * 1e6:7.1f} us  AVX2 {best[False] * 1e6:7.1f} us  AVX2/VNNI (median paired) {ratio:.2f}x")
+            entry[f"rows_{rows}"] = {
+                "vnni_us": best[True] * 1e6,
+                "avx2_us": best[False] * 1e6,
+                "avx2_over_vnni_median": ratio,
+            }
+            print(
+                f"{name:5s} rows {rows}: VNNI {best[True] * 1e6:7.1f} us  AVX2 {best[False] * 1e6:7.1f} us  "
+                f"AVX2/VNNI (median paired) {ratio:.2f}x"
+            )
         result["types"][name] = entry
     kernels.quant_vnni(None)
     result["load_after"] = os.getloadavg()

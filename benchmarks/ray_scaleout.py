@@ -73,7 +73,9 @@ def sessions_by_replica(url: str, n: int) -> list[str]:
     tag = uuid.uuid4().hex[:8]
     for i in range(256):
         s = f"bench-{tag}-{i}"
-        rid = httpx.get(url + "/v1/tokenleap/replica", headers={**AUTH, "x-session-id": s}, timeout=60).json()["replica"]
+        rid = httpx.get(url + "/v1/tokenleap/replica", headers={**AUTH, "x-session-id": s}, timeout=60).json()[
+            "replica"
+        ]
         found.setdefault(rid, s)
         if len(found) == n:
             return [found[r] for r in sorted(found)]
@@ -96,13 +98,20 @@ def part_acceptance(args: argparse.Namespace) -> dict[str, Any]:
     traffic = [p for p in range(len(prompts)) for _ in range(args.repeats)]
     rng.shuffle(traffic)
     choice = [rng.randrange(2) for _ in traffic]
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"OMP_WAIT_POLICY": "passive"}})
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"OMP_WAIT_POLICY": "passive"}},
+    )
     setups = [("1 replica", 1, True), ("2 replicas, no sharing", 2, False), ("2 replicas, sharing", 2, True)]
     results: dict[str, Any] = {}
     answers: dict[str, list[str]] = {}
     for name, replicas, share in setups:
         server = ServerConfig(port=free_port(), api_key=KEY, log_level="warning")
-        cfg = RayServeConfig(replicas=replicas, threads_per_replica=1, share_stats=share, app_name=f"bench{replicas}{int(share)}")
+        cfg = RayServeConfig(
+            replicas=replicas, threads_per_replica=1, share_stats=share, app_name=f"bench{replicas}{int(share)}"
+        )
         t0 = time.monotonic()
         url = start(deployment(MODEL, speculative_config={"method": "suffix"}, server=server, config=cfg), server, cfg)
         wait_ready(url)
@@ -111,7 +120,12 @@ def part_acceptance(args: argparse.Namespace) -> dict[str, Any]:
 
         def one(i: int) -> dict[str, Any]:
             headers = {**AUTH, "x-session-id": sessions[choice[i] % replicas]}
-            body = {"model": MODEL, "messages": [{"role": "user", "content": prompts[traffic[i]]}], "max_tokens": args.max_tokens, "temperature": 0}
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": prompts[traffic[i]]}],
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+            }
             r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=600).raise_for_status()
             return r.json()
 
@@ -122,8 +136,10 @@ def part_acceptance(args: argparse.Namespace) -> dict[str, Any]:
         gen = sum(o["usage"]["completion_tokens"] for o in outs)
         acc = sum(o["speculative"]["num_accepted_tokens"] for o in outs)
         drafted = sum(o["speculative"]["num_draft_tokens"] for o in outs)
-        results[name] = {"generated_tokens": gen, "accepted_tokens": acc, "draft_tokens": drafted, "acceptance": acc / gen,
-                         "draft_precision": acc / max(1, drafted), "wall_s": wall, "output_tok_per_s": gen / wall}
+        results[name] = {
+            "generated_tokens": gen, "accepted_tokens": acc, "draft_tokens": drafted, "acceptance": acc / gen,
+            "draft_precision": acc / max(1, drafted), "wall_s": wall, "output_tok_per_s": gen / wall
+        }
         answers[name] = [o["choices"][0]["message"]["content"] for o in outs]
         print(name, json.dumps(results[name]), flush=True)
         serve.delete(cfg.app_name)
@@ -133,8 +149,10 @@ def part_acceptance(args: argparse.Namespace) -> dict[str, Any]:
     base = results["1 replica"]["acceptance"]
     summary = {n: round(r["acceptance"] / base, 3) for n, r in results.items()}
     ray.shutdown()
-    return {"num_prompts": len(prompts), "repeats": args.repeats, "requests": len(traffic), "max_tokens": args.max_tokens,
-            "results": results, "acceptance_vs_1_replica": summary, "answers_identical_to_1_replica": identical}
+    return {
+        "num_prompts": len(prompts), "repeats": args.repeats, "requests": len(traffic), "max_tokens": args.max_tokens,
+        "results": results, "acceptance_vs_1_replica": summary, "answers_identical_to_1_replica": identical
+    }
 
 
 # ------------------------------------------------------------------ mixed
@@ -146,8 +164,10 @@ def part_mixed(args: argparse.Namespace) -> dict[str, Any]:
 
     port = free_port()
     env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
-    cmd = [sys.executable, "-m", "tokenleap.cli", "serve", "--replicas", "2", "--threads-per-replica", "1", "--spec-type", "suffix",
-           "--port", str(port), "--api-key", KEY, "--log-level", "warning"]
+    cmd = [
+        sys.executable, "-m", "tokenleap.cli", "serve", "--replicas", "2", "--threads-per-replica", "1", "--spec-type",
+        "suffix", "--port", str(port), "--api-key", KEY, "--log-level", "warning"
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     prompts = spec_bench_prompts(20)
@@ -181,7 +201,9 @@ def part_mixed(args: argparse.Namespace) -> dict[str, Any]:
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"tokenleap serve --replicas 2 did not start: {proc.stderr.read() if proc.stderr else ''}")
+            raise RuntimeError(
+                f"tokenleap serve --replicas 2 did not start: {proc.stderr.read() if proc.stderr else ''}"
+            )
         time.sleep(1)
     startup = time.monotonic() - t0
 
@@ -215,12 +237,14 @@ def part_mixed(args: argparse.Namespace) -> dict[str, Any]:
         k = by_kind.setdefault(o["kind"], {"sent": 0, "ok": 0})
         k["sent"] += 1
         k["ok"] += int(o["ok"])
-    return {"requests": len(jobs), "startup_s": startup, "wall_s": wall, "by_kind": by_kind, "replicas": replicas, "health_after": health,
-            "statuses": sorted({o["status"] for o in outcomes}), "exit_code": proc.returncode,
+    return {"requests": len(jobs), "startup_s": startup, "wall_s": wall, "by_kind": by_kind, "replicas": replicas,
+            "health_after": health, "statuses": sorted({o["status"] for o in outcomes}), "exit_code": proc.returncode,
             "nothing_leaked": all(r["live"] == 0 and r["added"] == r["freed"] for r in replicas.values())}
 
 
-def good_request(url: str, headers: dict[str, str], chat: bool, stream: bool, prompt: str, max_tokens: int) -> tuple[int, str]:
+def good_request(
+    url: str, headers: dict[str, str], chat: bool, stream: bool, prompt: str, max_tokens: int
+) -> tuple[int, str]:
     if chat:
         path, body = "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
     else:
@@ -250,15 +274,27 @@ def good_request(url: str, headers: dict[str, str], chat: bool, stream: bool, pr
 def malformed_request(url: str, which: int) -> int:
     chat = url + "/v1/chat/completions"
     if which == 0:
-        return httpx.post(chat, content=b"{not json", headers={**AUTH, "content-type": "application/json"}, timeout=60).status_code
-    bodies = [None, {"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
-              {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1},
-              {"model": MODEL, "messages": "not a list"}, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3}]
+        return httpx.post(
+            chat, content=b"{not json", headers={**AUTH, "content-type": "application/json"}, timeout=60
+        ).status_code
+    bodies = [
+        None,
+        {"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1},
+        {"model": MODEL, "messages": "not a list"},
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3},
+    ]
     return httpx.post(chat, json=bodies[which], headers=AUTH, timeout=60).status_code
 
 
 def disconnecting_request(url: str, prompt: str) -> int:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 200, "temperature": 0, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 200,
+        "temperature": 0,
+        "stream": True,
+    }
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=AUTH, timeout=600) as r:
         for _ in r.iter_lines():
             break  # go away after the first chunk
@@ -281,7 +317,12 @@ def part_data(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     ref = LLM(speculative_config={"method": "suffix"}).chat(convs, params, use_tqdm=False)
     t_ref = time.monotonic() - t0
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"OMP_WAIT_POLICY": "passive"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"OMP_WAIT_POLICY": "passive"}},
+    )
     proc = build_processor(MODEL, speculative_config={"method": "suffix"}, sampling_params=params, concurrency=2,
                            batch_size=16, chat=True, prompt_column="messages")
     t0 = time.monotonic()
@@ -291,7 +332,8 @@ def part_data(args: argparse.Namespace) -> dict[str, Any]:
     got = {int(r["i"]): list(r["generated_token_ids"]) for r in rows}
     equal = sum(got.get(i) == list(o.outputs[0].token_ids) for i, o in enumerate(ref))
     return {"prompts": len(prompts), "max_tokens": args.max_tokens, "rows": len(rows), "identical": equal,
-            "llm_chat_s": t_ref, "ray_data_s": t_data, "generated_tokens": sum(len(o.outputs[0].token_ids) for o in ref)}
+            "llm_chat_s": t_ref, "ray_data_s": t_data,
+            "generated_tokens": sum(len(o.outputs[0].token_ids) for o in ref)}
 
 
 def main() -> None:

@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = LLM(model=args.model)
     llm.generate(["Hello there, how are you?"], SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
-    rss = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS"))
+    rss = next(
+        int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS")
+    )
     print(json.dumps({"tables": args.tables, "rss_gb": round(rss / 1e6, 3),
                       "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3)}))
     return 0

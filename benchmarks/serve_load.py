@@ -8,12 +8,12 @@ Per cell: output tokens/s over the cell's wall time, time to first token, inter-
 per output token ((end - first token) / (tokens - 1), vLLM's TPOT) and the gaps between streamed
 chunks (mean / p50 / p90), mean acceptance length, and whether every greedy answer matched the
 other mode's (speculation is lossless). Each concurrency level gets its own prompts (both modes
-the same ones), so a drafter that learns from earlier outputs is not handed the answers. `--mixed` instead sends N requests at concurrency 16, a
-mix of good, malformed, explicit-null and mid-stream-disconnecting clients, and checks that every
-good request completes with the text it gets alone, every bad one (malformed, or a value the server
-must refuse) gets a 4xx error body, every body of OpenAI's explicit nulls and neutral values is
-answered, the server stays up,
-and its live-request count and resident memory return to their baseline.
+the same ones), so a drafter that learns from earlier outputs is not handed the answers.
+`--mixed` instead sends N requests at concurrency 16, a mix of good, malformed, explicit-null and
+mid-stream-disconnecting clients, and checks that every good request completes with the text it
+gets alone, every bad one (malformed, or a value the server must refuse) gets a 4xx error body,
+every body of OpenAI's explicit nulls and neutral values is answered, the server stays up, and
+its live-request count and resident memory return to their baseline.
 
 The server is started here (`tokenleap serve` on a free loopback port, stopped with SIGTERM)
 unless `--url` points at a running one. Writes JSON and a PNG chart to benchmarks/results/.
@@ -78,9 +78,11 @@ class Server:
     def __init__(self, args: argparse.Namespace) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "tokenleap.cli", "serve", "--port", str(self.port), "--model", args.model,
-               "--spec-type", args.spec_type, "--draft-max", str(args.draft_max), "--max-num-seqs", str(args.max_num_seqs),
-               "--max-queue", "1024", "--log-level", "warning"]
+        cmd = [
+            sys.executable, "-m", "tokenleap.cli", "serve", "--port", str(self.port), "--model", args.model,
+            "--spec-type", args.spec_type, "--draft-max", str(args.draft_max), "--max-num-seqs", str(args.max_num_seqs),
+            "--max-queue", "1024", "--log-level", "warning"
+        ]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -136,7 +138,9 @@ async def stream_chat(http: httpx.AsyncClient, body: dict[str, Any], disconnect_
     parts: list[str] = []
     chunks = 0
     try:
-        async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        async with http.stream(
+            "POST", "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+        ) as r:
             if r.status_code != 200:
                 res.error = f"{r.status_code}: {(await r.aread()).decode()[:200]}"
                 return res
@@ -181,10 +185,16 @@ def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {"mean": 0.0, "p50": 0.0, "p90": 0.0}
     ordered = sorted(values)
-    return {"mean": statistics.fmean(ordered), "p50": ordered[len(ordered) // 2], "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]}
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": ordered[len(ordered) // 2],
+        "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+    }
 
 
-async def run_cell(url: str, headers: dict[str, str], bodies: list[dict[str, Any]], concurrency: int, progress: Progress, task: Any) -> tuple[list[Result], float]:
+async def run_cell(
+    url: str, headers: dict[str, str], bodies: list[dict[str, Any]], concurrency: int, progress: Progress, task: Any
+) -> tuple[list[Result], float]:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=httpx.Timeout(600.0), limits=limits) as http:
@@ -229,7 +239,11 @@ def load_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def _body(args: argparse.Namespace, prompt: str, plain: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "max_tokens": args.max_tokens, "temperature": 0}
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+    }
     if plain:
         body["speculative"] = {"method": "none"}
     return body
@@ -248,8 +262,11 @@ def run_load(args: argparse.Namespace, url: str, headers: dict[str, str]) -> dic
     modes = [m.strip() for m in args.modes.split(",")]
     need = len(concurrencies) * args.requests + 1
     if len(prompts) < need:
-        console.print(f"[yellow]{len(prompts)} prompts for {need} requests: prompts repeat across concurrency levels, and a "
-                      "drafter that learns from earlier outputs (suffix) then accepts more than on new prompts (raise -q)[/yellow]")
+        console.print(
+            f"[yellow]{len(prompts)} prompts for {need} requests: prompts repeat across concurrency levels, "
+            "and a drafter that learns from earlier outputs (suffix) then accepts more than on new prompts "
+            "(raise -q)[/yellow]"
+        )
     asyncio.run(_warm_up(url, headers, [{**_body(args, prompts[-1], m == "plain"), "max_tokens": 8} for m in modes]))
     cells, mismatches = [], 0
     total = len(concurrencies) * len(modes) * args.requests
@@ -265,7 +282,9 @@ def run_load(args: argparse.Namespace, url: str, headers: dict[str, str]) -> dic
                 cells.append(summarize(mode, c, results, wall))
                 texts.append([r.text if r.ok else None for r in results])
             # greedy and lossless speculation: both modes give the same answers
-            mismatches += sum(1 for ts in texts[1:] for a, b in zip(ts, texts[0]) if a is not None and b is not None and a != b)
+            mismatches += sum(
+                1 for ts in texts[1:] for a, b in zip(ts, texts[0]) if a is not None and b is not None and a != b
+            )
     return {"cells": cells, "mismatched_answers": mismatches}
 
 
@@ -288,7 +307,9 @@ BAD_BODIES: list[bytes] = [
     json.dumps({"messages": _HI, "audio": {"voice": "alloy", "format": "wav"}}).encode(),  # unsupported fields (README)
     json.dumps({"messages": _HI, "logit_bias": {"50": 10}}).encode(),
     json.dumps({"messages": _HI, "web_search_options": {}}).encode(),
-    json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).encode(),
+    json.dumps(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    ).encode(),
     json.dumps({"messages": _HI, "tool_choice": "required"}).encode(),  # without tools
     json.dumps({"model": "no-such-model", "messages": _HI}).encode(),
     json.dumps({"messages": "hello"}).encode(),
@@ -299,13 +320,30 @@ BAD_BODIES: list[bytes] = [
 
 # bodies that must be answered (200): OpenAI's explicit nulls ("unset") and neutral values
 NULL_BODIES: list[bytes] = [
-    json.dumps({"messages": _HI, "max_tokens": 4, "stream": None, "n": None, "stream_options": None, "temperature": None, "top_p": None,
-                "stop": None, "seed": None, "logprobs": None, "top_logprobs": None, "tools": None, "tool_choice": None,
-                "response_format": None, "audio": None, "modalities": None, "logit_bias": None, "user": None}).encode(),
-    json.dumps({"messages": _HI, "max_tokens": 4, "n": 2, "stream_options": {}, "modalities": ["text"], "logit_bias": {},
-                "store": False, "reasoning_effort": None, "service_tier": "auto"}).encode(),
-    json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": None}], "max_tokens": 4,
-                "max_completion_tokens": None, "parallel_tool_calls": None, "prediction": None, "metadata": None}).encode(),
+    json.dumps(
+        {
+            "messages": _HI, "max_tokens": 4, "stream": None, "n": None, "stream_options": None, "temperature": None,
+            "top_p": None, "stop": None, "seed": None, "logprobs": None, "top_logprobs": None, "tools": None,
+            "tool_choice": None, "response_format": None, "audio": None, "modalities": None, "logit_bias": None,
+            "user": None
+        }
+    ).encode(),
+    json.dumps(
+        {
+            "messages": _HI, "max_tokens": 4, "n": 2, "stream_options": {}, "modalities": ["text"], "logit_bias": {},
+            "store": False, "reasoning_effort": None, "service_tier": "auto"
+        }
+    ).encode(),
+    json.dumps(
+        {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": None}],
+            "max_tokens": 4,
+            "max_completion_tokens": None,
+            "parallel_tool_calls": None,
+            "prediction": None,
+            "metadata": None,
+        }
+    ).encode(),
 ]
 
 
@@ -336,7 +374,9 @@ def run_mixed(args: argparse.Namespace, url: str, headers: dict[str, str]) -> di
 
     async def mixed() -> None:
         sem = asyncio.Semaphore(16)
-        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=httpx.Limits(max_connections=24)) as http:
+        async with httpx.AsyncClient(
+            base_url=url, headers=headers, timeout=600, limits=httpx.Limits(max_connections=24)
+        ) as http:
 
             async def one(i: int, kind: str, progress: Progress, task: Any) -> None:
                 async with sem:
@@ -345,17 +385,31 @@ def run_mixed(args: argparse.Namespace, url: str, headers: dict[str, str]) -> di
                         res = await stream_chat(http, _body(args, prompts[k], rng.random() < 0.5))
                         outcome["good"].append(res.ok and res.text == expected[k])
                     elif kind == "disconnect":
-                        await stream_chat(http, {**_body(args, prompts[k], False), "max_tokens": 512, "ignore_eos": True},
-                                          disconnect_after=rng.randint(1, 5))
+                        await stream_chat(
+                            http,
+                            {**_body(args, prompts[k], False), "max_tokens": 512, "ignore_eos": True},
+                            disconnect_after=rng.randint(1, 5),
+                        )
                         outcome["disconnect"].append(True)
                     elif kind == "nulls":
-                        r = await http.post("/v1/chat/completions", content=rng.choice(NULL_BODIES), headers={"content-type": "application/json"})
+                        r = await http.post(
+                            "/v1/chat/completions",
+                            content=rng.choice(NULL_BODIES),
+                            headers={"content-type": "application/json"},
+                        )
                         answer = r.json() if r.status_code == 200 else {}
-                        outcome["nulls"].append(r.status_code == 200 and isinstance(answer.get("system_fingerprint"), str)
-                                                and all(c["message"].get("refusal", 0) is None for c in answer.get("choices", [0])))
+                        outcome["nulls"].append(
+                            r.status_code == 200
+                            and isinstance(answer.get("system_fingerprint"), str)
+                            and all(c["message"].get("refusal", 0) is None for c in answer.get("choices", [0]))
+                        )
                     else:
                         try:
-                            r = await http.post("/v1/chat/completions", content=rng.choice(BAD_BODIES), headers={"content-type": "application/json"})
+                            r = await http.post(
+                                "/v1/chat/completions",
+                                content=rng.choice(BAD_BODIES),
+                                headers={"content-type": "application/json"},
+                            )
                             outcome["bad"].append(400 <= r.status_code < 500 and "error" in r.json())
                         except httpx.HTTPError:  # an oversize upload may be cut off by the server: fine too
                             outcome["bad"].append(True)
@@ -380,9 +434,11 @@ def run_mixed(args: argparse.Namespace, url: str, headers: dict[str, str]) -> di
         "no_live_requests_left": health["live"] == 0 and health["running"] == 0 and health["waiting"] == 0,
         "rss_back_to_baseline": rss <= baseline_rss * 1.10 + 64e6,
     }
-    return {"counts": {k: len(v) for k, v in outcome.items()}, "good_correct": sum(outcome["good"]), "bad_rejected": sum(outcome["bad"]),
-            "nulls_accepted": sum(outcome["nulls"]),
-            "health_after": health, "rss_baseline_bytes": baseline_rss, "rss_after_bytes": rss, "checks": checks}
+    return {
+        "counts": {k: len(v) for k, v in outcome.items()}, "good_correct": sum(outcome["good"]),
+        "bad_rejected": sum(outcome["bad"]), "nulls_accepted": sum(outcome["nulls"]), "health_after": health,
+        "rss_baseline_bytes": baseline_rss, "rss_after_bytes": rss, "checks": checks
+    }
 
 
 # --------------------------------------------------------------------------- output
@@ -403,8 +459,12 @@ def plot(path: Path, cells: list[dict[str, Any]]) -> None:
         axes[0].plot(xs, [c["throughput_tokens_per_second"] for c in rows], marker="o", color=color, label=label)
         for ax, key, scale in ((axes[1], "ttft_seconds", 1.0), (axes[2], "inter_token_latency_seconds", 1000.0)):
             ax.plot(xs, [c[key]["p50"] * scale for c in rows], marker="o", color=color, label=f"{label} p50")
-            ax.plot(xs, [c[key]["p90"] * scale for c in rows], marker="x", linestyle="--", color=color, label=f"{label} p90")
-    for ax, title, unit in zip(axes, ("output throughput", "time to first token", "inter-token latency"), ("tokens/s", "s", "ms per token")):
+            ax.plot(
+                xs, [c[key]["p90"] * scale for c in rows], marker="x", linestyle="--", color=color, label=f"{label} p90"
+            )
+    for ax, title, unit in zip(
+        axes, ("output throughput", "time to first token", "inter-token latency"), ("tokens/s", "s", "ms per token")
+    ):
         ax.set_title(title)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(unit)
@@ -419,34 +479,73 @@ def plot(path: Path, cells: list[dict[str, Any]]) -> None:
 
 def print_table(cells: list[dict[str, Any]]) -> None:
     table = Table(title="tokenleap serve load")
-    for col in ("mode", "clients", "ok", "tok/s", "TTFT p50", "TTFT p90", "ITL mean", "ITL p50", "ITL p90", "accept len"):
+    for col in (
+        "mode", "clients", "ok", "tok/s", "TTFT p50", "TTFT p90", "ITL mean", "ITL p50", "ITL p90", "accept len"
+    ):
         table.add_column(col, justify="left" if col == "mode" else "right")
     for c in cells:
         t, i = c["ttft_seconds"], c["inter_token_latency_seconds"]
-        table.add_row(c["mode"], str(c["concurrency"]), f"{c['succeeded']}/{c['requests']}", f"{c['throughput_tokens_per_second']:.1f}",
-                      f"{t['p50']:.3f} s", f"{t['p90']:.3f} s", f"{i['mean'] * 1000:.1f} ms", f"{i['p50'] * 1000:.1f} ms",
-                      f"{i['p90'] * 1000:.1f} ms", f"{c['mean_acceptance_length']:.2f}")
+        table.add_row(
+            c["mode"], str(c["concurrency"]), f"{c['succeeded']}/{c['requests']}",
+            f"{c['throughput_tokens_per_second']:.1f}", f"{t['p50']:.3f} s", f"{t['p90']:.3f} s",
+            f"{i['mean'] * 1000:.1f} ms", f"{i['p50'] * 1000:.1f} ms", f"{i['p90'] * 1000:.1f} ms",
+            f"{c['mean_acceptance_length']:.2f}"
+        )
     Console().print(table)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--url", default=None, help="a running server on loopback (default: start tokenleap serve here)")
-    p.add_argument("--api-key", default=os.environ.get("TOKENLEAP_API_KEY"), help="Bearer key (default: $TOKENLEAP_API_KEY)")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="model for the server started here (default: %(default)s)")
-    p.add_argument("--spec-type", default="suffix", help="the started server's default speculation (default: %(default)s)")
+    p.add_argument(
+        "--api-key", default=os.environ.get("TOKENLEAP_API_KEY"), help="Bearer key (default: $TOKENLEAP_API_KEY)"
+    )
+    p.add_argument(
+        "--model", default="smollm2-135m-instruct", help="model for the server started here (default: %(default)s)"
+    )
+    p.add_argument(
+        "--spec-type", default="suffix", help="the started server's default speculation (default: %(default)s)"
+    )
     p.add_argument("--draft-max", type=int, default=16, help="draft length cap (default: %(default)s)")
-    p.add_argument("--max-num-seqs", "--max-batch", type=int, default=16, help="the started server's --max-num-seqs (--max-batch: its former name) (default: %(default)s)")
+    p.add_argument(
+        "--max-num-seqs",
+        "--max-batch",
+        type=int,
+        default=16,
+        help="the started server's --max-num-seqs (--max-batch: its former name) (default: %(default)s)",
+    )
     p.add_argument("--threads", type=int, default=None, help="the started server's CPU threads")
-    p.add_argument("--requests", "-n", type=int, default=32, help="requests per cell, or in total with --mixed (default: %(default)s)")
+    p.add_argument(
+        "--requests",
+        "-n",
+        type=int,
+        default=32,
+        help="requests per cell, or in total with --mixed (default: %(default)s)",
+    )
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default: %(default)s)")
-    p.add_argument("--modes", default="spec,plain", help="spec (server default speculation) and/or plain (default: %(default)s)")
+    p.add_argument(
+        "--modes", default="spec,plain", help="spec (server default speculation) and/or plain (default: %(default)s)"
+    )
     p.add_argument("--max-tokens", type=int, default=128, help="max_tokens per request (default: %(default)s)")
-    p.add_argument("--input", default=None, help="Spec-Bench JSONL (default: ../shared/bench/spec_bench.jsonl, else the shipped subset)")
-    p.add_argument("--questions-per-group", "-q", type=int, default=16, help="prompts per Spec-Bench group (default: %(default)s)")
-    p.add_argument("--mixed", action="store_true", help="robustness run: good, malformed and disconnecting clients at concurrency 16")
+    p.add_argument(
+        "--input",
+        default=None,
+        help="Spec-Bench JSONL (default: ../shared/bench/spec_bench.jsonl, else the shipped subset)",
+    )
+    p.add_argument(
+        "--questions-per-group", "-q", type=int, default=16, help="prompts per Spec-Bench group (default: %(default)s)"
+    )
+    p.add_argument(
+        "--mixed",
+        action="store_true",
+        help="robustness run: good, malformed and disconnecting clients at concurrency 16",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed run's choices (default: %(default)s)")
-    p.add_argument("--out", default=None, help="JSON output (default: results/serve_load.json, or serve_load_mixed.json)")
+    p.add_argument(
+        "--out", default=None, help="JSON output (default: results/serve_load.json, or serve_load_mixed.json)"
+    )
     p.add_argument("--plot", default=None, help="PNG chart (default: next to --out)")
     args = p.parse_args()
     if args.requests < 1 or args.max_tokens < 1:
@@ -459,10 +558,13 @@ def main() -> int:
     else:
         server = Server(args)
         url = server.url
-    meta = {"url": url if args.url else "started here", "model": args.model, "spec_type": args.spec_type if not args.url else None,
-            "draft_max": args.draft_max, "max_num_seqs": args.max_num_seqs, "requests": args.requests, "max_tokens": args.max_tokens,
-            "concurrency": args.concurrency, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average": os.getloadavg(),
-            "cpus": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    meta = {
+        "url": url if args.url else "started here", "model": args.model,
+        "spec_type": args.spec_type if not args.url else None, "draft_max": args.draft_max,
+        "max_num_seqs": args.max_num_seqs, "requests": args.requests, "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average": os.getloadavg(),
+        "cpus": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")
+    }
     try:
         if args.mixed:
             result = run_mixed(args, url, headers)
@@ -477,12 +579,17 @@ def main() -> int:
     if args.mixed:
         for name, ok in result["checks"].items():
             console.print(f"{'[green]ok[/green]' if ok else '[red]FAILED[/red]'}  {name}")
-        console.print(f"requests: {result['counts']}; RSS {result['rss_baseline_bytes'] / 1e6:.0f} MB -> {result['rss_after_bytes'] / 1e6:.0f} MB; wrote {out}")
+        console.print(
+            f"requests: {result['counts']}; RSS {result['rss_baseline_bytes'] / 1e6:.0f} MB -> "
+            f"{result['rss_after_bytes'] / 1e6:.0f} MB; wrote {out}"
+        )
         return 0 if all(result["checks"].values()) else 1
     print_table(result["cells"])
     png = Path(args.plot) if args.plot else out.with_suffix(".png")
     plot(png, result["cells"])
-    console.print(f"answers differing between speculation on and off: {result['mismatched_answers']}; wrote {out} and {png}")
+    console.print(
+        f"answers differing between speculation on and off: {result['mismatched_answers']}; wrote {out} and {png}"
+    )
     return 0 if result["mismatched_answers"] == 0 else 1
 
 

@@ -26,29 +26,92 @@ from tokenleap.structured import GrammarState, StructuredOutputsParams
 
 S = {"type": "string", "maxLength": 24}
 SCHEMAS = {
-    "person": {"type": "object", "properties": {"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                                  "role": {"type": "string", "enum": ["admin", "user", "guest"]}},
-               "required": ["name", "age", "role"], "additionalProperties": False},
-    "order": {"type": "object", "properties": {"id": {"type": "integer"}, "items": {"type": "array", "maxItems": 3, "items": {
-        "type": "object", "properties": {"product": S, "quantity": {"type": "integer", "minimum": 1}}, "required": ["product", "quantity"],
-        "additionalProperties": False}}, "status": {"type": "string", "enum": ["pending", "shipped", "delivered"]}},
-              "required": ["id", "items", "status"], "additionalProperties": False},
-    "city": {"type": "object", "properties": {"city": S, "country": S, "population": {"type": "integer"},
-                                                "landmarks": {"type": "array", "items": S, "maxItems": 3}},
-             "required": ["city", "country", "population", "landmarks"], "additionalProperties": False},
-    "book": {"type": "object", "properties": {"title": S, "author": {"type": "object", "properties": {"first": S, "last": S},
-                                                                      "required": ["first", "last"], "additionalProperties": False},
-                                              "year": {"type": "integer"}, "genres": {"type": "array", "items": {"type": "string", "enum": [
-                                                  "fiction", "science", "history", "poetry"]}, "maxItems": 2}},
-             "required": ["title", "author", "year", "genres"], "additionalProperties": False},
-    "event": {"type": "object", "properties": {"name": S, "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
-                                                 "online": {"type": "boolean"}}, "required": ["name", "date", "online"], "additionalProperties": False},
-    "review": {"type": "object", "properties": {"product": S, "rating": {"type": "integer", "minimum": 1, "maximum": 5},
-                                                  "pros": {"type": "array", "items": S, "maxItems": 2}, "cons": {"type": "array", "items": S, "maxItems": 2}},
-               "required": ["product", "rating", "pros", "cons"], "additionalProperties": False},
+    "person": {
+        "type": "object",
+        "properties": {
+            "name": S,
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "role": {"type": "string", "enum": ["admin", "user", "guest"]},
+        },
+        "required": ["name", "age", "role"],
+        "additionalProperties": False,
+    },
+    "order": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "items": {
+                "type": "array",
+                "maxItems": 3,
+                "items": {
+                    "type": "object",
+                    "properties": {"product": S, "quantity": {"type": "integer", "minimum": 1}},
+                    "required": ["product", "quantity"],
+                    "additionalProperties": False,
+                },
+            },
+            "status": {"type": "string", "enum": ["pending", "shipped", "delivered"]},
+        },
+        "required": ["id", "items", "status"],
+        "additionalProperties": False,
+    },
+    "city": {
+        "type": "object",
+        "properties": {
+            "city": S,
+            "country": S,
+            "population": {"type": "integer"},
+            "landmarks": {"type": "array", "items": S, "maxItems": 3},
+        },
+        "required": ["city", "country", "population", "landmarks"],
+        "additionalProperties": False,
+    },
+    "book": {
+        "type": "object",
+        "properties": {
+            "title": S,
+            "author": {
+                "type": "object",
+                "properties": {"first": S, "last": S},
+                "required": ["first", "last"],
+                "additionalProperties": False,
+            },
+            "year": {"type": "integer"},
+            "genres": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["fiction", "science", "history", "poetry"]},
+                "maxItems": 2,
+            },
+        },
+        "required": ["title", "author", "year", "genres"],
+        "additionalProperties": False,
+    },
+    "event": {
+        "type": "object",
+        "properties": {
+            "name": S,
+            "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+            "online": {"type": "boolean"},
+        },
+        "required": ["name", "date", "online"],
+        "additionalProperties": False,
+    },
+    "review": {
+        "type": "object",
+        "properties": {
+            "product": S,
+            "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+            "pros": {"type": "array", "items": S, "maxItems": 2},
+            "cons": {"type": "array", "items": S, "maxItems": 2},
+        },
+        "required": ["product", "rating", "pros", "cons"],
+        "additionalProperties": False,
+    },
 }
-TOPICS = ["a software engineer in Berlin", "a busy online shop", "a small coastal town", "a classic novel", "a science conference",
-          "a new smartphone", "a family restaurant", "a mountain hiking trip"]
+TOPICS = [
+    "a software engineer in Berlin", "a busy online shop", "a small coastal town", "a classic novel",
+    "a science conference", "a new smartphone", "a family restaurant", "a mountain hiking trip"
+]
 REGEX = r"\(\d{3}\) \d{3}-\d{4}"
 CHOICES = ["positive", "negative", "neutral"]
 
@@ -59,8 +122,10 @@ def requests() -> list[tuple[str, list[dict[str, str]], StructuredOutputsParams,
         for topic in TOPICS:
             msg = [{"role": "user", "content": f"Write a JSON object ({name}) about {topic}."}]
             out.append((name, msg, StructuredOutputsParams(json=schema), schema))
-    out.append(("regex", [{"role": "user", "content": "Make up a US phone number."}], StructuredOutputsParams(regex=REGEX), REGEX))
-    out.append(("choice", [{"role": "user", "content": "Sentiment of 'I loved this film'?"}], StructuredOutputsParams(choice=CHOICES), CHOICES))
+    out.append(("regex", [{"role": "user", "content": "Make up a US phone number."}],
+                StructuredOutputsParams(regex=REGEX), REGEX))
+    out.append(("choice", [{"role": "user", "content": "Sentiment of 'I loved this film'?"}],
+                StructuredOutputsParams(choice=CHOICES), CHOICES))
     return out
 
 
@@ -119,13 +184,23 @@ def main(argv: list[str] | None = None) -> int:
             plain_ids = ids
     GrammarState.masked = real  # type: ignore[method-assign]
     base = results["plain"]["tokens_per_s"]
-    print(f"{'method':8s} {'valid':>6s} {'same':>5s} {'tok/s':>7s} {'vs plain':>8s} {'acc.len':>7s} {'mask us/row':>11s} {'mask share':>10s}")
+    print(
+        f"{'method':8s} {'valid':>6s} {'same':>5s} {'tok/s':>7s} {'vs plain':>8s} "
+        f"{'acc.len':>7s} {'mask us/row':>11s} {'mask share':>10s}"
+    )
     for label, r in results.items():
         same = "-" if r["identical_to_plain"] is None else f"{r['identical_to_plain']}"
-        print(f"{label:8s} {r['valid']:>3d}/{len(reqs)} {same:>5s} {r['tokens_per_s']:7.1f} {r['tokens_per_s'] / base:7.2f}x "
-              f"{r['acceptance_length']:7.2f} {r['mask_us_per_row']:11.0f} {100 * r['mask_share']:9.1f}%")
+        print(
+            f"{label:8s} {r['valid']:>3d}/{len(reqs)} {same:>5s} "
+            f"{r['tokens_per_s']:7.1f} {r['tokens_per_s'] / base:7.2f}x "
+            f"{r['acceptance_length']:7.2f} {r['mask_us_per_row']:11.0f} {100 * r['mask_share']:9.1f}%"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"requests": len(reqs), "results": results, "meta": {k: str(v) for k, v in vars(args).items()}}, indent=1))
+    args.out.write_text(
+        json.dumps(
+            {"requests": len(reqs), "results": results, "meta": {k: str(v) for k, v in vars(args).items()}}, indent=1
+        )
+    )
     ok = all(r["valid"] == len(reqs) for r in results.values()) and all(
         r["identical_to_plain"] in (None, len(reqs)) for r in results.values())
     return 0 if ok else 1

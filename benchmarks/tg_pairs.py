@@ -77,8 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--fast-gbps", type=float, default=45.0, help="read rate above which a pair counts as the fast memory state")
-    ap.add_argument("--llama-args", default="", help='more llama-bench flags, e.g. "-mmp 0" (weights read into memory instead of mapped)')
+    ap.add_argument(
+        "--fast-gbps", type=float, default=45.0, help="read rate above which a pair counts as the fast memory state"
+    )
+    ap.add_argument(
+        "--llama-args",
+        default="",
+        help='more llama-bench flags, e.g. "-mmp 0" (weights read into memory instead of mapped)',
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tg_pairs.json")
     args = ap.parse_args(argv)
     extra = tuple(args.llama_args.split())
@@ -87,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no such file(s): {missing}")
     if not Path(args.llama_bench).is_file():
         ap.error(f"no llama-bench at {args.llama_bench} (build it: benchmarks/build_llamacpp.sh)")
-    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "threads": args.threads,
-                              "tokens": args.tokens, "fast_gbps": args.fast_gbps, "llama_args": list(extra), "command": " ".join(sys.argv), "files": {}}
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "threads": args.threads, "tokens": args.tokens,
+        "fast_gbps": args.fast_gbps, "llama_args": list(extra), "command": " ".join(sys.argv), "files": {}
+    }
     print(result["cpu"], flush=True)
     for path in args.files:
         llm = LLM(model=str(path))

@@ -26,15 +26,29 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
                                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
                           "required": ["city", "unit"], "additionalProperties": False}}}
-SEARCH = {"type": "function", "function": {"name": "search_flights", "description": "Flights between two cities on a date",
-          "parameters": {"type": "object", "properties": {"origin": {"type": "string", "maxLength": 24},
-                                                          "destination": {"type": "string", "maxLength": 24},
-                                                          "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
-                         "required": ["origin", "destination", "date"], "additionalProperties": False}}}
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search_flights",
+        "description": "Flights between two cities on a date",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "origin": {"type": "string", "maxLength": 24},
+                "destination": {"type": "string", "maxLength": 24},
+                "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+            },
+            "required": ["origin", "destination", "date"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS = [WEATHER, SEARCH]
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Sydney"]
-QUESTIONS = [f"What is the weather in {c} today?" for c in CITIES] + \
-            [f"Find me a flight from {a} to {b} on 2026-12-0{i + 1}." for i, (a, b) in enumerate(zip(CITIES, CITIES[1:] + CITIES[:1]))]
+QUESTIONS = [f"What is the weather in {c} today?" for c in CITIES] + [
+    f"Find me a flight from {a} to {b} on 2026-12-0{i + 1}."
+    for i, (a, b) in enumerate(zip(CITIES, CITIES[1:] + CITIES[:1]))
+]
 
 
 def main() -> None:
@@ -46,8 +60,14 @@ def main() -> None:
     for choice in ("required", "auto"):
         plan = plan_tools(TOOLS, choice)
         for q in QUESTIONS:
-            requests.append((choice, plan, plan.messages([{"role": "user", "content": q}], False),
-                             SamplingParams(temperature=0, max_tokens=args.max_tokens, structured_outputs=plan.constraint())))
+            requests.append(
+                (
+                    choice,
+                    plan,
+                    plan.messages([{"role": "user", "content": q}], False),
+                    SamplingParams(temperature=0, max_tokens=args.max_tokens, structured_outputs=plan.constraint()),
+                )
+            )
     convs = [r[2] for r in requests]
     params = [r[3] for r in requests]
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -64,14 +84,19 @@ def main() -> None:
         for (choice, plan, _, _), o in zip(requests, outs):
             _, found = parse_tool_calls(o.outputs[0].text, plan)
             calls += bool(found)
-            ok = all(jsonschema.Draft202012Validator(schemas[c["function"]["name"]]).is_valid(json.loads(c["function"]["arguments"]))
-                     for c in found)
+            ok = all(
+                jsonschema.Draft202012Validator(schemas[c["function"]["name"]]).is_valid(
+                    json.loads(c["function"]["arguments"])
+                )
+                for c in found
+            )
             valid += ok and (bool(found) or choice == "auto")
         tokens = sum(len(i) for i in ids)
         forwards = sum(o.metrics.num_forward_passes for o in outs)
         decode = sum(o.metrics.num_decode_tokens for o in outs)
-        row = {"wall_s": round(wall, 2), "tokens": tokens, "tok_per_s": round(tokens / wall, 1), "answers_with_calls": calls,
-               "valid": valid, "requests": len(outs), "acceptance_length": round(decode / forwards, 2) if forwards else 0.0}
+        row = {"wall_s": round(wall, 2), "tokens": tokens, "tok_per_s": round(tokens / wall, 1),
+               "answers_with_calls": calls, "valid": valid, "requests": len(outs),
+               "acceptance_length": round(decode / forwards, 2) if forwards else 0.0}
         if plain_ids is None:
             plain_ids = ids
         else:

@@ -62,10 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     for s in names:
         print(f"{s:24s} {seconds[s]:7.2f} s  ({args.rounds * args.max_tokens / seconds[s]:.1f} tok/s)")
-    print(f"speedup of one torch thread: {ratio:.2f}x; outputs identical: {identical}; load average {load_before[0]:.1f} -> {load_after[0]:.1f}")
+    print(
+        f"speedup of one torch thread: {ratio:.2f}x; outputs identical: {identical}; "
+        f"load average {load_before[0]:.1f} -> {load_after[0]:.1f}"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"seconds": seconds, "speedup": ratio, "identical": identical, "load_before": load_before,
-                                    "load_after": load_after, "meta": {k: str(v) for k, v in vars(args).items()}}, indent=1))
+    args.out.write_text(json.dumps({"seconds": seconds, "speedup": ratio, "identical": identical,
+                                    "load_before": load_before, "load_after": load_after,
+                                    "meta": {k: str(v) for k, v in vars(args).items()}}, indent=1))
     return 0 if identical else 1
 
 

@@ -44,7 +44,9 @@ console = Console(width=None if sys.stdout.isatty() else 130)
 def methods(draft_max: int) -> dict[str, SpecConfig]:
     return {
         "ngram-tree": SpecConfig(method="ngram-tree", num_speculative_tokens=draft_max),
-        "ngram-tree/first-path": SpecConfig(method="ngram-tree", num_speculative_tokens=draft_max, sampled_tree="first-path"),
+        "ngram-tree/first-path": SpecConfig(
+            method="ngram-tree", num_speculative_tokens=draft_max, sampled_tree="first-path"
+        ),
         "ngram": SpecConfig(method="ngram", num_speculative_tokens=draft_max),
     }
 
@@ -64,7 +66,9 @@ def pick_questions(path: Path, n: int) -> list:  # type: ignore[type-arg]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("-n", "--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.7)
@@ -80,16 +84,22 @@ def main() -> None:
     t0 = time.perf_counter()
     records = []
     for seed in range(args.seeds):
-        records += run_bench(llm.model, llm.tokenizer, questions, methods(args.draft_max), args.max_tokens, args.temperature, seed=seed)
+        records += run_bench(
+            llm.model, llm.tokenizer, questions, methods(args.draft_max), args.max_tokens, args.temperature, seed=seed
+        )
     summary = summarize(records)["overall"]
-    table = Table(title=f"{len(questions)} Spec-Bench prompts x {args.seeds} seeds, {args.max_tokens} new tokens, temperature {args.temperature}, "
-                        f"draft {args.draft_max} ({time.perf_counter() - t0:.0f} s)")
+    table = Table(
+        title=(
+            f"{len(questions)} Spec-Bench prompts x {args.seeds} seeds, {args.max_tokens} new tokens, "
+            f"temperature {args.temperature}, draft {args.draft_max} ({time.perf_counter() - t0:.0f} s)"
+        )
+    )
     for col in ("method", "acceptance length", "decode tok/s", "decode vs plain", "end-to-end tok/s", "e2e vs plain"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for name in ("plain", *methods(args.draft_max)):
         f = summary[name]
-        table.add_row(name, f"{f['mean_acceptance_length']:.2f}", f"{f['decode_tokens_per_second']:.1f}", f"{f['decode_speedup']:.2f}x",
-                      f"{f['tokens_per_second']:.1f}", f"{f['speedup']:.2f}x")
+        table.add_row(name, f"{f['mean_acceptance_length']:.2f}", f"{f['decode_tokens_per_second']:.1f}",
+                      f"{f['decode_speedup']:.2f}x", f"{f['tokens_per_second']:.1f}", f"{f['speedup']:.2f}x")
     console.print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,9 @@ def replay(runs: Sequence[dict], draft: Callable[[np.ndarray], list[Node]]) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--cache", default=str(ROOT / "results/greedy_cache.json"), help="draft_sim.py's greedy cache")
     args = parser.parse_args()
     cache = Path(args.cache)

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real SmolLM2 model (loaded once per session), its tokenizer, transformers' reference, and a tiny random Llama."""
+"""Shared fixtures: the real SmolLM2 model (loaded once per session), its tokenizer, transformers' reference,
+and a tiny random Llama."""
 
 from __future__ import annotations
 
@@ -200,7 +201,9 @@ def tiny_model_factory() -> Callable[..., LlamaModel]:
     """Build a tiny model with chosen dtype / kernels / weights seed."""
 
     def build(dtype: torch.dtype = torch.float32, use_kernels: bool = True, seed: int = 0) -> LlamaModel:
-        return LlamaModel(TINY_CONFIG, make_tiny_weights(TINY_CONFIG, seed), dtype, load_kernels() if use_kernels else None)
+        return LlamaModel(
+            TINY_CONFIG, make_tiny_weights(TINY_CONFIG, seed), dtype, load_kernels() if use_kernels else None
+        )
 
     return build
 
@@ -219,7 +222,9 @@ _HF_LAYER_NAMES = {
 
 
 @pytest.fixture(scope="session")
-def tiny_hf_folder(tmp_path_factory: pytest.TempPathFactory, tiny_weights: dict[str, torch.Tensor], tokenizer: Tokenizer) -> Path:
+def tiny_hf_folder(
+    tmp_path_factory: pytest.TempPathFactory, tiny_weights: dict[str, torch.Tensor], tokenizer: Tokenizer
+) -> Path:
     """The tiny model written as a Hugging Face folder (config.json + safetensors) with the real
     SmolLM2 tokenizer beside it: a complete model `tokenleap.LLM` loads in well under a second."""
     from safetensors.torch import save_file

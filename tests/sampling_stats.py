@@ -27,7 +27,9 @@ def exact_joint(next_probs: Callable[[list[int]], torch.Tensor]) -> dict[tuple[i
     return joint
 
 
-def first_three(engine: Engine, prompt: Sequence[int], params: SamplingParams, seed: int) -> tuple[tuple[int, ...], int]:
+def first_three(
+    engine: Engine, prompt: Sequence[int], params: SamplingParams, seed: int
+) -> tuple[tuple[int, ...], int]:
     """Decode a seeded request until 3 tokens are out: (those tokens, draft tokens accepted)."""
     req = engine.add_request(list(prompt), dataclasses.replace(params, seed=seed))
     try:

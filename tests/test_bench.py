@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tokenleap.bench import Question, Record, default_spec_bench, load_questions, parse_methods, plot, run_bench, summarize
+from tokenleap.bench import (
+    Question,
+    Record,
+    default_spec_bench,
+    load_questions,
+    parse_methods,
+    plot,
+    run_bench,
+    summarize,
+)
 from tokenleap.errors import TokenleapError
 from tokenleap.models.llama import LlamaModel
 from tokenleap.tokenizer import Tokenizer
@@ -24,7 +33,8 @@ def test_default_questions_cover_all_groups_with_categories_in_turn() -> None:
 
 def test_messages_format_and_bad_lines(tmp_path: Path) -> None:
     good = tmp_path / "m.jsonl"
-    good.write_text(json.dumps({"category": "edit", "messages": [{"role": "user", "content": "hi"}], "assistant_prefix": "```", "stop": "\n```"}) + "\n")
+    good.write_text(json.dumps({"category": "edit", "messages": [{"role": "user", "content": "hi"}],
+                                "assistant_prefix": "```", "stop": "\n```"}) + "\n")
     (q,) = load_questions(good, 5)
     assert q.group == "edit" and q.turns == ("hi",) and q.assistant_prefix == "```" and q.stop == ("\n```",)
     bad_stop = tmp_path / "s.jsonl"
@@ -62,7 +72,16 @@ def test_parse_methods_takes_each_methods_options() -> None:
         parse_methods("draft-model:draft_vocab=-1", 4, model="m")
 
 
-def _rec(method: str, group: str, tokens: int, wall: float, decode: float, forwards: int, decode_tokens: int, match: bool = True) -> Record:
+def _rec(
+    method: str,
+    group: str,
+    tokens: int,
+    wall: float,
+    decode: float,
+    forwards: int,
+    decode_tokens: int,
+    match: bool = True,
+) -> Record:
     return Record("1", group, 0, method, tokens, forwards, decode_tokens, wall, decode, wall - decode, 0, 0, match)
 
 
@@ -88,7 +107,10 @@ def test_summarize_speedups_and_acceptance(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_run_bench_on_the_real_model_honours_prefix_and_stop(model_bf16: LlamaModel, tokenizer: Tokenizer) -> None:
     source = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
-    prompt = f"Here is a file:\n\n```python\n{source}```\n\nRename `add` to `plus`. Reply with the whole file in one code block."
+    prompt = (
+        f"Here is a file:\n\n```python\n{source}```\n\n"
+        "Rename `add` to `plus`. Reply with the whole file in one code block."
+    )
     q = Question("edit", "code_edit", (prompt,), "```python\n", ("\n```",))
     records = run_bench(model_bf16, tokenizer, [q], parse_methods("ngram", 8), max_tokens=96)
     assert [r.method for r in records] == ["plain", "ngram"]

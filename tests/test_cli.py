@@ -27,10 +27,19 @@ from tokenleap.cli import main
         (["generate", "hi", "--min-tokens", "-1"], "min_tokens must be"),
         (["generate", "hi", "--speculative-config", "{bad"], "--speculative-config is not valid JSON"),
         (["generate", "hi", "--speculative-config", "[1]"], "--speculative-config must be a JSON object"),
-        (["generate", "hi", "--speculative-config", '{"method": "ngram"}', "--spec-type", "ngram"], "either --speculative-config or --spec-type"),
+        (
+            ["generate", "hi", "--speculative-config", '{"method": "ngram"}', "--spec-type", "ngram"],
+            "either --speculative-config or --spec-type",
+        ),
         (["generate", "hi", "--speculative-config", '{"method": "bogus"}'], "unknown speculative method 'bogus'"),
-        (["generate", "hi", "--spec-type", "ngram-mod", "--draft-max", "65"], "num_speculative_tokens must be in [1, 64], got 65"),
-        (["generate", "hi", "-ctk", "q8_0", "-ctv", "f16"], "keys and values in one type: --cache-type-k q8_0, --cache-type-v f16 differ"),
+        (
+            ["generate", "hi", "--spec-type", "ngram-mod", "--draft-max", "65"],
+            "num_speculative_tokens must be in [1, 64], got 65",
+        ),
+        (
+            ["generate", "hi", "-ctk", "q8_0", "-ctv", "f16"],
+            "keys and values in one type: --cache-type-k q8_0, --cache-type-v f16 differ",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,8 +95,11 @@ def test_stats_print_llama_cpps_statistics_line(capsys: pytest.CaptureFixture[st
     assert main(["generate", "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
                  "--temperature", "0", "-n", "48", "--spec-type", "ngram_simple", "--draft-max", "8", "--stats"]) == 0
     err = capsys.readouterr().err
-    m = re.search(r"statistics ngram_simple: #calls\(b,g,a\) = (\d+) (\d+) (\d+), #gen drafts = (\d+), #acc drafts = (\d+), "
-                  r"#gen tokens = (\d+), #acc tokens = (\d+), dur\(b,g,a\) = [\d.]+, [\d.]+, [\d.]+ ms", err)
+    m = re.search(
+        r"statistics ngram_simple: #calls\(b,g,a\) = (\d+) (\d+) (\d+), #gen drafts = (\d+), #acc drafts = (\d+), "
+        r"#gen tokens = (\d+), #acc tokens = (\d+), dur\(b,g,a\) = [\d.]+, [\d.]+, [\d.]+ ms",
+        err,
+    )
     assert m is not None, err
     b, g, a, gen_d, acc_d, gen_t, acc_t = map(int, m.groups())
     assert b == 1 and g >= gen_d >= acc_d > 0 and gen_t >= acc_t > 0 and a >= gen_d
@@ -99,15 +111,26 @@ def test_llama_cpp_ngram_mod_example_is_lossless_with_statistics(capsys: pytest.
     runs, prints what plain decoding prints and llama.cpp's statistics line."""
     import re
 
-    base = ["generate", "Repeat this list exactly three times: apple, banana, cherry, date, elderberry, fig, grape, honeydew, "
-            "kiwi, lemon, mango, nectarine, orange, papaya, quince.", "--temperature", "0", "-n", "160"]
+    base = [
+        "generate",
+        "Repeat this list exactly three times: apple, banana, cherry, date, elderberry, fig, grape, honeydew, "
+        "kiwi, lemon, mango, nectarine, orange, papaya, quince.",
+        "--temperature",
+        "0",
+        "-n",
+        "160",
+    ]
     assert main(base) == 0
     plain = capsys.readouterr().out
-    assert main([*base, "--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64", "--stats"]) == 0
+    assert main([*base, "--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max",
+                 "64", "--stats"]) == 0
     captured = capsys.readouterr()
     assert captured.out == plain
-    m = re.search(r"statistics ngram_mod: #calls\(b,g,a\) = (\d+) (\d+) (\d+), #gen drafts = (\d+), #acc drafts = (\d+), "
-                  r"#gen tokens = (\d+), #acc tokens = (\d+), dur\(b,g,a\) = [\d.]+, [\d.]+, [\d.]+ ms", captured.err)
+    m = re.search(
+        r"statistics ngram_mod: #calls\(b,g,a\) = (\d+) (\d+) (\d+), #gen drafts = (\d+), #acc drafts = (\d+), "
+        r"#gen tokens = (\d+), #acc tokens = (\d+), dur\(b,g,a\) = [\d.]+, [\d.]+, [\d.]+ ms",
+        captured.err,
+    )
     assert m is not None, captured.err
     b, g, a, gen_d, acc_d, gen_t, acc_t = map(int, m.groups())
     assert b == 1 and g >= gen_d >= acc_d > 0 and gen_t >= 48 * gen_d and gen_t <= 64 * gen_d and acc_t > 0
@@ -125,7 +148,8 @@ def test_q8_0_kv_cache_as_llama_cpp_users_type_it(capsys: pytest.CaptureFixture[
             "--temperature", "0", "-n", "48"]
     assert main([*base, "-ctk", "q8_0", "-ctv", "q8_0"]) == 0
     plain = capsys.readouterr().out
-    assert main([*base, "--cache-type-k", "q8_0", "--spec-type", "ngram-mod", "--spec-ngram-size-n", "8", "--draft-max", "16"]) == 0
+    assert main([*base, "--cache-type-k", "q8_0", "--spec-type", "ngram-mod", "--spec-ngram-size-n", "8", "--draft-max",
+                 "16"]) == 0
     captured = capsys.readouterr()
     assert captured.out == plain and "--cache-type-k q8_0 applies to keys and values alike" in captured.err
 
@@ -137,7 +161,8 @@ def test_stats_print_a_statistics_line_per_chain_member(capsys: pytest.CaptureFi
     import re
 
     assert main(["generate", "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
-                 "--temperature", "0", "-n", "48", "--spec-type", "ngram_map_k+ngram-simple", "--draft-max", "8", "--stats"]) == 0
+                 "--temperature", "0", "-n", "48", "--spec-type", "ngram_map_k+ngram-simple", "--draft-max", "8",
+                 "--stats"]) == 0
     err = capsys.readouterr().err
     pattern = (r"statistics {}: #calls\(b,g,a\) = (\d+) (\d+) (\d+), #gen drafts = (\d+), #acc drafts = (\d+), "
                r"#gen tokens = (\d+), #acc tokens = (\d+), dur\(b,g,a\) = [\d.]+, [\d.]+, [\d.]+ ms")
@@ -172,7 +197,10 @@ def test_chat_multi_turn_from_stdin() -> None:
 
 @pytest.mark.slow
 def test_generate_with_quantized_weights(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["generate", "Name a prime number.", "--quantization", "gguf", "--temperature", "0", "-n", "12", "--json"]) == 0
+    assert (
+        main(["generate", "Name a prime number.", "--quantization", "gguf", "--temperature", "0", "-n", "12", "--json"])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["text"] and len(out["token_ids"]) <= 12
 
@@ -193,7 +221,12 @@ def test_tree_and_acceptance_flags_reach_the_speculative_config() -> None:
                                       "--spec-typical-threshold", "0.2"])
     spec = SpecConfig.from_dict(_spec_dict(args))
     assert spec is not None and spec.method == "ngram-tree" and spec.prompt_lookup_max == 3
-    assert (spec.sampled_tree, spec.acceptance, spec.typical_threshold, spec.typical_alpha) == ("first-path", "typical-lossy", 0.2, 0.3)
+    assert (spec.sampled_tree, spec.acceptance, spec.typical_threshold, spec.typical_alpha) == (
+        "first-path",
+        "typical-lossy",
+        0.2,
+        0.3,
+    )
     plain = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "ngram"])))
     assert plain is not None and (plain.sampled_tree, plain.acceptance) == ("full", "exact")
 
@@ -206,7 +239,9 @@ def test_the_front_door_speculates_by_default(command: str) -> None:
     from tokenleap.cli import _spec_dict, build_parser
 
     def spec(*argv: str) -> SpecConfig | None:
-        return SpecConfig.from_dict(_spec_dict(build_parser().parse_args([command, *(["hi"] if command == "generate" else []), *argv])))
+        return SpecConfig.from_dict(
+            _spec_dict(build_parser().parse_args([command, *(["hi"] if command == "generate" else []), *argv]))
+        )
 
     default = spec()
     assert default is not None and default.method == "suffix" and default.adaptive
@@ -219,7 +254,9 @@ def test_the_front_door_speculates_by_default(command: str) -> None:
     assert chained is not None and chained.chain == ("ngram", "suffix")
 
 
-def test_llama_cpp_spellings_flags_and_environment(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_llama_cpp_spellings_flags_and_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """What llama.cpp's speculative-decoding docs have users type: --draft / --draft-n / --draft-n-min,
     LLAMA_ARG_DRAFT_MAX / _MIN, `draft` and underscore spellings; -md beside a draftless method is
     a clear error, not silently ignored."""
@@ -253,10 +290,17 @@ def test_llama_cpp_spellings_flags_and_environment(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.slow
 def test_speculative_config_json_and_penalties(capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["generate", "Repeat after me: red green blue red green blue red green blue", "--temperature", "0", "-n", "24", "--json"]
+    base = ["generate", "Repeat after me: red green blue red green blue red green blue", "--temperature", "0", "-n",
+            "24", "--json"]
     assert main(base + ["--repeat-penalty", "1.3"]) == 0
     plain = json.loads(capsys.readouterr().out)
-    assert main(base + ["--repeat-penalty", "1.3", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']) == 0
+    assert (
+        main(
+            base
+            + ["--repeat-penalty", "1.3", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']
+        )
+        == 0
+    )
     spec = json.loads(capsys.readouterr().out)
     assert spec["token_ids"] == plain["token_ids"]
     assert main(base) == 0
@@ -284,12 +328,26 @@ def test_train_drafter_end_to_end_on_the_default_model(tmp_path, capsys: pytest.
     (greedy outputs with the head identical to plain decoding) on SmolLM2."""
     data = tmp_path / "chats.jsonl"
     topics = ["the moon", "tea", "rivers", "prime numbers", "bicycles", "owls", "glass", "maps", "bread", "snow"]
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Write one sentence about {t}."},
-                                                     {"role": "assistant", "content": "(answered again by the target)"}]}) + "\n"
-                            for t in topics))
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"Write one sentence about {t}."},
+                        {"role": "assistant", "content": "(answered again by the target)"},
+                    ]
+                }
+            )
+            + "\n"
+            for t in topics
+        )
+    )
     out = tmp_path / "head"
-    argv = ["train-drafter", "-o", str(out), "--data", str(data), "--regen-max-tokens", "24", "--draft-vocab-size", "512",
-            "--ttt-steps", "2", "--tokens-per-batch", "256", "--epochs", "3", "--max-steps", "3", "--eval-prompts", "2", "--no-progress"]
+    argv = [
+        "train-drafter", "-o", str(out), "--data", str(data), "--regen-max-tokens", "24", "--draft-vocab-size", "512",
+        "--ttt-steps", "2", "--tokens-per-batch", "256", "--epochs", "3", "--max-steps", "3", "--eval-prompts", "2",
+        "--no-progress"
+    ]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "self-distillation: the target answers 10 prompts" in err
@@ -322,28 +380,66 @@ def _spec(*argv: str) -> Any:
 @pytest.mark.parametrize(
     ("current", "former"),
     [
-        (["--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-n-max", "7", "--spec-draft-n-min", "2"],
-         ["--spec-type", "draft", "-md", "x.gguf", "--draft-max", "7", "--draft-min", "2"]),
-        (["--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-p-min", "0.75"],
-         ["--spec-type", "draft-model", "--model-draft", "x.gguf", "--draft-p-min", "0.75"]),
+        (
+            [
+                "--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-n-max", "7",
+                "--spec-draft-n-min", "2"
+            ],
+            ["--spec-type", "draft", "-md", "x.gguf", "--draft-max", "7", "--draft-min", "2"],
+        ),
+        (
+            ["--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-p-min", "0.75"],
+            ["--spec-type", "draft-model", "--model-draft", "x.gguf", "--draft-p-min", "0.75"],
+        ),
         (["--spec-type", "draft-eagle3", "--spec-draft-n-max", "3"], ["--spec-type", "eagle3", "--draft", "3"]),
         (["--spec-type", "draft-mtp", "--spec-draft-n-max", "3"], ["--spec-type", "mtp", "--draft-n", "3"]),
-        (["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "12", "--spec-ngram-simple-size-m", "48"],
-         ["--spec-type", "ngram_simple", "--spec-ngram-size-n", "12", "--spec-ngram-size-m", "48"]),
-        (["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "8", "--spec-ngram-map-k-size-m", "8", "--spec-ngram-map-k-min-hits", "2"],
-         ["--spec-type", "ngram-map-k", "--spec-ngram-size-n", "8", "--spec-ngram-size-m", "8", "--spec-ngram-min-hits", "2"]),
-        (["--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-n", "8", "--spec-ngram-map-k4v-size-m", "8", "--spec-ngram-map-k4v-min-hits", "3"],
-         ["--spec-type", "ngram-map-k4v", "--spec-ngram-size-n", "8", "--spec-ngram-size-m", "8", "--spec-ngram-min-hits", "3"]),
+        (
+            ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "12", "--spec-ngram-simple-size-m", "48"],
+            ["--spec-type", "ngram_simple", "--spec-ngram-size-n", "12", "--spec-ngram-size-m", "48"],
+        ),
+        (
+            [
+                "--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "8", "--spec-ngram-map-k-size-m", "8",
+                "--spec-ngram-map-k-min-hits", "2"
+            ],
+            [
+                "--spec-type", "ngram-map-k", "--spec-ngram-size-n", "8", "--spec-ngram-size-m", "8",
+                "--spec-ngram-min-hits", "2"
+            ],
+        ),
+        (
+            [
+                "--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-n", "8", "--spec-ngram-map-k4v-size-m", "8",
+                "--spec-ngram-map-k4v-min-hits", "3"
+            ],
+            [
+                "--spec-type", "ngram-map-k4v", "--spec-ngram-size-n", "8", "--spec-ngram-size-m", "8",
+                "--spec-ngram-min-hits", "3"
+            ],
+        ),
         # llama.cpp's ngram-mod example, in each generation's names
-        (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64"],
-         ["--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64"]),
-        (["--spec-draft-model", "x.gguf", "--spec-draft-n-max", "5"], ["-md", "x.gguf", "--draft-max", "5"]),  # a draft model alone: its type
+        (
+            [
+                "--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "48",
+                "--spec-ngram-mod-n-max", "64"
+            ],
+            ["--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64"],
+        ),
+        # a draft model alone: its type
+        (["--spec-draft-model", "x.gguf", "--spec-draft-n-max", "5"], ["-md", "x.gguf", "--draft-max", "5"]),
         (["-md", "x.gguf"], ["--spec-type", "draft-model", "-md", "x.gguf"]),
-        (["-md", "x.gguf", "-ctkd", "q8_0"], ["-md", "x.gguf", "--cache-type-k-draft", "q8"]),  # llama.cpp's draft cache types
+        # llama.cpp's draft cache types
+        (["-md", "x.gguf", "-ctkd", "q8_0"], ["-md", "x.gguf", "--cache-type-k-draft", "q8"]),
         (["--spec-type", "ngram-mod,ngram-simple"], ["--spec-type", "ngram-mod+ngram-simple"]),
         (["--spec-type", "ngram-mod", "--spec-type", "ngram-simple"], ["--spec-type", "ngram-mod+ngram-simple"]),
-        (["--spec-type", "ngram-mod,draft-simple", "--spec-draft-model", "x.gguf", "--spec-ngram-mod-n-max", "32", "--spec-draft-n-max", "4"],
-         ["--spec-type", "ngram-mod+draft-model", "-md", "x.gguf", "--draft-max", "32"]),  # one cap per request: the largest
+        # one cap per request: the largest
+        (
+            [
+                "--spec-type", "ngram-mod,draft-simple", "--spec-draft-model", "x.gguf", "--spec-ngram-mod-n-max", "32",
+                "--spec-draft-n-max", "4"
+            ],
+            ["--spec-type", "ngram-mod+draft-model", "-md", "x.gguf", "--draft-max", "32"],
+        ),
     ],
 )
 def test_llama_cpp_current_spellings_parse_as_the_former(current: list[str], former: list[str]) -> None:
@@ -352,18 +448,25 @@ def test_llama_cpp_current_spellings_parse_as_the_former(current: list[str], for
 
 
 def test_a_draft_model_alone_means_its_type_unless_none_is_said() -> None:
-    assert _spec("--spec-draft-model", "my-eagle3-head").method == "eagle3"  # as vLLM's model without a method: by its name
+    # as vLLM's model without a method: by its name
+    assert _spec("--spec-draft-model", "my-eagle3-head").method == "eagle3"
     assert _spec("--spec-type", "none", "-md", "x.gguf") is None
 
 
 def test_a_types_own_flag_wins_over_the_shared_one_for_that_type_only() -> None:
-    spec = _spec("--spec-type", "ngram-map-k,ngram-simple", "--spec-ngram-size-n", "8", "--spec-ngram-map-k-size-n", "12")
+    spec = _spec(
+        "--spec-type", "ngram-map-k,ngram-simple", "--spec-ngram-size-n", "8", "--spec-ngram-map-k-size-n", "12"
+    )
     assert spec.options_for("ngram-map-k").ngram_size_n == 12 and spec.options_for("ngram-simple").ngram_size_n == 8
-    spec = _spec("--spec-type", "ngram-mod", "--spec-draft-n-max", "8", "--spec-draft-n-min", "2", "--spec-ngram-mod-n-min", "4")
+    spec = _spec(
+        "--spec-type", "ngram-mod", "--spec-draft-n-max", "8", "--spec-draft-n-min", "2", "--spec-ngram-mod-n-min", "4"
+    )
     assert (spec.num_speculative_tokens, spec.draft_min) == (8, 2)  # the smallest floor given
 
 
-def test_llama_cpp_environment_variables_of_both_generations(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_llama_cpp_environment_variables_of_both_generations(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tokenleap.cli import build_parser
 
     monkeypatch.setenv("LLAMA_ARG_SPEC_DRAFT_N_MAX", "9")
@@ -372,7 +475,10 @@ def test_llama_cpp_environment_variables_of_both_generations(monkeypatch: pytest
     assert (spec.num_speculative_tokens, spec.draft_min) == (9, 3)
     monkeypatch.setenv("LLAMA_ARG_DRAFT_MAX", "7")  # the former names: the current ones win
     monkeypatch.setenv("LLAMA_ARG_DRAFT_MIN", "1")
-    assert (_spec("--spec-type", "ngram-mod").num_speculative_tokens, _spec("--spec-type", "ngram-mod").draft_min) == (9, 3)
+    assert (_spec("--spec-type", "ngram-mod").num_speculative_tokens, _spec("--spec-type", "ngram-mod").draft_min) == (
+        9,
+        3,
+    )
     assert _spec("--spec-type", "ngram-mod", "--spec-draft-n-max", "5").num_speculative_tokens == 5  # the flag wins
     # the environment's cap counts as given: with a per-type cap, the larger applies
     assert _spec("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "4").num_speculative_tokens == 9
@@ -382,11 +488,16 @@ def test_llama_cpp_environment_variables_of_both_generations(monkeypatch: pytest
     assert (spec.num_speculative_tokens, spec.draft_min) == (7, 1)
     monkeypatch.delenv("LLAMA_ARG_DRAFT_MAX")
     monkeypatch.delenv("LLAMA_ARG_DRAFT_MIN")
-    assert _spec("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "4").num_speculative_tokens == 4  # 16 is only a default
+    # 16 is only a default
+    assert _spec("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "4").num_speculative_tokens == 4
     monkeypatch.setenv("LLAMA_ARG_SPEC_DRAFT_N_MAX", "lots")
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["generate", "hi"])
-    assert info.value.code == 2 and "error: argument --draft-max/--spec-draft-n-max/--draft/--draft-n: invalid int value: 'lots'" in capsys.readouterr().err
+    assert (
+        info.value.code == 2
+        and "error: argument --draft-max/--spec-draft-n-max/--draft/--draft-n: invalid int value: 'lots'"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
@@ -394,29 +505,64 @@ def test_llama_cpp_environment_variables_of_both_generations(monkeypatch: pytest
     [
         (["--spec-type", "draft-bogus"], "unknown speculative method 'draft-bogus'"),
         (["--spec-type", "ngram-mod,bogus"], "not allowed: bogus"),
-        (["--spec-type", "ngram-simple", "--spec-ngram-map-k-size-n", "4"], "--spec-ngram-map-k-size-n is an option of method 'ngram-map-k'; --spec-type ngram-simple does not use it"),
-        (["--spec-type", "ngram-simple", "--spec-ngram-mod-n-max", "8"], "--spec-ngram-mod-n-max is a draft length of method 'ngram-mod'"),
-        (["--spec-type", "draft-mtp", "--spec-draft-p-min", "0.5"], "--spec-draft-p-min is an option of method 'draft-model'; --spec-type draft-mtp"),
-        (["--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-p-min", "1.5"], "draft_p_min must be in [0, 1], got 1.5"),
-        (["-md", "x.gguf", "-ctkd", "q8_0", "-ctvd", "f16"], "draft_cache_type_k q8_0 and draft_cache_type_v bf16 differ"),
+        (
+            ["--spec-type", "ngram-simple", "--spec-ngram-map-k-size-n", "4"],
+            "--spec-ngram-map-k-size-n is an option of method 'ngram-map-k'; --spec-type ngram-simple does not use it",
+        ),
+        (
+            ["--spec-type", "ngram-simple", "--spec-ngram-mod-n-max", "8"],
+            "--spec-ngram-mod-n-max is a draft length of method 'ngram-mod'",
+        ),
+        (
+            ["--spec-type", "draft-mtp", "--spec-draft-p-min", "0.5"],
+            "--spec-draft-p-min is an option of method 'draft-model'; --spec-type draft-mtp",
+        ),
+        (
+            ["--spec-type", "draft-simple", "--spec-draft-model", "x.gguf", "--spec-draft-p-min", "1.5"],
+            "draft_p_min must be in [0, 1], got 1.5",
+        ),
+        (
+            ["-md", "x.gguf", "-ctkd", "q8_0", "-ctvd", "f16"],
+            "draft_cache_type_k q8_0 and draft_cache_type_v bf16 differ",
+        ),
         (["-md", "x.gguf", "--cache-type-k-draft", "q4"], "draft_cache_type_k must be one of auto, bf16, q8_0"),
-        (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "65"], "num_speculative_tokens must be in [1, 64], got 65"),
-        (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "9", "--spec-ngram-mod-n-max", "8"], "draft_min must be in [0, num_speculative_tokens]"),
-        (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "0"], "ngram_size_n and ngram_mod_pool_size must be >= 1"),
+        (
+            ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "65"],
+            "num_speculative_tokens must be in [1, 64], got 65",
+        ),
+        (
+            ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "9", "--spec-ngram-mod-n-max", "8"],
+            "draft_min must be in [0, num_speculative_tokens]",
+        ),
+        (
+            ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "0"],
+            "ngram_size_n and ngram_mod_pool_size must be >= 1",
+        ),
         (["--spec-type", "draft-simple"], "method 'draft-model' needs a draft model"),
-        (["--spec-type", "ngram-mod", "--spec-synth-len", "8"], "--spec-synth-len (llama.cpp's synthetic acceptance rates, for benchmarking) is not supported"),
-        (["--spec-synth-rates", "0.9,0.8"], "--spec-synth-rates (llama.cpp's synthetic acceptance rates, for benchmarking) is not supported"),
+        (
+            ["--spec-type", "ngram-mod", "--spec-synth-len", "8"],
+            "--spec-synth-len (llama.cpp's synthetic acceptance rates, for benchmarking) is not supported",
+        ),
+        (
+            ["--spec-synth-rates", "0.9,0.8"],
+            "--spec-synth-rates (llama.cpp's synthetic acceptance rates, for benchmarking) is not supported",
+        ),
     ],
 )
-def test_bad_llama_cpp_flags_are_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_llama_cpp_flags_are_one_clear_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["generate", "hi", *argv]) == 2  # before any model load
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err, err
 
 
 def test_a_bad_value_of_a_current_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv, flag in ((["--spec-draft-n-max", "many"], "--spec-draft-n-max"), (["--spec-ngram-mod-n-match", "x"], "--spec-ngram-mod-n-match"),
-                       (["--spec-draft-p-min", "high"], "--spec-draft-p-min")):
+    for argv, flag in (
+        (["--spec-draft-n-max", "many"], "--spec-draft-n-max"),
+        (["--spec-ngram-mod-n-match", "x"], "--spec-ngram-mod-n-match"),
+        (["--spec-draft-p-min", "high"], "--spec-draft-p-min"),
+    ):
         with pytest.raises(SystemExit) as info:
             main(["generate", "hi", "--spec-type", "ngram-mod", *argv])
         err = capsys.readouterr().err
@@ -466,8 +612,10 @@ def test_every_model_flag_reaches_a_ray_replica(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(tokenleap.llm, "LLM", FakeLLM)
     monkeypatch.setattr(ray_serve, "deployment", fake_deployment)
     monkeypatch.setattr(ray_serve, "run_until_signal", lambda *a, **k: None)
-    flags = ["--model", "smollm2-135m-instruct", "--dtype", "float32", "--max-model-len", "512", "--quantization", "none",
-             "-ctk", "q8_0", "-ctv", "q8_0", "--spec-type", "ngram", "--draft-max", "5", "--port", "0"]
+    flags = [
+        "--model", "smollm2-135m-instruct", "--dtype", "float32", "--max-model-len", "512", "--quantization", "none",
+        "-ctk", "q8_0", "-ctv", "q8_0", "--spec-type", "ngram", "--draft-max", "5", "--port", "0"
+    ]
     with pytest.raises(SystemExit):
         _cmd_serve(build_parser().parse_args(["serve", *flags]))
     assert _cmd_serve(build_parser().parse_args(["serve", *flags, "--replicas", "2"])) == 0

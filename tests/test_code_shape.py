@@ -31,7 +31,11 @@ def test_the_model_constructor_keeps_to_the_execution_path() -> None:
 
 
 def test_type_ignores_are_few_and_give_their_reason() -> None:
-    ignores = [(str(f.relative_to(SRC)), line) for f in sorted(SRC.rglob("*.py")) for line in f.read_text(encoding="utf-8").splitlines()
-               if "type: ignore" in line]
+    ignores = [
+        (str(f.relative_to(SRC)), line)
+        for f in sorted(SRC.rglob("*.py"))
+        for line in f.read_text(encoding="utf-8").splitlines()
+        if "type: ignore" in line
+    ]
     assert len(ignores) <= 10, ignores
     assert [(f, line) for f, line in ignores if not re.search(r"type: ignore\[[\w-]+(, [\w-]+)*\]  # \S", line)] == []

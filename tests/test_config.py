@@ -43,7 +43,9 @@ def test_full_ngram_config() -> None:
     assert spec == SpecConfig("ngram", num_speculative_tokens=5, draft_min=2, prompt_lookup_min=2, prompt_lookup_max=3)
 
 
-@pytest.mark.parametrize(("alias", "method"), [("prompt_lookup", "ngram"), ("prompt-lookup", "ngram"), ("draft_model", "draft-model")])
+@pytest.mark.parametrize(
+    ("alias", "method"), [("prompt_lookup", "ngram"), ("prompt-lookup", "ngram"), ("draft_model", "draft-model")]
+)
 def test_method_aliases(alias: str, method: str) -> None:
     spec = SpecConfig.from_dict({"method": alias, "model": "some-draft"})
     assert spec is not None and spec.method == method
@@ -76,7 +78,9 @@ def test_num_speculative_tokens_bounds_are_inclusive(k: int) -> None:
 def test_llama_cpp_draft_max_64_fits_and_65_is_refused() -> None:
     """llama.cpp's ngram-mod example (`--draft-min 48 --draft-max 64`) is a valid config; one
     token more is refused with the bound in the message."""
-    spec = SpecConfig.from_dict({"method": "ngram-mod", "ngram_size_n": 24, "draft_min": 48, "num_speculative_tokens": 64})
+    spec = SpecConfig.from_dict(
+        {"method": "ngram-mod", "ngram_size_n": 24, "draft_min": 48, "num_speculative_tokens": 64}
+    )
     assert spec is not None and (spec.num_speculative_tokens, spec.draft_min) == (64, 48)
     with pytest.raises(TokenleapError, match=r"num_speculative_tokens must be in \[1, 64\], got 65"):
         SpecConfig.from_dict({"method": "ngram-mod", "num_speculative_tokens": 65})
@@ -144,7 +148,10 @@ def test_engine_config_defaults() -> None:
 
 @pytest.mark.parametrize(
     ("alias", "dtype"),
-    [("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("auto", "bfloat16"), ("fp32", "float32"), ("float", "float32"), ("float32", "float32")],
+    [
+        ("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("auto", "bfloat16"), ("fp32", "float32"), ("float", "float32"),
+        ("float32", "float32")
+    ],
 )
 def test_dtype_aliases(alias: str, dtype: str) -> None:
     assert EngineConfig(dtype=alias).dtype == dtype
@@ -158,7 +165,12 @@ def test_bad_dtype(bad: str) -> None:
 
 def test_kv_cache_dtype_names() -> None:
     assert EngineConfig().kv_cache_dtype == "auto"
-    assert [EngineConfig(kv_cache_dtype=n).kv_cache_dtype for n in ("f16", "bf16", "q8", "q8_0")] == ["bf16", "bf16", "q8_0", "q8_0"]
+    assert [EngineConfig(kv_cache_dtype=n).kv_cache_dtype for n in ("f16", "bf16", "q8", "q8_0")] == [
+        "bf16",
+        "bf16",
+        "q8_0",
+        "q8_0",
+    ]
     with pytest.raises(TokenleapError, match="kv_cache_dtype must be one of auto, bf16, q8_0, got 'q4_0'"):
         EngineConfig(kv_cache_dtype="q4_0")
 

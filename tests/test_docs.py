@@ -18,7 +18,13 @@ def test_readme_is_a_front_door() -> None:
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 200
     assert "scripts/demo.sh" in text and "scripts/test.sh" in text
-    for doc in ("docs/library.md", "docs/speculative-decoding.md", "docs/server.md", "docs/models.md", "docs/performance.md"):
+    for doc in (
+        "docs/library.md",
+        "docs/speculative-decoding.md",
+        "docs/server.md",
+        "docs/models.md",
+        "docs/performance.md",
+    ):
         assert f"]({doc})" in text, doc
 
 

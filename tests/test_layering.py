@@ -26,7 +26,8 @@ PACKAGE = "tokenleap"
 # top-level module or package (or a module inside one, placed apart) -> its floor; "" = tokenleap/__init__.py
 FLOORS: dict[str, int] = {
     "_omp_policy": 0, "_version": 0, "errors": 0, "paths": 0, "types": 0, "cost": 0, "threads": 0, "config": 0,
-    "models.gguf_file": 0,  # the file format's reader (the tokenizer reads a GGUF's metadata through it); imports only errors
+    # the file format's reader (the tokenizer reads a GGUF's metadata through it); imports only errors
+    "models.gguf_file": 0,
     "tokenizer": 1, "sampling": 1, "structured": 1, "processors": 1,
     "kernels": 2,
     "kv": 3,
@@ -112,7 +113,11 @@ def _files(root: Path = ROOT) -> list[Path]:
 
 
 def test_every_top_level_module_has_a_floor() -> None:
-    tops = {p.stem if p.is_file() else p.name for p in ROOT.iterdir() if (p.suffix == ".py" or (p / "__init__.py").is_file())}
+    tops = {
+        p.stem if p.is_file() else p.name
+        for p in ROOT.iterdir()
+        if (p.suffix == ".py" or (p / "__init__.py").is_file())
+    }
     tops.discard("__init__")
     assert tops - set(FLOORS) == set(), "place each new top-level module on a floor of FLOORS"
     assert {k.split(".")[0] for k in FLOORS if k} - tops == set(), "a floor names a module that is gone"
@@ -200,7 +205,11 @@ def test_above_the_models_only_the_seam_is_known() -> None:
     wrong = []
     for package in ("engine", "drafters", "heads", "train"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            wrong += [f"{path.relative_to(ROOT)}:{i.line} imports {i.module}" for i in imports(path) if i.module == "tokenleap.models.llama"]
+            wrong += [
+                f"{path.relative_to(ROOT)}:{i.line} imports {i.module}"
+                for i in imports(path)
+                if i.module == "tokenleap.models.llama"
+            ]
     assert not wrong, wrong
 
 
@@ -242,20 +251,34 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_layering_test_sees_an_upward_import(tmp_path: Path) -> None:
-    root = _package(tmp_path, {
-        "verify/chain.py": "from tokenleap.engine.speculation import expected_tokens\n",
-        "config.py": "def f():\n    from tokenleap.drafters import methods\n",  # inside a function
-        "tokenizer.py": "import tokenleap.models.loaders\n",
-        "models/loaders.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tokenleap.heads import base\n",  # types too
-        "kv/cache.py": "from tokenleap import LLM\n",  # the package's face
-        "engine/engine.py": "from tokenleap.drafters.ngram import NgramDrafter\nfrom tokenleap.drafters.spec import SpecConfig\n",
-        "engine/speculation.py": "", "drafters/methods.py": "", "drafters/ngram.py": "", "drafters/spec.py": "", "heads/base.py": "",
-    })
+    root = _package(
+        tmp_path,
+        {
+            "verify/chain.py": "from tokenleap.engine.speculation import expected_tokens\n",
+            "config.py": "def f():\n    from tokenleap.drafters import methods\n",  # inside a function
+            "tokenizer.py": "import tokenleap.models.loaders\n",
+            "models/loaders.py": (  # types too
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tokenleap.heads import base\n"
+            ),
+            "kv/cache.py": "from tokenleap import LLM\n",  # the package's face
+            "engine/engine.py": (
+                "from tokenleap.drafters.ngram import NgramDrafter\nfrom tokenleap.drafters.spec import SpecConfig\n"
+            ),
+            "engine/speculation.py": "",
+            "drafters/methods.py": "",
+            "drafters/ngram.py": "",
+            "drafters/spec.py": "",
+            "heads/base.py": "",
+        },
+    )
     assert imports(root / "verify" / "chain.py", root) == [Import(1, "tokenleap.engine.speculation", False)]
     assert imports(root / "config.py", root) == [Import(2, "tokenleap.drafters.methods", False)]
     assert imports(root / "kv" / "cache.py", root) == [Import(1, "tokenleap", False)]
     wrong = upward_imports(root)
-    for where in ("verify/chain.py:1", "config.py:2", "tokenizer.py:1", "models/loaders.py:3", "kv/cache.py:1", "engine/engine.py:1"):
+    for where in (
+        "verify/chain.py:1", "config.py:2", "tokenizer.py:1", "models/loaders.py:3", "kv/cache.py:1",
+        "engine/engine.py:1"
+    ):
         assert any(w.startswith(where) for w in wrong), (where, wrong)
     assert not any(w.startswith("engine/engine.py:2") for w in wrong), wrong
     assert len(wrong) == 6, wrong
@@ -282,7 +305,15 @@ def test_the_cycle_check_sees_package_imports_and_functions(tmp_path: Path) -> N
     assert import_cycles(root), "tokenleap.engine.engine -> tokenleap (its __init__) -> llm -> engine.engine"
 
 
-@pytest.mark.parametrize("module, key", [("tokenleap.models.gguf_file", "models.gguf_file"), ("tokenleap.models.llama", "models"),
-                                         ("tokenleap", ""), ("tokenleap.drafters", "drafters"), ("tokenleap.cli", "cli")])
+@pytest.mark.parametrize(
+    "module, key",
+    [
+        ("tokenleap.models.gguf_file", "models.gguf_file"),
+        ("tokenleap.models.llama", "models"),
+        ("tokenleap", ""),
+        ("tokenleap.drafters", "drafters"),
+        ("tokenleap.cli", "cli"),
+    ],
+)
 def test_floor_keys(module: str, key: str) -> None:
     assert floor_key(module) == key

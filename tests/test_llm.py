@@ -177,7 +177,9 @@ def _tiny_prompts(n: int) -> tuple[list[list[int]], list[SamplingParams]]:
     return prompts, params
 
 
-def test_batched_generate_is_bounded_lazy_and_equals_one_at_a_time(tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batched_generate_is_bounded_lazy_and_equals_one_at_a_time(
+    tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prompts, params = _tiny_prompts(11)
     solo = [tiny_llm.generate([p], sp, use_tqdm=False)[0] for p, sp in zip(prompts, params)]
     with count_live(tiny_llm, monkeypatch, max_num_seqs=3) as counter:
@@ -301,7 +303,9 @@ def test_prompt_longer_than_max_model_len(tiny_llm: LLM) -> None:
     assert tiny_llm.engine.max_context == 32
     with pytest.raises(TokenleapError, match="40 tokens but the context length is 32"):
         tiny_llm.generate([list(range(40))], GREEDY, use_tqdm=False)
-    out = tiny_llm.generate([list(range(30))], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    out = tiny_llm.generate(
+        [list(range(30))], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False
+    )
     assert len(out[0].outputs[0].token_ids) == 2 and out[0].outputs[0].finish_reason == "length"
 
 
@@ -340,7 +344,9 @@ def test_public_api() -> None:
 
 
 @pytest.mark.slow
-def test_bf16_greedy_output_is_reproduced_by_chunked_verification(llm: LLM, questions: list[str], kernels: CpuKernels) -> None:
+def test_bf16_greedy_output_is_reproduced_by_chunked_verification(
+    llm: LLM, questions: list[str], kernels: CpuKernels
+) -> None:
     """Feed the engine's own bf16 greedy output back in chunks of 1..6 tokens (as a verifier with
     a perfect drafter would): every row's argmax must be the next generated token, so greedy
     speculative decoding can reproduce plain decoding exactly."""
@@ -379,9 +385,14 @@ def test_vllm_prompt_dicts_stop_strings_and_special_tokens(llm: LLM) -> None:
         llm.generate({"prompt_token_ids": "abc"}, p, use_tqdm=False)
     text = outs[0].outputs[0].text
     stop = text.strip().split()[0]  # a word the greedy answer contains
-    cut = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=8, stop=[stop]), use_tqdm=False)[0]
-    kept = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=8, stop=[stop], include_stop_str_in_output=True),
-                        use_tqdm=False)[0]
+    cut = llm.generate(
+        [{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=8, stop=[stop]), use_tqdm=False
+    )[0]
+    kept = llm.generate(
+        [{"prompt_token_ids": ids}],
+        SamplingParams(temperature=0, max_tokens=8, stop=[stop], include_stop_str_in_output=True),
+        use_tqdm=False,
+    )[0]
     assert kept.outputs[0].text == cut.outputs[0].text + stop
     # the chat end token: without skipping special tokens it shows in the text (stop_token_ids
     # would end the request on it, so generate past it as a plain token with ignore_eos)
@@ -395,7 +406,9 @@ def test_vllm_prompt_dicts_stop_strings_and_special_tokens(llm: LLM) -> None:
     assert special in raw.text and special not in clean.text
 
 
-def test_parallel_sampling_shares_the_prefill_and_equals_separate_seeded_requests(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parallel_sampling_shares_the_prefill_and_equals_separate_seeded_requests(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prompts = ["Once upon a time", "Write a haiku about rain."]
     params = SamplingParams(n=3, temperature=0.8, max_tokens=12, seed=5, logprobs=1)
     prefill_rows: list[int] = []

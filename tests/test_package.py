@@ -14,8 +14,8 @@ CHILD = "import os, tokenleap; print(os.environ.get('OMP_WAIT_POLICY'))"
 def _import(env: dict[str, str]) -> tuple[str, str]:
     """The environment's policy after `import tokenleap`, and what the OpenMP runtime printed
     of its own settings as it loaded (OMP_DISPLAY_ENV)."""
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env={**env, "OMP_DISPLAY_ENV": "true"},
-                          check=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                          env={**env, "OMP_DISPLAY_ENV": "true"}, check=True, timeout=300)
     return proc.stdout.strip(), proc.stderr
 
 

@@ -21,7 +21,9 @@ from tokenleap.sampling import SamplingParams, logits_to_probs
 from tokenleap.tokenizer import Tokenizer
 
 
-def _reference(logits: list[float], params: SamplingParams, prompt: Sequence[int], output: Sequence[int], stop_ids: set[int]) -> list[float]:
+def _reference(
+    logits: list[float], params: SamplingParams, prompt: Sequence[int], output: Sequence[int], stop_ids: set[int]
+) -> list[float]:
     """One row, element by element, straight from the definitions."""
     out = list(logits)
     if len(output) < params.min_tokens:
@@ -38,7 +40,8 @@ def _reference(logits: list[float], params: SamplingParams, prompt: Sequence[int
 def test_rows_match_the_reference_along_a_chain_and_a_tree() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 12, generator=g) * 3
-    params = SamplingParams(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3, min_tokens=4, max_tokens=10)
+    params = SamplingParams(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3,
+                            min_tokens=4, max_tokens=10)
     prompt, output, stop = [1, 2, 3], [4, 4, 5], {0, 7}
     for draft, parents in (([4, 6, 6], None), ([6, 4, 9], [-1, -1, 1])):
         prefixes = row_prefixes(draft, parents)
@@ -70,8 +73,13 @@ def test_min_p_applies_before_top_p_as_in_vllm() -> None:
     assert (probs > 0).tolist() == [True, True, False, False]
 
 
-@pytest.mark.parametrize("bad", [{"presence_penalty": 2.5}, {"frequency_penalty": -3}, {"repetition_penalty": 0},
-                                 {"repetition_penalty": float("nan")}, {"min_tokens": -1}, {"min_tokens": 20, "max_tokens": 10}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"presence_penalty": 2.5}, {"frequency_penalty": -3}, {"repetition_penalty": 0},
+        {"repetition_penalty": float("nan")}, {"min_tokens": -1}, {"min_tokens": 20, "max_tokens": 10}
+    ],
+)
 def test_bad_values_are_clear_errors(bad: dict) -> None:
     with pytest.raises(TokenleapError):
         SamplingParams(**bad)
@@ -89,7 +97,8 @@ def test_greedy_speculation_with_penalties_is_plain_decoding(llm: LLM) -> None:
         if "min_tokens" in extra:
             assert all(len(x.outputs[0].token_ids) >= 40 for x in a)
         plain = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48), use_tqdm=False)
-        assert any(p.outputs[0].token_ids != x.outputs[0].token_ids for p, x in zip(plain, a)), extra  # they did something
+        # they did something
+        assert any(p.outputs[0].token_ids != x.outputs[0].token_ids for p, x in zip(plain, a)), extra
     assert sum(o.metrics.spec.num_accepted_tokens for o in b) > 0
 
 
@@ -105,10 +114,12 @@ class Table(StatelessDrafter):
         return Draft(self.table.get(tuple(tokens[self.prompt_len :]), [])[:max_tokens])
 
 
-def test_sampled_speculation_with_penalties_keeps_the_distribution(tiny_model: LlamaModel, tokenizer: Tokenizer) -> None:
+def test_sampled_speculation_with_penalties_keeps_the_distribution(
+    tiny_model: LlamaModel, tokenizer: Tokenizer
+) -> None:
     prompt = [17, 42, 99, 5, 200]
-    params = SamplingParams(temperature=1.0, top_k=3, max_tokens=8, ignore_eos=True, repetition_penalty=1.5, presence_penalty=1.0,
-                            frequency_penalty=0.5)
+    params = SamplingParams(temperature=1.0, top_k=3, max_tokens=8, ignore_eos=True, repetition_penalty=1.5,
+                            presence_penalty=1.0, frequency_penalty=0.5)
 
     def probs(ctx: list[int]) -> torch.Tensor:
         kv = tiny_model.new_kv_cache(64)
@@ -125,8 +136,12 @@ def test_sampled_speculation_with_penalties_keeps_the_distribution(tiny_model: L
         if (a,) not in table or joint[(a, *table[(a,)])] < pr:
             table[(a,)] = [b, c]
     drafter = Table(len(prompt), table)
-    engine = Engine(tiny_model, tokenizer, spec=SpecConfig(method="custom", drafter=drafter, adaptive=False, num_speculative_tokens=2),
-                    drafter=drafter)
+    engine = Engine(
+        tiny_model,
+        tokenizer,
+        spec=SpecConfig(method="custom", drafter=drafter, adaptive=False, num_speculative_tokens=2),
+        drafter=drafter,
+    )
     counts = dict.fromkeys(joint, 0)
     n, accepted = 1500, 0
     for seed in range(n):

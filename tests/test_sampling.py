@@ -1,4 +1,5 @@
-"""Sampling parameters (validation) and the logits -> probabilities pipeline (temperature, top-k, top-p, min-p, seeds)."""
+"""Sampling parameters (validation) and the logits -> probabilities pipeline (temperature, top-k, top-p, min-p,
+seeds)."""
 
 from __future__ import annotations
 

@@ -83,7 +83,10 @@ class Oracle(StatelessDrafter):
 
 
 def test_greedy_constrained_speculation_is_constrained_decoding(llm: LLM) -> None:
-    convs = [[{"role": "user", "content": f"Describe {who} as JSON."}] for who in ("a system administrator in Paris", "a guest from Oslo")]
+    convs = [
+        [{"role": "user", "content": f"Describe {who} as JSON."}]
+        for who in ("a system administrator in Paris", "a guest from Oslo")
+    ]
     params = SamplingParams(temperature=0, max_tokens=120, structured_outputs=StructuredOutputsParams(json=PERSON))
     plain = llm.chat(convs, params, use_tqdm=False)
     for out in plain:
@@ -91,14 +94,21 @@ def test_greedy_constrained_speculation_is_constrained_decoding(llm: LLM) -> Non
     bad = llm.tokenizer.encode(" hello world")
     eos = sorted(llm.tokenizer.eos_token_ids)[0]
     answers = {tuple(llm.chat_token_ids(c)): list(o.outputs[0].token_ids) for c, o in zip(convs, plain)}
-    for cfg in ({"method": "suffix"}, {"method": "ngram", "num_speculative_tokens": 6}, {"method": "custom", "drafter": Breaking(bad * 3)},
-                {"method": "custom", "drafter": Oracle(answers, [eos] + bad), "num_speculative_tokens": 8, "adaptive": False}):
+    for cfg in (
+        {"method": "suffix"},
+        {"method": "ngram", "num_speculative_tokens": 6},
+        {"method": "custom", "drafter": Breaking(bad * 3)},
+        {"method": "custom", "drafter": Oracle(answers, [eos] + bad), "num_speculative_tokens": 8, "adaptive": False},
+    ):
         spec = LLM(speculative_config=cfg)
         outs = spec.chat(convs, params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain], cfg["method"]
         assert sum(o.metrics.spec.num_accepted_tokens for o in outs) > 10  # forced tokens at least
-    regex = llm.generate(["Call me at"], SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex=r" \d{3}-\d{4}")),
-                         use_tqdm=False)[0].outputs[0]
+    regex = llm.generate(
+        ["Call me at"],
+        SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex=r" \d{3}-\d{4}")),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert regex.finish_reason == "stop" and len(regex.text) == 9 and regex.text[4] == "-"
 
 
@@ -106,11 +116,18 @@ def test_sampled_constrained_speculation_keeps_the_distribution(llm: LLM) -> Non
     choices = ["yes", "no", "maybe", "certainly", "never"]
     params = SamplingParams(temperature=1.5, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=choices))
     prompt = llm.chat_token_ids([{"role": "user", "content": "Will it rain tomorrow? One word."}])
-    spec = LLM(speculative_config={"method": "custom", "drafter": Breaking(llm.tokenizer.encode("maybe") + llm.tokenizer.encode("yes"))})
+    spec = LLM(
+        speculative_config={
+            "method": "custom",
+            "drafter": Breaking(llm.tokenizer.encode("maybe") + llm.tokenizer.encode("yes")),
+        }
+    )
     n = 300
     counts = {}
     for name, engine_llm in (("plain", llm), ("spec", spec)):
-        outs = engine_llm.generate([prompt] * n, [dataclasses.replace(params, seed=s) for s in range(n)], use_tqdm=False)
+        outs = engine_llm.generate(
+            [prompt] * n, [dataclasses.replace(params, seed=s) for s in range(n)], use_tqdm=False
+        )
         texts = [o.outputs[0].text for o in outs]
         assert set(texts) <= set(choices), set(texts) - set(choices)
         counts[name] = [texts.count(c) for c in choices]

@@ -124,11 +124,17 @@ def test_another_file_of_the_same_model_reuses_the_conversion(
     text = "Speculative decoding, losslessly: ¿sí? 東京"
     assert first.encode(text) == second.encode(text) == again.encode(text)
     names = sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir())
-    assert len(names) == 3 and sum(n.startswith("content-") for n in names) == 1 and sum(n.endswith(".ref") for n in names) == 2, names
+    assert (
+        len(names) == 3
+        and sum(n.startswith("content-") for n in names) == 1
+        and sum(n.endswith(".ref") for n in names) == 2
+    ), names
 
 
 @pytest.mark.parametrize("model", ["smollm2-135m-instruct", "gemma3-270m"])
-def test_the_cached_folder_loads_as_autotokenizer_loads_it(model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cached_folder_loads_as_autotokenizer_loads_it(
+    model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`load_saved` builds the cached tokenizer folder directly (the fast path of every load):
     on the real models it is the tokenizer `AutoTokenizer.from_pretrained` makes of that folder
     (ids with and without special tokens, decoded text with and without them, special ids,
@@ -144,15 +150,28 @@ def test_the_cached_folder_loads_as_autotokenizer_loads_it(model: str, tmp_path:
     (folder,) = [p for p in (tmp_path / "cache" / "tokenizers").iterdir() if p.name.startswith("content-")]
     direct, auto = load_saved(folder), AutoTokenizer.from_pretrained(str(folder))
     specials = [t for t in auto.all_special_tokens][:8] + [str(auto.convert_ids_to_tokens(len(auto) - 1))]
-    texts = [MULTIBYTE, "Speculative decoding, losslessly: ¿sí? 東京\n\n  code:\tx = [1, 2]", " ".join(specials) + " tail"]
+    texts = [
+        MULTIBYTE,
+        "Speculative decoding, losslessly: ¿sí? 東京\n\n  code:\tx = [1, 2]",
+        " ".join(specials) + " tail",
+    ]
     for text in texts:
         for special in (True, False):
             ids = auto.encode(text, add_special_tokens=special)
             assert direct.encode(text, add_special_tokens=special) == ids, (text, special)
-            assert first.hf.encode(text, add_special_tokens=special) == later.hf.encode(text, add_special_tokens=special) == ids
+            assert (
+                first.hf.encode(text, add_special_tokens=special)
+                == later.hf.encode(text, add_special_tokens=special)
+                == ids
+            )
             for skip in (True, False):
                 assert direct.decode(ids, skip_special_tokens=skip) == auto.decode(ids, skip_special_tokens=skip)
-    assert (direct.bos_token_id, direct.eos_token_id, direct.pad_token_id, len(direct)) == (auto.bos_token_id, auto.eos_token_id, auto.pad_token_id, len(auto))
+    assert (direct.bos_token_id, direct.eos_token_id, direct.pad_token_id, len(direct)) == (
+        auto.bos_token_id,
+        auto.eos_token_id,
+        auto.pad_token_id,
+        len(auto),
+    )
     assert sorted(direct.all_special_ids) == sorted(auto.all_special_ids)
     assert direct.chat_template == auto.chat_template  # (the Gemma 3 270M file has none)
     if auto.chat_template:
@@ -163,7 +182,9 @@ def test_the_cached_folder_loads_as_autotokenizer_loads_it(model: str, tmp_path:
         assert first.apply_chat_template(messages) == later.apply_chat_template(messages)
 
 
-def test_the_tokenizer_cache_drops_what_no_file_uses(model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_tokenizer_cache_drops_what_no_file_uses(
+    model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A ref whose GGUF is gone is dropped at the next conversion, then the converted folder no
     ref names (once older than the grace period); refs beyond the limit go oldest first; the
     file in use keeps its tokenizer."""
@@ -194,4 +215,6 @@ def test_the_tokenizer_cache_drops_what_no_file_uses(model_path: Path, tmp_path:
         os.utime(ref, (1000 + i, 1000 + i))
     removed = prune_tokenizer_cache(root, keep, limit=2)
     assert sorted(p.name for p in removed) == [f"{i:016x}.ref" for i in range(3)]
-    assert Tokenizer.from_gguf(model_path).encode("hello") == Tokenizer.from_folder(next(root.glob("content-*"))).encode("hello")
+    assert Tokenizer.from_gguf(model_path).encode("hello") == Tokenizer.from_folder(
+        next(root.glob("content-*"))
+    ).encode("hello")

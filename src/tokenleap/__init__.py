@@ -16,4 +16,7 @@ from tokenleap.llm import LLM
 from tokenleap.sampling import SamplingParams
 from tokenleap.types import CompletionOutput, RequestOutput
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "SpecConfig", "TokenleapError", "RequestOutput", "CompletionOutput", "MethodRecord", "register_method", "__version__"]
+__all__ = [
+    "LLM", "SamplingParams", "EngineConfig", "SpecConfig", "TokenleapError", "RequestOutput", "CompletionOutput",
+    "MethodRecord", "register_method", "__version__"
+]

@@ -87,7 +87,9 @@ def load_questions(path: Path, per_group: int) -> list[Question]:
             cap = row.get("max_tokens")
             if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
                 raise TokenleapError(f"{path}:{n + 1}: 'max_tokens' must be a positive integer")
-            pools[group][category].append(Question(str(row.get("question_id", n)), group, turns, prefix, tuple(stop), cap))
+            pools[group][category].append(
+                Question(str(row.get("question_id", n)), group, turns, prefix, tuple(stop), cap)
+            )
     chosen: list[Question] = []
     for categories in pools.values():  # within a group, take its categories in turn
         queues = [list(qs) for qs in categories.values()]
@@ -160,7 +162,9 @@ class HFBaseline:
         from transformers import AutoModelForCausalLM
 
         torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
-        self.model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch_dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch_dtype
+        )
         self.num_tokens = num_tokens
 
     def generate(self, ids: Sequence[int], max_tokens: int, pld: bool) -> tuple[list[int], float]:
@@ -233,13 +237,19 @@ def run_bench(
                     answer = req.text
                 m = req.metrics
                 turn_records.append(
-                    Record(q.question_id, q.group, turn, name, len(req.output_ids), m.num_forward_passes, m.num_decode_tokens, wall,
-                           m.decode_seconds, m.prefill_seconds, m.spec.num_draft_tokens, m.spec.num_accepted_tokens, False)
+                    Record(
+                        q.question_id, q.group, turn, name, len(req.output_ids), m.num_forward_passes,
+                        m.num_decode_tokens, wall, m.decode_seconds, m.prefill_seconds, m.spec.num_draft_tokens,
+                        m.spec.num_accepted_tokens, False
+                    )
                 )
                 if progress is not None:
                     progress()
             plain_ids = outputs["plain"]
-            records.extend(dataclasses.replace(r, matched_plain=outputs[r.method] == plain_ids) for r in sorted(turn_records, key=lambda r: names.index(r.method)))
+            records.extend(
+                dataclasses.replace(r, matched_plain=outputs[r.method] == plain_ids)
+                for r in sorted(turn_records, key=lambda r: names.index(r.method))
+            )
             if hf is not None:  # timed end to end only: its "decode" figures include prefill
                 for name, pld in (("hf-plain", False), ("hf-pld", True)):
                     out_ids, wall = hf.generate(ids, max_tokens, pld)
@@ -274,7 +284,9 @@ def summarize(records: Sequence[Record]) -> dict[str, dict[str, dict[str, float]
     for methods in out.values():
         for name, fig in methods.items():
             base = methods.get("hf-plain" if name.startswith("hf-") else "plain")
-            fig["speedup"] = fig["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else 0.0
+            fig["speedup"] = (
+                fig["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else 0.0
+            )
             fig["decode_speedup"] = (
                 fig["decode_tokens_per_second"] / base["decode_tokens_per_second"]
                 if base and base["decode_tokens_per_second"] else 0.0
@@ -308,7 +320,11 @@ def plot(path: Path, summary: dict[str, dict[str, dict[str, float]]], key: str =
     ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(groups))], groups, rotation=20)
     ax.set_ylabel("tokens/s relative to tokenleap plain")
-    ax.set_title("tokenleap bench: " + ("end to end" if key == "tokens_per_second" else "decode phase") + " (dashed: tokenleap plain decoding)")
+    ax.set_title(
+        "tokenleap bench: "
+        + ("end to end" if key == "tokens_per_second" else "decode phase")
+        + " (dashed: tokenleap plain decoding)"
+    )
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

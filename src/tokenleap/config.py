@@ -44,14 +44,18 @@ class EngineConfig:
         if self.quantization in ("auto", ""):
             object.__setattr__(self, "quantization", None)
         if self.quantization not in (None, "gguf", "none"):
-            raise TokenleapError(f"quantization must be 'gguf', 'none' or None (the file's own), got {self.quantization!r}")
+            raise TokenleapError(
+                f"quantization must be 'gguf', 'none' or None (the file's own), got {self.quantization!r}"
+            )
         dtype = _DTYPE_ALIASES.get(str(self.dtype), str(self.dtype))
         if dtype not in DTYPE_NAMES:
             raise TokenleapError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         object.__setattr__(self, "dtype", dtype)
         kv = KV_CACHE_ALIASES.get(str(self.kv_cache_dtype), str(self.kv_cache_dtype))
         if kv not in KV_CACHE_DTYPES:
-            raise TokenleapError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+            raise TokenleapError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
         object.__setattr__(self, "kv_cache_dtype", kv)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise TokenleapError(f"max_model_len must be >= 2, got {self.max_model_len}")
@@ -61,5 +65,6 @@ class EngineConfig:
 
 SAMPLED_TREE_MODES = ("full", "first-path")  # how sampled requests verify a token tree (both lossless)
 ACCEPTANCE_RULES = ("exact", "typical-lossy")  # sampled requests; "typical-lossy" changes the output distribution
-MAX_DRAFT_TOKENS = 64  # llama.cpp's --draft-max 64; k + 1 verify rows go through `forward_batch`, row-invariant at any row count
+# llama.cpp's --draft-max 64; k + 1 verify rows go through `forward_batch`, row-invariant at any row count
+MAX_DRAFT_TOKENS = 64
 DEFAULT_DRAFT_TOKENS = 16  # the default draft length cap

@@ -39,7 +39,8 @@ from tokenleap.sampling import SamplingParams
 from tokenleap.tokenizer import Tokenizer
 from tokenleap.types import RequestOutput
 
-Prompt = str | Sequence[int] | dict[str, Any]  # text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
+# text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
+Prompt = str | Sequence[int] | dict[str, Any]
 Message = dict[str, str]
 Conversations = Sequence[Message] | Sequence[Sequence[Message]]  # one conversation or several
 ParamsArg = SamplingParams | Sequence[SamplingParams] | None  # one for all prompts, or one per prompt
@@ -84,13 +85,12 @@ class LLM:
         registry = default_registry()
 
         def make_drafter(spec: SpecConfig) -> Drafter:
-            return registry.create(spec.method, spec, target=self.model, tokenizer=self.tokenizer, target_path=self.source.path,
-                                   target_name=self.source.name)
+            return registry.create(spec.method, spec, target=self.model, tokenizer=self.tokenizer,
+                                   target_path=self.source.path, target_name=self.source.name)
 
         self.drafter = make_drafter(self.spec_config) if self.spec_config is not None else None
-        self.engine = Engine(
-            self.model, self.tokenizer, self.config.max_model_len, self.spec_config, self.drafter, drafter_factory=make_drafter
-        )
+        self.engine = Engine(self.model, self.tokenizer, self.config.max_model_len, self.spec_config, self.drafter,
+                             drafter_factory=make_drafter)
 
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer
@@ -99,10 +99,14 @@ class LLM:
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
             unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
             if unknown:
-                raise TokenleapError(f"unsupported prompt key(s) {unknown}: a prompt dict has 'prompt' or 'prompt_token_ids'")
+                raise TokenleapError(
+                    f"unsupported prompt key(s) {unknown}: a prompt dict has 'prompt' or 'prompt_token_ids'"
+                )
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
-                if isinstance(ids, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                if isinstance(ids, (str, bytes)) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in ids
+                ):
                     raise TokenleapError("'prompt_token_ids' must be a list of integers")
                 return prompt.get("prompt"), [int(t) for t in ids]
             if "prompt" in prompt and isinstance(prompt["prompt"], str):
@@ -152,7 +156,9 @@ class LLM:
 
         return self._check_all(batch, "prompt", make, params)
 
-    def _chat_jobs(self, messages: Conversations, sampling_params: ParamsArg, add_generation_prompt: bool) -> list[BatchJob]:
+    def _chat_jobs(
+        self, messages: Conversations, sampling_params: ParamsArg, add_generation_prompt: bool
+    ) -> list[BatchJob]:
         if not messages:
             raise TokenleapError("no messages given")
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
@@ -177,8 +183,13 @@ class LLM:
                 now = time.perf_counter()
                 if finished or now - last > 0.5:
                     last = now
-                    bar.set_postfix_str(f"output {scheduler.num_output_tokens / (now - start):.1f} tok/s", refresh=False)
-                    bar.update(sum(1 for _, r in finished if r.params.n == 1) + sum(1 for _, r in finished if r.params.n > 1 and r.sample_index == 0))
+                    bar.set_postfix_str(
+                        f"output {scheduler.num_output_tokens / (now - start):.1f} tok/s", refresh=False
+                    )
+                    bar.update(
+                        sum(1 for _, r in finished if r.params.n == 1)
+                        + sum(1 for _, r in finished if r.params.n > 1 and r.sample_index == 0)
+                    )
                 for index, req in finished:
                     family = pending.setdefault(index, [])
                     family.append(req.to_output())

@@ -60,7 +60,11 @@ def process_rows(
         return logits
     rows, vocab = logits.shape
     out = logits.float().clone()
-    base_out = torch.bincount(torch.tensor(list(output_ids), dtype=torch.long), minlength=vocab)[:vocab] if output_ids else torch.zeros(vocab, dtype=torch.long)
+    base_out = (
+        torch.bincount(torch.tensor(list(output_ids), dtype=torch.long), minlength=vocab)[:vocab]
+        if output_ids
+        else torch.zeros(vocab, dtype=torch.long)
+    )
     in_prompt = torch.zeros(vocab, dtype=torch.bool)
     if prompt_ids:
         in_prompt[torch.tensor(list(prompt_ids), dtype=torch.long)] = True
@@ -82,7 +86,9 @@ def process_rows(
     return out
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], top: int, decode: Callable[[int], str]) -> list[dict[int, Logprob]]:
+def token_logprobs(
+    logits: torch.Tensor, token_ids: Sequence[int], top: int, decode: Callable[[int], str]
+) -> list[dict[int, Logprob]]:
     """For each row of raw `logits` `[m, V]` and the token chosen from it: that token's
     log-probability and rank under the row's log-softmax, and the `top` likeliest tokens'."""
     lp = torch.log_softmax(logits.float(), dim=-1)

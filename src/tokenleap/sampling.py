@@ -40,21 +40,27 @@ class SamplingParams:
     ignore_eos: bool = False
     presence_penalty: float = 0.0  # OpenAI: subtracted from the logit of every token already in the output
     frequency_penalty: float = 0.0  # OpenAI: subtracted once per occurrence in the output
-    repetition_penalty: float = 1.0  # CTRL / vLLM: divides positive (multiplies negative) logits of prompt and output tokens
-    min_tokens: int = 0  # EOS and stop_token_ids are masked (and stop strings not checked) until this many tokens are out
+    # CTRL / vLLM: divides positive (multiplies negative) logits of prompt and output tokens
+    repetition_penalty: float = 1.0
+    # EOS and stop_token_ids are masked (and stop strings not checked) until this many tokens are out
+    min_tokens: int = 0
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
     skip_special_tokens: bool = True  # leave special tokens (<|im_end|>, ...) out of the text
     logprobs: int | None = None  # per output token, its log-probability and the top N others' (0: only its own)
     structured_outputs: StructuredOutputsParams | None = None  # vLLM's: JSON schema / regex / choice / grammar
     guided_decoding: StructuredOutputsParams | None = None  # vLLM's former name for the same
-    n: int = 1  # completions per prompt (parallel sampling: one prefill, n samples; with a seed, sample i uses seed + i)
+    # completions per prompt (parallel sampling: one prefill, n samples; with a seed, sample i uses seed + i)
+    n: int = 1
 
     def __post_init__(self) -> None:
         so = self.structured_outputs if self.structured_outputs is not None else self.guided_decoding
         if isinstance(so, dict):
             so = StructuredOutputsParams(**so)
         if so is not None and not isinstance(so, StructuredOutputsParams):
-            raise TokenleapError(f"structured_outputs must be a StructuredOutputsParams (or a dict of its fields), got {type(so).__name__}")
+            raise TokenleapError(
+                "structured_outputs must be a StructuredOutputsParams (or a dict of its fields), "
+                f"got {type(so).__name__}"
+            )
         object.__setattr__(self, "structured_outputs", so)
         object.__setattr__(self, "guided_decoding", None)
         stop = self.stop
@@ -64,7 +70,11 @@ class SamplingParams:
             stop = (stop,)
         object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in (self.stop_token_ids or ())))
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if (
+            not isinstance(self.temperature, (int, float))
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
             raise TokenleapError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise TokenleapError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -88,8 +98,14 @@ class SamplingParams:
         rp = self.repetition_penalty
         if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not math.isfinite(rp) or rp <= 0:
             raise TokenleapError(f"repetition_penalty must be > 0 and finite, got {rp}")
-        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise TokenleapError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if (
+            isinstance(self.min_tokens, bool)
+            or not isinstance(self.min_tokens, int)
+            or not 0 <= self.min_tokens <= self.max_tokens
+        ):
+            raise TokenleapError(
+                f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -38,8 +38,10 @@ JSON_MODES: tuple[str, ...] = ("strict", "lenient")
 WHITESPACE = r"[ \t]{0,4}(?:\r?\n[ \t]{0,32})?"
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-_SUBSCHEMAS = ("additionalProperties", "items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames",
-               "unevaluatedItems", "unevaluatedProperties")
+_SUBSCHEMAS = (
+    "additionalProperties", "items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames",
+    "unevaluatedItems", "unevaluatedProperties"
+)
 
 
 def strict_schema(schema: Any) -> Any:
@@ -50,7 +52,11 @@ def strict_schema(schema: Any) -> Any:
     (`"x-guidance"`, unless the schema sets its own)."""
     out = _strict(schema, in_all_of=False)
     if isinstance(out, dict):
-        out["x-guidance"] = {"whitespace_flexible": True, "whitespace_pattern": WHITESPACE, **(out.get("x-guidance") or {})}
+        out["x-guidance"] = {
+            "whitespace_flexible": True,
+            "whitespace_pattern": WHITESPACE,
+            **(out.get("x-guidance") or {}),
+        }
     return out
 
 
@@ -71,7 +77,9 @@ def _strict(schema: Any, in_all_of: bool) -> Any:
             out[key] = _strict(out[key], False)
     if isinstance(out.get("items"), list):  # draft-04 tuples
         out["items"] = [_strict(v, False) for v in out["items"]]
-    open_ended = in_all_of or any(k in out for k in ("allOf", "anyOf", "oneOf", "$ref", "additionalProperties", "unevaluatedProperties"))
+    open_ended = in_all_of or any(
+        k in out for k in ("allOf", "anyOf", "oneOf", "$ref", "additionalProperties", "unevaluatedProperties")
+    )
     if isinstance(out.get("properties"), dict) and not open_ended:
         out["additionalProperties"] = False
     return out
@@ -97,15 +105,21 @@ class StructuredOutputsParams:
         if self.json_mode not in JSON_MODES:
             raise TokenleapError(f"json_mode must be 'strict' or 'lenient', got {self.json_mode!r}")
         if isinstance(self.json, dict):
-            object.__setattr__(self, "json", json.dumps(self.json))  # key order kept: it is the order of the output's properties
+            # key order kept: it is the order of the output's properties
+            object.__setattr__(self, "json", json.dumps(self.json))
         if self.choice is not None:
             choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
             if not choice or any(not isinstance(c, str) or not c for c in choice):
                 raise TokenleapError("choice must be a non-empty list of non-empty strings")
             object.__setattr__(self, "choice", choice)
-        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None] + (["json_object"] if self.json_object else [])
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None] + (
+            ["json_object"] if self.json_object else []
+        )
         if len(given) != 1:
-            raise TokenleapError(f"structured outputs need exactly one of json, regex, choice, grammar, json_object; got {given or 'none'}")
+            raise TokenleapError(
+                "structured outputs need exactly one of json, regex, choice, grammar, json_object; "
+                f"got {given or 'none'}"
+            )
         self.compile()  # a bad schema, regex or grammar fails here, before any work
 
     def compile(self) -> str:
@@ -117,11 +131,15 @@ class StructuredOutputsParams:
                 schema = json.loads(self.json) if isinstance(self.json, str) else self.json
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(json_grammar_schema(schema, self.json_mode))
             elif self.json_object:
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(json_grammar_schema({"type": "object"}, self.json_mode))
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    json_grammar_schema({"type": "object"}, self.json_mode)
+                )
             elif self.regex is not None:
                 grammar = llguidance.LLMatcher.grammar_from_regex(self.regex)
             elif self.choice is not None:
-                grammar = llguidance.LLMatcher.grammar_from_regex("(" + "|".join(re.escape(c) for c in self.choice) + ")")
+                grammar = llguidance.LLMatcher.grammar_from_regex(
+                    "(" + "|".join(re.escape(c) for c in self.choice) + ")"
+                )
             else:
                 assert self.grammar is not None
                 from llguidance.gbnf_to_lark import any_to_lark
@@ -149,7 +167,9 @@ class GrammarTokenizer:
 class GrammarState:
     """One request's matcher: masks for verify rows, cutting drafts, forced tokens, commits."""
 
-    def __init__(self, tokenizer: GrammarTokenizer, params: StructuredOutputsParams, eos_ids: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, tokenizer: GrammarTokenizer, params: StructuredOutputsParams, eos_ids: frozenset[int] = frozenset()
+    ) -> None:
         import llguidance
 
         self.vocab = tokenizer.vocab_size

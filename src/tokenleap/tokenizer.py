@@ -67,7 +67,9 @@ class Tokenizer:
         os.replace(tmp, ref)
         try:
             for gone in prune_tokenizer_cache(root, ref):
-                logger.info("removed cached tokenizer %s (its GGUF is gone or changed, or unused for longest)", gone.name)
+                logger.info(
+                    "removed cached tokenizer %s (its GGUF is gone or changed, or unused for longest)", gone.name
+                )
         except OSError:  # pruning only saves space
             pass
         return cls(hf, extra_eos_ids)
@@ -90,7 +92,10 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         if not self.hf.chat_template:
-            raise TokenleapError("this model has no chat template: give it a plain prompt (generate() with a string; on the command line, --raw)")
+            raise TokenleapError(
+                "this model has no chat template: give it a plain prompt "
+                "(generate() with a string; on the command line, --raw)"
+            )
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise TokenleapError(f"each chat message needs 'role' and 'content', got {m!r}")
@@ -172,7 +177,11 @@ def prune_tokenizer_cache(root: Path, keep: Path, limit: int = TOKENIZER_CACHE_K
     named = {_ref_folder(r) for r in root.glob("*.ref")}
     now = time.time()
     for folder in root.glob("content-*"):
-        if folder.name not in named and ".tmp" not in folder.name and now - folder.stat().st_mtime > _CONVERSION_GRACE_S:
+        if (
+            folder.name not in named
+            and ".tmp" not in folder.name
+            and now - folder.stat().st_mtime > _CONVERSION_GRACE_S
+        ):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
@@ -188,7 +197,9 @@ def _tokenizer_digest(path: Path) -> str:
 
 
 # tokenizer_config.json keys that describe the saved folder, not arguments of the tokenizer
-_FOLDER_KEYS = frozenset({"tokenizer_class", "backend", "is_local", "local_files_only", "auto_map", "added_tokens_decoder"})
+_FOLDER_KEYS = frozenset(
+    {"tokenizer_class", "backend", "is_local", "local_files_only", "auto_map", "added_tokens_decoder"}
+)
 
 
 def load_saved(folder: Path) -> Any:

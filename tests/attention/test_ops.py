@@ -81,7 +81,9 @@ def _attend(path: str, q: torch.Tensor, kv: KVCache, start: int, mask: Attention
         positions = torch.arange(start, start + n)
         plan = plan_rows([RowGroup(kv, start, positions, mask)])
         keys, values = kv.keys(0, start + n)[:, start:], kv.values(0, start + n)[:, start:]
-        qkv = torch.cat([q.reshape(n, -1), keys.transpose(0, 1).reshape(n, -1), values.transpose(0, 1).reshape(n, -1)], 1)
+        qkv = torch.cat(
+            [q.reshape(n, -1), keys.transpose(0, 1).reshape(n, -1), values.transpose(0, 1).reshape(n, -1)], 1
+        )
         cos, sin = torch.ones(start + n, hd), torch.zeros(start + n, hd)  # identity rotary
         return kernels.attention(qkv, plan, 0, heads, kv.num_kv_heads, hd, cos, sin)
     return attend(q, kv, 0, start, mask, row_path=(path == "rows-torch"))

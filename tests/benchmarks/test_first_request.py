@@ -11,7 +11,9 @@ import tokenleap.engine.speculation as speculation
 from tokenleap.config import DEFAULT_MODEL
 
 
-def test_first_request_measures_then_reads_the_curve(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:
+def test_first_request_measures_then_reads_the_curve(
+    load_benchmark: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
     m = load_benchmark("first_request")
     user_cache = speculation.cache_dir
     out = tmp_path / "first.json"

@@ -11,7 +11,9 @@ def test_decode_at_depth(load_benchmark: Callable[[str], ModuleType], kernels) -
     if not kernels.bf16_attention:
         import pytest
 
-        pytest.skip("no blocked bf16 attention in this CPU's kernel variant (AVX-512 without BF16): no bf16 or q8_0 cache")
+        pytest.skip(
+            "no blocked bf16 attention in this CPU's kernel variant (AVX-512 without BF16): no bf16 or q8_0 cache"
+        )
     m = load_benchmark("long_context")
     from tokenleap import LLM
 

@@ -30,7 +30,13 @@ def loaded(tiny: Path) -> tuple[Any, dict[str, Any]]:
 
 def test_config_read_back(loaded: tuple[Any, dict[str, Any]]) -> None:
     config = loaded[0]
-    assert (config.architecture, config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads) == ("llama", 256, 2, 4, 2)
+    assert (config.architecture, config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads) == (
+        "llama",
+        256,
+        2,
+        4,
+        2,
+    )
     assert (config.intermediate_size, config.vocab_size, config.head_dim) == (512, 49152 + 64, 64)
     assert config.tie_word_embeddings and not config.attention_bias and config.rope_theta == 100000.0
 
@@ -118,13 +124,23 @@ def test_gemma3_keys_llama_cpp_reads(gemma3_reader: Any) -> None:
 def test_gemma3_tensors_llama_cpp_loads(gemma3_reader: Any) -> None:
     import gguf
 
-    per_layer = [gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.GEMMA3] if "{bid}" in gguf.TENSOR_NAMES[t]]
-    expected = {"token_embd.weight", "output_norm.weight"} | {f"{n.format(bid=i)}.weight" for i in range(7) for n in per_layer}
+    per_layer = [
+        gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.GEMMA3] if "{bid}" in gguf.TENSOR_NAMES[t]
+    ]
+    expected = {"token_embd.weight", "output_norm.weight"} | {
+        f"{n.format(bid=i)}.weight" for i in range(7) for n in per_layer
+    }
     tensors = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type.name) for t in gemma3_reader.tensors}
     assert set(tensors) == expected  # output.weight: tied, llama.cpp duplicates token_embd
     assert tensors["token_embd.weight"] == ((128, 262144), "F16")  # GGUF order: columns first
-    assert tensors["blk.6.attn_q.weight"] == ((128, 128), "F16") and tensors["blk.6.attn_k.weight"] == ((128, 64), "F16")
-    assert tensors["blk.0.attn_q_norm.weight"] == ((64,), "F32") and tensors["blk.0.post_ffw_norm.weight"] == ((128,), "F32")
+    assert tensors["blk.6.attn_q.weight"] == ((128, 128), "F16") and tensors["blk.6.attn_k.weight"] == (
+        (128, 64),
+        "F16",
+    )
+    assert tensors["blk.0.attn_q_norm.weight"] == ((64,), "F32") and tensors["blk.0.post_ffw_norm.weight"] == (
+        (128,),
+        "F32",
+    )
     norm = next(t for t in gemma3_reader.tensors if t.name == "blk.3.post_attention_norm.weight")
     assert float(norm.data.min()) == float(norm.data.max()) == 1.0  # the multiplier itself (HF's 1 + w, w = 0)
 
@@ -140,10 +156,20 @@ def test_gemma3_loaded_by_tokenleap(make_gguf, tiny_gemma3: Path) -> None:  # ty
 
     config, weights = load_gguf(tiny_gemma3, keep_quantized=True)
     window = make_gguf.SHAPES["tiny-gemma3"].sliding_window
-    assert (config.architecture, config.hidden_size, config.num_layers, config.head_dim, config.vocab_size) == ("gemma3", 128, 7, 64, 262144)
+    assert (config.architecture, config.hidden_size, config.num_layers, config.head_dim, config.vocab_size) == (
+        "gemma3",
+        128,
+        7,
+        64,
+        262144,
+    )
     assert config.tie_word_embeddings and config.qk_norm and config.post_norms and config.sliding_window == 16
     assert config.sliding_layers == tuple(window.is_local(i) for i in range(7)) == (True,) * 5 + (False, True)
-    assert (config.rope_theta, config.rope_local_theta, config.embed_scale) == (1000000.0, 10000.0, pytest.approx(128**0.5))
+    assert (config.rope_theta, config.rope_local_theta, config.embed_scale) == (
+        1000000.0,
+        10000.0,
+        pytest.approx(128**0.5),
+    )
     kernels = load_kernels()
     if kernels is None:
         pytest.skip("tokenleap's kernels are not built here")
@@ -163,7 +189,9 @@ def test_gemma3_loaded_by_tokenleap(make_gguf, tiny_gemma3: Path) -> None:  # ty
     rows = []
     for start in range(len(prompt) - 1, len(ids) - 1, 5):  # verify-sized chunks of the same tokens
         chunk = ids[start : start + 5]
-        rows.append(model.compute_logits(model.forward(torch.tensor(chunk), torch.arange(start, start + len(chunk)), kv).hidden))
+        rows.append(
+            model.compute_logits(model.forward(torch.tensor(chunk), torch.arange(start, start + len(chunk)), kv).hidden)
+        )
     assert torch.equal(torch.cat(rows), torch.stack(steps))
 
 
@@ -178,7 +206,11 @@ def test_spm_vocabulary_padded_as_the_converter_pads(make_gguf) -> None:  # type
     kv = writer.kv_data[0]
     tokens, types, scores = (kv[f"tokenizer.ggml.{k}"].value for k in ("tokens", "token_type", "scores"))
     assert len(tokens) == len(types) == len(scores) == 262208
-    assert (tokens[262144], types[262144], scores[262144]) == ("<image_soft_token>", int(gguf.TokenType.CONTROL), -1000.0)
+    assert (tokens[262144], types[262144], scores[262144]) == (
+        "<image_soft_token>",
+        int(gguf.TokenType.CONTROL),
+        -1000.0,
+    )
     assert tokens[262143] != "[PAD262143]" and tokens[262145] == "[PAD262145]" and tokens[-1] == "[PAD262207]"
     assert types[-1] == int(gguf.TokenType.UNUSED) and scores[-1] == -10000.0
     assert kv["tokenizer.ggml.bos_token_id"].type == gguf.GGUFValueType.UINT32  # types copied, not guessed
@@ -210,8 +242,10 @@ def test_sentencepiece_model_as_the_converter_writes_it(make_gguf, tmp_path: Pat
 
     model = sp_pb2.ModelProto()
     piece = sp_pb2.ModelProto.SentencePiece
-    for text, kind, score in (("<unk>", piece.UNKNOWN, 0.0), ("<s>", piece.CONTROL, 0.0), ("</s>", piece.CONTROL, 0.0),
-                              ("[REF]", piece.USER_DEFINED, 0.0), ("<0x00>", piece.BYTE, 0.0), ("▁the", piece.NORMAL, -1.5)):
+    for text, kind, score in (
+        ("<unk>", piece.UNKNOWN, 0.0), ("<s>", piece.CONTROL, 0.0), ("</s>", piece.CONTROL, 0.0),
+        ("[REF]", piece.USER_DEFINED, 0.0), ("<0x00>", piece.BYTE, 0.0), ("▁the", piece.NORMAL, -1.5)
+    ):
         model.pieces.add(piece=text, type=kind, score=score)
     model.trainer_spec.unk_id, model.trainer_spec.bos_id, model.trainer_spec.eos_id = 0, 1, 2
     path = tmp_path / "tokenizer.model"
@@ -219,8 +253,13 @@ def test_sentencepiece_model_as_the_converter_writes_it(make_gguf, tmp_path: Pat
     fields = {f.key: f for f in make_gguf.tokenizer_fields(path)}
     assert fields["tokenizer.ggml.model"].value == "llama" and fields["tokenizer.ggml.tokens"].value[-1] == "▁the"
     types = gguf.TokenType
-    assert fields["tokenizer.ggml.token_type"].value == [types.UNKNOWN, types.CONTROL, types.CONTROL, types.NORMAL, types.BYTE, types.NORMAL]
-    assert fields["tokenizer.ggml.scores"].value[-1] == -1.5 and fields["tokenizer.ggml.scores"].sub_type == gguf.GGUFValueType.FLOAT32
+    assert fields["tokenizer.ggml.token_type"].value == [
+        types.UNKNOWN, types.CONTROL, types.CONTROL, types.NORMAL, types.BYTE, types.NORMAL
+    ]
+    assert (
+        fields["tokenizer.ggml.scores"].value[-1] == -1.5
+        and fields["tokenizer.ggml.scores"].sub_type == gguf.GGUFValueType.FLOAT32
+    )
     assert (fields["tokenizer.ggml.bos_token_id"].value, fields["tokenizer.ggml.eos_token_id"].value) == (1, 2)
     assert fields["tokenizer.ggml.bos_token_id"].type == gguf.GGUFValueType.UINT32
 
@@ -238,7 +277,10 @@ def test_mistral_vocabulary(make_gguf) -> None:  # type: ignore[no-untyped-def]
 
     if importlib.util.find_spec(make_gguf.MISTRAL_TOKENIZER_MODULE) is None:
         pytest.skip("mistral-common (the v3 SentencePiece model's package) is not installed")
-    fields = {f.key: f.value for f in make_gguf.tokenizer_fields(make_gguf.default_tokenizer_source(make_gguf.SHAPES["mistral-7b"]))}
+    fields = {
+        f.key: f.value
+        for f in make_gguf.tokenizer_fields(make_gguf.default_tokenizer_source(make_gguf.SHAPES["mistral-7b"]))
+    }
     tokens = fields["tokenizer.ggml.tokens"]
     assert len(tokens) == 32768 and tokens[:3] == ["<unk>", "<s>", "</s>"] and tokens[771] == "<0x00>"
     assert tokens[23325] == "▁Hello"  # v0.1's 22557 moved up by the 768 control tokens of v0.3

@@ -13,7 +13,9 @@ import pytest
 from tokenleap.kernels.build import cpu_flags, kernel_variant
 
 
-def test_a_format_reports_its_compute_and_streamed_times_per_row_count(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:
+def test_a_format_reports_its_compute_and_streamed_times_per_row_count(
+    load_benchmark: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
     variant = kernel_variant(cpu_flags())
     if variant is None or shutil.which("gcc") is None and shutil.which("cc") is None:
         pytest.skip("no kernels or no C compiler on this machine")
@@ -26,7 +28,9 @@ def test_a_format_reports_its_compute_and_streamed_times_per_row_count(load_benc
                                                                         2: {"hot_ns": 900.0, "cold_ns": 1100.0},
                                                                         4: {"hot_ns": 1800.0, "cold_ns": 1900.0}}})
     assert s["memory_ns"] == 1000.0 and s["free_rows"] == 2
-    assert s["rows"][4]["compute_over_memory"] == pytest.approx(1.8) and s["rows"][4]["cold_over_one_row"] == pytest.approx(1.9)
+    assert s["rows"][4]["compute_over_memory"] == pytest.approx(1.8) and s["rows"][4][
+        "cold_over_one_row"
+    ] == pytest.approx(1.9)
 
 
 def test_bad_arguments_are_usage_errors(load_benchmark: Callable[[str], ModuleType]) -> None:

@@ -12,7 +12,9 @@ import pytest
 from tokenleap.kernels.build import cpu_flags, kernel_variant
 
 
-def test_a_build_streams_a_shape_and_reports_its_fraction_of_the_read(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:
+def test_a_build_streams_a_shape_and_reports_its_fraction_of_the_read(
+    load_benchmark: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
     variant = kernel_variant(cpu_flags())
     if variant is None or shutil.which("gcc") is None and shutil.which("cc") is None:
         pytest.skip("no kernels or no C compiler on this machine")
@@ -22,7 +24,11 @@ def test_a_build_streams_a_shape_and_reports_its_fraction_of_the_read(load_bench
         run = m.run_once(binary, fmt, 256, 512, 1.0, rows=2, threads=2, huge=huge)
         assert run["gbps"] > 0 and run["read"] > 0 and run["us_per_call"] > 0
         assert run["ratio"] == pytest.approx(run["gbps"] / run["read"], rel=1e-2)
-    runs = [{"gbps": 30.0, "read": 50.0, "ratio": 0.6}, {"gbps": 30.0, "read": 33.0, "ratio": 0.9}, {"gbps": 31.0, "read": 33.0, "ratio": 0.94}]
+    runs = [
+        {"gbps": 30.0, "read": 50.0, "ratio": 0.6},
+        {"gbps": 30.0, "read": 33.0, "ratio": 0.9},
+        {"gbps": 31.0, "read": 33.0, "ratio": 0.94},
+    ]
     states = m.summarize(runs, fast_gbps=45.0)
     assert states["fast"]["n"] == 1 and states["fast"]["ratio"] == 0.6
     assert states["slow"]["n"] == 2 and states["slow"]["ratio"] == pytest.approx(0.92)

@@ -30,14 +30,21 @@ def test_shares_of_the_memory_floor_are_medians_per_state(load_benchmark: Callab
     pairs = [{**_pair(34, 34, 7.0, 6.6), "tokenleap_of_floor": 0.97, "llama_cpp_of_floor": 0.91},
              {**_pair(33, 33, 7.2, 6.8), "tokenleap_of_floor": 0.95, "llama_cpp_of_floor": 0.93}]
     s = m.summarize(pairs, fast_gbps=45.0)
-    assert s["slow"]["tokenleap_of_floor"] == pytest.approx(0.96) and s["slow"]["llama_cpp_of_floor"] == pytest.approx(0.92)
+    assert s["slow"]["tokenleap_of_floor"] == pytest.approx(0.96) and s["slow"]["llama_cpp_of_floor"] == pytest.approx(
+        0.92
+    )
 
 
-def test_missing_files_and_binaries_are_usage_errors(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:
+def test_missing_files_and_binaries_are_usage_errors(
+    load_benchmark: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
     m = load_benchmark("tg_pairs")
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    for argv in ([str(tmp_path / "none.gguf"), "--llama-bench", str(gguf)], [str(gguf), "--llama-bench", str(tmp_path / "no-bench")]):
+    for argv in (
+        [str(tmp_path / "none.gguf"), "--llama-bench", str(gguf)],
+        [str(gguf), "--llama-bench", str(tmp_path / "no-bench")],
+    ):
         with pytest.raises(SystemExit) as exc:
             m.main(argv)
         assert exc.value.code == 2

@@ -14,7 +14,9 @@ from tokenleap.kernels.formats import QuantWeight
 
 
 @pytest.mark.slow
-def test_pairs_decode_both_loads_and_the_small_page_load_uses_numpys_buffers(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:
+def test_pairs_decode_both_loads_and_the_small_page_load_uses_numpys_buffers(
+    load_benchmark: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
     m = load_benchmark("weight_pages")
     out = tmp_path / "wp.json"
     assert m.main(["smollm2-135m-instruct", "--pairs", "2", "--tokens", "4", "--out", str(out)]) == 0

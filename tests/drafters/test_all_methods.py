@@ -35,7 +35,12 @@ NOT_RUN = {
     "medusa": "no Medusa head ships for the default model: tests/heads/test_medusa.py (a tiny head)",
     "mtp": "the default model has no MTP layer: tests/heads/test_mtp.py",
 }
-METHODS = [{"method": r.name, **extra} for r in builtin_methods() if r.name not in NOT_RUN for extra in SETTINGS.get(r.name, [{}])]
+METHODS = [
+    {"method": r.name, **extra}
+    for r in builtin_methods()
+    if r.name not in NOT_RUN
+    for extra in SETTINGS.get(r.name, [{}])
+]
 METHODS.append({"method": "suffix+ngram"})
 
 
@@ -59,7 +64,9 @@ def _run(engine: Engine, llm: LLM, prompt: str) -> tuple[list[int], SpecStats]:
 def test_greedy_output_identical_to_plain(llm: LLM, raw: dict[str, object]) -> None:
     cfg = SpecConfig.from_dict({**raw, "adaptive": False, "num_speculative_tokens": 6})
     assert cfg is not None
-    drafter = default_registry().create(cfg.method, cfg, target=llm.model, tokenizer=llm.tokenizer, target_path=llm.source.path)
+    drafter = default_registry().create(
+        cfg.method, cfg, target=llm.model, tokenizer=llm.tokenizer, target_path=llm.source.path
+    )
     spec = Engine(llm.model, llm.tokenizer, spec=cfg, drafter=drafter)
     plain = Engine(llm.model, llm.tokenizer)
     for prompt in PROMPTS:
@@ -84,10 +91,12 @@ def test_a_chain_asks_its_draftless_member_first_and_prices_its_draft_model(llm:
     target drafting for itself: 1.0, a draft that can never beat plain decoding), runs only
     when its expected tokens per cost beat the draft in hand, so here only to probe. Greedy
     output stays the plain output; the members' statistics add up to the chain's."""
-    cfg = SpecConfig.from_dict({"method": "draft-model+ngram-simple", "model": "smollm2-135m-instruct", "adaptive": False,
-                                "num_speculative_tokens": 6, "ngram_size_n": 2})
+    cfg = SpecConfig.from_dict({"method": "draft-model+ngram-simple", "model": "smollm2-135m-instruct",
+                                "adaptive": False, "num_speculative_tokens": 6, "ngram_size_n": 2})
     assert cfg is not None and cfg.chain == ("draft-model", "ngram-simple")
-    drafter = default_registry().create(cfg.method, cfg, target=llm.model, tokenizer=llm.tokenizer, target_path=llm.source.path)
+    drafter = default_registry().create(
+        cfg.method, cfg, target=llm.model, tokenizer=llm.tokenizer, target_path=llm.source.path
+    )
     assert isinstance(drafter, ChainDrafter) and drafter.cost_aware and drafter.costs == [1.0, 0.0]
     spec = Engine(llm.model, llm.tokenizer, spec=cfg, drafter=drafter)
     expected, _ = _run(Engine(llm.model, llm.tokenizer), llm, REPETITIVE)

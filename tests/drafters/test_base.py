@@ -195,10 +195,8 @@ def user_drafter() -> UserDrafter:
 @pytest.fixture(scope="module")
 def custom_llm(user_drafter: UserDrafter) -> tokenleap.LLM:
     # fixed draft length (no adaptive controller), so acceptance statistics are deterministic
-    return tokenleap.LLM(
-        dtype="bfloat16",
-        speculative_config={"method": "custom", "drafter": user_drafter, "num_speculative_tokens": 8, "adaptive": False},
-    )
+    return tokenleap.LLM(dtype="bfloat16", speculative_config={"method": "custom", "drafter": user_drafter,
+                                                               "num_speculative_tokens": 8, "adaptive": False})
 
 
 GREEDY_48 = SamplingParams(temperature=0.0, max_tokens=48)
@@ -224,7 +222,10 @@ def _continuation(reference: list[int], pad_to: int | None = None) -> Callable[[
 
 @pytest.mark.slow
 def test_perfect_custom_drafter_is_always_accepted(
-    custom_llm: tokenleap.LLM, user_drafter: UserDrafter, conversations: list[list[dict[str, str]]], plain_outputs: list[RequestOutput]
+    custom_llm: tokenleap.LLM,
+    user_drafter: UserDrafter,
+    conversations: list[list[dict[str, str]]],
+    plain_outputs: list[RequestOutput],
 ) -> None:
     for conv, plain in zip(conversations, plain_outputs):
         reference = plain.outputs[0].token_ids
@@ -255,7 +256,10 @@ def test_perfect_custom_drafter_is_always_accepted(
 
 @pytest.mark.slow
 def test_garbage_custom_drafter_keeps_output_with_low_acceptance(
-    custom_llm: tokenleap.LLM, user_drafter: UserDrafter, conversations: list[list[dict[str, str]]], plain_outputs: list[RequestOutput]
+    custom_llm: tokenleap.LLM,
+    user_drafter: UserDrafter,
+    conversations: list[list[dict[str, str]]],
+    plain_outputs: list[RequestOutput],
 ) -> None:
     rng = random.Random(0)
     user_drafter.reset(lambda prompt, output, k: Draft([rng.randrange(1000, VOCAB) for _ in range(k)]))
@@ -286,7 +290,9 @@ def test_overlong_drafts_are_cut_to_the_budget(
     assert out.outputs[0].token_ids == reference[:max_tokens]
     assert out.outputs[0].finish_reason == "length"
     stats = out.metrics.spec
-    assert stats.num_draft_tokens == stats.num_accepted_tokens == max(0, max_tokens - 1 - out.metrics.num_forward_passes)
+    assert (
+        stats.num_draft_tokens == stats.num_accepted_tokens == max(0, max_tokens - 1 - out.metrics.num_forward_passes)
+    )
     proposes = [e for e in user_drafter.log if e[0] == "propose"]
     assert all(e[4] == 31 and e[3] < 31 for e in proposes)  # every proposal was longer than its budget
     assert all(len(e[2]) <= e[3] + 1 for e in user_drafter.log if e[0] == "accept")
@@ -294,7 +300,10 @@ def test_overlong_drafts_are_cut_to_the_budget(
 
 @pytest.mark.slow
 def test_stop_inside_an_accepted_draft_counts_only_committed_tokens(
-    custom_llm: tokenleap.LLM, user_drafter: UserDrafter, conversations: list[list[dict[str, str]]], plain_outputs: list[RequestOutput]
+    custom_llm: tokenleap.LLM,
+    user_drafter: UserDrafter,
+    conversations: list[list[dict[str, str]]],
+    plain_outputs: list[RequestOutput],
 ) -> None:
     """The first step accepts an 8-token draft, but a stop token sits at its j-th token: the tokens
     after it are never emitted, so they must not count as committed (accepted) tokens either."""
@@ -314,7 +323,10 @@ def test_stop_inside_an_accepted_draft_counts_only_committed_tokens(
 
 @pytest.mark.slow
 def test_empty_custom_drafter_reproduces_plain_sampling(
-    custom_llm: tokenleap.LLM, user_drafter: UserDrafter, plain_llm: tokenleap.LLM, conversations: list[list[dict[str, str]]]
+    custom_llm: tokenleap.LLM,
+    user_drafter: UserDrafter,
+    plain_llm: tokenleap.LLM,
+    conversations: list[list[dict[str, str]]],
 ) -> None:
     user_drafter.reset(lambda prompt, output, k: Draft())
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=123, max_tokens=32)
@@ -326,7 +338,10 @@ def test_empty_custom_drafter_reproduces_plain_sampling(
 
 @pytest.mark.slow
 def test_probabilistic_custom_drafter_runs_and_is_reproducible(
-    custom_llm: tokenleap.LLM, user_drafter: UserDrafter, plain_llm: tokenleap.LLM, conversations: list[list[dict[str, str]]]
+    custom_llm: tokenleap.LLM,
+    user_drafter: UserDrafter,
+    plain_llm: tokenleap.LLM,
+    conversations: list[list[dict[str, str]]],
 ) -> None:
     top = SamplingParams(temperature=0.0, max_tokens=1, logprobs=20)
 
@@ -341,7 +356,9 @@ def test_probabilistic_custom_drafter_runs_and_is_reproducible(
             # accepted. The tokens really are drawn from q, as losslessness requires.
             n = min(k, 4)
             probs = torch.full((n, VOCAB), 0.1 / VOCAB)
-            nxt = plain_llm.generate({"prompt_token_ids": prompt + output}, top, use_tqdm=False)[0].outputs[0].logprobs[0]
+            nxt = (
+                plain_llm.generate({"prompt_token_ids": prompt + output}, top, use_tqdm=False)[0].outputs[0].logprobs[0]
+            )
             p = torch.tensor([lp.logprob for lp in nxt.values()]).softmax(0)
             probs[0, list(nxt)] += 0.9 * p
             probs[1:, 17] += 0.9

@@ -56,7 +56,8 @@ def test_model_free_members_keep_precedence() -> None:
 
 def test_a_costly_member_runs_only_when_its_expected_rate_beats_the_draft_in_hand() -> None:
     cheap, head = Fixed([11, 12]), Fixed([21, 22, 23, 24], relative_draft_cost=0.01)
-    chain = ChainDrafter([head, cheap], probe_every=1000)  # order given: head first; the free member is still asked first
+    # order given: head first; the free member is still asked first
+    chain = ChainDrafter([head, cheap], probe_every=1000)
     chain.use_cost_curve(FLAT)
     _begin(chain)
     assert chain.cost_aware
@@ -128,7 +129,11 @@ def test_each_member_counts_its_calls_and_names_its_drafts() -> None:
     draft = chain.propose("r", [1, 2, 3], 4)
     assert (draft.tokens, draft.source) == ([7, 8], "ngram-mod")
     chain.accept("r", [7, 8, 5], 2)
-    assert [(s.num_begin_calls, s.num_propose_calls, s.num_accept_calls) for s in stats.values()] == [(1, 1, 1), (1, 1, 1), (1, 0, 1)]
+    assert [(s.num_begin_calls, s.num_propose_calls, s.num_accept_calls) for s in stats.values()] == [
+        (1, 1, 1),
+        (1, 1, 1),
+        (1, 0, 1),
+    ]
     assert all(s.begin_seconds >= 0 and s.draft_seconds >= 0 for s in stats.values())
     assert chain.propose("r", [1, 2, 3], 4).source == "ngram-mod"
     assert chain.member_statistics("r")["ngram-mod"].num_propose_calls == 2  # the same live counters
@@ -161,7 +166,8 @@ def test_draftless_members_precede_a_draft_model_whatever_the_order_given() -> N
     assert chain.member_statistics("r")["ngram-simple"].num_propose_calls == 1  # asked first, had nothing
     other.draft = []
     draft = chain.propose("r", [1, 2, 3], 4)
-    assert (draft.tokens, draft.source) == ([21, 22, 23], "draft-model") and model.proposals == 1  # none of them had one
+    # none of them had one
+    assert (draft.tokens, draft.source) == ([21, 22, 23], "draft-model") and model.proposals == 1
     lookup.draft = [41]
     assert chain.propose("r", [1, 2, 3], 4).tokens == [41]  # the draftless member again, in the order given
     assert chain.wins == [1, 1, 1]

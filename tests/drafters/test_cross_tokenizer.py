@@ -58,7 +58,9 @@ def test_vocabularies_differ_and_text_maps_back(pair) -> None:
     assert not same_vocabulary(target_tok, draft_tok, target, draft)
     d = CrossTokenizerDrafter(draft, draft_tok, target_tok)
     ctx = target_tok.encode("hello, wor")
-    assert target_tok.hf.decode(d.draft_context(ctx)) != "" and draft_tok.hf.decode(d.draft_context(ctx)) == "hello, wor"
+    assert (
+        target_tok.hf.decode(d.draft_context(ctx)) != "" and draft_tok.hf.decode(d.draft_context(ctx)) == "hello, wor"
+    )
     assert d.to_target(ctx, "ld!") == target_tok.encode("ld!")
     assert d.draft_text(draft_tok.encode("hello"), draft_tok.encode(" world")) == " world"
     assert d.to_target(ctx, "") == []

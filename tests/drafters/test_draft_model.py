@@ -62,12 +62,15 @@ def test_greedy_output_with_a_draft_context_is_plain_decoding(tiny_hf_folder: ob
     folder = str(tiny_hf_folder)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     want = LLM(folder, dtype="float32").generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids
-    spec = LLM(folder, dtype="float32", speculative_config={"method": "draft-model", "model": folder, "draft_context": 4,
-                                                            "num_speculative_tokens": 4, "adaptive": False})
+    spec = LLM(folder, dtype="float32", speculative_config={"method": "draft-model", "model": folder,
+                                                            "draft_context": 4, "num_speculative_tokens": 4,
+                                                            "adaptive": False})
     assert spec.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids == want
 
 
-def test_a_draft_tokens_price_is_its_weight_bytes_over_the_targets(tiny_model: LlamaModel, tiny_hf_folder: object) -> None:
+def test_a_draft_tokens_price_is_its_weight_bytes_over_the_targets(
+    tiny_model: LlamaModel, tiny_hf_folder: object
+) -> None:
     """A decode step reads its weights: a draft token costs the draft's bytes over the target's
     (HasDraftCost), which starts the controller's estimate and makes a chain with a draftless
     member weigh the two by expected tokens per cost instead of plain precedence."""
@@ -75,13 +78,17 @@ def test_a_draft_tokens_price_is_its_weight_bytes_over_the_targets(tiny_model: L
     assert step_price(half, tiny_model) == half.weight_bytes_per_token() / tiny_model.weight_bytes_per_token()
     assert 0.0 < step_price(half, tiny_model) < 1.0 and step_price(tiny_model, tiny_model) == 1.0
     folder = str(tiny_hf_folder)
-    llm = LLM(folder, dtype="float32", speculative_config={"method": "suffix+draft-model", "model": folder, "draft_layers": 1})
+    llm = LLM(
+        folder, dtype="float32", speculative_config={"method": "suffix+draft-model", "model": folder, "draft_layers": 1}
+    )
     chain = llm.engine.drafter
     assert isinstance(chain, ChainDrafter) and chain.cost_aware
     assert chain.costs == [0.0, pytest.approx(step_price(half, tiny_model))]
 
 
-def test_by_default_the_draft_reads_what_the_answer_can_repay(tiny_model: LlamaModel, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_by_default_the_draft_reads_what_the_answer_can_repay(
+    tiny_model: LlamaModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The default window: max(128, 2 x max_tokens) prompt tokens; 0 reads everything."""
     assert auto_draft_context(16) == 128 and auto_draft_context(200) == 400 and auto_draft_context(None) == 0
     monkeypatch.setattr(draft_model, "AUTO_CONTEXT_MIN", 16)  # the tiny model holds 128 positions
@@ -108,13 +115,21 @@ def test_the_draft_has_its_own_kv_cache_type(tmp_path: Path) -> None:
     plain = LLM(DEFAULT_MODEL)
     want = plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
     with pytest.raises(TokenleapError, match="needs a draft model of its own"):
-        LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": DEFAULT_MODEL, "draft_cache_type_k": "q8_0"})
-    if not plain.model.kv_blocked:  # no blocked attention here (no AVX512-BF16): the draft's q8_0 cache is refused as the target's is
+        LLM(
+            DEFAULT_MODEL,
+            speculative_config={"method": "draft-model", "model": DEFAULT_MODEL, "draft_cache_type_k": "q8_0"},
+        )
+    # no blocked attention here (no AVX512-BF16): the draft's q8_0 cache is refused as the target's is
+    if not plain.model.kv_blocked:
         with pytest.raises(TokenleapError, match="q8_0 KV cache needs the kernels' blocked attention"):
-            LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": str(other), "draft_cache_type_k": "q8_0"})
+            LLM(
+                DEFAULT_MODEL,
+                speculative_config={"method": "draft-model", "model": str(other), "draft_cache_type_k": "q8_0"},
+            )
         pytest.skip("q8_0 KV caches need the kernels' blocked bf16 attention (AVX512-BF16)")
-    spec = LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": str(other), "draft_cache_type_v": "q8_0",
-                                                  "num_speculative_tokens": 3, "adaptive": False})
+    spec = LLM(DEFAULT_MODEL, speculative_config={"method": "draft-model", "model": str(other),
+                                                  "draft_cache_type_v": "q8_0", "num_speculative_tokens": 3,
+                                                  "adaptive": False})
     draft = spec.engine.drafter
     assert isinstance(draft, DraftModelDrafter) and draft.model is not spec.model
     if spec.model.kernels is not None:  # q8_0 caches are the kernels' blocked ones

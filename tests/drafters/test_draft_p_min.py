@@ -54,7 +54,8 @@ def test_greedy_output_with_p_min_is_plain_decoding(tiny_hf_folder: object) -> N
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     want = plain.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids
     for p_min in (0.0, 0.02, 0.9):
-        spec = LLM(folder, dtype="float32", speculative_config={"method": "draft-simple", "model": folder, "draft_p_min": p_min,
-                                                                "num_speculative_tokens": 4, "adaptive": False})
+        spec = LLM(folder, dtype="float32", speculative_config={"method": "draft-simple", "model": folder,
+                                                                "draft_p_min": p_min, "num_speculative_tokens": 4,
+                                                                "adaptive": False})
         assert spec.spec_config is not None and spec.spec_config.options_for().draft_p_min == p_min
         assert spec.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids == want, p_min

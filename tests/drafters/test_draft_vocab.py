@@ -45,7 +45,9 @@ def test_a_cut_head_scores_the_whole_heads_columns(llm: LLM, tiny_model: LlamaMo
 def test_frequent_tokens_are_the_first_ids_and_every_special_one(tokenizer: Tokenizer) -> None:
     vocab = tokenizer.hf.vocab_size + len(tokenizer.hf.get_added_vocab())
     ids = frequent_tokens(tokenizer, vocab, 500).tolist()
-    special = set(tokenizer.hf.all_special_ids) | set(tokenizer.hf.get_added_vocab().values()) | set(tokenizer.eos_token_ids)
+    special = (
+        set(tokenizer.hf.all_special_ids) | set(tokenizer.hf.get_added_vocab().values()) | set(tokenizer.eos_token_ids)
+    )
     assert special <= set(ids)
     assert ids == sorted(ids) and len(set(ids) - special) == 500
     assert [i for i in ids if i not in special] == [i for i in range(vocab) if i not in special][:500]
@@ -74,8 +76,14 @@ def test_greedy_output_with_a_cut_draft_vocabulary_is_plain_decoding(llm: LLM) -
     cfg = SpecConfig.from_dict({"method": "draft-model", "model": "smollm2-135m-instruct", "draft_vocab": 4096,
                                 "num_speculative_tokens": 4, "adaptive": False})
     assert cfg is not None
-    drafter = default_registry().create(cfg.method, cfg, target=llm.model, tokenizer=llm.tokenizer, target_path=llm.source.path)
-    assert isinstance(drafter, DraftModelDrafter) and drafter.vocab is not None and len(drafter.vocab) < llm.model.config.vocab_size
+    drafter = default_registry().create(
+        cfg.method, cfg, target=llm.model, tokenizer=llm.tokenizer, target_path=llm.source.path
+    )
+    assert (
+        isinstance(drafter, DraftModelDrafter)
+        and drafter.vocab is not None
+        and len(drafter.vocab) < llm.model.config.vocab_size
+    )
     spec, plain = Engine(llm.model, llm.tokenizer, spec=cfg, drafter=drafter), Engine(llm.model, llm.tokenizer)
     accepted = 0
     for prompt in ("Write a Python function that returns the n-th Fibonacci number.", "Name the three primary colors."):

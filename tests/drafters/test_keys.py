@@ -51,18 +51,30 @@ def test_control_fields_do_not_make_a_new_drafter() -> None:
         other = SpecConfig(method=method, num_speculative_tokens=4, draft_min=2, adaptive=False)
         assert drafter_key(base) == drafter_key(other), method
     # fields of other methods do not matter either
-    assert drafter_key(SpecConfig(method="suffix")) == drafter_key(SpecConfig(method="suffix", prompt_lookup_max=7, ngram_size_n=5))
-    assert drafter_key(SpecConfig(method="ngram")) == drafter_key(SpecConfig(method="ngram", suffix_decoding_max_tree_depth=8))
+    assert drafter_key(SpecConfig(method="suffix")) == drafter_key(
+        SpecConfig(method="suffix", prompt_lookup_max=7, ngram_size_n=5)
+    )
+    assert drafter_key(SpecConfig(method="ngram")) == drafter_key(
+        SpecConfig(method="ngram", suffix_decoding_max_tree_depth=8)
+    )
 
 
 def test_fields_the_method_reads_make_a_new_drafter() -> None:
     assert drafter_key(SpecConfig(method="ngram")) != drafter_key(SpecConfig(method="ngram", prompt_lookup_max=7))
-    assert drafter_key(SpecConfig(method="suffix")) != drafter_key(SpecConfig(method="suffix", suffix_decoding_min_token_prob=0.3))
-    assert drafter_key(SpecConfig(method="ngram-map-k")) != drafter_key(SpecConfig(method="ngram-map-k", ngram_min_hits=3))
-    assert drafter_key(SpecConfig(method="ngram-cache")) != drafter_key(SpecConfig(method="ngram-cache", ngram_cache_path="x.bin"))
+    assert drafter_key(SpecConfig(method="suffix")) != drafter_key(
+        SpecConfig(method="suffix", suffix_decoding_min_token_prob=0.3)
+    )
+    assert drafter_key(SpecConfig(method="ngram-map-k")) != drafter_key(
+        SpecConfig(method="ngram-map-k", ngram_min_hits=3)
+    )
+    assert drafter_key(SpecConfig(method="ngram-cache")) != drafter_key(
+        SpecConfig(method="ngram-cache", ngram_cache_path="x.bin")
+    )
     assert drafter_key(SpecConfig(method="ngram")) != drafter_key(SpecConfig(method="suffix"))
     assert drafter_key(SpecConfig(method="suffix+ngram")) != drafter_key(SpecConfig(method="ngram+suffix"))
-    assert drafter_key(SpecConfig(method="suffix+ngram")) != drafter_key(SpecConfig(method="suffix+ngram", prompt_lookup_max=2))
+    assert drafter_key(SpecConfig(method="suffix+ngram")) != drafter_key(
+        SpecConfig(method="suffix+ngram", prompt_lookup_max=2)
+    )
     a = SpecConfig(method="draft-model", model="m.gguf")
     assert drafter_key(a) != drafter_key(dataclasses.replace(a, draft_layers=4))
     assert drafter_key(a) == drafter_key(dataclasses.replace(a, num_speculative_tokens=3))
@@ -100,7 +112,9 @@ class _Recording:
         return getattr(self._config, name)
 
 
-@pytest.mark.parametrize("method", ["ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "custom"])
+@pytest.mark.parametrize(
+    "method", ["ngram", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "custom"]
+)
 def test_factories_read_only_their_listed_fields(method: str) -> None:
     config = SpecConfig(method=method, drafter=DataclassDrafter() if method == "custom" else None)
     recording = _Recording(config)
@@ -120,7 +134,9 @@ def test_per_request_controls_reuse_the_engines_drafter(llm: tokenleap.LLM) -> N
     assert a is b and c is not a
 
 
-def test_draft_model_is_loaded_once_per_path(tiny_hf_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_draft_model_is_loaded_once_per_path(
+    tiny_hf_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Drafters of one registry (one engine) share a loaded draft model: another cap, another
     layer count or another spelling of the path loads no second copy."""
     import tokenleap.models.loading as loading
@@ -149,8 +165,11 @@ def test_draft_model_is_loaded_once_per_path(tiny_hf_folder: Path, tmp_path: Pat
 
 
 def test_dataclass_custom_drafter_in_the_llm_constructor(tiny_hf_folder: Path) -> None:
-    llm = tokenleap.LLM(str(tiny_hf_folder), dtype="float32", speculative_config={"method": "custom", "drafter": DataclassDrafter(),
-                                                                              "adaptive": False})
+    llm = tokenleap.LLM(
+        str(tiny_hf_folder),
+        dtype="float32",
+        speculative_config={"method": "custom", "drafter": DataclassDrafter(), "adaptive": False},
+    )
     out = llm.generate([[5, 6, 7, 5, 6, 7, 5, 6]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 8
 
@@ -158,7 +177,9 @@ def test_dataclass_custom_drafter_in_the_llm_constructor(tiny_hf_folder: Path) -
 @pytest.mark.slow
 def test_dataclass_custom_drafter_gives_plain_greedy_output(llm: tokenleap.LLM) -> None:
     engine = llm.engine
-    prompt = llm.chat_token_ids([{"role": "user", "content": "Repeat twice: the quick brown fox jumps over the lazy dog."}])
+    prompt = llm.chat_token_ids(
+        [{"role": "user", "content": "Repeat twice: the quick brown fox jumps over the lazy dog."}]
+    )
     params = SamplingParams(temperature=0, max_tokens=40)
     plain = engine.run(engine.add_request(prompt, params, speculative=False)).output_ids
     drafter = DataclassDrafter()
@@ -178,7 +199,9 @@ def test_least_recently_used_drafters_are_let_go(tiny_model: Any, tokenizer: Any
     engine = Engine(tiny_model, tokenizer, spec=default, drafter=registry.create("suffix", default), max_drafters=2,
                     drafter_factory=lambda spec: registry.create(spec.method, spec))
     configs = [SpecConfig(method="ngram", prompt_lookup_max=n, adaptive=False) for n in (2, 3, 4)]
-    held = engine.add_request([5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(temperature=0, max_tokens=6), speculative=configs[0])
+    held = engine.add_request(
+        [5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(temperature=0, max_tokens=6), speculative=configs[0]
+    )
     first = engine.drafter_for(configs[0])
     engine.drafter_for(configs[1])
     engine.drafter_for(configs[0])  # used again: now the most recent

@@ -16,7 +16,15 @@ import pytest
 
 import tokenleap
 from tokenleap import SpecConfig, TokenleapError
-from tokenleap.drafters import cli_flags, default_registry, docs_table, drafter_key, method_fields, registry, server_schema
+from tokenleap.drafters import (
+    cli_flags,
+    default_registry,
+    docs_table,
+    drafter_key,
+    method_fields,
+    registry,
+    server_schema,
+)
 from tokenleap.drafters.base import Draft, StatelessDrafter
 from tokenleap.sampling import SamplingParams
 
@@ -45,8 +53,12 @@ class RepeatLastDrafter(StatelessDrafter):
         return Draft([tokens[-1]] * min(self.n, max_tokens))
 
 
-REPEAT = tokenleap.MethodRecord("repeat-last", lambda config, **_: RepeatLastDrafter(config.options_for("repeat-last").repeat_n),
-                                "drafts the last token repeated repeat_n times", options=RepeatOptions)
+REPEAT = tokenleap.MethodRecord(
+    "repeat-last",
+    lambda config, **_: RepeatLastDrafter(config.options_for("repeat-last").repeat_n),
+    "drafts the last token repeated repeat_n times",
+    options=RepeatOptions,
+)
 
 
 @pytest.fixture
@@ -59,7 +71,9 @@ def repeat_method() -> Iterator[tokenleap.MethodRecord]:
 # --------------------------------------------------------------------------- the user's method everywhere
 
 
-def test_registered_method_is_in_generate_help_with_its_option_flag(repeat_method: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_registered_method_is_in_generate_help_with_its_option_flag(
+    repeat_method: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tokenleap.cli import _spec_dict, build_parser, main
 
     with pytest.raises(SystemExit) as exit_:  # `tokenleap generate --help`
@@ -68,11 +82,15 @@ def test_registered_method_is_in_generate_help_with_its_option_flag(repeat_metho
     help_text = " ".join(capsys.readouterr().out.split())
     assert "repeat-last" in help_text and "--spec-repeat-last-repeat-n" in help_text, help_text
     assert "copies of the last token to draft (default: 2)" in help_text
-    args = build_parser().parse_args(["generate", "hi", "--spec-type", "repeat-last", "--spec-repeat-last-repeat-n", "3"])
+    args = build_parser().parse_args(
+        ["generate", "hi", "--spec-type", "repeat-last", "--spec-repeat-last-repeat-n", "3"]
+    )
     spec = SpecConfig.from_dict(_spec_dict(args))
     assert spec is not None and spec.method == "repeat-last" and spec.options_for() == RepeatOptions(3)
     with pytest.raises(TokenleapError, match="--spec-repeat-last-repeat-n is an option of method 'repeat-last'"):
-        _spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "ngram", "--spec-repeat-last-repeat-n", "3"]))
+        _spec_dict(
+            build_parser().parse_args(["generate", "hi", "--spec-type", "ngram", "--spec-repeat-last-repeat-n", "3"])
+        )
     with pytest.raises(SystemExit):  # the flag's type comes from the option's annotation
         build_parser().parse_args(["generate", "hi", "--spec-repeat-last-repeat-n", "x"])
 
@@ -88,7 +106,11 @@ def test_registered_method_is_in_the_servers_per_request_schema(repeat_method: A
     override = SpeculativeOverride.model_validate({"method": "repeat-last", "repeat_n": 3, "num_speculative_tokens": 4})
     state = SimpleNamespace(llm=SimpleNamespace(engine=SimpleNamespace(spec=None)), max_draft_tokens=16)
     spec = speculative(state, override)  # type: ignore[arg-type]
-    assert isinstance(spec, SpecConfig) and spec.options_for("repeat-last") == RepeatOptions(3) and spec.num_speculative_tokens == 4
+    assert (
+        isinstance(spec, SpecConfig)
+        and spec.options_for("repeat-last") == RepeatOptions(3)
+        and spec.num_speculative_tokens == 4
+    )
     with pytest.raises(APIError, match="repeat_n must be in"):
         speculative(state, SpeculativeOverride.model_validate({"method": "repeat-last", "repeat_n": 0}))  # type: ignore[arg-type]
     with pytest.raises(APIError, match="has no option"):
@@ -101,7 +123,8 @@ def test_registered_method_is_in_the_servers_per_request_schema(repeat_method: A
 
 def test_registered_method_in_the_library_dict_api(repeat_method: Any) -> None:
     spec = SpecConfig.from_dict({"method": "repeat-last", "repeat_n": 3})
-    assert spec is not None and spec.method in registry.method_names() and spec.options_for() == RepeatOptions(3)  # read now: derived
+    # read now: derived
+    assert spec is not None and spec.method in registry.method_names() and spec.options_for() == RepeatOptions(3)
     assert SpecConfig.from_dict({"method": "repeat-last"}).options_for() == RepeatOptions(2)  # type: ignore[union-attr]
     with pytest.raises(TokenleapError, match="repeat_n must be in"):
         SpecConfig.from_dict({"method": "repeat-last", "repeat_n": 0})
@@ -113,7 +136,11 @@ def test_registered_method_in_the_library_dict_api(repeat_method: Any) -> None:
     assert drafter_key(spec) != drafter_key(SpecConfig("repeat-last"))
     assert drafter_key(spec) == drafter_key(dataclasses.replace(spec, num_speculative_tokens=5))
     chained = SpecConfig.from_dict({"method": "ngram+repeat-last", "repeat_n": 4})
-    assert chained is not None and chained.chain == ("ngram", "repeat-last") and chained.options_for("repeat-last") == RepeatOptions(4)
+    assert (
+        chained is not None
+        and chained.chain == ("ngram", "repeat-last")
+        and chained.options_for("repeat-last") == RepeatOptions(4)
+    )
     drafter = default_registry().create("chain", chained)
     member = drafter.drafters[1]  # type: ignore[attr-defined]
     assert isinstance(member, RepeatLastDrafter) and member.n == 4
@@ -125,12 +152,18 @@ def test_registered_method_gives_plain_greedy_output_on_a_tiny_model(repeat_meth
     params = SamplingParams(temperature=0, max_tokens=12)
     prompt = [[5, 6, 7, 7, 7, 5, 6, 7, 7]]
     plain = tokenleap.LLM(str(tiny_hf_folder), dtype="float32").generate(prompt, params, use_tqdm=False)[0]
-    spec = tokenleap.LLM(str(tiny_hf_folder), dtype="float32", speculative_config={"method": "repeat-last", "repeat_n": 3, "adaptive": False})
+    spec = tokenleap.LLM(
+        str(tiny_hf_folder),
+        dtype="float32",
+        speculative_config={"method": "repeat-last", "repeat_n": 3, "adaptive": False},
+    )
     out = spec.generate(prompt, params, use_tqdm=False)[0]
     assert out.outputs[0].token_ids == plain.outputs[0].token_ids
     assert out.metrics.spec.num_draft_tokens > 0
     with pytest.raises(TokenleapError, match="repeat_n"):
-        tokenleap.LLM(str(tiny_hf_folder), dtype="float32", speculative_config={"method": "repeat-last", "repeat_n": 99})
+        tokenleap.LLM(
+            str(tiny_hf_folder), dtype="float32", speculative_config={"method": "repeat-last", "repeat_n": 99}
+        )
 
 
 @pytest.mark.slow
@@ -162,13 +195,18 @@ class _EntryPoint:
         return self._target
 
 
-def test_entry_point_methods_load_lazily_and_report_failures(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_entry_point_methods_load_lazily_and_report_failures(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     calls: list[str] = []
 
     def entry_points(group: str) -> list[_EntryPoint]:
         calls.append(group)
-        return [_EntryPoint("repeat", "mypkg:REPEAT", REPEAT), _EntryPoint("broken", "otherpkg:METHOD", ImportError("no module named otherpkg")),
-                _EntryPoint("wrong", "otherpkg:thing", object())]
+        return [
+            _EntryPoint("repeat", "mypkg:REPEAT", REPEAT),
+            _EntryPoint("broken", "otherpkg:METHOD", ImportError("no module named otherpkg")),
+            _EntryPoint("wrong", "otherpkg:thing", object()),
+        ]
 
     monkeypatch.setattr("importlib.metadata.entry_points", entry_points)
     monkeypatch.setattr(registry._REGISTERED, "entry_points_loaded", False)
@@ -193,8 +231,10 @@ def test_entry_point_methods_load_lazily_and_report_failures(monkeypatch: pytest
 
 def test_builtin_names_aliases_and_keys_come_from_the_records() -> None:
     assert registry.method_names() == tuple(r.name for r in registry.builtin_methods())
-    for alias, name in (("draft", "draft-model"), ("draft_model", "draft-model"), ("eagle-3", "eagle3"), ("prompt_lookup", "ngram"),
-                        ("mimo_mtp", "mtp"), ("ngram_map_k4v", "ngram-map-k4v")):
+    for alias, name in (
+        ("draft", "draft-model"), ("draft_model", "draft-model"), ("eagle-3", "eagle3"), ("prompt_lookup", "ngram"),
+        ("mimo_mtp", "mtp"), ("ngram_map_k4v", "ngram-map-k4v")
+    ):
         assert registry.canonical(alias) == name
     assert server_schema.server_side_methods() == {"custom", "draft-model", "eagle3", "eagle", "medusa", "chain"}
     assert method_fields() == {r.name: r.fields for r in registry.builtin_methods()}
@@ -215,21 +255,47 @@ def test_builtin_option_is_declared_once_and_derived_everywhere(capsys: pytest.C
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--spec-suffix-max-tree-depth N suffix: longest suffix indexed and matched (default: 64)" in help_text, help_text
-    assert "ngram, ngram-tree (prompt_lookup_max): longest n-gram looked up (default: 4)" in help_text  # one flag, two meanings
-    spec = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "suffix", "--spec-suffix-max-tree-depth", "16"])))
+    assert "--spec-suffix-max-tree-depth N suffix: longest suffix indexed and matched (default: 64)" in help_text, (
+        help_text
+    )
+    # one flag, two meanings
+    assert "ngram, ngram-tree (prompt_lookup_max): longest n-gram looked up (default: 4)" in help_text
+    spec = SpecConfig.from_dict(
+        _spec_dict(
+            build_parser().parse_args(["generate", "hi", "--spec-type", "suffix", "--spec-suffix-max-tree-depth", "16"])
+        )
+    )
     assert spec is not None and spec.options_for() == SuffixOptions(suffix_decoding_max_tree_depth=16)
-    with pytest.raises(TokenleapError, match="--spec-suffix-max-tree-depth is an option of method 'suffix'; --spec-type ngram does not use it"):
-        _spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "ngram", "--spec-suffix-max-tree-depth", "16"]))
-    chained = SpecConfig.from_dict(_spec_dict(build_parser().parse_args(["generate", "hi", "--spec-type", "ngram+ngram-mod", "--spec-ngram-size-n", "5"])))
-    assert chained is not None and chained.options_for("ngram") == NgramOptions(prompt_lookup_max=5) and chained.options_for("ngram-mod").ngram_size_n == 5
+    with pytest.raises(
+        TokenleapError,
+        match="--spec-suffix-max-tree-depth is an option of method 'suffix'; --spec-type ngram does not use it",
+    ):
+        _spec_dict(
+            build_parser().parse_args(["generate", "hi", "--spec-type", "ngram", "--spec-suffix-max-tree-depth", "16"])
+        )
+    chained = SpecConfig.from_dict(
+        _spec_dict(
+            build_parser().parse_args(["generate", "hi", "--spec-type", "ngram+ngram-mod", "--spec-ngram-size-n", "5"])
+        )
+    )
+    assert (
+        chained is not None
+        and chained.options_for("ngram") == NgramOptions(prompt_lookup_max=5)
+        and chained.options_for("ngram-mod").ngram_size_n == 5
+    )
 
     props = ChatCompletionRequest.model_json_schema()["$defs"]["SpeculativeOverride"]["properties"]
     depth = props["suffix_decoding_max_tree_depth"]
-    assert (depth["type"], depth["default"], depth["maximum"]) == ("integer", 64, 256) and "suffix" in depth["description"]
-    assert "suffix_decoding_max_cached_requests" not in props and "model" not in props  # the operator's: not per request
+    assert (
+        (depth["type"], depth["default"], depth["maximum"]) == ("integer", 64, 256) and "suffix" in depth["description"]
+    )
+    # the operator's: not per request
+    assert "suffix_decoding_max_cached_requests" not in props and "model" not in props
     state = SimpleNamespace(llm=SimpleNamespace(engine=SimpleNamespace(spec=None)), max_draft_tokens=16)
-    spec = speculative(state, SpeculativeOverride.model_validate({"method": "suffix", "suffix_decoding_max_tree_depth": 16}))  # type: ignore[arg-type]
+    spec = speculative(
+        state,  # type: ignore[arg-type]
+        SpeculativeOverride.model_validate({"method": "suffix", "suffix_decoding_max_tree_depth": 16}),
+    )
     assert isinstance(spec, SpecConfig) and spec.options_for() == SuffixOptions(suffix_decoding_max_tree_depth=16)
     with pytest.raises(Exception, match="suffix_decoding_max_tree_depth must be <= 256 in a request"):
         SpeculativeOverride.model_validate({"method": "suffix", "suffix_decoding_max_tree_depth": 1000})
@@ -240,11 +306,14 @@ def test_builtin_option_is_declared_once_and_derived_everywhere(capsys: pytest.C
         SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 0})
     with pytest.raises(TokenleapError, match="option suffix_decoding_max_tree_depth must be int"):
         SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": "16"})
-    assert SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 1000}) is not None  # the library has no request limit
+    # the library has no request limit
+    assert SpecConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 1000}) is not None
     assert SpecConfig("suffix").method_options == (("suffix", SuffixOptions()),)
     assert "suffix_decoding_max_tree_depth" not in {f.name for f in dataclasses.fields(SpecConfig)}
     options = {f.name for r in registry.builtin_methods() for f in r.option_fields}
-    assert not options & {f.name for f in dataclasses.fields(SpecConfig)}, "a method's option is a field of its options, not of SpecConfig"
+    assert not options & {f.name for f in dataclasses.fields(SpecConfig)}, (
+        "a method's option is a field of its options, not of SpecConfig"
+    )
 
 
 def test_tree_options_are_named_for_trees_and_their_former_names_say_so() -> None:
@@ -267,7 +336,9 @@ def test_tree_options_are_named_for_trees_and_their_former_names_say_so() -> Non
 
 def test_docs_hold_the_generated_methods_table() -> None:
     table = docs_table.methods_table(registry.builtin_methods())
-    assert table in (ROOT / "docs" / "speculative-decoding.md").read_text(), "regenerate: print(methods_table(builtin_methods()))"
+    assert table in (ROOT / "docs" / "speculative-decoding.md").read_text(), (
+        "regenerate: print(methods_table(builtin_methods()))"
+    )
     assert all(f"`{r.name}`" in table for r in registry.builtin_methods())
 
 

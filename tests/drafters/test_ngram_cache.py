@@ -122,7 +122,11 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
 def test_bad_statistics_files_are_user_errors(tmp_path: Path) -> None:
     with pytest.raises(TokenleapError, match="not found"):
         NgramCacheDrafter(static_path=str(tmp_path / "missing.json"))
-    for name, text in {"garbage": "not json", "other": '{"format": "x"}', "short": '{"format": "tokenleap-ngram-cache"}'}.items():
+    for name, text in {
+        "garbage": "not json",
+        "other": '{"format": "x"}',
+        "short": '{"format": "tokenleap-ngram-cache"}',
+    }.items():
         path = tmp_path / f"{name}.json"
         path.write_text(text)
         with pytest.raises(TokenleapError, match="not a valid n-gram cache file"):

@@ -165,7 +165,9 @@ def test_registry_builds_the_family_with_configured_sizes() -> None:
     assert isinstance(unset, NgramMapK4VDrafter) and unset.min_hits == NgramMapK4VDrafter.DEFAULT_MIN_HITS == 2
     map_k = registry.create("ngram-map-k", SpecConfig("ngram-map-k"))
     assert isinstance(map_k, NgramMapKDrafter) and map_k.min_hits == NgramMapKDrafter.DEFAULT_MIN_HITS == 1
-    low = registry.create("ngram-map-k4v", SpecConfig("ngram-map-k4v", ngram_size_n=2, ngram_size_m=2, ngram_min_hits=1))
+    low = registry.create(
+        "ngram-map-k4v", SpecConfig("ngram-map-k4v", ngram_size_n=2, ngram_size_m=2, ngram_min_hits=1)
+    )
     assert isinstance(low, NgramMapK4VDrafter) and low.min_hits == 1
     assert propose(low, [1, 2, 3, 4, 1, 2]) == [3, 4]  # a value seen once drafts, as in llama.cpp
 
@@ -178,5 +180,8 @@ def test_min_hits_help_tells_the_drafters_defaults(capsys) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert (f"(default: ngram-map-k {NgramMapKDrafter.DEFAULT_MIN_HITS}, ngram-map-k4v {NgramMapK4VDrafter.DEFAULT_MIN_HITS})"
-            in help_text), help_text
+    assert (
+        f"(default: ngram-map-k {NgramMapKDrafter.DEFAULT_MIN_HITS}, "
+        f"ngram-map-k4v {NgramMapK4VDrafter.DEFAULT_MIN_HITS})"
+        in help_text
+    ), help_text

@@ -17,7 +17,14 @@ from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import DraftRequest, ReadsLogits
 from tokenleap.drafters.chain import ChainDrafter
 from tokenleap.drafters.ngram import NgramDrafter
-from tokenleap.drafters.recycling import DEFAULT_BRANCHING, AdjacencyTable, RecyclingOptions, TokenRecyclingDrafter, build_tree, top_candidates
+from tokenleap.drafters.recycling import (
+    DEFAULT_BRANCHING,
+    AdjacencyTable,
+    RecyclingOptions,
+    TokenRecyclingDrafter,
+    build_tree,
+    top_candidates,
+)
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
 from tokenleap.verify.tree import check_parents, tree_depths
@@ -145,7 +152,9 @@ def test_the_table_outlives_requests_but_seeded_sampled_ones_keep_their_own() ->
 def test_options_and_one_table_per_k_for_a_registry() -> None:
     assert RecyclingOptions().recycling_branching == DEFAULT_BRANCHING == (2, 2, 1)
     assert RecyclingOptions(recycling_branching="3, 1").recycling_branching == (3, 1)
-    assert SpecConfig.from_dict({"method": "token-recycling", "recycling_branching": [4, 2, 1]}).options_for().recycling_branching == (4, 2, 1)
+    assert SpecConfig.from_dict(
+        {"method": "token-recycling", "recycling_branching": [4, 2, 1]}
+    ).options_for().recycling_branching == (4, 2, 1)
     for bad in ("", "x", "0,1", "9", ",".join(["1"] * 33)):
         with pytest.raises(TokenleapError, match="recycling_branching"):
             RecyclingOptions(recycling_branching=bad)
@@ -155,7 +164,11 @@ def test_options_and_one_table_per_k_for_a_registry() -> None:
     a = registry.create("recycling", SpecConfig.from_dict({"method": "recycling"}))
     b = registry.create("recycling", SpecConfig.from_dict({"method": "recycling", "recycling_branching": "4,1"}))
     c = registry.create("recycling", SpecConfig.from_dict({"method": "recycling", "recycling_topk": 4}))
-    assert isinstance(a, TokenRecyclingDrafter) and isinstance(b, TokenRecyclingDrafter) and isinstance(c, TokenRecyclingDrafter)
+    assert (
+        isinstance(a, TokenRecyclingDrafter)
+        and isinstance(b, TokenRecyclingDrafter)
+        and isinstance(c, TokenRecyclingDrafter)
+    )
     assert a.table is b.table and a.table is not c.table and b.branching == (4, 1) and c.table.k == 4
     assert default_registry().create("recycling", SpecConfig.from_dict({"method": "recycling"})).table is not a.table
 
@@ -202,8 +215,12 @@ def test_the_engine_feeds_the_table_and_its_trees_get_accepted(llm: LLM) -> None
     plain = Engine(llm.model, llm.tokenizer)
     assert req.output_ids == plain.run(plain.add_request(prompt, params)).output_ids
     stats = req.metrics.spec
-    assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0, "the table never made an accepted draft: is the hook feeding it?"
-    assert stats.num_accepted_tokens / stats.num_drafts > 0.5  # the pattern's next tokens are the target's top candidates
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0, (
+        "the table never made an accepted draft: is the hook feeding it?"
+    )
+    assert (
+        stats.num_accepted_tokens / stats.num_drafts > 0.5
+    )  # the pattern's next tokens are the target's top candidates
 
 
 @pytest.mark.slow

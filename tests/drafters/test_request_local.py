@@ -54,7 +54,12 @@ def test_seeded_sampled_requests_ignore_other_requests(method: str) -> None:
     drafter.end("earlier")
     context = [3, 4, 10, 11, 12, 13]  # ends with an n-gram only the earlier request holds
     drafts = {}
-    for name, params in {"greedy": GREEDY, "unseeded": UNSEEDED, "seeded-greedy": SEEDED_GREEDY, "seeded": SEEDED}.items():
+    for name, params in {
+        "greedy": GREEDY,
+        "unseeded": UNSEEDED,
+        "seeded-greedy": SEEDED_GREEDY,
+        "seeded": SEEDED,
+    }.items():
         begin(drafter, name, context, params)
         drafts[name] = drafter.propose(name, context, 4).tokens
         drafter.end(name)

@@ -102,7 +102,13 @@ def test_batched_greedy_outputs_equal_solo_outputs(llm: tokenleap.LLM, questions
     engine = llm.engine
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in (40, 24, 33, 40, 17)]
     prompts = [llm.chat_token_ids([{"role": "user", "content": q}]) for q in questions[:5]]
-    specs: list[SpecConfig | bool] = [False, SpecConfig(method="ngram"), SpecConfig(method="suffix"), False, SpecConfig(method="ngram", adaptive=False)]
+    specs: list[SpecConfig | bool] = [
+        False,
+        SpecConfig(method="ngram"),
+        SpecConfig(method="suffix"),
+        False,
+        SpecConfig(method="ngram", adaptive=False),
+    ]
     solo = [engine.run(engine.add_request(p, sp, speculative=False)).output_ids for p, sp in zip(prompts, params)]
     batch = [engine.add_request(p, sp, speculative=s) for p, sp, s in zip(prompts, params, specs)]
     _drive(engine, batch, join_every)
@@ -118,7 +124,12 @@ def test_batched_seeded_sampling_is_reproducible(llm: tokenleap.LLM, questions: 
     prompt = llm.chat_token_ids([{"role": "user", "content": questions[1]}])
     sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=24)
     alone = engine.run(engine.add_request(prompt, sampled, speculative=SpecConfig(method="ngram"))).output_ids
-    others = [engine.add_request(llm.chat_token_ids([{"role": "user", "content": q}]), SamplingParams(max_tokens=20, temperature=0.0)) for q in questions[2:5]]
+    others = [
+        engine.add_request(
+            llm.chat_token_ids([{"role": "user", "content": q}]), SamplingParams(max_tokens=20, temperature=0.0)
+        )
+        for q in questions[2:5]
+    ]
     req = engine.add_request(prompt, sampled, speculative=SpecConfig(method="ngram"))
     _drive(engine, [req, *others])
     assert req.output_ids == alone

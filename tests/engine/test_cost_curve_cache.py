@@ -27,16 +27,24 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return caps
 
 
-def test_a_curve_is_measured_once_then_read_from_disk(tiny_model: LlamaModel, tmp_path: Path, measured: list[int]) -> None:
+def test_a_curve_is_measured_once_then_read_from_disk(
+    tiny_model: LlamaModel, tmp_path: Path, measured: list[int]
+) -> None:
     first = cached_cost_curve(tiny_model, 8, folder=tmp_path)
     assert measured == [8] and len(list(tmp_path.glob("*.json"))) == 1
     again = cached_cost_curve(tiny_model, 4, folder=tmp_path)  # fewer rows: the stored curve serves
     assert measured == [8] and again == first
     cached_cost_curve(tiny_model, 12, folder=tmp_path)  # more rows than stored: measured, and stored
-    assert measured == [8, 12] and len(cached_cost_curve(tiny_model, 12, folder=tmp_path).relative) == 13 and measured == [8, 12]
+    assert (
+        measured == [8, 12]
+        and len(cached_cost_curve(tiny_model, 12, folder=tmp_path).relative) == 13
+        and measured == [8, 12]
+    )
 
 
-def test_damaged_or_stale_entries_are_measured_again(tiny_model: LlamaModel, tmp_path: Path, measured: list[int]) -> None:
+def test_damaged_or_stale_entries_are_measured_again(
+    tiny_model: LlamaModel, tmp_path: Path, measured: list[int]
+) -> None:
     cached_cost_curve(tiny_model, 4, folder=tmp_path)
     (entry,) = tmp_path.glob("*.json")
     entry.write_text("{not json")

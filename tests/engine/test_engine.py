@@ -190,8 +190,9 @@ def test_cost_curve_is_measured_once_and_never_again_for_a_larger_cap(tiny_model
     assert measured == [16, 20] and engine.cost_curve(31) is engine.ensure_cost_curve(12)
 
 
-def test_steps_run_torch_single_threaded_beside_the_kernels(tiny_model: LlamaModel, tokenizer: Tokenizer, kernels: CpuKernels,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_steps_run_torch_single_threaded_beside_the_kernels(
+    tiny_model: LlamaModel, tokenizer: Tokenizer, kernels: CpuKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A step's torch ops (sampling, verification) run on one torch thread while the kernels'
     pool holds the cores (torch's OpenMP workers would spin beside it: decoding measured 2.2x
     slower when torch was imported before tokenleap), and the caller's setting comes back."""

@@ -120,7 +120,10 @@ def test_finished_requests_come_out_as_they_finish(engine: CountingEngine) -> No
 
 
 def test_stopping_early_frees_every_live_request(engine: CountingEngine) -> None:
-    jobs = [BatchJob([5 + i, 6, 7], SamplingParams(temperature=0.0, max_tokens=4 + 4 * i, ignore_eos=True)) for i in range(12)]
+    jobs = [
+        BatchJob([5 + i, 6, 7], SamplingParams(temperature=0.0, max_tokens=4 + 4 * i, ignore_eos=True))
+        for i in range(12)
+    ]
     scheduler = BatchScheduler(engine, jobs, max_num_seqs=4)
     it = scheduler.run()
     index, req = next(it)
@@ -156,7 +159,9 @@ def test_no_jobs_and_bad_bound(engine: CountingEngine) -> None:
         BatchScheduler(engine, [], max_num_seqs=0)
 
 
-def test_one_policy_for_any_driver_n_samples_share_one_prefill(engine: CountingEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_policy_for_any_driver_n_samples_share_one_prefill(
+    engine: CountingEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`Scheduler` directly, as the server drives it (its own tags, its own request ids): a job of
     n samples is prefilled once, its other samples fork the cache, sample i equals a request
     seeded seed + i alone, and the n samples count against `max_num_seqs` when admitted."""
@@ -218,7 +223,11 @@ def test_isolated_failures_end_only_their_request(engine: CountingEngine, monkey
     while waiting or sched.num_live:
         if waiting and sched.has_room():
             index, job = waiting.pop(0)
-            req = sched.add(index, job.prompt_ids, dataclasses.replace(job.params, max_tokens=12, ignore_eos=True) if index == 1 else job.params)
+            req = sched.add(
+                index,
+                job.prompt_ids,
+                dataclasses.replace(job.params, max_tokens=12, ignore_eos=True) if index == 1 else job.params,
+            )
             if index == 1:
                 bad.append(req)
         out = sched.step()
@@ -238,7 +247,9 @@ def test_isolated_failures_end_only_their_request(engine: CountingEngine, monkey
     assert sched.num_added == sched.num_freed == 6
 
 
-def test_forked_samples_of_a_head_drafter_draft_from_the_first_step(tiny_model: LlamaModel, tokenizer: Tokenizer, tmp_path: Path) -> None:
+def test_forked_samples_of_a_head_drafter_draft_from_the_first_step(
+    tiny_model: LlamaModel, tokenizer: Tokenizer, tmp_path: Path
+) -> None:
     """A drafter reading the target's hidden states (a Medusa head) gets the prompt's features in
     every forked sample, kept from the one prefill: each sample drafts from its first step, and
     greedy samples equal plain decoding."""
@@ -249,10 +260,18 @@ def test_forked_samples_of_a_head_drafter_draft_from_the_first_step(tiny_model: 
         tensors[f"medusa_head.{i}.0.linear.weight"] = torch.randn(h, h, generator=g) * h**-0.5
         tensors[f"medusa_head.{i}.0.linear.bias"] = torch.randn(h, generator=g) * 0.1
         tensors[f"medusa_head.{i}.1.weight"] = torch.randn(vocab, h, generator=g) * h**-0.5
-    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 1, "base_model_name_or_path": "tiny"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 1, "base_model_name_or_path": "tiny"})
+    )
     save_file(tensors, str(tmp_path / "model.safetensors"))
     spec = SpecConfig(method="medusa", model=str(tmp_path), num_speculative_tokens=3, adaptive=False)
-    engine = Engine(tiny_model, tokenizer, spec=spec, drafter=default_registry().create(spec.method, spec, target=tiny_model), prefill_chunk=4)
+    engine = Engine(
+        tiny_model,
+        tokenizer,
+        spec=spec,
+        drafter=default_registry().create(spec.method, spec, target=tiny_model),
+        prefill_chunk=4,
+    )
     params = SamplingParams(n=3, temperature=0.0, max_tokens=12, ignore_eos=True)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
     plain = Engine(tiny_model, tokenizer)

@@ -1,4 +1,5 @@
-"""Speculative engine on the real model: greedy output identical to plain decoding, consistent statistics, seeds, stops."""
+"""Speculative engine on the real model: greedy output identical to plain decoding, consistent statistics,
+seeds, stops."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def _conversations() -> dict[str, Conversation]:
     if not SPEC_BENCH.is_file():
         pytest.skip("Spec-Bench questions not present")
     rows = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines() if line.strip()]
-    return {c: [{"role": "user", "content": next(r for r in rows if r["category"] == c)["turns"][0]}] for c in CATEGORIES}
+    return {
+        c: [{"role": "user", "content": next(r for r in rows if r["category"] == c)["turns"][0]}] for c in CATEGORIES
+    }
 
 
 class Models:
@@ -54,7 +57,9 @@ class Models:
         key = (dtype, variant)
         if key not in self._greedy:
             llm = self.llm(dtype, variant)
-            self._greedy[key] = {c: llm.chat(conv, GREEDY_96, use_tqdm=False)[0] for c, conv in self.conversations.items()}
+            self._greedy[key] = {
+                c: llm.chat(conv, GREEDY_96, use_tqdm=False)[0] for c, conv in self.conversations.items()
+            }
         return self._greedy[key]
 
     def close(self) -> None:
@@ -88,12 +93,17 @@ def test_greedy_speculative_output_is_plain_output(models: Models, dtype: str, v
         a, b = plain[c].outputs[0], spec[c].outputs[0]
         if (a.token_ids, a.text, a.finish_reason) != (b.token_ids, b.text, b.finish_reason):
             i = _first_difference(a.token_ids, b.token_ids)
-            mismatches.append(f"{c}: first differs at token {i} of {len(a.token_ids)}/{len(b.token_ids)} ({a.finish_reason}/{b.finish_reason})")
+            mismatches.append(
+                f"{c}: first differs at token {i} of {len(a.token_ids)}/{len(b.token_ids)} "
+                f"({a.finish_reason}/{b.finish_reason})"
+            )
     assert not mismatches, f"{dtype} {variant}: " + "; ".join(mismatches)
     # speculation really happened: drafts were verified and some were accepted
     assert sum(o.metrics.spec.num_draft_tokens for o in spec.values()) > 50
     assert sum(o.metrics.spec.num_accepted_tokens for o in spec.values()) > 20
-    assert sum(o.metrics.num_forward_passes for o in spec.values()) < sum(o.metrics.num_forward_passes for o in plain.values())
+    assert sum(o.metrics.num_forward_passes for o in spec.values()) < sum(
+        o.metrics.num_forward_passes for o in plain.values()
+    )
 
 
 @pytest.mark.parametrize(("dtype", "variant"), SPEC_RUNS, ids=SPEC_IDS)
@@ -134,7 +144,9 @@ def test_generated_tokens_identity_when_finished_by_length(models: Models, dtype
     assert len(runs) >= 3
     for c, out in runs:
         m = out.metrics
-        assert m.num_generation_tokens - 1 == m.num_forward_passes + m.spec.num_accepted_tokens, f"{dtype} {variant} {c}"
+        assert m.num_generation_tokens - 1 == m.num_forward_passes + m.spec.num_accepted_tokens, (
+            f"{dtype} {variant} {c}"
+        )
         assert m.num_decode_tokens == m.num_generation_tokens - 1, f"{dtype} {variant} {c}"
 
 
@@ -220,7 +232,9 @@ def test_max_tokens_respected_with_long_drafts(models: Models, max_tokens: int) 
     conv = models.conversations["summarization"]
     reference = models.greedy("bfloat16", "plain")["summarization"].outputs[0].token_ids
     assert len(reference) >= 9
-    out = models.llm("bfloat16", "ngram-fixed").chat(conv, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)[0]
+    out = models.llm("bfloat16", "ngram-fixed").chat(
+        conv, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False
+    )[0]
     assert out.outputs[0].token_ids == reference[:max_tokens]
     assert out.outputs[0].finish_reason == "length"
     m = out.metrics
@@ -243,7 +257,8 @@ def test_sampled_run_with_seed_is_reproducible(models: Models, variant: str) -> 
     llm = models.llm("bfloat16", variant)
     conv = models.conversations["summarization"]
     first = llm.chat(conv, SAMPLED, use_tqdm=False)[0]
-    llm.chat(models.conversations["qa"], SamplingParams(temperature=1.0, max_tokens=8), use_tqdm=False)  # unseeded, in between
+    # unseeded, in between
+    llm.chat(models.conversations["qa"], SamplingParams(temperature=1.0, max_tokens=8), use_tqdm=False)
     second = llm.chat(conv, SAMPLED, use_tqdm=False)[0]
     assert first.outputs[0].token_ids == second.outputs[0].token_ids
     assert first.outputs[0].text == second.outputs[0].text

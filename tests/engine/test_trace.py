@@ -15,7 +15,9 @@ from tokenleap.engine.trace import ENV, SpecTrace
 from tokenleap.sampling import SamplingParams
 
 
-def test_trace_lines_add_up_to_the_requests_statistics(tiny_model, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_trace_lines_add_up_to_the_requests_statistics(
+    tiny_model, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
     path = tmp_path / "trace.ndjson"
     monkeypatch.setenv(ENV, str(path))
     spec = SpecConfig(method="ngram", num_speculative_tokens=6, adaptive=False)
@@ -27,7 +29,10 @@ def test_trace_lines_add_up_to_the_requests_statistics(tiny_model, tokenizer, tm
     assert len(lines) == s.num_drafts > 0
     assert sum(len(x["drafted"]) for x in lines) == s.num_draft_tokens
     assert sum(x["accepted"] for x in lines) == s.num_accepted_tokens
-    assert all(x["request"] == req.request_id and x["method"] == "ngram" and 0 <= x["accepted"] <= len(x["drafted"]) for x in lines)
+    assert all(
+        x["request"] == req.request_id and x["method"] == "ngram" and 0 <= x["accepted"] <= len(x["drafted"])
+        for x in lines
+    )
     assert [x["step"] for x in lines] == sorted(x["step"] for x in lines)
 
 

@@ -46,7 +46,9 @@ def test_tree_drafts_give_plain_output_in_fewer_forwards() -> None:
     plain = plain_llm.chat(PROMPT, params, use_tqdm=False)[0]
     answer = list(plain.outputs[0].token_ids)
     drafter = DecoyTreeDrafter(len(plain.prompt_token_ids), answer)
-    spec_llm = tokenleap.LLM(speculative_config={"method": "custom", "drafter": drafter, "adaptive": False, "num_speculative_tokens": 8})
+    spec_llm = tokenleap.LLM(
+        speculative_config={"method": "custom", "drafter": drafter, "adaptive": False, "num_speculative_tokens": 8}
+    )
     out = spec_llm.chat(PROMPT, params, use_tqdm=False)[0]
     assert list(out.outputs[0].token_ids) == answer
     stats = out.metrics.spec
@@ -62,13 +64,15 @@ def test_sampled_requests_verify_the_whole_tree_or_its_first_path() -> None:
     """The first path is the decoy: with `sampled_tree="first-path"` nothing is accepted from it
     (2 positions reached); the full tree accepts from the second branch (3 positions). Both
     runs are well formed and seeded runs repeat."""
-    plain = tokenleap.LLM().chat(PROMPT, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), use_tqdm=False)[0]
+    plain = tokenleap.LLM().chat(
+        PROMPT, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), use_tqdm=False
+    )[0]
     drafter = DecoyTreeDrafter(len(plain.prompt_token_ids), list(plain.outputs[0].token_ids))
     params = SamplingParams(temperature=0.7, max_tokens=32, seed=5, ignore_eos=True)
     accepted = {}
     for mode in ("first-path", "full"):
-        llm = tokenleap.LLM(speculative_config={"method": "custom", "drafter": drafter, "adaptive": False, "num_speculative_tokens": 8,
-                                                "sampled_tree": mode})
+        llm = tokenleap.LLM(speculative_config={"method": "custom", "drafter": drafter, "adaptive": False,
+                                                "num_speculative_tokens": 8, "sampled_tree": mode})
         a = llm.chat(PROMPT, params, use_tqdm=False)[0]
         b = llm.chat(PROMPT, params, use_tqdm=False)[0]
         assert a.outputs[0].token_ids == b.outputs[0].token_ids and len(a.outputs[0].token_ids) == 32

@@ -118,7 +118,9 @@ def test_full_tree_accepts_more_than_first_path_and_seeds_repeat(tiny_model: Lla
     support, _ = _exact(tiny_model)
     drafter = SupportTree(support)
     full = SpecConfig(method="custom", drafter=drafter, adaptive=False, num_speculative_tokens=9)
-    first = SpecConfig(method="custom", drafter=drafter, adaptive=False, num_speculative_tokens=9, sampled_tree="first-path")
+    first = SpecConfig(
+        method="custom", drafter=drafter, adaptive=False, num_speculative_tokens=9, sampled_tree="first-path"
+    )
     engine = Engine(tiny_model, tokenizer, spec=full, drafter=drafter)
     a_full, a_first = _accepted(engine, full, range(200)), _accepted(engine, first, range(200))
     assert a_full > a_first + 0.3, (a_full, a_first)
@@ -138,7 +140,9 @@ def test_sampled_tree_config_is_validated() -> None:
 def test_typical_lossy_opt_in_runs_and_leaves_greedy_exact(tiny_model: LlamaModel, tokenizer: Tokenizer) -> None:
     support, _ = _exact(tiny_model)
     drafter = SupportTree(support)
-    typical = SpecConfig(method="custom", drafter=drafter, adaptive=False, num_speculative_tokens=9, acceptance="typical-lossy")
+    typical = SpecConfig(
+        method="custom", drafter=drafter, adaptive=False, num_speculative_tokens=9, acceptance="typical-lossy"
+    )
     engine = Engine(tiny_model, tokenizer, spec=typical, drafter=drafter)
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     spec_out = engine.run(engine.add_request(PROMPT, greedy)).output_ids

@@ -13,7 +13,15 @@ import torch
 from tokenleap.drafters.base import DraftRequest
 from tokenleap.drafters.head_drafter import HeadDrafter
 from tokenleap.errors import TokenleapError
-from tokenleap.heads.base import FINAL_HIDDEN, DraftHead, FinalHiddenHead, HeadKV, HeadShape, LayerHead, measure_step_cost
+from tokenleap.heads.base import (
+    FINAL_HIDDEN,
+    DraftHead,
+    FinalHiddenHead,
+    HeadKV,
+    HeadShape,
+    LayerHead,
+    measure_step_cost,
+)
 from tokenleap.heads.eagle1 import Eagle1Head
 from tokenleap.heads.eagle3 import Eagle3Head
 from tokenleap.heads.mtp import _PARTS, MtpHead
@@ -21,40 +29,52 @@ from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams, make_generator
 
 H, HEADS, KVH, HD, INTER, VOCAB = 64, 4, 2, 32, 128, 256
-RAW = {"hidden_size": H, "intermediate_size": INTER, "num_attention_heads": HEADS, "num_key_value_heads": KVH, "head_dim": HD,
-       "vocab_size": VOCAB, "max_position_embeddings": 128}
+RAW = {
+    "hidden_size": H, "intermediate_size": INTER, "num_attention_heads": HEADS, "num_key_value_heads": KVH,
+    "head_dim": HD, "vocab_size": VOCAB, "max_position_embeddings": 128
+}
 
 
 def _random(shapes: dict[str, tuple[int, ...]], seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {name: (1 + 0.1 * torch.randn(*s, generator=g)) if len(s) == 1 else torch.randn(*s, generator=g) * s[-1] ** -0.5
-            for name, s in shapes.items()}
+    return {
+        name: (1 + 0.1 * torch.randn(*s, generator=g)) if len(s) == 1 else torch.randn(*s, generator=g) * s[-1] ** -0.5
+        for name, s in shapes.items()
+    }
 
 
 def eagle3(target: Any) -> Eagle3Head:
     p, qs, ks = "midlayer.", HEADS * HD, KVH * HD
-    shapes = {"fc.weight": (H, 3 * H), p + "input_layernorm.weight": (H,), p + "hidden_norm.weight": (H,),
-              p + "self_attn.q_proj.weight": (qs, 2 * H), p + "self_attn.k_proj.weight": (ks, 2 * H),
-              p + "self_attn.v_proj.weight": (ks, 2 * H), p + "self_attn.o_proj.weight": (H, qs),
-              p + "post_attention_layernorm.weight": (H,), p + "mlp.gate_proj.weight": (INTER, H), p + "mlp.up_proj.weight": (INTER, H),
-              p + "mlp.down_proj.weight": (H, INTER), "norm.weight": (H,), "lm_head.weight": (VOCAB, H)}
+    shapes = {
+        "fc.weight": (H, 3 * H), p + "input_layernorm.weight": (H,), p + "hidden_norm.weight": (H,),
+        p + "self_attn.q_proj.weight": (qs, 2 * H), p + "self_attn.k_proj.weight": (ks, 2 * H),
+        p + "self_attn.v_proj.weight": (ks, 2 * H), p + "self_attn.o_proj.weight": (H, qs),
+        p + "post_attention_layernorm.weight": (H,), p + "mlp.gate_proj.weight": (INTER, H),
+        p + "mlp.up_proj.weight": (INTER, H), p + "mlp.down_proj.weight": (H, INTER), "norm.weight": (H,),
+        "lm_head.weight": (VOCAB, H)
+    }
     shape = HeadShape(H, INTER, HEADS, KVH, HD, VOCAB, VOCAB, H, (0, 1, 1), max_position=128)
     return Eagle3Head(shape, _random(shapes), target)
 
 
 def eagle1(target: Any) -> Eagle1Head:
     p, qs, ks = "layers.0.", HEADS * HD, KVH * HD
-    shapes = {"fc.weight": (H, 2 * H), p + "self_attn.q_proj.weight": (qs, H), p + "self_attn.k_proj.weight": (ks, H),
-              p + "self_attn.v_proj.weight": (ks, H), p + "self_attn.o_proj.weight": (H, qs), p + "post_attention_layernorm.weight": (H,),
-              p + "mlp.gate_proj.weight": (INTER, H), p + "mlp.up_proj.weight": (INTER, H), p + "mlp.down_proj.weight": (H, INTER)}
+    shapes = {
+        "fc.weight": (H, 2 * H), p + "self_attn.q_proj.weight": (qs, H), p + "self_attn.k_proj.weight": (ks, H),
+        p + "self_attn.v_proj.weight": (ks, H), p + "self_attn.o_proj.weight": (H, qs),
+        p + "post_attention_layernorm.weight": (H,), p + "mlp.gate_proj.weight": (INTER, H),
+        p + "mlp.up_proj.weight": (INTER, H), p + "mlp.down_proj.weight": (H, INTER)
+    }
     return Eagle1Head(RAW, _random(shapes, 1), target)
 
 
 def mtp(target: Any) -> MtpHead:
     qs, ks = HEADS * HD, KVH * HD
-    shapes = {"input_proj.weight": (H, 2 * H), "self_attn.q_proj.weight": (qs, H), "self_attn.k_proj.weight": (ks, H),
-              "self_attn.v_proj.weight": (ks, H), "self_attn.o_proj.weight": (H, qs), "mlp.gate_proj.weight": (INTER, H),
-              "mlp.up_proj.weight": (INTER, H), "mlp.down_proj.weight": (H, INTER)}
+    shapes = {
+        "input_proj.weight": (H, 2 * H), "self_attn.q_proj.weight": (qs, H), "self_attn.k_proj.weight": (ks, H),
+        "self_attn.v_proj.weight": (ks, H), "self_attn.o_proj.weight": (H, qs), "mlp.gate_proj.weight": (INTER, H),
+        "mlp.up_proj.weight": (INTER, H), "mlp.down_proj.weight": (H, INTER)
+    }
     return MtpHead(RAW, _random({name: shapes.get(name, (H,)) for name in _PARTS}, 2), target)
 
 
@@ -68,11 +88,15 @@ def test_every_layer_head_is_a_draft_head_the_generic_drafter_runs(tiny_model: L
     assert head.target is tiny_model and len(head.d2t_list) == head.config.draft_vocab_size
     # one layer step: n rows in, n rows out, n K/V slots appended
     kv = HeadKV(KVH, HD)
-    out = head.layer(torch.randn(3, H), head.embed_tokens([1, 2, 3]), torch.arange(3), kv, torch.ones(3, 3, dtype=torch.bool).tril())
+    out = head.layer(
+        torch.randn(3, H), head.embed_tokens([1, 2, 3]), torch.arange(3), kv, torch.ones(3, 3, dtype=torch.bool).tril()
+    )
     assert out.shape == (3, H) and kv.length == 3
     assert head.logits(out).shape == (3, head.config.draft_vocab_size)
     with pytest.raises(TokenleapError, match="head positions must be below"):
-        head.layer(torch.randn(1, H), head.embed_tokens([1]), torch.tensor([10_000]), kv, torch.ones(1, 4, dtype=torch.bool))
+        head.layer(
+            torch.randn(1, H), head.embed_tokens([1]), torch.tensor([10_000]), kv, torch.ones(1, 4, dtype=torch.bool)
+        )
     assert measure_step_cost(head, context=8, repeats=1) > 0
     # the drafter reads the layers the head names, and drafts from them
     drafter = HeadDrafter(head)

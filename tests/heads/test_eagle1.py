@@ -54,9 +54,11 @@ def eagle1_tensors(seed: int = 0, qkv_bias: bool = False) -> dict[str, torch.Ten
 
 def write_eagle1(folder: Path, **kw: bool) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": INTER,
-              "num_attention_heads": HEADS, "num_key_value_heads": KVH, "head_dim": HD, "rms_norm_eps": 1e-5,
-              "rope_theta": 10000.0, "max_position_embeddings": 128, "vocab_size": VOCAB, "num_hidden_layers": 1, "bias": True}
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": INTER,
+        "num_attention_heads": HEADS, "num_key_value_heads": KVH, "head_dim": HD, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 128, "vocab_size": VOCAB, "num_hidden_layers": 1, "bias": True
+    }
     (folder / "config.json").write_text(json.dumps(config))
     save_file(eagle1_tensors(**kw), str(folder / "model.safetensors"))
     return folder
@@ -65,7 +67,9 @@ def write_eagle1(folder: Path, **kw: bool) -> Path:
 def _rope(x: torch.Tensor, pos: int) -> torch.Tensor:
     half = HD // 2
     ang = (pos * (1.0 / (10000.0 ** (torch.arange(half, dtype=torch.float64) / half)))).float()
-    return x * torch.cat([ang.cos(), ang.cos()]) + torch.cat([-x[:, half:], x[:, :half]], dim=-1) * torch.cat([ang.sin(), ang.sin()])
+    return x * torch.cat([ang.cos(), ang.cos()]) + torch.cat([-x[:, half:], x[:, :half]], dim=-1) * torch.cat(
+        [ang.sin(), ang.sin()]
+    )
 
 
 def reference_chain(target: LlamaModel, t: dict[str, torch.Tensor], tokens: list[int], k: int) -> list[int]:
@@ -92,7 +96,9 @@ def reference_chain(target: LlamaModel, t: dict[str, torch.Tensor], tokens: list
                 heads.append(sum(wj * v[kvh] for wj, v in zip(w, vs)))
             h = x + t[p + "self_attn.o_proj.weight"] @ torch.cat(heads)
             m = h * torch.rsqrt(h.pow(2).mean() + 1e-5) * t[p + "post_attention_layernorm.weight"]
-            h = h + t[p + "mlp.down_proj.weight"] @ (F.silu(t[p + "mlp.gate_proj.weight"] @ m) * (t[p + "mlp.up_proj.weight"] @ m))
+            h = h + t[p + "mlp.down_proj.weight"] @ (
+                F.silu(t[p + "mlp.gate_proj.weight"] @ m) * (t[p + "mlp.up_proj.weight"] @ m)
+            )
         tok = int((lm_head @ h).argmax())
         out.append(tok)
         feats.append(h)
@@ -110,7 +116,9 @@ def test_eagle1_chain_matches_slow_reference(tiny_model: LlamaModel, tmp_path: P
     prompt = [5, 17, 99, 3, 42, 7, 200, 11]
     out = tiny_model.forward(torch.tensor(prompt[:-1]), torch.arange(7), tiny_model.new_kv_cache())
     drafter.observe("r", 0, prompt[:-1], {-1: out.hidden})
-    assert drafter.propose("r", prompt, 5).tokens == reference_chain(tiny_model, eagle1_tensors(qkv_bias=qkv_bias), prompt, 5)
+    assert drafter.propose("r", prompt, 5).tokens == reference_chain(
+        tiny_model, eagle1_tensors(qkv_bias=qkv_bias), prompt, 5
+    )
 
 
 @pytest.mark.parametrize("topk", [1, 3])

@@ -32,7 +32,9 @@ TINY = {"H": H, "HEADS": HEADS, "KVH": KVH, "HD": HD, "INTER": INTER, "VOCAB": V
 SMOLLM2 = {"H": 576, "HEADS": 9, "KVH": 3, "HD": 64, "INTER": 1536, "VOCAB": 49152}
 
 
-def head_tensors(seed: int = 0, draft_vocab: int = DRAFT_VOCAB, d2t: bool = True, dims: dict[str, int] = TINY) -> dict[str, torch.Tensor]:
+def head_tensors(
+    seed: int = 0, draft_vocab: int = DRAFT_VOCAB, d2t: bool = True, dims: dict[str, int] = TINY
+) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     H, HEADS, KVH, HD, INTER, VOCAB = (dims[k] for k in ("H", "HEADS", "KVH", "HD", "INTER", "VOCAB"))  # noqa: N806
 
@@ -64,23 +66,32 @@ def head_tensors(seed: int = 0, draft_vocab: int = DRAFT_VOCAB, d2t: bool = True
     return t
 
 
-def write_head(folder: Path, *, aux: list[int] = AUX, speculators: bool = False, dims: dict[str, int] = TINY, nbr: bool = False,
-               **kw: object) -> Path:
+def write_head(
+    folder: Path,
+    *,
+    aux: list[int] = AUX,
+    speculators: bool = False,
+    dims: dict[str, int] = TINY,
+    nbr: bool = False,
+    **kw: object,
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tensors = head_tensors(dims=dims, **kw)  # type: ignore[arg-type]
     H, HEADS, KVH, HD, INTER, VOCAB = (dims[k] for k in ("H", "HEADS", "KVH", "HD", "INTER", "VOCAB"))  # noqa: N806
-    layer = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H, "intermediate_size": INTER,
-        "num_attention_heads": HEADS, "num_key_value_heads": KVH, "head_dim": HD, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "max_position_embeddings": 128, "hidden_act": "silu", "vocab_size": VOCAB,
-        "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]), "num_hidden_layers": 1, "tie_word_embeddings": False,
-        "norm_before_residual": nbr,
-    }
+    layer = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
+             "intermediate_size": INTER, "num_attention_heads": HEADS, "num_key_value_heads": KVH, "head_dim": HD,
+             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 128, "hidden_act": "silu",
+             "vocab_size": VOCAB, "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]), "num_hidden_layers": 1,
+             "tie_word_embeddings": False, "norm_before_residual": nbr}
     if speculators:
-        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "transformer_layer_config": layer,
-                  "draft_vocab_size": layer["draft_vocab_size"], "norm_before_residual": nbr, "target_hidden_size": H,
-                  "eagle_aux_hidden_state_layer_ids": aux}
-        tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
+        config = {
+            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "transformer_layer_config": layer, "draft_vocab_size": layer["draft_vocab_size"],
+            "norm_before_residual": nbr, "target_hidden_size": H, "eagle_aux_hidden_state_layer_ids": aux
+        }
+        tensors = {
+            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in tensors.items()
+        }
     else:
         config = {**layer, "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux}}
     (folder / "config.json").write_text(json.dumps(config))
@@ -108,7 +119,9 @@ def _rope(x: torch.Tensor, pos: int) -> torch.Tensor:  # x [heads, hd]
     return x * cos + torch.cat([-x[:, half:], x[:, :half]], dim=-1) * sin
 
 
-def reference_head(t: dict[str, torch.Tensor], feats: list[torch.Tensor], tok_emb: list[torch.Tensor], nbr: bool = False) -> list[torch.Tensor]:
+def reference_head(
+    t: dict[str, torch.Tensor], feats: list[torch.Tensor], tok_emb: list[torch.Tensor], nbr: bool = False
+) -> list[torch.Tensor]:
     """Head outputs h_i (pre-norm) for each position i, full causal attention from scratch,
     one position at a time (no cache): feats[i] = g_i, tok_emb[i] = embedding of x_{i+1}."""
     p = "midlayer."
@@ -127,14 +140,18 @@ def reference_head(t: dict[str, torch.Tensor], feats: list[torch.Tensor], tok_em
         residual = _rms(g, t[p + "hidden_norm.weight"]) if nbr else g
         h = residual + t[p + "self_attn.o_proj.weight"] @ torch.cat(heads)
         m = _rms(h, t[p + "post_attention_layernorm.weight"])
-        h = h + t[p + "mlp.down_proj.weight"] @ (F.silu(t[p + "mlp.gate_proj.weight"] @ m) * (t[p + "mlp.up_proj.weight"] @ m))
+        h = h + t[p + "mlp.down_proj.weight"] @ (
+            F.silu(t[p + "mlp.gate_proj.weight"] @ m) * (t[p + "mlp.up_proj.weight"] @ m)
+        )
         outs.append(h)
     return outs
 
 
 def reference_chain(target: LlamaModel, t: dict[str, torch.Tensor], tokens: list[int], k: int) -> list[int]:
     """k draft tokens after `tokens`, recomputing everything from scratch at every step."""
-    out = target.forward(torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1), target.new_kv_cache(), return_hidden=(0,))
+    out = target.forward(
+        torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1), target.new_kv_cache(), return_hidden=(0,)
+    )
     embed = target.embed.float()
     aux = torch.cat([embed[torch.tensor(tokens[:-1])], out.hidden_states[0], out.hidden_states[0]], dim=-1)
     feats = list(aux @ t["fc.weight"].T)
@@ -155,7 +172,9 @@ def _begin(drafter: HeadDrafter, rid: str = "r") -> None:
 
 
 def _observe_prompt(drafter: HeadDrafter, target: LlamaModel, tokens: list[int], rid: str = "r") -> None:
-    out = target.forward(torch.tensor(tokens), torch.arange(len(tokens)), target.new_kv_cache(), return_hidden=drafter.hidden_layers)
+    out = target.forward(
+        torch.tensor(tokens), torch.arange(len(tokens)), target.new_kv_cache(), return_hidden=drafter.hidden_layers
+    )
     drafter.observe(rid, 0, tokens, out.hidden_states)
 
 
@@ -175,8 +194,14 @@ def test_head_chain_matches_slow_reference(tiny_model_factory, head_dir: Path, u
     got = drafter.propose("r", prompt, 5).tokens
     assert got == reference_chain(tiny_model, t, prompt, 5)
     # the head's hidden output too, not only its argmax
-    g = head.fuse(head.aux_from(prompt[:-1], tiny_model.forward(torch.tensor(prompt[:-1]), torch.arange(7), tiny_model.new_kv_cache(),
-                                                                return_hidden=(0,)).hidden_states))
+    g = head.fuse(
+        head.aux_from(
+            prompt[:-1],
+            tiny_model.forward(
+                torch.tensor(prompt[:-1]), torch.arange(7), tiny_model.new_kv_cache(), return_hidden=(0,)
+            ).hidden_states,
+        )
+    )
     from tokenleap.heads.base import HeadKV
 
     kv = HeadKV(KVH, HD)
@@ -373,7 +398,9 @@ class OracleEagle(HeadDrafter):
 
 
 @pytest.mark.parametrize("tree", [False, True])
-def test_engine_feeds_the_accepted_positions_true_features(tiny_model: LlamaModel, tokenizer, head_dir: Path, tree: bool) -> None:
+def test_engine_feeds_the_accepted_positions_true_features(
+    tiny_model: LlamaModel, tokenizer, head_dir: Path, tree: bool
+) -> None:
     head = load_eagle3(head_dir, tiny_model)
     prompt = [12, 34, 56, 78, 90, 21, 43]
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
@@ -389,7 +416,9 @@ def test_engine_feeds_the_accepted_positions_true_features(tiny_model: LlamaMode
     seq = prompt + answer
     n = len(st.feat_tokens)
     assert st.feat_tokens == seq[:n] and n >= len(seq) - 4
-    out = tiny_model.forward(torch.tensor(seq[:n]), torch.arange(n), tiny_model.new_kv_cache(), return_hidden=head.hidden_layers)
+    out = tiny_model.forward(
+        torch.tensor(seq[:n]), torch.arange(n), tiny_model.new_kv_cache(), return_hidden=head.hidden_layers
+    )
     fresh = head.fuse(head.aux_from(seq[:n], out.hidden_states))
     torch.testing.assert_close(st.feature_rows(0, n), fresh, rtol=1e-4, atol=1e-4)
 
@@ -411,7 +440,9 @@ def test_norm_before_residual_matches_reference(tiny_model: LlamaModel, tmp_path
 
     g = torch.randn(5, H, generator=torch.Generator().manual_seed(1))
     toks = [3, 30, 130, 230, 31]
-    ours = head.layer(g, head.embed_tokens(toks), torch.arange(5), HeadKV(KVH, HD), torch.ones(5, 5, dtype=torch.bool).tril())
+    ours = head.layer(
+        g, head.embed_tokens(toks), torch.arange(5), HeadKV(KVH, HD), torch.ones(5, 5, dtype=torch.bool).tril()
+    )
     ref = reference_head(head_tensors(), list(g), [tiny_model.embed.float()[x] for x in toks], nbr=True)
     torch.testing.assert_close(ours, torch.stack(ref), rtol=1e-4, atol=1e-4)
 
@@ -433,8 +464,12 @@ def test_chain_with_a_model_free_drafter_gives_plain_output(tiny_model: LlamaMod
 def test_cli_flags_and_clear_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from tokenleap.cli import _spec_dict, build_parser, main
 
-    args = build_parser().parse_args(["generate", "hi", "--spec-type", "draft-eagle3", "-md", "/h", "--spec-tree-topk", "4",
-                                      "--spec-tree-depth", "3", "--draft-max", "12"])
+    args = build_parser().parse_args(
+        [
+            "generate", "hi", "--spec-type", "draft-eagle3", "-md", "/h", "--spec-tree-topk", "4", "--spec-tree-depth",
+            "3", "--draft-max", "12"
+        ]
+    )
     spec = SpecConfig.from_dict(_spec_dict(args))
     assert spec is not None and (spec.method, spec.model, spec.tree_topk, spec.tree_depth) == ("eagle3", "/h", 4, 3)
     # the default model's shipped head needs no path (a model without one: test_bad_checkpoints_fail_clearly)

@@ -22,12 +22,19 @@ from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
 
 AUX = (0, 1, 1)
 _GGUF = {
-    "fc.weight": "fc.weight", "lm_head.weight": "output.weight", "norm.weight": "output_norm.weight",
-    "midlayer.hidden_norm.weight": "blk.0.hidden_norm.weight", "midlayer.input_layernorm.weight": "blk.0.attn_norm.weight",
-    "midlayer.self_attn.q_proj.weight": "blk.0.attn_q.weight", "midlayer.self_attn.k_proj.weight": "blk.0.attn_k.weight",
-    "midlayer.self_attn.v_proj.weight": "blk.0.attn_v.weight", "midlayer.self_attn.o_proj.weight": "blk.0.attn_output.weight",
-    "midlayer.post_attention_layernorm.weight": "blk.0.ffn_norm.weight", "midlayer.mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
-    "midlayer.mlp.up_proj.weight": "blk.0.ffn_up.weight", "midlayer.mlp.down_proj.weight": "blk.0.ffn_down.weight",
+    "fc.weight": "fc.weight",
+    "lm_head.weight": "output.weight",
+    "norm.weight": "output_norm.weight",
+    "midlayer.hidden_norm.weight": "blk.0.hidden_norm.weight",
+    "midlayer.input_layernorm.weight": "blk.0.attn_norm.weight",
+    "midlayer.self_attn.q_proj.weight": "blk.0.attn_q.weight",
+    "midlayer.self_attn.k_proj.weight": "blk.0.attn_k.weight",
+    "midlayer.self_attn.v_proj.weight": "blk.0.attn_v.weight",
+    "midlayer.self_attn.o_proj.weight": "blk.0.attn_output.weight",
+    "midlayer.post_attention_layernorm.weight": "blk.0.ffn_norm.weight",
+    "midlayer.mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
+    "midlayer.mlp.up_proj.weight": "blk.0.ffn_up.weight",
+    "midlayer.mlp.down_proj.weight": "blk.0.ffn_down.weight",
 }
 
 
@@ -41,7 +48,9 @@ def _head(model, nbr: bool) -> tuple[TrainableEagle3, DraftVocab]:  # type: igno
     return head, DraftVocab(tuple(ids), 256, 1.0)
 
 
-def write_gguf(path: Path, head: TrainableEagle3, vocab: DraftVocab, *, aux_key: str = "target_layers", nbr: bool = False) -> Path:
+def write_gguf(
+    path: Path, head: TrainableEagle3, vocab: DraftVocab, *, aux_key: str = "target_layers", nbr: bool = False
+) -> Path:
     import gguf
 
     s = head.shape

@@ -27,8 +27,8 @@ H, VOCAB, HEADS = 64, 256, 3
 
 def medusa_tensors(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(H, H, generator=g) * H**-0.5, torch.randn(H, generator=g) * 0.1, torch.randn(VOCAB, H, generator=g) * H**-0.5)
-            for _ in range(HEADS)]
+    return [(torch.randn(H, H, generator=g) * H**-0.5, torch.randn(H, generator=g) * 0.1,
+             torch.randn(VOCAB, H, generator=g) * H**-0.5) for _ in range(HEADS)]
 
 
 def write_medusa(folder: Path, layout: str = "fasterdecoding", share_head: int | None = None) -> Path:
@@ -69,8 +69,13 @@ def test_medusa_drafts_match_reference(tiny_model: LlamaModel, tmp_path: Path, l
 
 @pytest.mark.parametrize("topk", [1, 3])
 def test_medusa_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, tmp_path: Path, topk: int) -> None:
-    spec = SpecConfig(method="medusa", model=str(write_medusa(tmp_path / "m")), num_speculative_tokens=7, adaptive=False,
-                      tree_topk=topk)
+    spec = SpecConfig(
+        method="medusa",
+        model=str(write_medusa(tmp_path / "m")),
+        num_speculative_tokens=7,
+        adaptive=False,
+        tree_topk=topk,
+    )
     drafter = default_registry().create(spec.method, spec, target=tiny_model)
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]

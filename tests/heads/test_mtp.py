@@ -36,13 +36,22 @@ def _mtp_tensors(seed: int = 1) -> dict[str, torch.Tensor]:
         return torch.randn(*shape, generator=g) * scale
 
     t = {
-        "token_layernorm.weight": 1 + r(H, scale=0.3), "hidden_layernorm.weight": 1 + r(H, scale=0.3),
-        "input_proj.weight": r(H, 2 * H), "input_layernorm.weight": 1 + r(H, scale=0.3),
-        "self_attn.q_proj.weight": r(NH * HD, H), "self_attn.k_proj.weight": r(NKV * HD, H),
-        "self_attn.v_proj.weight": r(NKV * HD, H), "self_attn.o_proj.weight": r(H, NH * HD),
-        "self_attn.q_proj.bias": r(NH * HD), "self_attn.k_proj.bias": r(NKV * HD), "self_attn.v_proj.bias": r(NKV * HD),
-        "post_attention_layernorm.weight": 1 + r(H, scale=0.3), "mlp.gate_proj.weight": r(INTER, H),
-        "mlp.up_proj.weight": r(INTER, H), "mlp.down_proj.weight": r(H, INTER), "final_layernorm.weight": 1 + r(H, scale=0.3),
+        "token_layernorm.weight": 1 + r(H, scale=0.3),
+        "hidden_layernorm.weight": 1 + r(H, scale=0.3),
+        "input_proj.weight": r(H, 2 * H),
+        "input_layernorm.weight": 1 + r(H, scale=0.3),
+        "self_attn.q_proj.weight": r(NH * HD, H),
+        "self_attn.k_proj.weight": r(NKV * HD, H),
+        "self_attn.v_proj.weight": r(NKV * HD, H),
+        "self_attn.o_proj.weight": r(H, NH * HD),
+        "self_attn.q_proj.bias": r(NH * HD),
+        "self_attn.k_proj.bias": r(NKV * HD),
+        "self_attn.v_proj.bias": r(NKV * HD),
+        "post_attention_layernorm.weight": 1 + r(H, scale=0.3),
+        "mlp.gate_proj.weight": r(INTER, H),
+        "mlp.up_proj.weight": r(INTER, H),
+        "mlp.down_proj.weight": r(H, INTER),
+        "final_layernorm.weight": 1 + r(H, scale=0.3),
     }
     return {f"model.mtp_layers.0.{k}": v.contiguous() for k, v in t.items()}
 
@@ -54,8 +63,10 @@ def mimo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("mimo")
     torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=H, intermediate_size=INTER, num_hidden_layers=2, num_attention_heads=NH,
-                                   num_key_value_heads=NKV, max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=EPS)
+    cfg = transformers.Qwen2Config(
+        vocab_size=V, hidden_size=H, intermediate_size=INTER, num_hidden_layers=2, num_attention_heads=NH,
+        num_key_value_heads=NKV, max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=EPS
+    )
     transformers.Qwen2ForCausalLM(cfg).float().eval().save_pretrained(str(folder))
     raw = json.loads((folder / "config.json").read_text())
     raw["num_nextn_predict_layers"] = 1
@@ -85,7 +96,10 @@ def _reference(t: dict[str, torch.Tensor], g: torch.Tensor, e: torch.Tensor, the
     v = (xn @ w["self_attn.v_proj.weight"].T + w["self_attn.v_proj.bias"]).view(n, NKV, HD)
     inv = 1.0 / theta ** (torch.arange(0, HD, 2, dtype=torch.float64) / HD)
     ang = torch.outer(torch.arange(n, dtype=torch.float64), inv)
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).float()[:, None], torch.cat([ang.sin(), ang.sin()], -1).float()[:, None]
+    cos, sin = (
+        torch.cat([ang.cos(), ang.cos()], -1).float()[:, None],
+        torch.cat([ang.sin(), ang.sin()], -1).float()[:, None],
+    )
 
     def rope(z: torch.Tensor) -> torch.Tensor:
         return z * cos + torch.cat([-z[..., HD // 2:], z[..., : HD // 2]], -1) * sin
@@ -103,11 +117,14 @@ def _reference(t: dict[str, torch.Tensor], g: torch.Tensor, e: torch.Tensor, the
     return rms(h, "final_layernorm.weight")
 
 
-def test_the_target_loads_beside_its_mtp_layer_and_the_head_matches_the_reference(mimo: Path, target: LlamaModel) -> None:
+def test_the_target_loads_beside_its_mtp_layer_and_the_head_matches_the_reference(
+    mimo: Path, target: LlamaModel
+) -> None:
     head = load_mtp(mimo, target)
     ids = torch.tensor([3, 17, 99, 5, 200, 41, 7, 8, 150, 2])
     n = len(ids) - 1
-    g = target.forward(ids, torch.arange(len(ids)), target.new_kv_cache()).hidden[:n]  # the target's normed final states
+    # the target's normed final states
+    g = target.forward(ids, torch.arange(len(ids)), target.new_kv_cache()).hidden[:n]
     e = head.embed_tokens(ids[1:].tolist())
     ours = head.layer(g, e, torch.arange(n), HeadKV(NKV, HD), torch.ones(n, n, dtype=torch.bool).tril())
     ref = _reference(_mtp_tensors(), g, e, target.config.rope_theta)
@@ -154,5 +171,7 @@ def test_tokenleap_bench_finds_the_targets_own_mtp_layer(mimo: Path, target: Lla
     from tokenleap.bench import Question, run_bench
 
     q = Question("q", "qa", ("Count: one two three one two three one two three",), "", ())
-    records = run_bench(target, tokenizer, [q], {"mtp": SpecConfig("mtp", num_speculative_tokens=3)}, max_tokens=16, target_path=mimo)
+    records = run_bench(
+        target, tokenizer, [q], {"mtp": SpecConfig("mtp", num_speculative_tokens=3)}, max_tokens=16, target_path=mimo
+    )
     assert [r.method for r in records] == ["plain", "mtp"] and all(r.matched_plain for r in records)

@@ -26,10 +26,20 @@ def test_unknown_cache_kind_is_refused(kernels: CpuKernels) -> None:
     assert kernels.lib.tl_attention_run(ctypes.byref(desc), torch.zeros(1, 24).data_ptr(), 0, out.data_ptr()) == -1
     assert torch.equal(out, torch.full((1, 8), 7.0))  # untouched
     # a forward whose attention describes other rows than its own: refused before any layer runs
-    assert kernels.lib.tl_forward_layers(ctypes.byref(ForwardDesc(rows=2, n_layers=0, glu=1, attn=AttnDesc(kv=0, rows=1)))) == -1
-    assert kernels.lib.tl_forward_layers(ctypes.byref(ForwardDesc(rows=1, n_layers=0, glu=1, attn=AttnDesc(kv=0, rows=1)))) == 0
+    assert (
+        kernels.lib.tl_forward_layers(ctypes.byref(ForwardDesc(rows=2, n_layers=0, glu=1, attn=AttnDesc(kv=0, rows=1))))
+        == -1
+    )
+    assert (
+        kernels.lib.tl_forward_layers(ctypes.byref(ForwardDesc(rows=1, n_layers=0, glu=1, attn=AttnDesc(kv=0, rows=1))))
+        == 0
+    )
     # an unknown MLP gate, and a sliding-window layer whose attention describes other rows
-    assert kernels.lib.tl_forward_layers(ctypes.byref(ForwardDesc(rows=1, n_layers=0, glu=3, attn=AttnDesc(kv=0, rows=1)))) == -1
+    assert (
+        kernels.lib.tl_forward_layers(ctypes.byref(ForwardDesc(rows=1, n_layers=0, glu=3, attn=AttnDesc(kv=0, rows=1))))
+        == -1
+    )
     layer = (LayerDesc * 1)(LayerDesc(local=1))
-    bad_local = ForwardDesc(rows=1, n_layers=1, glu=1, layers=ctypes.addressof(layer), attn=AttnDesc(kv=0, rows=1), attn_local=AttnDesc(kv=0, rows=2))
+    bad_local = ForwardDesc(rows=1, n_layers=1, glu=1, layers=ctypes.addressof(layer), attn=AttnDesc(kv=0, rows=1),
+                            attn_local=AttnDesc(kv=0, rows=2))
     assert kernels.lib.tl_forward_layers(ctypes.byref(bad_local)) == -1

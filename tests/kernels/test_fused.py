@@ -53,7 +53,9 @@ def _session(model: LlamaModel, vocab: int) -> list[torch.Tensor]:
     kv.truncate(45)
     other = model.new_kv_cache(128)
     model.forward(ids[50:70], torch.arange(20), other)
-    batch = model.forward_batch([SeqInput(ids[45:48], torch.arange(45, 48), kv), SeqInput(ids[70:75], torch.arange(20, 25), other)])
+    batch = model.forward_batch(
+        [SeqInput(ids[45:48], torch.arange(45, 48), kv), SeqInput(ids[70:75], torch.arange(20, 25), other)]
+    )
     out.append(model.compute_logits(batch.hidden))
     return out
 
@@ -118,7 +120,12 @@ def _gemma_like(kernels: CpuKernels, dtype: torch.dtype) -> LlamaModel:
     w = make_tiny_weights(config)
     g = torch.Generator().manual_seed(5)
     for i in range(config.num_layers):
-        for n, size in (("q_norm", config.head_dim), ("k_norm", config.head_dim), ("post_attn_norm", config.hidden_size), ("post_mlp_norm", config.hidden_size)):
+        for n, size in (
+            ("q_norm", config.head_dim),
+            ("k_norm", config.head_dim),
+            ("post_attn_norm", config.hidden_size),
+            ("post_mlp_norm", config.hidden_size),
+        ):
             w[f"layers.{i}.{n}"] = 1.0 + 0.3 * torch.randn(size, generator=g)
     return LlamaModel(config, {k: v.to(dtype) if v.dim() == 2 else v for k, v in w.items()}, dtype, kernels)
 

@@ -32,7 +32,9 @@ def _has_bf16_dot(kernels: CpuKernels) -> bool:
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize(("rows", "in_dim", "out_dim"), [(1, 32, 4), (3, 64, 37), (5, 576, 195), (9, 1536, 130)])
-def test_linear_matches_torch(kernels: CpuKernels, wdtype: torch.dtype, bias: bool, rows: int, in_dim: int, out_dim: int) -> None:
+def test_linear_matches_torch(
+    kernels: CpuKernels, wdtype: torch.dtype, bias: bool, rows: int, in_dim: int, out_dim: int
+) -> None:
     g = _gen(rows * 1000 + out_dim)
     x = torch.randn(rows, in_dim, generator=g)
     w = (torch.randn(out_dim, in_dim, generator=g) / math.sqrt(in_dim)).to(wdtype)
@@ -83,7 +85,9 @@ def test_linear_non_contiguous_input(kernels: CpuKernels) -> None:
 # --------------------------------------------------------------------------- attention
 
 
-def _reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: list[torch.Tensor]) -> torch.Tensor:
+def _reference_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: list[torch.Tensor]
+) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v per row and head, over that row's visible slots, GQA by h // group."""
     rows, heads, hd = q.shape
     group = heads // keys.shape[0]
@@ -98,7 +102,9 @@ def _reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(4, 4, 16), (9, 3, 64), (4, 2, 32)], ids=["mha", "gqa3", "gqa2"])
-def test_attention_causal_rows(kernel_attention: Callable[..., torch.Tensor], heads: int, kv_heads: int, hd: int) -> None:
+def test_attention_causal_rows(
+    kernel_attention: Callable[..., torch.Tensor], heads: int, kv_heads: int, hd: int
+) -> None:
     g = _gen(heads * hd)
     cap, start, rows = 64, 20, 6
     q = torch.randn(rows, heads, hd, generator=g)
@@ -113,7 +119,9 @@ def test_attention_causal_rows(kernel_attention: Callable[..., torch.Tensor], he
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(9, 3, 64), (4, 2, 32)], ids=["gqa3", "gqa2"])
-def test_attention_index_list_rows(kernel_attention: Callable[..., torch.Tensor], heads: int, kv_heads: int, hd: int) -> None:
+def test_attention_index_list_rows(
+    kernel_attention: Callable[..., torch.Tensor], heads: int, kv_heads: int, hd: int
+) -> None:
     g = _gen(5 + hd)
     cap = 48
     q = torch.randn(4, heads, hd, generator=g)
@@ -173,7 +181,9 @@ def test_attention_rotates_and_writes_each_row_to_its_own_cache(kernels: CpuKern
         kv = KVCache(layers, kv_heads, hd, dtype=torch.float32, max_capacity=64, initial_capacity=cap)
         kv.reserve(start)
         for layer in range(layers):
-            kv.write(layer, 0, torch.randn(kv_heads, start, hd, generator=g), torch.randn(kv_heads, start, hd, generator=g))
+            kv.write(
+                layer, 0, torch.randn(kv_heads, start, hd, generator=g), torch.randn(kv_heads, start, hd, generator=g)
+            )
         kv.commit(start)
         caches.append(kv)
     rows = sum(news)
@@ -237,13 +247,19 @@ def test_head_norm_and_rmsnorm_add_match_torch(kernels: CpuKernels) -> None:
     wq, wk = torch.randn(hd, generator=g), torch.randn(hd, generator=g)
     ref = qkv.clone()
     ref[:, : nq * hd] = F.rms_norm(qkv[:, : nq * hd].view(rows, nq, hd), (hd,), wq, 1e-6).view(rows, -1) * 0.25
-    ref[:, nq * hd : (nq + nkv) * hd] = F.rms_norm(qkv[:, nq * hd : (nq + nkv) * hd].view(rows, nkv, hd), (hd,), wk, 1e-6).view(rows, -1)
+    ref[:, nq * hd : (nq + nkv) * hd] = F.rms_norm(
+        qkv[:, nq * hd : (nq + nkv) * hd].view(rows, nkv, hd), (hd,), wk, 1e-6
+    ).view(rows, -1)
     ours = qkv.clone()
     kernels.head_norm(ours, 0, nq, hd, wq, 1e-6, 0.25)
     kernels.head_norm(ours, nq * hd, nkv, hd, wk, 1e-6)
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
     assert torch.equal(ours[:, (nq + nkv) * hd :], qkv[:, (nq + nkv) * hd :])  # the values are left alone
-    x, o, w = torch.randn(rows, 640, generator=g), torch.randn(rows, 640, generator=g) * 50, torch.randn(640, generator=g)
+    x, o, w = (
+        torch.randn(rows, 640, generator=g),
+        torch.randn(rows, 640, generator=g) * 50,
+        torch.randn(640, generator=g),
+    )
     expect = x + F.rms_norm(o, (640,), w, 1e-6)
     kernels.rmsnorm_add(x, o, w, 1e-6)
     torch.testing.assert_close(x, expect, atol=1e-5, rtol=1e-5)

@@ -13,8 +13,11 @@ from tokenleap.kernels.formats import _weight_buffer
 from tokenleap.kernels.memory import HUGE_PAGE, huge_page_tensor
 
 pytestmark = pytest.mark.skipif(
-    not hasattr(mmap, "MADV_HUGEPAGE") or not Path("/proc/self/smaps").is_file() or not Path("/sys/kernel/mm/transparent_hugepage").is_dir(),
-    reason="no madvise(MADV_HUGEPAGE), transparent huge pages or /proc/self/smaps here")
+    not hasattr(mmap, "MADV_HUGEPAGE")
+    or not Path("/proc/self/smaps").is_file()
+    or not Path("/sys/kernel/mm/transparent_hugepage").is_dir(),
+    reason="no madvise(MADV_HUGEPAGE), transparent huge pages or /proc/self/smaps here",
+)
 
 
 def _vm_flags(address: int) -> list[str]:

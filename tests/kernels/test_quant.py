@@ -100,7 +100,11 @@ def test_reused_scratch_gives_the_same_bits_across_sizes_and_threads(kernels: Cp
     a fresh buffer."""
     w = _quant_weight(3, 64, 1536, seed=11)
     g = torch.Generator().manual_seed(11)
-    big, small, norm = torch.randn(40, 1536, generator=g), torch.randn(2, 1536, generator=g), torch.rand(1536, generator=g) + 0.5
+    big, small, norm = (
+        torch.randn(40, 1536, generator=g),
+        torch.randn(2, 1536, generator=g),
+        torch.rand(1536, generator=g) + 0.5,
+    )
     fresh_small = kernels.linear(small, w)  # before the big call grows this thread's buffer
     fresh_big = kernels.linear(big, w, norm=(norm, 1e-5))
     assert torch.equal(kernels.linear(small, w), fresh_small)
@@ -159,9 +163,14 @@ def test_mixed_type_stacks_fuse_by_kernel_format(kernels: CpuKernels) -> None:
         QuantWeight.from_blocks(np.zeros(8 * 144, np.uint8), 12, 8, 128)  # Q4_K needs in % 256
 
 
-@pytest.mark.parametrize(("first", "second"), [(12, 14), (14, 12), (12, 8), (2, 3), (8, 12), (11, 12), (23, 13), (20, 8), (10, 11), (6, 8), (7, 6)],
-                         ids=["Q4_K+Q6_K", "Q6_K+Q4_K", "Q4_K+Q8_0", "Q4_0+Q4_1", "Q8_0+Q4_K", "Q3_K+Q4_K", "IQ4_XS+Q5_K", "IQ4_NL+Q8_0", "Q2_K+Q3_K",
-                              "Q5_0+Q8_0", "Q5_1+Q5_0"])
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [(12, 14), (14, 12), (12, 8), (2, 3), (8, 12), (11, 12), (23, 13), (20, 8), (10, 11), (6, 8), (7, 6)],
+    ids=[
+        "Q4_K+Q6_K", "Q6_K+Q4_K", "Q4_K+Q8_0", "Q4_0+Q4_1", "Q8_0+Q4_K", "Q3_K+Q4_K", "IQ4_XS+Q5_K", "IQ4_NL+Q8_0",
+        "Q2_K+Q3_K", "Q5_0+Q8_0", "Q5_1+Q5_0"
+    ],
+)
 def test_two_format_stacks_equal_their_parts(kernels: CpuKernels, first: int, second: int) -> None:
     """A stack of two kernel formats (Llama Q4_K_M's Q4_K Q/K with a Q6_K V) is one call whose
     outputs are each part's alone, bit for bit, with and without VNNI (whose int8 forms differ

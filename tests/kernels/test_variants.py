@@ -52,7 +52,9 @@ for dtype in (torch.float32, torch.bfloat16):
     model.forward(ids[:40], torch.arange(40), kv)
     whole = model.compute_logits(model.forward(ids[40:52], torch.arange(40, 52), kv).hidden)
     kv.truncate(40)
-    steps = torch.cat([model.compute_logits(model.forward(ids[i : i + 1], torch.arange(i, i + 1), kv).hidden) for i in range(40, 52)])
+    steps = torch.cat(
+        [model.compute_logits(model.forward(ids[i : i + 1], torch.arange(i, i + 1), kv).hidden) for i in range(40, 52)]
+    )
     assert torch.equal(whole, steps), (dtype, (whole - steps).abs().max())
 print("ok")
 """
@@ -72,7 +74,10 @@ def test_avx2_blocked_attention_matches_the_reference() -> None:
     if not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("no AVX2 + FMA on this machine")
     env = {**os.environ, "TOKENLEAP_KERNELS": "avx2"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name("test_attention_blocked.py"))]
+    cmd = [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        str(Path(__file__).with_name("test_attention_blocked.py"))
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 

@@ -173,7 +173,9 @@ def _forward(model: LlamaModel, kv: KVCache, ids: Sequence[int], start: int) -> 
     return model.compute_logits(out.hidden)
 
 
-def _check_truncate_recompute(model: LlamaModel, prompt: Sequence[int], wrong: Sequence[int], right: Sequence[int]) -> None:
+def _check_truncate_recompute(
+    model: LlamaModel, prompt: Sequence[int], wrong: Sequence[int], right: Sequence[int]
+) -> None:
     """Prompt, then a wrong continuation rolled back, then the right one == prompt, right."""
     p = len(prompt)
     kv = model.new_kv_cache()
@@ -205,7 +207,14 @@ def test_truncate_then_recompute_real(model_fp32: LlamaModel, tokenizer: Tokeniz
     _check_truncate_recompute(model_fp32, prompt, wrong, right)
 
 
-def _check_compact(model: LlamaModel, prompt: Sequence[int], tokens: Sequence[int], parents: Sequence[int], path: Sequence[int], nxt: int) -> None:
+def _check_compact(
+    model: LlamaModel,
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    path: Sequence[int],
+    nxt: int,
+) -> None:
     """Verify a tree, keep one root-to-leaf path with compact, decode one more token; compare
     with a cache that only ever saw prompt + path."""
     p = len(prompt)
@@ -285,7 +294,9 @@ def test_trim_free_memory_returns_freed_heap_to_the_os() -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _TRIM_SCENARIO], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _TRIM_SCENARIO], capture_output=True, text=True, check=True
+    ).stdout.split()
     ok, before, after = out[0] == "True", int(out[1]), int(out[2])
     if not ok:
         pytest.skip("no malloc_trim in this C library")
@@ -390,4 +401,7 @@ def test_q8_quantize_is_ggml_q8_0() -> None:
     assert float(d[0]) == float(torch.tensor(8 / 127).half())
     assert torch.equal(q[32:64], torch.round(torch.linspace(-127, 127, 32)).to(torch.int8))
     assert not q[64:].any() and int(q[:32].abs().max()) == 127
-    assert torch.equal(q8_quantize(torch.tensor([2.5, -0.5, 0.5, 1.5] + [0.0] * 27 + [127.0]))[0][:4], torch.tensor([2, 0, 0, 2], dtype=torch.int8))
+    assert torch.equal(
+        q8_quantize(torch.tensor([2.5, -0.5, 0.5, 1.5] + [0.0] * 27 + [127.0]))[0][:4],
+        torch.tensor([2, 0, 0, 2], dtype=torch.int8),
+    )

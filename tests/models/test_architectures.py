@@ -53,7 +53,11 @@ GGUF_GEMMA = ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
 
 def _make(name: str, folder: Path) -> torch.nn.Module:
     if name == "gemma3-linear-gguf":
-        cfg_cls, model_cls, extra = GGUF_GEMMA[0], GGUF_GEMMA[1], {**GGUF_GEMMA[2], "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+        cfg_cls, model_cls, extra = (
+            GGUF_GEMMA[0],
+            GGUF_GEMMA[1],
+            {**GGUF_GEMMA[2], "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+        )
     else:
         cfg_cls, model_cls, extra = GGUF_GEMMA if name == "gemma3-gguf" else CASES[name]
     torch.manual_seed(0)
@@ -116,7 +120,9 @@ def test_greedy_matches_transformers(pair):
     name, hf, model = pair
     prompt = [5, 17, 33, 2, 99, 41, 7]
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)[0, len(prompt):]
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)[
+            0, len(prompt) :
+        ]
     assert _greedy(model, prompt, 24) == ref.tolist(), name
 
 
@@ -165,12 +171,21 @@ def _check_rollback(model: LlamaModel, name: str) -> None:
 def test_unsupported_options_are_named(tmp_path):
     from tokenleap.models.loaders import read_hf_config
 
-    base = {"num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100}
+    base = {
+        "num_attention_heads": 4,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+    }
     for raw, words in (
         ({**base, "model_type": "phi3"}, "phi3"),
         ({**base, "model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
         ({**base, "model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window"),
-        ({**base, "model_type": "gemma3_text", "sliding_window": 4, "attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        (
+            {**base, "model_type": "gemma3_text", "sliding_window": 4, "attn_logit_softcapping": 50.0},
+            "attn_logit_softcapping",
+        ),
     ):
         (tmp_path / "config.json").write_text(json.dumps(raw))
         with pytest.raises(TokenleapError, match=words):
@@ -188,7 +203,9 @@ def test_torch_path_without_kernels(name: str, tmp_path: Path) -> None:
     torch.testing.assert_close(_prefill_logits(model, ids), ref, atol=2e-4, rtol=2e-4)
     prompt = [5, 17, 33, 2, 99, 41, 7]
     with torch.no_grad():
-        want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, len(prompt):]
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)[
+            0, len(prompt) :
+        ]
     assert _greedy(model, prompt, 12) == want.tolist()
 
 
@@ -239,7 +256,9 @@ def _write_gguf(name: str, folder: Path, path: Path) -> None:
             elif wavelen > s.original_max_position / s.low_freq_factor:
                 factors.append(s.factor)
             else:
-                smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+                smooth = (
+                    (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+                )
                 factors.append(1 / ((1 - smooth) / s.factor + smooth))
         w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
     for key, t in weights.items():
@@ -275,7 +294,9 @@ def test_gguf_matches_transformers(name: str, tmp_path: Path, kernels) -> None:
     torch.testing.assert_close(_prefill_logits(model, ids), ref, atol=2e-4, rtol=2e-4)
     prompt = [5, 17, 33, 2, 99, 41, 7]
     with torch.no_grad():
-        want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, len(prompt):]
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)[
+            0, len(prompt) :
+        ]
     assert _greedy(model, prompt, 12) == want.tolist()
 
 
@@ -318,7 +339,9 @@ def test_bf16_kernel_attention_keeps_the_sliding_window_over_cached_slots(name: 
     for model in (fused, reference):
         kv = model.new_kv_cache()
         model.forward(ids[:4], torch.arange(4), kv)  # inside the window: the kernel's fast path
-        steps = [model.compute_logits(model.forward(ids[i : i + 1], torch.tensor([i]), kv).hidden) for i in range(4, 12)]
+        steps = [
+            model.compute_logits(model.forward(ids[i : i + 1], torch.tensor([i]), kv).hidden) for i in range(4, 12)
+        ]
         steps.append(model.compute_logits(model.forward(ids[12:14], torch.arange(12, 14), kv).hidden))  # a 2-row verify
         logits.append(torch.cat(steps))
     scale = float(logits[1].abs().max())
@@ -344,5 +367,7 @@ def test_verify_of_65_rows_equals_single_rows(pair):
     for kv in (kv_a, kv_b):
         model.forward(torch.tensor(prompt), torch.arange(n), kv)
     batch = model.forward_batch([SeqInput(torch.tensor(draft), torch.arange(n, n + 65), kv_a)]).hidden
-    singles = torch.cat([model.forward(torch.tensor([tok]), torch.tensor([pos]), kv_b).hidden for pos, tok in enumerate(draft, start=n)])
+    singles = torch.cat(
+        [model.forward(torch.tensor([tok]), torch.tensor([pos]), kv_b).hidden for pos, tok in enumerate(draft, start=n)]
+    )
     assert torch.equal(batch, singles), name

@@ -53,7 +53,9 @@ def plain() -> LLM:
 
 
 def test_greedy_ngram_speculation_identical_to_plain(prompts: list[str], plain: LLM) -> None:
-    spec = LLM(model="gemma3-270m", speculative_config={"method": "ngram", "num_speculative_tokens": 6, "adaptive": False})
+    spec = LLM(
+        model="gemma3-270m", speculative_config={"method": "ngram", "num_speculative_tokens": 6, "adaptive": False}
+    )
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     # a repetitive prompt, so drafts are made and accepted
     texts = ["List the numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,", prompts[0]]
@@ -73,7 +75,10 @@ def test_fused_path_equals_the_per_op_block(plain: LLM) -> None:
     prefill, decode steps past the 512-token window and an 8-row verify."""
     model = plain.model
     if model.kernels is None or not model.kernels.bf16_attention:
-        pytest.skip("Gemma's 256-wide heads need the blocked bf16 attention, absent in this CPU's kernel variant (AVX-512 without BF16)")
+        pytest.skip(
+            "Gemma's 256-wide heads need the blocked bf16 attention, absent in this CPU's kernel variant "
+            "(AVX-512 without BF16)"
+        )
     assert model.path is ExecutionPath.FUSED and model.fused is not None and model.fused.has_local
     blocks = copy.copy(model)
     blocks.path = ExecutionPath.KERNELS
@@ -124,7 +129,10 @@ def test_q8_0_kv_cache_speculation_identical_to_plain(prompts: list[str]) -> Non
     assert plain.model.kv_dtype == torch.int8
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     drafted = 0
-    for text in ["List the numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,", prompts[1]]:
+    for text in [
+        "List the numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,",
+        prompts[1],
+    ]:
         a = plain.generate([text], params, use_tqdm=False)[0]
         b = spec.generate([text], params, use_tqdm=False)[0]
         assert b.outputs[0].token_ids == a.outputs[0].token_ids, text[:60]

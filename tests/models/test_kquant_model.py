@@ -85,7 +85,9 @@ def test_the_gguf_file_reads_as_gguf_py_does(q4_k_m: Path) -> None:
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
     for a, b in zip(ours.tensors, theirs.tensors):
         assert a.tensor_type == b.tensor_type and list(a.shape) == b.shape.tolist(), a.name
-        assert np.array_equal(np.asarray(a.data).reshape(-1).view(np.uint8), np.asarray(b.data).reshape(-1).view(np.uint8)), a.name
+        assert np.array_equal(
+            np.asarray(a.data).reshape(-1).view(np.uint8), np.asarray(b.data).reshape(-1).view(np.uint8)
+        ), a.name
 
 
 def test_q4_k_m_model_keeps_the_files_bytes_and_the_exactness_contract(q4_k_m: Path) -> None:
@@ -108,7 +110,9 @@ def test_q4_k_m_model_keeps_the_files_bytes_and_the_exactness_contract(q4_k_m: P
     together = model.compute_logits(model.forward(ids, torch.arange(6), kv).hidden)
     assert torch.isfinite(together).all()
     kv = model.new_kv_cache(16)
-    singles = torch.cat([model.compute_logits(model.forward(ids[i : i + 1], torch.tensor([i]), kv).hidden) for i in range(6)])
+    singles = torch.cat(
+        [model.compute_logits(model.forward(ids[i : i + 1], torch.tensor([i]), kv).hidden) for i in range(6)]
+    )
     assert torch.equal(together, singles)
     fused, model.fused = model.fused, None  # the per-call loop
     try:

@@ -174,7 +174,8 @@ def _check_tree(model: LlamaModel, prompt: Sequence[int], tokens: Sequence[int],
         o = model.forward(torch.tensor([tokens[node]]), torch.tensor([p + depths[node]]), kv_b)
         single = model.compute_logits(o.hidden)[0]
         assert torch.equal(tree_logits[node], single), (
-            f"tree row {node} (path {_path(parents, node)}) differs by {(tree_logits[node] - single).abs().max().item()}"
+            f"tree row {node} (path {_path(parents, node)}) "
+            f"differs by {(tree_logits[node] - single).abs().max().item()}"
         )
         checked += 1
         stack.extend(reversed(children.get(node, [])))
@@ -229,7 +230,9 @@ def test_tiny_model_verification_bit_identical(
     _check_tree(model, ids[:40], ids[40 : 40 + len(TREE_PARENTS)], TREE_PARENTS)
 
 
-def _check_batch(model: LlamaModel, prompts: Sequence[Sequence[int]], news: Sequence[Sequence[int]], tree: int | None) -> None:
+def _check_batch(
+    model: LlamaModel, prompts: Sequence[Sequence[int]], news: Sequence[Sequence[int]], tree: int | None
+) -> None:
     """One `forward_batch` over new tokens of several sequences (sequence `tree` as a token
     tree) vs one forward per sequence: logits and caches bit-identical."""
     from tokenleap.models.llama import SeqInput
@@ -240,7 +243,11 @@ def _check_batch(model: LlamaModel, prompts: Sequence[Sequence[int]], news: Sequ
             p = len(prompt)
             if i == tree:
                 parents = TREE_PARENTS[: len(new)]
-                seqs.append(SeqInput(torch.tensor(new), torch.tensor([p + d for d in _depths(parents)]), kv, tree_mask(parents, p)))
+                seqs.append(
+                    SeqInput(
+                        torch.tensor(new), torch.tensor([p + d for d in _depths(parents)]), kv, tree_mask(parents, p)
+                    )
+                )
             else:
                 seqs.append(SeqInput(torch.tensor(new), torch.arange(p, p + len(new)), kv))
         return seqs
@@ -248,7 +255,9 @@ def _check_batch(model: LlamaModel, prompts: Sequence[Sequence[int]], news: Sequ
     caches_a = [_prefill(model, prompt)[0] for prompt in prompts]
     batched = model.compute_logits(model.forward_batch(inputs(caches_a)).hidden)
     caches_b = [_prefill(model, prompt)[0] for prompt in prompts]
-    alone = torch.cat([model.compute_logits(model.forward(s.input_ids, s.positions, s.kv, s.attn).hidden) for s in inputs(caches_b)])
+    alone = torch.cat(
+        [model.compute_logits(model.forward(s.input_ids, s.positions, s.kv, s.attn).hidden) for s in inputs(caches_b)]
+    )
     assert torch.equal(batched, alone), f"max diff {(batched - alone).abs().max().item()}"
     for kv_a, kv_b in zip(caches_a, caches_b):
         assert kv_a.length == kv_b.length
@@ -283,7 +292,9 @@ def test_batch_of_16_requests_with_16_token_drafts_bit_identical(
     _check_batch(model, prompts, news, tree=None)
 
 
-def _check_long_verify(model: LlamaModel, prompt: Sequence[int], new: Sequence[int], parents: Sequence[int] | None = None) -> None:
+def _check_long_verify(
+    model: LlamaModel, prompt: Sequence[int], new: Sequence[int], parents: Sequence[int] | None = None
+) -> None:
     """A verify forward (`forward_batch`, the engine's) of more rows than `ROW_PATH_MAX_ROWS`
     (a 64-token draft: 65 rows) vs the same rows one by one: logits bit-identical. A tree is
     checked against its paths decoded in order (`_check_tree`'s rule, node by node)."""
@@ -304,7 +315,9 @@ def _check_long_verify(model: LlamaModel, prompt: Sequence[int], new: Sequence[i
         for node in path[:-1] if parents is not None else ():  # the ancestors, in order
             model.forward(torch.tensor([new[node]]), torch.tensor([kv_b.length]), kv_b)
         single = model.compute_logits(model.forward(torch.tensor([tok]), torch.tensor([kv_b.length]), kv_b).hidden)[0]
-        assert torch.equal(verified[i], single), f"row {i} of {len(new)} differs by {(verified[i] - single).abs().max().item()}"
+        assert torch.equal(verified[i], single), (
+            f"row {i} of {len(new)} differs by {(verified[i] - single).abs().max().item()}"
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -324,7 +337,12 @@ def test_tiny_model_65_row_verification_bit_identical(
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_65_row_verification_bit_identical_real_model(
-    dtype: torch.dtype, model_fp32: LlamaModel, model_bf16: LlamaModel, kernels: CpuKernels, tokenizer: Tokenizer, questions: list[str]
+    dtype: torch.dtype,
+    model_fp32: LlamaModel,
+    model_bf16: LlamaModel,
+    kernels: CpuKernels,
+    tokenizer: Tokenizer,
+    questions: list[str],
 ) -> None:
     model = model_fp32 if dtype == torch.float32 else model_bf16
     ids = tokenizer.encode(" ".join(questions))
@@ -333,7 +351,9 @@ def test_65_row_verification_bit_identical_real_model(
 
 
 @pytest.mark.slow
-def test_batched_forward_bit_identical_real_model(model_bf16: LlamaModel, kernels: CpuKernels, tokenizer: Tokenizer, questions: list[str]) -> None:
+def test_batched_forward_bit_identical_real_model(
+    model_bf16: LlamaModel, kernels: CpuKernels, tokenizer: Tokenizer, questions: list[str]
+) -> None:
     prompts = [tokenizer.encode(q) for q in questions[:5]]
     news = [tokenizer.encode(" Sure, here is the answer you asked for")[: 1 + 2 * i] for i in range(5)]
     _check_batch(model_bf16, prompts, news, tree=None)
@@ -348,7 +368,9 @@ def test_tree_forward_matches_path_forward_without_kernels(tiny_model_factory: C
     p = len(prompt)
     kv, _ = _prefill(model, prompt)
     positions = torch.tensor([p + d for d in _depths(TREE_PARENTS)])
-    tree_logits = model.compute_logits(model.forward(torch.tensor(tokens), positions, kv, tree_mask(TREE_PARENTS, p)).hidden)
+    tree_logits = model.compute_logits(
+        model.forward(torch.tensor(tokens), positions, kv, tree_mask(TREE_PARENTS, p)).hidden
+    )
     for node in range(len(tokens)):
         path = _path(TREE_PARENTS, node)
         ref_kv, ref_hidden = _prefill(model, prompt + [tokens[r] for r in path])
@@ -436,7 +458,8 @@ from tokenleap.models.llama import LlamaModel
 c = ModelConfig(**json.loads(sys.argv[1]))
 g = torch.Generator().manual_seed(0)
 d, f = c.hidden_size, c.intermediate_size
-w = {"embed": torch.randn(c.vocab_size, d, generator=g), "norm": torch.ones(d), "lm_head": torch.randn(c.vocab_size, d, generator=g) / d**0.5}
+w = {"embed": torch.randn(c.vocab_size, d, generator=g), "norm": torch.ones(d),
+     "lm_head": torch.randn(c.vocab_size, d, generator=g) / d**0.5}
 for i in range(c.num_layers):
     p = f"layers.{i}."
     for name, shape in (("q", (c.q_size, d)), ("k", (c.kv_size, d)), ("v", (c.kv_size, d)), ("o", (d, c.q_size)),
@@ -476,7 +499,9 @@ def test_shapes_the_kernels_cannot_take_still_compute_the_model(
     head_dim % 16 == 0, so such a model must fall back to torch ops (or refuse clearly), not read
     and write out of bounds. Run in a subprocess because the failure mode is heap corruption."""
     config = dataclasses.asdict(dataclasses.replace(tiny_config, **changes))
-    proc = subprocess.run([sys.executable, "-c", _SHAPE_SCRIPT, json.dumps(config)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHAPE_SCRIPT, json.dumps(config)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout.strip()} {proc.stderr.strip()[-300:]}"
 
 

@@ -1,4 +1,5 @@
-"""Weight loaders: GGUF metadata and tensors, Hugging Face folders (round trip through transformers), and their errors."""
+"""Weight loaders: GGUF metadata and tensors, Hugging Face folders (round trip through transformers), and their
+errors."""
 
 from __future__ import annotations
 

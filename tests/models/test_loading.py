@@ -32,7 +32,11 @@ def test_load_hf_folder_model_and_tokenizer(
 def test_load_model_dtype_and_kernels_switch(tiny_hf_folder: Path) -> None:
     model, _ = load_model(resolve(str(tiny_hf_folder)), DTYPES["bf16"], use_kernels=False)
     assert model.kernels is None
-    assert model.embed.dtype == torch.bfloat16 and isinstance(w := model.layers[0].wqkv.weight, torch.Tensor) and w.dtype == torch.bfloat16
+    assert (
+        model.embed.dtype == torch.bfloat16
+        and isinstance(w := model.layers[0].wqkv.weight, torch.Tensor)
+        and w.dtype == torch.bfloat16
+    )
     assert model.lm_head.dtype == torch.bfloat16
     assert model.norm.dtype == torch.float32 and model.layers[0].attn_norm.dtype == torch.float32
     assert model.kv_dtype == torch.float32

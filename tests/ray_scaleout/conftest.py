@@ -44,7 +44,9 @@ def ray_cluster() -> Iterator[None]:
 def ray_server(ray_cluster: None) -> Iterator[str]:
     from tokenleap.ray.serve import deployment, start, wait_ready
 
-    server = ServerConfig(host="127.0.0.1", port=_free_port(), api_key=API_KEY, log_level="warning", max_request_bytes=64 * 1024)
+    server = ServerConfig(
+        host="127.0.0.1", port=_free_port(), api_key=API_KEY, log_level="warning", max_request_bytes=64 * 1024
+    )
     cfg = RayServeConfig(replicas=2, threads_per_replica=1, share_period=0.2)
     url = start(deployment(MODEL, speculative_config={"method": "suffix"}, server=server, config=cfg), server, cfg)
     wait_ready(url)
@@ -53,7 +55,9 @@ def ray_server(ray_cluster: None) -> Iterator[str]:
 
 def replica_of(url: str, session: str) -> str:
     """The replica a session id is routed to."""
-    r = httpx.get(url + "/v1/tokenleap/replica", headers={**AUTH, "x-session-id": session}, timeout=30).raise_for_status()
+    r = httpx.get(
+        url + "/v1/tokenleap/replica", headers={**AUTH, "x-session-id": session}, timeout=30
+    ).raise_for_status()
     return r.json()["replica"]
 
 
@@ -70,7 +74,11 @@ def sessions_on_each_replica(url: str, n: int = 2, tries: int = 64) -> dict[str,
 
 
 def replica_stats(url: str, session: str) -> dict:
-    return httpx.get(url + "/v1/tokenleap/replica", headers={**AUTH, "x-session-id": session}, timeout=30).raise_for_status().json()
+    return (
+        httpx.get(url + "/v1/tokenleap/replica", headers={**AUTH, "x-session-id": session}, timeout=30)
+        .raise_for_status()
+        .json()
+    )
 
 
 def wait_for(pred, timeout: float = 60.0, every: float = 0.2):  # type: ignore[no-untyped-def]

@@ -24,14 +24,18 @@ def _client(url: str, session: str | None = None, key: str = API_KEY) -> openai.
 
 
 def _reference(llm: LLM, question: str, max_tokens: int) -> tuple[str, list[int]]:
-    out = llm.chat([{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
+    out = llm.chat(
+        [{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False
+    )[0]
     return out.outputs[0].text, list(out.outputs[0].token_ids)
 
 
 def test_plain_and_streaming_equal_single_server_answers(ray_server: str, llm: LLM) -> None:
     text, _ = _reference(llm, QUESTION, 40)
     c = _client(ray_server)
-    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=40, temperature=0)
+    r = c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=40, temperature=0
+    )
     assert r.choices[0].message.content == text
     assert r.usage is not None and r.usage.completion_tokens > 0
     chunks = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=40,
@@ -54,7 +58,9 @@ def test_errors_and_api_key(ray_server: str) -> None:
     assert "n must be in [1, 128]" in str(exc.value)
     with pytest.raises(openai.AuthenticationError):
         _client(ray_server, key="wrong").models.list()
-    r = httpx.post(ray_server + "/v1/chat/completions", content=b"{not json", headers={**AUTH, "content-type": "application/json"})
+    r = httpx.post(
+        ray_server + "/v1/chat/completions", content=b"{not json", headers={**AUTH, "content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(ray_server + "/v1/completions", content=b"x" * (70 * 1024), headers=AUTH)
     assert r.status_code == 413
@@ -68,15 +74,21 @@ def test_session_affinity(ray_server: str) -> None:
     for rid, session in by_replica.items():
         c = _client(ray_server, session)
         for _ in range(3):
-            raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "Say yes."}],
-                                                             max_tokens=4, temperature=0)
+            raw = c.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": "Say yes."}], max_tokens=4, temperature=0
+            )
             assert raw.headers["x-tokenleap-replica"] == rid
     # no header: the conversation's first messages are the key, so a conversation stays put
     convo = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."}]
     seen = set()
     for turn in range(3):
-        msgs = convo + [{"role": "assistant", "content": "Blue."}, {"role": "user", "content": f"Another ({turn})?"}][: 2 * turn]
-        raw = _client(ray_server).chat.completions.with_raw_response.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+        msgs = (
+            convo
+            + [{"role": "assistant", "content": "Blue."}, {"role": "user", "content": f"Another ({turn})?"}][: 2 * turn]
+        )
+        raw = _client(ray_server).chat.completions.with_raw_response.create(
+            model=MODEL, messages=msgs, max_tokens=4, temperature=0
+        )
         seen.add(raw.headers["x-tokenleap-replica"])
     assert len(seen) == 1
 
@@ -86,13 +98,18 @@ def test_sharing_teaches_the_other_replica_and_greedy_stays_identical(ray_server
     question = "Write a Python function that returns the factorial of n, with a docstring."
     text, ids = _reference(llm, question, 48)
     before = replica_stats(ray_server, s2)
-    first = _client(ray_server, s1).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
-                                                            max_tokens=48, temperature=0)
+    first = _client(ray_server, s1).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0
+    )
     assert first.choices[0].message.content == text
     after = wait_for(lambda: (st := replica_stats(ray_server, s2))["ingested"] > before["ingested"] and st)
-    assert after["cached_outputs"]["suffix"] > before["cached_outputs"]["suffix"]  # r2's global suffix tree learned r1's answer
-    raw = httpx.post(ray_server + "/v1/chat/completions", headers={**AUTH, "x-session-id": s2},
-                     json={"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 48, "temperature": 0})
+    # r2's global suffix tree learned r1's answer
+    assert after["cached_outputs"]["suffix"] > before["cached_outputs"]["suffix"]
+    raw = httpx.post(
+        ray_server + "/v1/chat/completions",
+        headers={**AUTH, "x-session-id": s2},
+        json={"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 48, "temperature": 0},
+    )
     body = raw.raise_for_status().json()
     assert raw.headers["x-tokenleap-replica"] == r2
     assert body["choices"][0]["message"]["content"] == text
@@ -105,8 +122,12 @@ def test_metrics_labelled_per_replica(ray_server: str) -> None:
 
     def replicas() -> set[str]:
         text = httpx.get(ray_server + "/metrics").raise_for_status().text
-        return {s.labels["replica"] for f in text_string_to_metric_families(text) if f.name == "tokenleap:generation_tokens"
-                for s in f.samples}
+        return {
+            s.labels["replica"]
+            for f in text_string_to_metric_families(text)
+            if f.name == "tokenleap:generation_tokens"
+            for s in f.samples
+        }
 
     assert wait_for(lambda: len(replicas()) == 2, timeout=30)
 
@@ -118,7 +139,9 @@ def test_ray_data_equals_llm_generate(ray_server: str, llm: LLM, questions: list
 
     prompts = [q[:200] for q in questions[:6]]
     params = SamplingParams(temperature=0, max_tokens=24)
-    proc = build_processor(MODEL, speculative_config={"method": "suffix"}, sampling_params=params, batch_size=3, concurrency=1)
+    proc = build_processor(
+        MODEL, speculative_config={"method": "suffix"}, sampling_params=params, batch_size=3, concurrency=1
+    )
     rows = proc(ray.data.from_items([{"prompt": p, "i": i} for i, p in enumerate(prompts)])).take_all()
     got = {int(r["i"]): (r["generated_text"], list(r["generated_token_ids"])) for r in rows}
     ref = llm.generate(prompts, params, use_tqdm=False)
@@ -139,7 +162,8 @@ def test_zz_killed_replica_is_replaced_and_the_other_finishes(ray_server: str, l
     def stream(name: str, session: str) -> None:
         try:
             chunks = _client(ray_server, session).chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=96, temperature=0, stream=True)
+                model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=96, temperature=0, stream=True
+            )
             results[name].append("".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices))
         except openai.APIError as exc:  # the clean end of a killed replica's stream
             results[name].append(exc)
@@ -153,7 +177,11 @@ def test_zz_killed_replica_is_replaced_and_the_other_finishes(ray_server: str, l
             results["whole"].append(exc)
 
     results["whole"] = []
-    threads = [threading.Thread(target=stream, args=(n, s)) for n, s in (("victim", s_victim), ("survivor", s_survivor)) for _ in range(2)]
+    threads = [
+        threading.Thread(target=stream, args=(n, s))
+        for n, s in (("victim", s_victim), ("survivor", s_survivor))
+        for _ in range(2)
+    ]
     threads.append(threading.Thread(target=whole, args=(s_victim,)))
     for t in threads:
         t.start()
@@ -175,5 +203,7 @@ def test_zz_killed_replica_is_replaced_and_the_other_finishes(ray_server: str, l
             return False
 
     wait_for(replaced, timeout=240, every=1.0)
-    r = _client(ray_server).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=16, temperature=0)
+    r = _client(ray_server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=16, temperature=0
+    )
     assert r.choices[0].message.content == _reference(llm, QUESTION, 16)[0]

@@ -51,7 +51,11 @@ def test_affinity_keys() -> None:
     picks = {rendezvous(f"k{i}", ids) for i in range(50)}
     assert picks == set(ids)  # spread over all replicas
     # removing a replica moves only the keys that were on it
-    moved = [i for i in range(200) if rendezvous(f"k{i}", ids) != "r3" and rendezvous(f"k{i}", ids) != rendezvous(f"k{i}", ids[:2])]
+    moved = [
+        i
+        for i in range(200)
+        if rendezvous(f"k{i}", ids) != "r3" and rendezvous(f"k{i}", ids) != rendezvous(f"k{i}", ids[:2])
+    ]
     assert moved == []
 
 
@@ -67,7 +71,10 @@ def test_merge_metrics_labels_each_replica() -> None:
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     got = {s.labels["replica"]: s.value for s in fams["tokenleap:prompt_tokens"].samples if s.name.endswith("_total")}
     assert got == {"r1": 5.0, "r2": 7.0}
-    assert {s.labels["replica"]: s.value for s in fams["tokenleap:num_requests_running"].samples} == {"r1": 1.0, "r2": 2.0}
+    assert {s.labels["replica"]: s.value for s in fams["tokenleap:num_requests_running"].samples} == {
+        "r1": 1.0,
+        "r2": 2.0,
+    }
 
 
 def test_config_validation() -> None:
@@ -75,7 +82,12 @@ def test_config_validation() -> None:
     auto = RayServeConfig(replicas=3, min_replicas=1, max_replicas=2).autoscaling_config()
     assert auto == {"min_replicas": 1, "max_replicas": 2, "initial_replicas": 2, "target_ongoing_requests": 4.0}
     assert RayServeConfig(replicas=64).threads() == 1 and RayServeConfig(threads_per_replica=3).threads() == 3
-    for bad in ({"replicas": 0}, {"min_replicas": 3, "max_replicas": 2}, {"target_ongoing_requests": 0}, {"threads_per_replica": 0}):
+    for bad in (
+        {"replicas": 0},
+        {"min_replicas": 3, "max_replicas": 2},
+        {"target_ongoing_requests": 0},
+        {"threads_per_replica": 0},
+    ):
         with pytest.raises(TokenleapError):
             RayServeConfig(**bad)
 
@@ -87,7 +99,9 @@ def _draft_after(drafter, context: list[int]) -> list[int]:  # type: ignore[no-u
     return list(draft.tokens)
 
 
-@pytest.mark.parametrize("make", [SuffixDrafter, lambda: NgramModDrafter(size_n=2, pool_size=4096), lambda: NgramCacheDrafter(n_max=2)])
+@pytest.mark.parametrize(
+    "make", [SuffixDrafter, lambda: NgramModDrafter(size_n=2, pool_size=4096), lambda: NgramCacheDrafter(n_max=2)]
+)
 def test_drafters_learn_answers_produced_elsewhere(make) -> None:  # type: ignore[no-untyped-def]
     answer = [10, 11, 12, 13, 14, 15, 16, 17]
     fresh, taught = make(), make()

@@ -44,7 +44,9 @@ def wait_idle(srv: BackgroundServer, timeout: float = 30.0) -> None:
     loop = srv.state.loop
     deadline = time.monotonic() + timeout
     while loop.num_live or loop.num_running or loop.num_waiting:
-        assert time.monotonic() < deadline, f"server not idle: live={loop.num_live} running={loop.num_running} waiting={loop.num_waiting}"
+        assert time.monotonic() < deadline, (
+            f"server not idle: live={loop.num_live} running={loop.num_running} waiting={loop.num_waiting}"
+        )
         time.sleep(0.02)
     assert loop.num_added == loop.num_freed
 
@@ -70,7 +72,9 @@ def metrics(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, 
 
 def reference_chat(llm: LLM, question: str, max_tokens: int) -> tuple[str, list[int], str]:
     """The library's plain greedy answer: text, token ids, finish reason."""
-    out = llm.chat([{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
+    out = llm.chat(
+        [{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False
+    )[0]
     c = out.outputs[0]
     return c.text, c.token_ids, c.finish_reason or ""
 

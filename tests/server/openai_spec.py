@@ -90,7 +90,10 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
 
 def errors(name: str, body: Any) -> list[str]:
     """Where `body` breaks the spec's `name` schema (empty: valid)."""
-    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message[:300]}" for e in _validator(name).iter_errors(body)]
+    return [
+        f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message[:300]}"
+        for e in _validator(name).iter_errors(body)
+    ]
 
 
 def check(name: str, body: Any) -> None:

@@ -20,7 +20,9 @@ QUESTION = "Name three prime numbers and say why they are prime."
 
 def test_chat_matches_library(client: openai.OpenAI, llm: LLM) -> None:
     text, ids, finish = reference_chat(llm, QUESTION, 24)
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=24)
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=24
+    )
     assert r.id.startswith("chatcmpl-") and r.object == "chat.completion" and r.model == MODEL and r.created > 0
     assert len(r.choices) == 1
     choice = r.choices[0]
@@ -39,8 +41,14 @@ def test_chat_matches_library(client: openai.OpenAI, llm: LLM) -> None:
 
 def test_chat_stream_matches_library(client: openai.OpenAI, llm: LLM) -> None:
     text, ids, finish = reference_chat(llm, QUESTION, 24)
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0,
-                                            max_tokens=24, stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -60,7 +68,11 @@ def test_completion_matches_library(client: openai.OpenAI, llm: LLM) -> None:
     r = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=20)
     assert r.id.startswith("cmpl-") and r.object == "text_completion"
     assert r.choices[0].text == text and r.choices[0].finish_reason == finish and r.choices[0].logprobs is None
-    assert r.usage is not None and r.usage.prompt_tokens == len(llm.tokenizer.encode(prompt)) and r.usage.completion_tokens == len(ids)
+    assert (
+        r.usage is not None
+        and r.usage.prompt_tokens == len(llm.tokenizer.encode(prompt))
+        and r.usage.completion_tokens == len(ids)
+    )
     streamed = list(client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=20, stream=True))
     assert "".join(c.choices[0].text for c in streamed) == text
     assert streamed[-1].choices[0].finish_reason == finish
@@ -72,15 +84,23 @@ def test_completion_matches_library(client: openai.OpenAI, llm: LLM) -> None:
 
 
 def test_per_request_speculation(client: openai.OpenAI, llm: LLM) -> None:
-    prompt = "List the days of the week, one per line: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday.\nAgain:"
+    prompt = (
+        "List the days of the week, one per line: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday.\n"
+        "Again:"
+    )
     text, _, _ = reference_completion(llm, prompt, 24)
     off = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=24,
                                     extra_body={"speculative": {"method": "none"}})
     spec = off.model_extra["speculative"]
     assert off.choices[0].text == text
     assert spec["method"] is None and spec["num_drafts"] == 0 and spec["mean_acceptance_length"] == 1.0
-    ngram = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=24,
-                                      extra_body={"speculative": {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False}})
+    ngram = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        temperature=0,
+        max_tokens=24,
+        extra_body={"speculative": {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False}},
+    )
     spec = ngram.model_extra["speculative"]
     assert ngram.choices[0].text == text  # lossless
     assert spec["method"] == "ngram" and spec["num_drafts"] > 0 and spec["num_accepted_tokens"] > 0
@@ -91,14 +111,16 @@ def test_per_request_speculation(client: openai.OpenAI, llm: LLM) -> None:
 def test_sampling_options(client: openai.OpenAI) -> None:
     # Seeded sampling repeats under plain decoding (with the suffix drafter, whose tree over
     # earlier outputs changes the drafts and so the random draws, it is lossless but not repeatable).
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=12,
-              temperature=0.8, top_p=0.9, seed=7, extra_body={"top_k": 40, "min_p": 0.05, "speculative": {"method": "none"}})
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=12, temperature=0.8,
+              top_p=0.9, seed=7, extra_body={"top_k": 40, "min_p": 0.05, "speculative": {"method": "none"}})
     a = client.chat.completions.create(**kw)  # type: ignore[call-overload]
     b = client.chat.completions.create(**kw)  # type: ignore[call-overload]
     assert a.choices[0].message.content == b.choices[0].message.content
     r = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", temperature=0, max_tokens=24, stop=[" 7"])
     assert r.choices[0].finish_reason == "stop" and " 7" not in r.choices[0].text
-    r = client.completions.create(model=MODEL, prompt="Hi", max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r.usage is not None and r.usage.completion_tokens == 10 and r.choices[0].finish_reason == "length"
 
 
@@ -126,10 +148,13 @@ def test_penalties_and_min_tokens_match_library(client: openai.OpenAI, llm: LLM)
     from tokenleap import SamplingParams
 
     messages = [{"role": "user", "content": QUESTION}]
-    params = SamplingParams(temperature=0, max_tokens=24, presence_penalty=0.7, frequency_penalty=0.3, repetition_penalty=1.2, min_tokens=20)
+    params = SamplingParams(
+        temperature=0, max_tokens=24, presence_penalty=0.7, frequency_penalty=0.3, repetition_penalty=1.2, min_tokens=20
+    )
     ref = llm.chat([messages], params, use_tqdm=False)[0].outputs[0]
-    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24, presence_penalty=0.7,
-                                       frequency_penalty=0.3, extra_body={"repetition_penalty": 1.2, "min_tokens": 20})
+    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24,
+                                       presence_penalty=0.7, frequency_penalty=0.3,
+                                       extra_body={"repetition_penalty": 1.2, "min_tokens": 20})
     assert r.choices[0].message.content == ref.text
     assert r.usage.completion_tokens == len(ref.token_ids) >= 20
 
@@ -137,9 +162,11 @@ def test_penalties_and_min_tokens_match_library(client: openai.OpenAI, llm: LLM)
 def test_completion_keeps_the_stop_string_when_asked(client: openai.OpenAI) -> None:
     base = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8)
     stop = base.choices[0].text.strip().split()[0]
-    cut = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, stop=[stop])
-    kept = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, stop=[stop],
-                                     extra_body={"include_stop_str_in_output": True})
+    cut = client.completions.create(
+        model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, stop=[stop]
+    )
+    kept = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8,
+                                     stop=[stop], extra_body={"include_stop_str_in_output": True})
     assert kept.choices[0].text == cut.choices[0].text + stop and kept.choices[0].finish_reason == "stop"
 
 
@@ -148,14 +175,20 @@ def test_logprobs_match_library_in_openai_shapes(client: openai.OpenAI, llm: LLM
 
     messages = [{"role": "user", "content": QUESTION}]
     ref = llm.chat([messages], SamplingParams(temperature=0, max_tokens=12, logprobs=3), use_tqdm=False)[0].outputs[0]
-    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3
+    )
     content = r.choices[0].logprobs.content
-    assert [c.logprob for c in content] == pytest.approx([e[t].logprob for t, e in zip(ref.token_ids, ref.logprobs)], abs=1e-6)
+    assert [c.logprob for c in content] == pytest.approx(
+        [e[t].logprob for t, e in zip(ref.token_ids, ref.logprobs)], abs=1e-6
+    )
     assert "".join(c.token for c in content) == r.choices[0].message.content
     for c in content:
         assert len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob >= c.logprob - 1e-6
         assert bytes(c.bytes).decode("utf-8") == c.token
-    comp = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=6, logprobs=2)
+    comp = client.completions.create(
+        model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=6, logprobs=2
+    )
     lp = comp.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
     assert "".join(lp.tokens) == comp.choices[0].text and all(len(t) <= 2 for t in lp.top_logprobs)
@@ -172,8 +205,11 @@ def test_n_samples_match_separately_seeded_library_requests(client: openai.OpenA
     assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
     for i, c in enumerate(r.choices):
         # the server speculates (suffix), so compare with its own engine, sample i seeded 11 + i
-        ref = server_llm.chat([messages], SamplingParams(temperature=0.9, max_tokens=10, seed=11 + i, presence_penalty=0.5),
-                              use_tqdm=False)[0].outputs[0]
+        ref = server_llm.chat(
+            [messages],
+            SamplingParams(temperature=0.9, max_tokens=10, seed=11 + i, presence_penalty=0.5),
+            use_tqdm=False,
+        )[0].outputs[0]
         assert c.message.content == ref.text
     comp = client.completions.create(model=MODEL, prompt="Once upon a time", temperature=0.9, max_tokens=8, n=2)
     assert len(comp.choices) == 2 and comp.usage.completion_tokens >= 2
@@ -187,30 +223,53 @@ def test_structured_outputs(client: openai.OpenAI, llm: LLM) -> None:
     from tokenleap import SamplingParams
     from tokenleap.structured import StructuredOutputsParams
 
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}, "population": {"type": "integer"}},
-              "required": ["city", "population"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 30}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
     messages = [{"role": "user", "content": "Give the largest city of France as JSON."}]
-    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=60,
-                                       response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
-    ref = llm.chat([messages], SamplingParams(temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=schema)),
-                   use_tqdm=False)[0].outputs[0]
+    ref = llm.chat(
+        [messages],
+        SamplingParams(temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=schema)),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert r.choices[0].message.content == ref.text  # the server speculates (suffix): same text
     c = client.completions.create(model=MODEL, prompt="Is water wet? Answer:", temperature=0, max_tokens=5,
                                   extra_body={"guided_choice": [" yes", " no"]})
     assert c.choices[0].text in (" yes", " no")
-    obj = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=40, response_format={"type": "json_object"})
+    obj = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=40, response_format={"type": "json_object"}
+    )
     assert obj.choices[0].finish_reason == "length" or isinstance(json.loads(obj.choices[0].message.content), dict)
-    for bad in ({"guided_regex": "a("}, {"response_format": {"type": "xml"}}, {"response_format": {"type": "json_schema"}}):
+    for bad in (
+        {"guided_regex": "a("},
+        {"response_format": {"type": "xml"}},
+        {"response_format": {"type": "json_schema"}},
+    ):
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, extra_body=bad)
 
 
 def test_streamed_logprobs_arrive_with_the_last_chunk(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": QUESTION}]
-    whole = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=10, logprobs=True, top_logprobs=2)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=10, logprobs=True,
-                                                 top_logprobs=2, stream=True))
+    whole = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=10, logprobs=True, top_logprobs=2
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=messages, temperature=0, max_tokens=10, logprobs=True, top_logprobs=2, stream=True
+        )
+    )
     content = [lp for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
     assert [(x.token, x.logprob) for x in content] == [(x.token, x.logprob) for x in whole.choices[0].logprobs.content]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content

@@ -127,7 +127,9 @@ def test_one_failing_request_among_8_streams(server: BackgroundServer, server_ll
     wait_idle(server)
 
 
-def test_long_prompt_prefill_is_interleaved_with_running_streams(server: BackgroundServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_long_prompt_prefill_is_interleaved_with_running_streams(
+    server: BackgroundServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A long prompt is prefilled one chunk per loop iteration, with a decode step of the
     running stream between chunks: the stream does not stall for the whole prefill."""
     engine = server.state.loop.engine
@@ -181,7 +183,9 @@ def test_disconnect_while_waiting_for_a_whole_answer(server: BackgroundServer) -
     before = _abort_count(server.url)
     with pytest.raises(httpx.ReadTimeout):
         # 2000 tokens cannot come within the 0.5 s read timeout (a fast host did 400 in under 1 s)
-        httpx.post(server.url + "/v1/completions", json={**LONG, "max_tokens": 2000}, timeout=httpx.Timeout(60, read=0.5))
+        httpx.post(
+            server.url + "/v1/completions", json={**LONG, "max_tokens": 2000}, timeout=httpx.Timeout(60, read=0.5)
+        )
     wait_idle(server)
     assert _abort_count(server.url) == before + 1
 
@@ -206,7 +210,11 @@ def test_metrics_move(client: openai.OpenAI, server: BackgroundServer) -> None:
     assert delta("tokenleap:spec_decode_num_drafts_total") == spec["num_drafts"] > 0
     assert delta("tokenleap:spec_decode_num_draft_tokens_total") == spec["num_draft_tokens"]
     assert delta("tokenleap:spec_decode_num_accepted_tokens_total") == spec["num_accepted_tokens"] > 0
-    per_pos = sum(delta(name, labels) for (name, labels) in after if name == "tokenleap:spec_decode_num_accepted_tokens_per_pos_total")
+    per_pos = sum(
+        delta(name, labels)
+        for (name, labels) in after
+        if name == "tokenleap:spec_decode_num_accepted_tokens_per_pos_total"
+    )
     assert per_pos == spec["num_accepted_tokens"]
     assert after[("tokenleap:num_requests_running", ())] == 0 and after[("tokenleap:num_requests_waiting", ())] == 0
     assert after[("process_resident_memory_bytes", ())] > 0
@@ -229,7 +237,9 @@ def test_queue_full_gets_429(server_llm: LLM, server: BackgroundServer) -> None:
                     assert r.status_code == 429
                     assert r.json()["error"]["type"] == "rate_limit_error"
                     with pytest.raises(openai.RateLimitError):
-                        openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0).completions.create(model=MODEL, prompt="Hi")
+                        openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0).completions.create(
+                            model=MODEL, prompt="Hi"
+                        )
                     assert metrics(srv.url)[("tokenleap:num_requests_waiting", ())] == 1
                     assert metrics(srv.url)[("tokenleap:num_requests_running", ())] == 1
         wait_idle(srv)  # both streams were closed early: A aborted running, B aborted while queued
@@ -245,15 +255,23 @@ def test_timeout(server_llm: LLM, server: BackgroundServer) -> None:
         assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.APIError, match="timed out"):
-            for _ in client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=400, temperature=0, stream=True,
-                                               extra_body={"ignore_eos": True}):
+            for _ in client.completions.create(
+                model=MODEL,
+                prompt="Once upon a time",
+                max_tokens=400,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            ):
                 pass
         wait_idle(srv)
         ok = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
         assert ok.choices[0].finish_reason in ("stop", "length")
 
 
-def test_engine_failure_fails_only_its_requests(server_llm: LLM, server: BackgroundServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_failure_fails_only_its_requests(
+    server_llm: LLM, server: BackgroundServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = server_llm.engine
     real = engine.step_batch
     calls = {"n": 0}

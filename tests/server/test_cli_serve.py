@@ -44,7 +44,10 @@ def test_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> Non
         (["serve", "--timeout", "0"], "timeout must be > 0"),
         (["serve", "--port", "70000"], "port must be in [0, 65535]"),
         (["serve", "--max-num-speculative-tokens", "65"], "max_num_speculative_tokens must be in [1, 64]"),
-        (["serve", "--spec-type", "ngram", "--draft-max", "8", "--max-num-speculative-tokens", "4"], "is below --draft-max (8)"),
+        (
+            ["serve", "--spec-type", "ngram", "--draft-max", "8", "--max-num-speculative-tokens", "4"],
+            "is below --draft-max (8)",
+        ),
         (["serve", "--host", "no-such-host.invalid"], "cannot resolve host"),
         (["serve", "--port", "0", "--spec-type", "bogus"], "unknown speculative method 'bogus'"),
         (["serve", "--port", "0", "--model", "no-such-model"], "unknown model 'no-such-model'"),
@@ -75,9 +78,14 @@ def test_serve_process(sig: signal.Signals) -> None:
     port = _free_port()
     env = {**os.environ, "TOKENLEAP_API_KEY": "k3y", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenleap.cli", "serve", "--port", str(port), "--spec-type", "ngram", "--draft-max", "4",
-         "--log-level", "warning", "--metrics-api-key-required"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable, "-m", "tokenleap.cli", "serve", "--port", str(port), "--spec-type", "ngram", "--draft-max",
+            "4", "--log-level", "warning", "--metrics-api-key-required"
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -77,8 +77,10 @@ def chat_openai(server: BackgroundServer) -> Any:
     langchain_openai = pytest.importorskip("langchain_openai")
 
     def make(**extra: Any) -> Any:
-        return langchain_openai.ChatOpenAI(model=MODEL, base_url=server.url + "/v1", api_key="unused", temperature=0, max_tokens=64,
-                                           max_retries=0, timeout=120, extra_body=extra or None)
+        return langchain_openai.ChatOpenAI(
+            model=MODEL, base_url=server.url + "/v1", api_key="unused", temperature=0, max_tokens=64, max_retries=0,
+            timeout=120, extra_body=extra or None
+        )
 
     return make
 
@@ -99,26 +101,49 @@ def test_langchain_forced_tool(chat_openai: Any, schema: type[BaseModel], questi
 
 def test_langchain_structured_output(chat_openai: Any) -> None:
     for method in ("json_schema", "function_calling"):
-        answers = [chat_openai(**extra).with_structured_output(Person, method=method).invoke(CASES[0][1]) for extra in ({}, OFF)]
+        answers = [
+            chat_openai(**extra).with_structured_output(Person, method=method).invoke(CASES[0][1])
+            for extra in ({}, OFF)
+        ]
         assert isinstance(answers[0], Person) and answers[0] == answers[1], (method, answers)
 
 
 def _instructor_json_schema(schema: type[BaseModel], question: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": question}], "model": MODEL, "max_tokens": 64, "temperature": 0,
-            "response_format": {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema()}}}
+    return {
+        "messages": [{"role": "user", "content": question}],
+        "model": MODEL,
+        "max_tokens": 64,
+        "temperature": 0,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema()},
+        },
+    }
 
 
 def _instructor_tools(schema: type[BaseModel], question: str) -> dict[str, Any]:
     description = f"Correctly extracted `{schema.__name__}` with all the required parameters with correct types"
     parameters = {k: v for k, v in schema.model_json_schema().items() if k not in ("title", "description")}
-    return {"messages": [{"role": "user", "content": question}], "model": MODEL, "max_tokens": 64, "temperature": 0,
-            "tool_choice": {"type": "function", "function": {"name": schema.__name__}},
-            "tools": [{"type": "function", "function": {"name": schema.__name__, "description": description, "parameters": parameters}}]}
+    return {
+        "messages": [{"role": "user", "content": question}],
+        "model": MODEL,
+        "max_tokens": 64,
+        "temperature": 0,
+        "tool_choice": {"type": "function", "function": {"name": schema.__name__}},
+        "tools": [
+            {
+                "type": "function",
+                "function": {"name": schema.__name__, "description": description, "parameters": parameters},
+            }
+        ],
+    }
 
 
 @pytest.mark.parametrize(("schema", "question"), CASES, ids=[c[0].__name__ for c in CASES])
 def test_instructor_modes(client: openai.OpenAI, schema: type[BaseModel], question: str) -> None:
-    modes = (("json_schema", _instructor_json_schema),) + ((("tools", _instructor_tools),) if schema in (Person, Book) else ())
+    modes = (("json_schema", _instructor_json_schema),) + (
+        (("tools", _instructor_tools),) if schema in (Person, Book) else ()
+    )
     for mode, body in modes:
         parsed = []
         for extra in ({}, OFF):
@@ -157,11 +182,22 @@ def test_forced_tool_cut_by_max_tokens(client: openai.OpenAI) -> None:
 def test_parallel_tool_calls_and_allowed_tools(client: openai.OpenAI) -> None:
     tools = _instructor_tools(Weather, "What is the weather in Paris and in Rome?")["tools"] + \
         _instructor_tools(Location, "x")["tools"]
-    base = {"model": MODEL, "messages": [{"role": "user", "content": "What is the weather in Paris and in Rome?"}], "max_tokens": 64,
-            "temperature": 0, "tools": tools}
+    base = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Paris and in Rome?"}],
+        "max_tokens": 64,
+        "temperature": 0,
+        "tools": tools,
+    }
     single = client.chat.completions.create(**base, tool_choice="required", parallel_tool_calls=False).choices[0]
     assert single.finish_reason in ("tool_calls", "length")
     assert len(single.message.tool_calls or []) <= 1
-    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "Location"}}]}}
+    allowed = {
+        "type": "allowed_tools",
+        "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "Location"}}]},
+    }
     only = client.chat.completions.create(**base, extra_body={"tool_choice": allowed}).choices[0]
-    assert all(c.function.name == "Location" for c in only.message.tool_calls or []) and only.finish_reason in ("tool_calls", "length")
+    assert all(c.function.name == "Location" for c in only.message.tool_calls or []) and only.finish_reason in (
+        "tool_calls",
+        "length",
+    )

@@ -39,7 +39,13 @@ CASES = [
     (CHAT, {"model": MODEL}, 400, "messages", "messages"),
     (CHAT, _chat(messages=[]), 400, "messages", "messages"),
     (CHAT, _chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages", "messages"),
-    (CHAT, _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "messages", "messages"),
+    (
+        CHAT,
+        _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        400,
+        "messages",
+        "messages",
+    ),
     (CHAT, _chat(max_tokens=-1), 400, "max_tokens must be a positive integer", "max_tokens"),
     (CHAT, _chat(max_tokens=0), 400, "max_tokens must be a positive integer", "max_tokens"),
     (CHAT, _chat(max_completion_tokens=-5), 400, "max_tokens must be a positive integer", "max_tokens"),
@@ -47,12 +53,32 @@ CASES = [
     (CHAT, _chat(temperature=-0.5), 400, "temperature must be >= 0", "temperature"),
     (CHAT, _chat(temperature="hot"), 400, "temperature", "temperature"),
     # Python's json reads NaN / Infinity: a non-finite number is a 400, never a failed prefill
-    (CHAT, b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": NaN}', 400, "finite", "temperature"),
-    (CHAT, b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": Infinity}', 400, "finite", "temperature"),
+    (
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": NaN}',
+        400,
+        "finite",
+        "temperature",
+    ),
+    (
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": Infinity}',
+        400,
+        "finite",
+        "temperature",
+    ),
     (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "temperature": 0.7, "top_p": NaN}', 400, "finite", "top_p"),
     (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "temperature": 0.7, "min_p": -Infinity}', 400, "finite", "min_p"),
-    (COMPLETIONS, b'{"prompt": "Hi", "max_tokens": 4, "speculative": {"method": "suffix", "suffix_decoding_min_token_prob": NaN}}',
-     400, "finite", "speculative"),
+    (
+        COMPLETIONS,
+        (
+            b'{"prompt": "Hi", "max_tokens": 4, "speculative": {"method": "suffix", '
+            b'"suffix_decoding_min_token_prob": NaN}}'
+        ),
+        400,
+        "finite",
+        "speculative",
+    ),
     (CHAT, _chat(top_p=1.5), 400, "top_p must be in (0, 1]", "top_p"),
     (CHAT, _chat(top_k=-3), 400, "top_k", "top_k"),
     (CHAT, _chat(min_p=2), 400, "min_p", "min_p"),
@@ -70,11 +96,25 @@ CASES = [
     (CHAT, _chat(presence_penalty=2.5), 400, "presence_penalty must be in [-2, 2]", "presence_penalty"),
     (CHAT, _chat(min_tokens=99, max_tokens=4), 400, "min_tokens must be", "min_tokens"),
     (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f f"}}]), 400, "function.name", "tools"),
-    (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={"type": "function", "function": {"name": "g"}}),
-     400, "not among the tools", "tool_choice"),
+    (
+        CHAT,
+        _chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
+        400,
+        "not among the tools",
+        "tool_choice",
+    ),
     (CHAT, _chat(max_tokens=9000), 400, "maximum context length is 8192", "max_tokens"),
     (CHAT, _chat(speculative={"method": "bogus"}), 400, "unknown speculative method", "speculative"),
-    (CHAT, _chat(speculative={"method": "suffix", "num_speculative_tokens": 99}), 400, "num_speculative_tokens", "speculative"),
+    (
+        CHAT,
+        _chat(speculative={"method": "suffix", "num_speculative_tokens": 99}),
+        400,
+        "num_speculative_tokens",
+        "speculative",
+    ),
     (CHAT, _chat(speculative={"method": "suffix", "model": "/etc/passwd"}), 400, "Extra inputs", "speculative"),
     (CHAT, _chat(speculative={"method": "custom"}), 400, "not available per request", "speculative"),
     (CHAT, _chat(speculative={"method": "draft-model"}), 400, "not available per request", "speculative"),
@@ -98,15 +138,40 @@ CASES = [
     (CHAT, _chat(verbosity="low"), 400, "verbosity", "verbosity"),
     (CHAT, _chat(store=True), 400, "store", "store"),
     (CHAT, _chat(moderation={"model": "omni"}), 400, "moderation", "moderation"),
-    (CHAT, _chat(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]),
-     400, "type 'input_audio' are not supported", "messages"),
+    (
+        CHAT,
+        _chat(
+            messages=[
+                {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
+            ]
+        ),
+        400,
+        "type 'input_audio' are not supported",
+        "messages",
+    ),
     (CHAT, _chat(messages=[{"role": "assistant", "audio": {"id": "a1"}}, *MSG]), 400, "audio", "messages"),
     (CHAT, _chat(tools=[{"type": "custom", "custom": {"name": "sql"}}]), 400, "custom tools", "tools"),
-    (CHAT, _chat(functions=[{"name": "f"}], tools=[{"type": "function", "function": {"name": "f"}}]), 400, "duplicate function name", "tools"),
+    (
+        CHAT,
+        _chat(functions=[{"name": "f"}], tools=[{"type": "function", "function": {"name": "f"}}]),
+        400,
+        "duplicate function name",
+        "tools",
+    ),
     (CHAT, _chat(functions=[{"name": "f"}], function_call={"name": "g"}), 400, "not among the tools", "function_call"),
-    (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f"}}],
-                 tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "g"}}]}}),
-     400, "not among the tools", "tool_choice"),
+    (
+        CHAT,
+        _chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={
+                "type": "allowed_tools",
+                "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "g"}}]},
+            },
+        ),
+        400,
+        "not among the tools",
+        "tool_choice",
+    ),
     (CHAT, _chat(json_schema_mode="loose"), 400, "json_schema_mode", "json_schema_mode"),
     (CHAT, _chat(stream=0), 400, "stream", "stream"),
     (CHAT, _chat(n="2"), 400, "n", "n"),
@@ -114,7 +179,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("path", "body", "status", "fragment", "param"), CASES)
-def test_bad_request(server: BackgroundServer, path: str, body: Any, status: int, fragment: str, param: str | None) -> None:
+def test_bad_request(
+    server: BackgroundServer, path: str, body: Any, status: int, fragment: str, param: str | None
+) -> None:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     r = httpx.post(server.url + path, content=content, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
@@ -133,7 +200,10 @@ def test_tiny_temperature_is_greedy(server: BackgroundServer, llm: LLM) -> None:
 
     text, ids, finish = reference_completion(llm, "The capital of France is", 8)
     for temperature in (1e-38, 5e-324, 1e-6):
-        r = httpx.post(server.url + COMPLETIONS, json=_completion(prompt="The capital of France is", max_tokens=8, temperature=temperature))
+        r = httpx.post(
+            server.url + COMPLETIONS,
+            json=_completion(prompt="The capital of France is", max_tokens=8, temperature=temperature),
+        )
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"] == text
 
@@ -141,7 +211,10 @@ def test_tiny_temperature_is_greedy(server: BackgroundServer, llm: LLM) -> None:
 def test_prompt_longer_than_context(server: BackgroundServer) -> None:
     long = "hello " * 9000  # ~9000 tokens, under the body limit
     assert len(long) < BODY_LIMIT
-    for path, body in ((CHAT, _chat(messages=[{"role": "user", "content": long}])), (COMPLETIONS, _completion(prompt=long))):
+    for path, body in (
+        (CHAT, _chat(messages=[{"role": "user", "content": long}])),
+        (COMPLETIONS, _completion(prompt=long)),
+    ):
         r = httpx.post(server.url + path, json=body)
         assert r.status_code == 400
         assert "context length is 8192" in r.json()["error"]["message"]
@@ -179,7 +252,12 @@ def test_auth(server_llm: LLM, server: BackgroundServer) -> None:
         assert httpx.get(srv.url + "/health").status_code == 200  # open
         assert httpx.get(srv.url + "/metrics").status_code == 200  # open by default: scrapers rarely have a key
         for path in ("/v1/models",):
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}, {"Authorization": "Basic sekret"}):
+            for headers in (
+                {},
+                {"Authorization": "Bearer wrong"},
+                {"Authorization": "sekret"},
+                {"Authorization": "Basic sekret"},
+            ):
                 r = httpx.get(srv.url + path, headers=headers)
                 assert r.status_code == 401, (path, headers)
                 assert r.json()["error"]["code"] == "invalid_api_key"
@@ -193,7 +271,9 @@ def test_auth(server_llm: LLM, server: BackgroundServer) -> None:
         assert r2.choices[0].message.content
         assert srv.state.loop.num_live == 0
     assert srv.state.loop.num_live == 0
-    with BackgroundServer(server_llm, ServerConfig(port=0, log_level="warning", api_key="sekret", metrics_api_key_required=True)) as srv:
+    with BackgroundServer(
+        server_llm, ServerConfig(port=0, log_level="warning", api_key="sekret", metrics_api_key_required=True)
+    ) as srv:
         assert httpx.get(srv.url + "/metrics").status_code == 401
         assert httpx.get(srv.url + "/metrics", headers={"Authorization": "Bearer sekret"}).status_code == 200
         assert httpx.get(srv.url + "/health").status_code == 200

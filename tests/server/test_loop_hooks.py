@@ -18,7 +18,9 @@ def test_finish_listener_and_call_soon(server: BackgroundServer, client: openai.
     seen: list[tuple[str, list[int], str, str]] = []
 
     def listen(job, out, reason) -> None:  # type: ignore[no-untyped-def]
-        seen.append((threading.current_thread().name, list(out.outputs[0].token_ids) if out else [], reason, job.request_id))
+        seen.append(
+            (threading.current_thread().name, list(out.outputs[0].token_ids) if out else [], reason, job.request_id)
+        )
 
     loop.finish_listeners.append(listen)
     try:
@@ -27,7 +29,12 @@ def test_finish_listener_and_call_soon(server: BackgroundServer, client: openai.
         loop.finish_listeners.remove(listen)
     assert len(seen) == 1
     thread, ids, reason, request_id = seen[0]
-    assert thread == "tokenleap-engine" and len(ids) == r.usage.completion_tokens and reason == "length" and request_id == r.id
+    assert (
+        thread == "tokenleap-engine"
+        and len(ids) == r.usage.completion_tokens
+        and reason == "length"
+        and request_id == r.id
+    )
     ran = threading.Event()
     where: list[str] = []
     loop.call_soon(lambda: (where.append(threading.current_thread().name), ran.set()))

@@ -36,7 +36,8 @@ from .conftest import wait_idle
 
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "tokenleap-hypothesis")  # not a .hypothesis/ in the checkout
 _ASKED = os.environ.get("TOKENLEAP_SPEC_EXAMPLES")
-CHAT_EXAMPLES, COMPLETION_EXAMPLES = (int(_ASKED), int(_ASKED)) if _ASKED else (80, 120)  # drawing a chat body costs ~0.15 s
+# drawing a chat body costs ~0.15 s
+CHAT_EXAMPLES, COMPLETION_EXAMPLES = (int(_ASKED), int(_ASKED)) if _ASKED else (80, 120)
 NAME = "tiny-spec"
 VOCAB = 49152  # SmolLM2's tokenizer
 MAX_TOKENS = 3
@@ -46,9 +47,11 @@ def _settings(examples: int) -> settings:
     return settings(max_examples=examples, deadline=None, database=None, derandomize=True, print_blob=True,
                     suppress_health_check=list(HealthCheck))
 
-_HF_NAMES = {"attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-             "o": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
-             "down": "mlp.down_proj"}
+_HF_NAMES = {
+    "attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+    "down": "mlp.down_proj"
+}
 
 
 def _tiny_folder(folder: Path, tokenizer: Tokenizer) -> Path:
@@ -67,11 +70,17 @@ def _tiny_folder(folder: Path, tokenizer: Tokenizer) -> Path:
             _, idx, short = key.split(".")
             tensors[f"model.layers.{idx}.{_HF_NAMES[short]}.weight"] = t
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-        "max_position_embeddings": c.max_position, "tie_word_embeddings": False}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+                "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+                "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+                "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position,
+                "tie_word_embeddings": False
+            }
+        )
+    )
     tokenizer.hf.save_pretrained(str(folder))
     return folder
 
@@ -102,8 +111,10 @@ def _tame(body: dict[str, Any], completions: bool) -> dict[str, Any]:
             body[key] = cap
     prompt = body.get("prompt")
     if completions and isinstance(prompt, list):  # token ids into the vocabulary (the spec's are any integers)
-        body["prompt"] = [[abs(t) % VOCAB for t in p] if isinstance(p, list) else abs(p) % VOCAB if isinstance(p, int) else p
-                          for p in prompt]
+        body["prompt"] = [
+            [abs(t) % VOCAB for t in p] if isinstance(p, list) else abs(p) % VOCAB if isinstance(p, int) else p
+            for p in prompt
+        ]
     return body
 
 
@@ -147,13 +158,21 @@ def _refusal_is_documented(body: dict[str, Any], param: str | None, message: str
         "max_tokens": max_tokens is not None and max_tokens < 1,
         "seed": g("seed") is not None and not -(2**63) <= g("seed") < 2**64,
         "prompt": "at most 128 completions" in message,
-        "messages": any(p.get("type") not in ("text", "refusal") for p in parts) or any(m.get("audio") for m in g("messages") or [])
+        "messages": any(p.get("type") not in ("text", "refusal") for p in parts)
+        or any(m.get("audio") for m in g("messages") or [])
         or "refusal" in message,
-        "tools": any(t.get("type") == "custom" for t in tools) or "invalid structured output constraint" in message
-        or "duplicate function name" in message or "function.name must be" in message,
-        "tool_choice": "custom tools" in message or "not among the tools" in message or "needs tools" in message
-        or "cannot be combined" in message or "allowed_tools" in message,
-        "functions": "function.name must be" in message or "cannot be combined" in message or "invalid structured output" in message
+        "tools": any(t.get("type") == "custom" for t in tools)
+        or "invalid structured output constraint" in message
+        or "duplicate function name" in message
+        or "function.name must be" in message,
+        "tool_choice": "custom tools" in message
+        or "not among the tools" in message
+        or "needs tools" in message
+        or "cannot be combined" in message
+        or "allowed_tools" in message,
+        "functions": "function.name must be" in message
+        or "cannot be combined" in message
+        or "invalid structured output" in message
         or "duplicate function name" in message,
         "function_call": "not among the tools" in message or "needs tools" in message,
         "response_format": "invalid structured output constraint" in message,
@@ -180,7 +199,9 @@ def _check_answer(path: str, body: dict[str, Any], r: httpx.Response) -> str:
         openai_spec.check("ErrorResponse", err)
         e = err["error"]
         assert r.status_code == 400, r.text
-        assert _refusal_is_documented(body, e["param"], e["message"]), f"undocumented refusal {e} of {json.dumps(body)[:1500]}"
+        assert _refusal_is_documented(body, e["param"], e["message"]), (
+            f"undocumented refusal {e} of {json.dumps(body)[:1500]}"
+        )
         return "refused"
     if not body.get("stream"):
         answer = r.json()
@@ -201,7 +222,9 @@ def _check_answer(path: str, body: dict[str, Any], r: httpx.Response) -> str:
     return "ok"
 
 
-def _run(spec_server: BackgroundServer, path: str, schema_name: str, completions: bool, examples: int) -> dict[str, int]:
+def _run(
+    spec_server: BackgroundServer, path: str, schema_name: str, completions: bool, examples: int
+) -> dict[str, int]:
     counts: dict[str, int] = {"ok": 0, "refused": 0}
     strategy = openai_spec.request_strategy(schema_name)
     with httpx.Client(base_url=spec_server.url, timeout=120) as http:
@@ -245,29 +268,53 @@ def test_completions_from_the_spec(spec_server: BackgroundServer) -> None:
 # --------------------------------------------------------------------------- explicit nulls, shapes
 
 
-NULLS_CHAT = {"stream": None, "stream_options": None, "n": None, "temperature": None, "top_p": None, "stop": None, "seed": None,
-              "logprobs": None, "top_logprobs": None, "max_completion_tokens": None, "presence_penalty": None,
-              "frequency_penalty": None, "logit_bias": None, "user": None, "tools": None, "tool_choice": None,
-              "parallel_tool_calls": None, "response_format": None, "audio": None, "modalities": None, "prediction": None,
-              "reasoning_effort": None, "verbosity": None, "web_search_options": None, "store": None, "metadata": None,
-              "service_tier": None, "functions": None, "function_call": None, "prompt_cache_key": None, "safety_identifier": None}
-NULLS_COMPLETION = {"stream": None, "stream_options": None, "n": None, "echo": None, "suffix": None, "best_of": None,
-                    "logprobs": None, "temperature": None, "top_p": None, "stop": None, "seed": None, "logit_bias": None,
-                    "user": None, "presence_penalty": None, "frequency_penalty": None}
+NULLS_CHAT = {
+    "stream": None, "stream_options": None, "n": None, "temperature": None, "top_p": None, "stop": None, "seed": None,
+    "logprobs": None, "top_logprobs": None, "max_completion_tokens": None, "presence_penalty": None,
+    "frequency_penalty": None, "logit_bias": None, "user": None, "tools": None, "tool_choice": None,
+    "parallel_tool_calls": None, "response_format": None, "audio": None, "modalities": None, "prediction": None,
+    "reasoning_effort": None, "verbosity": None, "web_search_options": None, "store": None, "metadata": None,
+    "service_tier": None, "functions": None, "function_call": None, "prompt_cache_key": None, "safety_identifier": None
+}
+NULLS_COMPLETION = {
+    "stream": None, "stream_options": None, "n": None, "echo": None, "suffix": None, "best_of": None, "logprobs": None,
+    "temperature": None, "top_p": None, "stop": None, "seed": None, "logit_bias": None, "user": None,
+    "presence_penalty": None, "frequency_penalty": None
+}
 
 
-@pytest.mark.parametrize(("path", "body"), [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi", "name": None}], "max_tokens": 2, **NULLS_CHAT}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream_options": {}, "modalities": ["text"],
-                              "reasoning_effort": "none", "verbosity": "medium", "store": False, "logit_bias": {}, "service_tier": "auto",
-                              "metadata": {"k": "v"}, "prediction": {"type": "content", "content": "Hello"}, "top_p": 0}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True, "stream_options": {}}),
-    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, **NULLS_COMPLETION}),
-    ("/v1/completions", {"prompt": None, "max_tokens": 2, "best_of": 0, "suffix": "", "echo": False, "stream_options": {}}),
-    ("/v1/completions", {"max_tokens": 2}),
-    ("/v1/completions", {"prompt": "", "max_tokens": 2, "stream": None}),
-])
-def test_explicit_nulls_and_neutral_values_are_accepted(spec_server: BackgroundServer, path: str, body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi", "name": None}], "max_tokens": 2, **NULLS_CHAT},
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream_options": {},
+                "modalities": ["text"], "reasoning_effort": "none", "verbosity": "medium", "store": False,
+                "logit_bias": {}, "service_tier": "auto", "metadata": {"k": "v"},
+                "prediction": {"type": "content", "content": "Hello"}, "top_p": 0
+            },
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True, "stream_options": {}},
+        ),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, **NULLS_COMPLETION}),
+        (
+            "/v1/completions",
+            {"prompt": None, "max_tokens": 2, "best_of": 0, "suffix": "", "echo": False, "stream_options": {}},
+        ),
+        ("/v1/completions", {"max_tokens": 2}),
+        ("/v1/completions", {"prompt": "", "max_tokens": 2, "stream": None}),
+    ],
+)
+def test_explicit_nulls_and_neutral_values_are_accepted(
+    spec_server: BackgroundServer, path: str, body: dict[str, Any]
+) -> None:
     r = httpx.post(spec_server.url + path, json={"model": NAME, **body}, timeout=60)
     assert r.status_code == 200, r.text
     assert _check_answer(path, body, r) == "ok"
@@ -288,22 +335,46 @@ def test_batched_prompts_echo_best_of_and_scoring(spec_server: BackgroundServer)
     openai_spec.check("CreateCompletionResponse", r)
     texts = [c["text"] for c in r["choices"]]
     assert [c["index"] for c in r["choices"]] == list(range(6))
-    assert texts[0].startswith("One") and texts[1].startswith("One") and texts[2].startswith("Two") and texts[3].startswith("Two")
-    alone = httpx.post(url, json={"model": NAME, "prompt": "Two", "n": 2, "max_tokens": 2, "echo": True, "temperature": 1, "seed": 3},
-                       timeout=60).json()
+    assert (
+        texts[0].startswith("One")
+        and texts[1].startswith("One")
+        and texts[2].startswith("Two")
+        and texts[3].startswith("Two")
+    )
+    alone = httpx.post(
+        url,
+        json={"model": NAME, "prompt": "Two", "n": 2, "max_tokens": 2, "echo": True, "temperature": 1, "seed": 3},
+        timeout=60,
+    ).json()
     assert [c["text"] for c in alone["choices"]] == texts[2:4]  # each prompt answered as if alone
-    scored = httpx.post(url, json={"model": NAME, "prompt": "Score me", "max_tokens": 0, "echo": True}, timeout=60).json()
+    scored = httpx.post(
+        url, json={"model": NAME, "prompt": "Score me", "max_tokens": 0, "echo": True}, timeout=60
+    ).json()
     assert scored["choices"][0]["text"] == "Score me" and scored["usage"]["completion_tokens"] == 0
-    best = httpx.post(url, json={"model": NAME, "prompt": "Hi", "n": 2, "best_of": 4, "max_tokens": 3, "temperature": 1, "seed": 1},
-                      timeout=60).json()
+    best = httpx.post(
+        url,
+        json={"model": NAME, "prompt": "Hi", "n": 2, "best_of": 4, "max_tokens": 3, "temperature": 1, "seed": 1},
+        timeout=60,
+    ).json()
     openai_spec.check("CreateCompletionResponse", best)
     assert len(best["choices"]) == 2 and all(c["logprobs"] is None for c in best["choices"])
-    chunks = [json.loads(line[6:]) for line in httpx.post(url, json={"model": NAME, "prompt": ["a", "b"], "max_tokens": 2, "stream": True,
-                                                                     "echo": True, "stream_options": {"include_usage": True}},
-                                                          timeout=60).text.split("\n") if line.startswith("data: {")]
+    chunks = [
+        json.loads(line[6:])
+        for line in httpx.post(
+            url,
+            json={
+                "model": NAME, "prompt": ["a", "b"], "max_tokens": 2, "stream": True, "echo": True,
+                "stream_options": {"include_usage": True}
+            },
+            timeout=60,
+        ).text.split("\n")
+        if line.startswith("data: {")
+    ]
     for c in chunks:
         openai_spec.check("CreateCompletionResponse", _as_completion(c))
-    assert {c["choices"][0]["index"] for c in chunks if c["choices"]} == {0, 1} and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert {c["choices"][0]["index"] for c in chunks if c["choices"]} == {0, 1} and chunks[-1]["usage"][
+        "completion_tokens"
+    ] == 4
 
 
 def test_formatters_match_the_spec() -> None:
@@ -318,11 +389,20 @@ def test_formatters_match_the_spec() -> None:
     openai_spec.check("CreateChatCompletionResponse", chat)
     assert chat["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1]["logprob"] == -9999.0
     openai_spec.check("CreateCompletionResponse", CompletionFormatter("cmpl-1", NAME, None, 2).response(out))
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+    }
     text = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
     called = RequestOutput("r", None, [1], [CompletionOutput(0, text, [1], "stop")], True)
-    for plan, key, finish in ((plan_tools([tool], "required"), "tool_calls", "tool_calls"),
-                              (plan_tools([tool], {"type": "function", "function": {"name": "f"}}, legacy=True), "function_call", "function_call")):
+    for plan, key, finish in (
+        (plan_tools([tool], "required"), "tool_calls", "tool_calls"),
+        (
+            plan_tools([tool], {"type": "function", "function": {"name": "f"}}, legacy=True),
+            "function_call",
+            "function_call",
+        ),
+    ):
         body = tool_formatter(ChatFormatter, plan, "chatcmpl-2", NAME, None, 0).response(called)
         openai_spec.check("CreateChatCompletionResponse", body)
         assert key in body["choices"][0]["message"] and body["choices"][0]["finish_reason"] == finish
@@ -330,6 +410,8 @@ def test_formatters_match_the_spec() -> None:
         for chunk in [*fmt.first_chunks(), *(c for c in [fmt.delta_chunk(text)] if c), *fmt.final_chunks(called)]:
             openai_spec.check("CreateChatCompletionStreamResponse", chunk)
             openai.types.chat.ChatCompletionChunk.model_validate(chunk)
-    cut = RequestOutput("r", None, [1], [CompletionOutput(0, 'Sure <tool_call>\n{"name": "f", "argu', [1], "length")], True)
+    cut = RequestOutput(
+        "r", None, [1], [CompletionOutput(0, 'Sure <tool_call>\n{"name": "f", "argu', [1], "length")], True
+    )
     body = tool_formatter(ChatFormatter, plan_tools([tool], "auto"), "chatcmpl-3", NAME, None, 0).response(cut)
     assert body["choices"][0]["message"]["content"] == "Sure" and body["choices"][0]["finish_reason"] == "length"

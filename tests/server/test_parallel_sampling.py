@@ -51,8 +51,11 @@ def test_n_samples_prefill_once_and_equal_the_library(client: openai.OpenAI, ser
     assert len(set(counted["prefill"])) == 1 and counted["prefill"][0] == r.id + "-0"  # one prompt prefilled, once
     assert counted["fork"] == [1, 2]
     wait_idle(server)  # the engine thread is idle: the library may use the same engine now
-    offline = server_llm.generate(PROMPT, SamplingParams(n=3, seed=21, temperature=0.9, top_p=0.95, max_tokens=12, ignore_eos=True),
-                                  use_tqdm=False)[0]
+    offline = server_llm.generate(
+        PROMPT,
+        SamplingParams(n=3, seed=21, temperature=0.9, top_p=0.95, max_tokens=12, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.text for c in r.choices] == [c.text for c in offline.outputs]
     assert len({c.text for c in r.choices}) > 1  # sampled apart
@@ -62,8 +65,11 @@ def test_n_samples_prefill_once_and_equal_the_library(client: openai.OpenAI, ser
 def test_streamed_n_samples_and_best_of_prefill_once(client: openai.OpenAI, server: BackgroundServer, server_llm: LLM,
                                                      counted: dict[str, list[Any]]) -> None:
     messages = [{"role": "user", "content": "Name a colour and a fruit."}]
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, n=2, seed=5, temperature=0.8, max_tokens=10,
-                                                 stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=messages, n=2, seed=5, temperature=0.8, max_tokens=10, stream=True
+        )
+    )
     texts = ["", ""]
     for c in chunks:
         for ch in c.choices:

@@ -73,7 +73,11 @@ def test_a_larger_cap_is_measured_at_start(tiny_hf_folder: Path, measured: list[
 def test_cap_below_the_servers_own_is_refused(tiny_hf_folder: Path) -> None:
     with pytest.raises(TokenleapError, match="max_num_speculative_tokens must be in"):
         ServerConfig(max_num_speculative_tokens=65)
-    llm = LLM(str(tiny_hf_folder), dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 8, "adaptive": False})
+    llm = LLM(
+        str(tiny_hf_folder),
+        dtype="float32",
+        speculative_config={"method": "ngram", "num_speculative_tokens": 8, "adaptive": False},
+    )
     with pytest.raises(TokenleapError, match="below the server's own draft cap"):
         create_app(llm, ServerConfig(max_num_speculative_tokens=4))
 
@@ -85,8 +89,10 @@ def test_per_request_tree_and_acceptance_keys(tiny_hf_folder: Path) -> None:
     with BackgroundServer(llm, ServerConfig(port=0, log_level="warning")) as srv:
         for spec in ({"method": "ngram-tree", "sampled_tree": "first-path"}, {"method": "ngram-tree"},
                      {"method": "ngram-tree", "acceptance": "typical-lossy", "typical_threshold": 0.2}):
-            body = {"prompt": [5, 6, 7, 5, 6, 7, 5, 6, 7], "max_tokens": 6, "temperature": 0.8, "seed": 1, "ignore_eos": True,
-                    "speculative": spec}
+            body = {
+                "prompt": [5, 6, 7, 5, 6, 7, 5, 6, 7], "max_tokens": 6, "temperature": 0.8, "seed": 1,
+                "ignore_eos": True, "speculative": spec
+            }
             r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
             assert r.status_code == 200, r.text
         r = _complete(srv.url, method="ngram-tree", acceptance="typical")

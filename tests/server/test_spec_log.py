@@ -14,9 +14,15 @@ from tokenleap import LLM
 from tokenleap.server import BackgroundServer, ServerConfig
 
 
-def test_finished_requests_log_llama_cpp_statistics_per_member(tiny_hf_folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_finished_requests_log_llama_cpp_statistics_per_member(
+    tiny_hf_folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="tokenleap.server")
-    llm = LLM(str(tiny_hf_folder), dtype="float32", speculative_config={"method": "ngram-simple+ngram", "num_speculative_tokens": 4})
+    llm = LLM(
+        str(tiny_hf_folder),
+        dtype="float32",
+        speculative_config={"method": "ngram-simple+ngram", "num_speculative_tokens": 4},
+    )
     with BackgroundServer(llm, ServerConfig(port=0, log_level="warning", log_requests=True)) as srv:
         body = {"prompt": [5, 6, 7, 5, 6, 7, 5, 6, 7], "max_tokens": 12, "temperature": 0, "ignore_eos": True}
         r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)

@@ -20,23 +20,39 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
                           "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}},
-                                                                          "required": ["zone"], "additionalProperties": False}}}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 10}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 def test_plan_checks_and_parse() -> None:
     assert not plan_tools(None, None).active and plan_tools([WEATHER], None).choice == "auto"
     assert not plan_tools([WEATHER], "none").active
-    for tools, choice, msg in (([{"type": "x"}], None, "tools[0]"), ([WEATHER, WEATHER], None, "duplicate"),
-                               ([WEATHER], "sometimes", "tool_choice must be"), (None, "required", "needs tools"),
-                               ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "not among"),
-                               ([{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}], None, "tool 'f'")):
+    for tools, choice, msg in (
+        ([{"type": "x"}], None, "tools[0]"),
+        ([WEATHER, WEATHER], None, "duplicate"),
+        ([WEATHER], "sometimes", "tool_choice must be"),
+        (None, "required", "needs tools"),
+        ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "not among"),
+        ([{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}], None, "tool 'f'"),
+    ):
         with pytest.raises(TokenleapError, match=re.escape(msg)):
             plan_tools(tools, choice)
     plan = plan_tools([WEATHER, TIME], "auto")
-    text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>\n' \
-           '<tool_call>\n{"name": "unknown", "arguments": {}}\n</tool_call>'
+    text = (
+        'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "unknown", "arguments": {}}\n</tool_call>'
+    )
     content, calls = parse_tool_calls(text, plan)
     assert content == "Sure." and len(calls) == 1
     assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}
@@ -66,8 +82,14 @@ def test_grammar_accepts_only_declared_calls(llm: LLM) -> None:
 
 @pytest.mark.slow
 def test_server_tool_calls(client: openai.OpenAI, llm: LLM) -> None:
-    named = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=60, tools=[WEATHER, TIME],
-                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    named = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=60,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     choice = named.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls and len(choice.message.tool_calls) == 1
     call = choice.message.tool_calls[0]
@@ -75,8 +97,11 @@ def test_server_tool_calls(client: openai.OpenAI, llm: LLM) -> None:
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
     # the server speculates (suffix); the library decoding plainly under the same prompt and grammar gives the same call
     plan = plan_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}})
-    ref = llm.chat([plan.messages(MESSAGES, False)], SamplingParams(temperature=0, max_tokens=60, structured_outputs=plan.constraint()),
-                   use_tqdm=False)[0].outputs[0]
+    ref = llm.chat(
+        [plan.messages(MESSAGES, False)],
+        SamplingParams(temperature=0, max_tokens=60, structured_outputs=plan.constraint()),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert parse_tool_calls(ref.text, plan)[1][0]["function"] == call.function.model_dump()
     required = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0.8, seed=3, max_tokens=80,
                                               tools=[WEATHER, TIME], tool_choice="required")
@@ -87,9 +112,13 @@ def test_server_tool_calls(client: openai.OpenAI, llm: LLM) -> None:
     # a second turn with the call and its result renders and answers
     turn2 = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]
-    r2 = client.chat.completions.create(model=MODEL, messages=turn2, temperature=0, max_tokens=16, tools=[WEATHER], tool_choice="auto")
+    r2 = client.chat.completions.create(
+        model=MODEL, messages=turn2, temperature=0, max_tokens=16, tools=[WEATHER], tool_choice="auto"
+    )
     assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=8, tools=[WEATHER], tool_choice="none")
+    plain = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=8, tools=[WEATHER], tool_choice="none"
+    )
     assert plain.choices[0].message.tool_calls is None
 
 
@@ -97,7 +126,9 @@ def test_server_tool_calls(client: openai.OpenAI, llm: LLM) -> None:
 def test_server_tool_calls_streamed(client: openai.OpenAI) -> None:
     """Streamed: no `<tool_call>` text in the content deltas, the calls in a tool_calls delta, the
     same call as the non-streamed answer."""
-    kwargs: dict = dict(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=60, tools=[WEATHER, TIME], tool_choice="required")
+    kwargs: dict = dict(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=60, tools=[WEATHER, TIME], tool_choice="required"
+    )
     whole = client.chat.completions.create(**kwargs).choices[0]
     content, calls, finish = "", [], None
     for chunk in client.chat.completions.create(stream=True, **kwargs):
@@ -123,7 +154,10 @@ def test_stream_holdback() -> None:
 
     plan = plan_tools([WEATHER], "auto")
     fmt = tool_formatter(ChatFormatter, plan, "chatcmpl-x", MODEL, None, 0)
-    text = 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "celsius"}}\n</tool_call>'
+    text = (
+        'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "celsius"}}\n'
+        "</tool_call>"
+    )
     pieces = ["Let me", " check. <", "tool_", "call>\n{\"name\"", text[len('Let me check. <tool_call>\n{"name"'):]]
     assert "".join(pieces) == text
     sent = [c["choices"][0]["delta"]["content"] for p in pieces if (c := fmt.delta_chunk(p)) is not None]

@@ -59,7 +59,9 @@ def test_sharegpt_wheel_loads() -> None:
 
 
 def test_tokenize_masks_exactly_the_assistant_turns(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    rec = Record(messages=(("user", "What is 2+2?"), ("assistant", "It is 4."), ("user", "And 3+3?"), ("assistant", "6.")))
+    rec = Record(
+        messages=(("user", "What is 2+2?"), ("assistant", "It is 4."), ("user", "And 3+3?"), ("assistant", "6."))
+    )
     ex = tokenize(tokenizer, rec, 4096)
     assert ex is not None
     spans = []

@@ -85,7 +85,9 @@ def test_regeneration_on_a_torch_target_matches_the_engine(tmp_path: Path) -> No
     """Self-distillation through the chat template on the default model (float32 on both sides)."""
     llm = LLM(dtype="float32", quantization="none")
     t = TorchTarget.load(llm.source, "cpu", torch.float32, max_positions=256)
-    records = [Record(messages=(("user", q), ("assistant", "x"))) for q in ("What is 2 + 2?", "Name a colour.", "Say hi.")]
+    records = [
+        Record(messages=(("user", q), ("assistant", "x"))) for q in ("What is 2 + 2?", "Name a colour.", "Say hi.")
+    ]
     logs: list[str] = []
     got = {}
     for name, tgt in (("engine", None), ("torch", t)):
@@ -96,7 +98,9 @@ def test_regeneration_on_a_torch_target_matches_the_engine(tmp_path: Path) -> No
     assert [r.messages for r in got["torch"]] == [r.messages for r in got["engine"]]
 
 
-def test_training_on_torch_features_is_training_on_the_runtimes(tiny_model: Any, target: TorchTarget, tmp_path: Path) -> None:
+def test_training_on_torch_features_is_training_on_the_runtimes(
+    tiny_model: Any, target: TorchTarget, tmp_path: Path
+) -> None:
     g = torch.Generator().manual_seed(5)
     data = []
     for _ in range(24):
@@ -171,6 +175,7 @@ def test_unsupported_targets_are_refused_by_name() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_cli_device_cuda_without_a_gpu_says_so(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tokenleap.cli", "train-drafter", "-o", str(tmp_path / "h"), "--device", "cuda",
-                           "--max-samples", "4", "--no-progress"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "tokenleap.cli", "train-drafter", "-o", str(tmp_path / "h"),
+                           "--device", "cuda", "--max-samples", "4", "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -26,7 +26,9 @@ AUX = (0, 1, 1)  # the tiny target has 2 layers
 
 def _random_head(model: Any, draft_ids: list[int], seed: int = 1, nbr: bool = True) -> TrainableEagle3:
     shape = shape_for_target(model.config, len(draft_ids), AUX, nbr)
-    head = TrainableEagle3(shape, model.embed, init_lm_head=model.lm_head[torch.tensor(draft_ids)], init_norm=model.norm, seed=seed)
+    head = TrainableEagle3(
+        shape, model.embed, init_lm_head=model.lm_head[torch.tensor(draft_ids)], init_norm=model.norm, seed=seed
+    )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in head.parameters():
@@ -41,7 +43,9 @@ def _random_head(model: Any, draft_ids: list[int], seed: int = 1, nbr: bool = Tr
 @pytest.mark.parametrize("nbr", [True, False])
 def test_ttt_forward_is_the_runtime_head(tiny_model, tmp_path: Path, nbr: bool) -> None:  # type: ignore[no-untyped-def]
     model = tiny_model
-    draft_ids = sorted(torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(0))[:64].tolist())
+    draft_ids = sorted(
+        torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(0))[:64].tolist()
+    )
     vocab = DraftVocab(tuple(draft_ids), model.config.vocab_size, 1.0)
     head = _random_head(model, draft_ids, nbr=nbr)
     head.export(tmp_path / "h", vocab.d2t(), vocab.t2d())
@@ -59,7 +63,9 @@ def test_ttt_forward_is_the_runtime_head(tiny_model, tmp_path: Path, nbr: bool) 
         for i in range(T - steps - 1):
             kv = HeadKV(c.num_kv_heads, c.head_dim)
             n = i + 1  # true rows 0..i (the request's head cache), row i drafts
-            h = rt.layer(g[:n], rt.embed_tokens(seq[1 : n + 1]), torch.arange(n), kv, torch.ones(n, n, dtype=torch.bool).tril())
+            h = rt.layer(
+                g[:n], rt.embed_tokens(seq[1 : n + 1]), torch.arange(n), kv, torch.ones(n, n, dtype=torch.bool).tril()
+            )
             if i == T - steps - 2:  # every true row once
                 torch.testing.assert_close(rt.logits(h), outs[0][0, :n], atol=2e-4, rtol=2e-4)
             cur = h[-1:]
@@ -125,8 +131,11 @@ def test_training_lifts_acceptance_and_stays_lossless(tiny_hf_folder: Path, tiny
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     prompts = [r["token_ids"][:4] for r in fresh]
     plain = llm.generate(prompts, params, use_tqdm=False)
-    spec = LLM(model=str(tiny_hf_folder), dtype="float32",
-               speculative_config={"method": "eagle3", "model": str(out), "num_speculative_tokens": 4, "adaptive": False})
+    spec = LLM(
+        model=str(tiny_hf_folder),
+        dtype="float32",
+        speculative_config={"method": "eagle3", "model": str(out), "num_speculative_tokens": 4, "adaptive": False},
+    )
     got = spec.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
     tokens = sum(o.metrics.num_decode_tokens for o in got)
@@ -135,8 +144,16 @@ def test_training_lifts_acceptance_and_stays_lossless(tiny_hf_folder: Path, tiny
     # an untrained head of the same shape drafts almost nothing
     TrainableEagle3(shape_for_target(llm.engine.model.config, 128, AUX), llm.engine.model.embed).export(
         tmp_path / "raw", torch.zeros(128, dtype=torch.long), torch.zeros(256, dtype=torch.bool))
-    raw = LLM(model=str(tiny_hf_folder), dtype="float32",
-              speculative_config={"method": "eagle3", "model": str(tmp_path / "raw"), "num_speculative_tokens": 4, "adaptive": False})
+    raw = LLM(
+        model=str(tiny_hf_folder),
+        dtype="float32",
+        speculative_config={
+            "method": "eagle3",
+            "model": str(tmp_path / "raw"),
+            "num_speculative_tokens": 4,
+            "adaptive": False,
+        },
+    )
     base = raw.generate(prompts, params, use_tqdm=False)
     base_rate = sum(o.metrics.num_decode_tokens for o in base) / sum(o.metrics.num_forward_passes for o in base)
     assert tokens / forwards > base_rate + 0.25, (tokens / forwards, base_rate)
@@ -173,7 +190,9 @@ def test_bad_configs_fail_clearly(tiny_hf_folder: Path, tiny_data: Any, tmp_path
     with pytest.raises(TokenleapError, match="nothing to resume"):
         train_drafter(llm, _config(tmp_path / "y", data, resume=True), "tiny", progress=False)
     big = tmp_path / "big.jsonl"
-    big.write_text(json.dumps({"token_ids": [1, 2, 300], "loss_mask": [1, 1, 1]}) + "\n" + json.dumps({"token_ids": [1, 2]}) + "\n")
+    big.write_text(
+        json.dumps({"token_ids": [1, 2, 300], "loss_mask": [1, 1, 1]}) + "\n" + json.dumps({"token_ids": [1, 2]}) + "\n"
+    )
     with pytest.raises(TokenleapError, match="outside the target vocabulary"):
         train_drafter(llm, _config(tmp_path / "z", big), "tiny", progress=False)
 
@@ -196,8 +215,11 @@ def test_medusa_heads_train_export_and_draft_losslessly(tiny_hf_folder: Path, ti
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     prompts = [r["token_ids"][:4] for r in fresh]
     plain = llm.generate(prompts, params, use_tqdm=False)
-    spec = LLM(model=str(tiny_hf_folder), dtype="float32",
-               speculative_config={"method": "medusa", "model": str(out), "num_speculative_tokens": 3, "adaptive": False})
+    spec = LLM(
+        model=str(tiny_hf_folder),
+        dtype="float32",
+        speculative_config={"method": "medusa", "model": str(out), "num_speculative_tokens": 3, "adaptive": False},
+    )
     got = spec.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
     # (on this random 2-layer target a head without the next token's identity predicts little:
@@ -257,7 +279,13 @@ def test_mtp_ttt_forward_is_the_runtime_layer(tiny_model, tmp_path: Path) -> Non
         for i in range(len(seq) - steps - 1):
             kv = HeadKV(c.num_kv_heads, c.head_dim)
             n = i + 1
-            cur = rt.layer(hidden[:n], rt.embed_tokens(seq[1 : n + 1]), torch.arange(n), kv, torch.ones(n, n, dtype=torch.bool).tril())[-1:]
+            cur = rt.layer(
+                hidden[:n],
+                rt.embed_tokens(seq[1 : n + 1]),
+                torch.arange(n),
+                kv,
+                torch.ones(n, n, dtype=torch.bool).tril(),
+            )[-1:]
             torch.testing.assert_close(rt.logits(cur)[0], outs[0][0, i], atol=3e-4, rtol=3e-4)
             for k in range(1, steps):
                 cur = rt.layer(cur, rt.embed_tokens([seq[i + k + 1]]), torch.tensor([i + k]), kv,

@@ -1,4 +1,5 @@
-"""Chain verification: exact greedy cases, agreement with the slow reference, and chi-squared losslessness of speculative sampling."""
+"""Chain verification: exact greedy cases, agreement with the slow reference, and chi-squared losslessness of
+speculative sampling."""
 
 from __future__ import annotations
 
@@ -114,7 +115,9 @@ TOP_PS = (1.0, 0.9, 0.5)
 MIN_PS = (0.0, 0.05, 0.2)
 
 
-def _random_case(rng: random.Random, probabilistic: bool) -> tuple[list[int], torch.Tensor, SamplingParams, torch.Tensor | None]:
+def _random_case(
+    rng: random.Random, probabilistic: bool
+) -> tuple[list[int], torch.Tensor, SamplingParams, torch.Tensor | None]:
     """A random verification problem: draft, target logits, sampling params, draft probs."""
     vocab = rng.randint(8, 50)
     k = rng.randint(0, 6)
@@ -244,13 +247,18 @@ def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
 
 def assert_follows(counts: np.ndarray, probs: np.ndarray, what: str) -> None:
     pvalue = chi2_pvalue(counts, probs)
-    assert pvalue >= ALPHA, f"{what}: chi-squared p={pvalue:.3g}\nobserved {counts.tolist()}\nexpected {(np.asarray(probs) * counts.sum()).round(1).tolist()}"
+    assert pvalue >= ALPHA, (
+        f"{what}: chi-squared p={pvalue:.3g}\nobserved {counts.tolist()}\n"
+        f"expected {(np.asarray(probs) * counts.sum()).round(1).tolist()}"
+    )
 
 
 def assert_detects(counts: np.ndarray, probs: np.ndarray, what: str) -> None:
     """The same statistic must reject a deliberately wrong verifier (the test has power)."""
     pvalue = chi2_pvalue(counts, probs)
-    assert pvalue < ALPHA, f"{what}: a biased verifier passed the chi-squared test (p={pvalue:.3g}); the test has no power"
+    assert pvalue < ALPHA, (
+        f"{what}: a biased verifier passed the chi-squared test (p={pvalue:.3g}); the test has no power"
+    )
 
 
 # Deliberately wrong verifiers, to show each statistical test would catch a broken algorithm.
@@ -360,7 +368,9 @@ def test_filtered_target_distribution_is_what_we_expect() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fixed", "k"), [((1, 3, 0), 3), ((4, 0, 0), 2), (None, 2)], ids=["deterministic-in-support", "deterministic-masked", "probabilistic"]
+    ("fixed", "k"),
+    [((1, 3, 0), 3), ((4, 0, 0), 2), (None, 2)],
+    ids=["deterministic-in-support", "deterministic-masked", "probabilistic"],
 )
 def test_first_token_follows_p0_with_top_k_and_top_p(fixed: tuple[int, ...] | None, k: int) -> None:
     if fixed is None:
@@ -397,7 +407,9 @@ def _second_token_given_first_accepted(
 
 
 @pytest.mark.parametrize(
-    ("k", "fixed"), [(1, (0,)), (2, (0, 2)), (2, (0, 5)), (2, None)], ids=["bonus", "accept-likely", "accept-unlikely", "probabilistic"]
+    ("k", "fixed"),
+    [(1, (0,)), (2, (0, 2)), (2, (0, 5)), (2, None)],
+    ids=["bonus", "accept-likely", "accept-unlikely", "probabilistic"],
 )
 def test_second_token_given_first_accepted_follows_p1(k: int, fixed: tuple[int, ...] | None) -> None:
     p1 = target_probs(T1)[1]
@@ -410,7 +422,9 @@ def test_second_token_given_first_accepted_follows_p1(k: int, fixed: tuple[int, 
         assert_detects(_second_token_given_first_accepted(verifier, k, fixed, 21, N_CONTROL), p1, verifier.__name__)
 
 
-def _joint_first_two(verifier: Verifier, k: int, fixed: Sequence[int] | None, seed: int, n: int = N_DRAWS) -> np.ndarray:
+def _joint_first_two(
+    verifier: Verifier, k: int, fixed: Sequence[int] | None, seed: int, n: int = N_DRAWS
+) -> np.ndarray:
     """Histogram of the first two committed tokens of a decoding loop that drafts k tokens per
     step (position-indexed fixed target rows, so the true joint is p_0(x) * p_1(y))."""
     gen = torch.Generator().manual_seed(seed)
@@ -431,7 +445,9 @@ def _joint_first_two(verifier: Verifier, k: int, fixed: Sequence[int] | None, se
 
 
 @pytest.mark.parametrize(
-    ("k", "fixed"), [(2, (0, 2, 3)), (1, (0, 2, 3)), (2, None)], ids=["deterministic-k2", "deterministic-k1", "probabilistic-k2"]
+    ("k", "fixed"),
+    [(2, (0, 2, 3)), (1, (0, 2, 3)), (2, None)],
+    ids=["deterministic-k2", "deterministic-k1", "probabilistic-k2"],
 )
 def test_joint_of_first_two_tokens_is_product(k: int, fixed: tuple[int, ...] | None) -> None:
     p = target_probs(T1)

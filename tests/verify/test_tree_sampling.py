@@ -17,7 +17,12 @@ from scipy.stats import chisquare
 from tokenleap.sampling import SamplingParams, logits_to_probs
 from tokenleap.verify.reference import verify_tree_sampled_reference
 from tokenleap.verify.tree import TreeVerifyResult, verify_tree_greedy
-from tokenleap.verify.tree_sampling import children_of, sample_inverse_cdf, verify_tree_sampled, without_replacement_rows
+from tokenleap.verify.tree_sampling import (
+    children_of,
+    sample_inverse_cdf,
+    verify_tree_sampled,
+    without_replacement_rows,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -45,7 +50,10 @@ def test_matches_reference_on_random_cases(mode: str) -> None:
         g = torch.Generator().manual_seed(case)
         logits = torch.randn(n + 1, vocab, generator=g) * rng.choice((0.5, 1.0, 3.0))
         params = SamplingParams(
-            temperature=rng.choice((0.5, 1.0, 1.5)), top_k=rng.choice((0, 1, 3)), top_p=rng.choice((1.0, 0.8)), min_p=rng.choice((0.0, 0.1))
+            temperature=rng.choice((0.5, 1.0, 1.5)),
+            top_k=rng.choice((0, 1, 3)),
+            top_p=rng.choice((1.0, 0.8)),
+            min_p=rng.choice((0.0, 0.1)),
         )
         p = logits_to_probs(logits, params)
         q = None
@@ -65,7 +73,9 @@ def test_matches_reference_on_random_cases(mode: str) -> None:
                         tokens[c], q_rows[c] = drawn[j], rows[j]
                 q = q_rows if n else None
         fast = verify_tree_sampled(tokens, parents, logits, params, gen_fast := torch.Generator().manual_seed(case), q)
-        ref = verify_tree_sampled_reference(tokens, parents, logits, params, gen_ref := torch.Generator().manual_seed(case), q)
+        ref = verify_tree_sampled_reference(
+            tokens, parents, logits, params, gen_ref := torch.Generator().manual_seed(case), q
+        )
         assert (fast.tokens, fast.path) == ref, f"case {case}"
         assert torch.equal(gen_fast.get_state(), gen_ref.get_state())
         assert fast.num_accepted == len(fast.path) and fast.tokens[:-1] == [tokens[i] for i in fast.path]
@@ -78,7 +88,9 @@ def test_greedy_params_give_greedy_tree_verification() -> None:
     logits = torch.randn(4, 7, generator=torch.Generator().manual_seed(0))
     tokens, parents = [int(logits[0].argmax()), 1, int(logits[1].argmax())], [-1, -1, 0]
     greedy = SamplingParams(temperature=0.0)
-    assert verify_tree_sampled(tokens, parents, logits, greedy, torch.Generator()) == verify_tree_greedy(tokens, parents, logits)
+    assert verify_tree_sampled(tokens, parents, logits, greedy, torch.Generator()) == verify_tree_greedy(
+        tokens, parents, logits
+    )
 
 
 def test_bad_shapes_raise() -> None:
@@ -94,7 +106,9 @@ def test_bad_shapes_raise() -> None:
 def test_certain_child_is_always_taken_and_repeated_siblings_never() -> None:
     # top_k=1: p is one-hot on each row's argmax; the second root child (same token as a
     # rejected first child) and masked-out children can never be committed
-    logits = torch.tensor([[0.0, 5.0, 1.0, 0.0], [0.0, 0.0, 0.0, 4.0], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0], [1.0, 0, 0, 0]])
+    logits = torch.tensor(
+        [[0.0, 5.0, 1.0, 0.0], [0.0, 0.0, 0.0, 4.0], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0], [1.0, 0, 0, 0]]
+    )
     params = SamplingParams(temperature=1.0, top_k=1)
     gen = torch.Generator().manual_seed(0)
     for _ in range(50):

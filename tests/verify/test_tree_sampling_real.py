@@ -36,8 +36,12 @@ def _tree_logits(llm: LLM, ids: list[int], tokens: list[int], parents: list[int]
         for i, p in enumerate(parents):
             depth[i] = depth[p] + 1
         rows = [-1] + [p + 1 for p in parents]
-        seq = SeqInput(torch.tensor([ids[-1], *tokens]), torch.tensor([pos, *(pos + depth[i] for i in range(len(tokens)))]), kv,
-                       tree_mask(rows, pos))
+        seq = SeqInput(
+            torch.tensor([ids[-1], *tokens]),
+            torch.tensor([pos, *(pos + depth[i] for i in range(len(tokens)))]),
+            kv,
+            tree_mask(rows, pos),
+        )
         return model.compute_logits(model.forward_batch([seq]).hidden).float()
     finally:
         kv.free()
@@ -58,7 +62,9 @@ def _stale_residual(tokens, parents, logits, params, gen, q=None) -> TreeVerifyR
             p[tokens[c]] = 0.0
             p = p / p.sum()
         else:
-            return TreeVerifyResult([tokens[i] for i in path] + [int(torch.multinomial(p0, 1, generator=gen))], len(path), path)
+            return TreeVerifyResult(
+                [tokens[i] for i in path] + [int(torch.multinomial(p0, 1, generator=gen))], len(path), path
+            )
 
 
 def _pvalue(counts: np.ndarray, probs: np.ndarray) -> float:

@@ -83,9 +83,13 @@ def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
     positions = torch.cat([g.positions for g in groups]).to(torch.int64)
     counts = [int(g.positions.shape[0]) for g in groups]
     # per row, from Python lists (a decode step's few rows: cheaper than repeat_interleave)
-    kv_base = torch.tensor([g.kv.storage().data_ptr() for g, n in zip(groups, counts) for _ in range(n)], dtype=torch.int64)
+    kv_base = torch.tensor(
+        [g.kv.storage().data_ptr() for g, n in zip(groups, counts) for _ in range(n)], dtype=torch.int64
+    )
     capacity = torch.tensor([g.kv.capacity for g, n in zip(groups, counts) for _ in range(n)], dtype=torch.int64)
-    write_slot = torch.tensor([s for g, n in zip(groups, counts) for s in range(g.start, g.start + n)], dtype=torch.int64)
+    write_slot = torch.tensor(
+        [s for g, n in zip(groups, counts) for s in range(g.start, g.start + n)], dtype=torch.int64
+    )
     slot_end: torch.Tensor | None  # None below for fp32 caches' trees (slot lists instead)
     slot_end = write_slot + 1  # a row's own slot is the last it sees (tree: ancestors precede it)
     slot_off = slot_idx = mask_start = mask = None
@@ -121,12 +125,14 @@ def plan_rows(groups: Sequence[RowGroup]) -> RowPlan:
     if any(g.window is not None for g in groups):
         if not blocked or trees:
             raise ValueError("plan_rows: a window bound is for chains over blocked caches (else pass a window mask)")
-        lo = [(g.positions - g.window + 1).clamp(min=0) if g.window is not None else torch.zeros_like(g.positions) for g in groups]
+        lo = [
+            (g.positions - g.window + 1).clamp(min=0) if g.window is not None else torch.zeros_like(g.positions)
+            for g in groups
+        ]
         slot_lo = torch.cat(lo).to(torch.int64)  # cached slot i holds position i
-    return RowPlan(
-        positions, kv_base, capacity, write_slot, slot_end, slot_off, slot_idx, -(-max_slots // 16) * 16,
-        blocked=blocked, mask_start=mask_start, mask=mask, slot_lo=slot_lo, kv_type=groups[0].kv.kv_type if blocked else 0,
-    )
+    return RowPlan(positions, kv_base, capacity, write_slot, slot_end, slot_off, slot_idx, -(-max_slots // 16) * 16,
+                   blocked=blocked, mask_start=mask_start, mask=mask, slot_lo=slot_lo,
+                   kv_type=groups[0].kv.kv_type if blocked else 0)
 
 
 def attend(

@@ -19,5 +19,8 @@ from tokenleap.drafters.ngram import NgramDrafter
 from tokenleap.drafters.registry import default_registry, method_fields, register_method
 from tokenleap.drafters.spec import CONTROL_FIELDS, SpecConfig, drafter_key
 
-__all__ = ["BUILTIN_METHODS", "CONTROL_FIELDS", "method_fields", "DraftModelDrafter", "Draft", "Drafter", "DraftRequest", "DrafterRegistry",
-           "LoadedModels", "MethodRecord", "NgramDrafter", "SpecConfig", "default_registry", "drafter_key", "check_drafter", "register_method"]
+__all__ = [
+    "BUILTIN_METHODS", "CONTROL_FIELDS", "method_fields", "DraftModelDrafter", "Draft", "Drafter", "DraftRequest",
+    "DrafterRegistry", "LoadedModels", "MethodRecord", "NgramDrafter", "SpecConfig", "default_registry", "drafter_key",
+    "check_drafter", "register_method"
+]

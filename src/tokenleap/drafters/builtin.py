@@ -3,7 +3,19 @@ record is defined beside its drafter. A new built-in is its module and one line 
 
 from __future__ import annotations
 
-from tokenleap.drafters import chain, custom, draft_model, head_methods, lookup_tree, ngram, ngram_cache, ngram_map, ngram_mod, recycling, suffix
+from tokenleap.drafters import (
+    chain,
+    custom,
+    draft_model,
+    head_methods,
+    lookup_tree,
+    ngram,
+    ngram_cache,
+    ngram_map,
+    ngram_mod,
+    recycling,
+    suffix,
+)
 from tokenleap.drafters.methods import MethodRecord
 
 BUILTIN_METHODS: tuple[MethodRecord, ...] = (

@@ -3,20 +3,20 @@
 Without a member of declared drafting cost: the first member that proposes wins, the draftless
 ones (n-grams, suffix trees, prompt lookup) asked before those that run a model of their own (a
 draft model: `DraftsWithModel`), whatever order they are named in, as llama.cpp gives draftless
-decoding precedence over a draft model; among each kind, the order given. With a member that costs target time to draft (a
-trained head, `relative_draft_cost` > 0), the chain chooses per step by expected tokens per unit
-of cost, as the engine's draft-length controller does for one drafter (Leviathan et al., 2023,
-section 3.4): each member keeps its own decayed acceptance estimate alpha_m per request (from
-the verifications of its own drafts), a draft of L tokens is worth E(alpha_m, L) = sum_{j<=L}
-alpha_m^j tokens for cost(L) (the engine's measured verify cost curve) + L x the member's
-drafting cost, the free members propose first, and a costly member runs, asked for its best
-length, only when its expected rate there beats the best draft in hand; the best rate wins, and
-none when no draft beats plain decoding's 1 token per unit. A member left unused for
-`probe_every` proposals is tried once to refresh its estimate, on a step where no free member's
-draft beats plain decoding (a probe is never forced over a draft that pays: on code, suffix
-decoding's drafts were displaced every 16 steps by a draft model's). Every member sees every
-request's lifecycle (begin / accept / end / observe), so each keeps its own state current
-whether or not its draft was used; except that a member running a draft model of its own
+decoding precedence over a draft model; among each kind, the order given. With a member that
+costs target time to draft (a trained head, `relative_draft_cost` > 0), the chain chooses per
+step by expected tokens per unit of cost, as the engine's draft-length controller does for one
+drafter (Leviathan et al., 2023, section 3.4): each member keeps its own decayed acceptance
+estimate alpha_m per request (from the verifications of its own drafts), a draft of L tokens is
+worth E(alpha_m, L) = sum_{j<=L} alpha_m^j tokens for cost(L) (the engine's measured verify cost
+curve) + L x the member's drafting cost, the free members propose first, and a costly member
+runs, asked for its best length, only when its expected rate there beats the best draft in hand;
+the best rate wins, and none when no draft beats plain decoding's 1 token per unit. A member
+left unused for `probe_every` proposals is tried once to refresh its estimate, on a step where
+no free member's draft beats plain decoding (a probe is never forced over a draft that pays: on
+code, suffix decoding's drafts were displaced every 16 steps by a draft model's). Every member
+sees every request's lifecycle (begin / accept / end / observe), so each keeps its own state
+current whether or not its draft was used; except that a member running a draft model of its own
 (`DraftsWithModel`, hidden states not read) begins a request only when first asked for a draft:
 its prompt's prefill (a third of the target's for the 0.5B draft of a 1.5B) is not paid by a
 request its draftless members serve alone, and when paid it is timed as setup
@@ -36,7 +36,17 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 from tokenleap.cost import expected_tokens
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, DraftsWithModel, LearnsAcrossRequests, ReadsHiddenStates, ReadsLogits, draft_cost_of, hidden_layers_of
+from tokenleap.drafters.base import (
+    Draft,
+    Drafter,
+    DraftRequest,
+    DraftsWithModel,
+    LearnsAcrossRequests,
+    ReadsHiddenStates,
+    ReadsLogits,
+    draft_cost_of,
+    hidden_layers_of,
+)
 from tokenleap.drafters.methods import MethodRecord
 from tokenleap.types import SpecStats
 
@@ -69,10 +79,13 @@ class ChainDrafter:
             raise ValueError(f"a drafter chain of {len(self.drafters)} members got {len(raw)} names")
         self.names = [n if raw.count(n) == 1 else f"{n}#{i + 1}" for i, n in enumerate(raw)]
         self._stats: dict[str, list[SpecStats]] = {}  # request -> each member's counters
-        self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]  # the Drafter protocol's flag (a user's may lack it)
+        # the Drafter protocol's flag (a user's may lack it)
+        self._readers = [d for d in self.drafters if getattr(d, "needs_hidden_states", False)]
         self.needs_hidden_states = bool(self._readers)
         self.hidden_layers = tuple(sorted({layer for d in self._readers for layer in hidden_layers_of(d)}))
-        self._logit_readers = [cast(ReadsLogits, d) for d in self.drafters if getattr(d, "needs_logits", False)]  # Token Recycling's table
+        self._logit_readers = [
+            cast(ReadsLogits, d) for d in self.drafters if getattr(d, "needs_logits", False)
+        ]  # Token Recycling's table
         self.needs_logits = bool(self._logit_readers)
         self.wins = [0] * len(self.drafters)  # how often each drafter's proposal was used
         self.costs = [draft_cost_of(d) for d in self.drafters]
@@ -81,15 +94,21 @@ class ChainDrafter:
         with_model = [isinstance(d, DraftsWithModel) for d in self.drafters]
         self._precedence = [i for i, m in enumerate(with_model) if not m] + [i for i, m in enumerate(with_model) if m]
         # cost-aware: the free members first (their drafts cost nothing to look at), then the costly ones
-        self._order = [i for i in self._precedence if self.costs[i] <= 0] + [i for i in self._precedence if self.costs[i] > 0]
+        self._order = [i for i in self._precedence if self.costs[i] <= 0] + [
+            i for i in self._precedence if self.costs[i] > 0
+        ]
         self.decay = decay
         self.probe_every = probe_every
         self._curve: Any = None  # the engine's CostCurve (`use_cost_curve`); else cost(L) = 1 + 0.05 L
         self._estimates: dict[str, list[_Estimate]] = {}
         self._last: dict[str, tuple[int, int]] = {}  # request -> (member, length) of the draft in verification
         # members that run a model of their own (and read no hidden states) begin a request lazily
-        self._lazy = {i for i, d in enumerate(self.drafters) if with_model[i] and not getattr(d, "needs_hidden_states", False)}
-        self._unbegun: dict[str, tuple[DraftRequest, set[int]]] = {}  # request -> (itself, its lazy members not yet begun)
+        self._lazy = {
+            i for i, d in enumerate(self.drafters) if with_model[i] and not getattr(d, "needs_hidden_states", False)
+        }
+        self._unbegun: dict[
+            str, tuple[DraftRequest, set[int]]
+        ] = {}  # request -> (itself, its lazy members not yet begun)
 
     def use_cost_curve(self, curve: Any) -> None:
         """The target's verify cost curve (`tokenleap.cost.CostCurve`), from the engine."""
@@ -235,7 +254,9 @@ class ChainDrafter:
 
 
 def _build(config: Any, *, registry: Any, **context: Any) -> ChainDrafter:
-    return ChainDrafter([registry.create(m, dataclasses.replace(config, method=m), **context) for m in config.chain], names=config.chain)
+    return ChainDrafter(
+        [registry.create(m, dataclasses.replace(config, method=m), **context) for m in config.chain], names=config.chain
+    )
 
 
 def _registry(registry: Any) -> dict[str, Any]:
@@ -243,10 +264,15 @@ def _registry(registry: Any) -> dict[str, Any]:
 
 
 METHOD = MethodRecord(
-    "chain", _build, "the first drafter of a chain that proposes, draftless ones asked before a draft model",
+    "chain",
+    _build,
+    "the first drafter of a chain that proposes, draftless ones asked before a draft model",
     fields=("chain", "method_options"),  # and each member's own fields; members' options pass through
-    per_request=False, shared=_registry,
-    doc="the first drafter in the chain that proposes, draftless ones asked before a draft model (llama.cpp's precedence); with a head, "
-        "the best expected tokens per unit of cost",
+    per_request=False,
+    shared=_registry,
+    doc=(
+        "the first drafter in the chain that proposes, draftless ones asked before a draft model (llama.cpp's "
+        "precedence); with a head, the best expected tokens per unit of cost"
+    ),
     knobs="`chain` (or the method `a+b`)",
 )

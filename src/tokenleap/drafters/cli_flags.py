@@ -107,10 +107,15 @@ def spec_type_help() -> str:
         aliases = [a for a in r.aliases if a != r.name.replace("-", "_")]
         needs = " [--model-draft]" if r.needs_model else " [--model-draft: optional]" if reads_model(r) else ""
         parts.append(r.name + (f" (alias {', '.join(aliases)})" if aliases else "") + needs)
-    return (" | ".join(parts) + " | a+b (a chain: the first that proposes; draftless methods before a draft model; llama.cpp's a,b and "
-            "repeated --spec-type too). llama.cpp's underscore spellings (ngram_simple) and type names (draft-simple, draft-eagle3, "
-            "draft-mtp) work too")
+    return (
+        " | ".join(parts)
+        + " | a+b (a chain: the first that proposes; draftless methods before a draft model; llama.cpp's a,b and "
+        "repeated --spec-type too). llama.cpp's underscore spellings (ngram_simple) and type names (draft-simple, "
+        "draft-eagle3, draft-mtp) work too"
+    )
 
 
-__all__ = ["cli_options", "cli_own_options", "flag_help", "model_methods", "option_flag", "option_flags", "option_help", "option_own_flags",
-           "reads_model", "spec_type_help"]
+__all__ = [
+    "cli_options", "cli_own_options", "flag_help", "model_methods", "option_flag", "option_flags", "option_help",
+    "option_own_flags", "reads_model", "spec_type_help"
+]

@@ -50,9 +50,12 @@ class CrossTokenizerDrafter:
     needs_hidden_states: ClassVar[bool] = False
     drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
-    def __init__(self, model: CausalLM, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer, p_min: float = 0.0) -> None:
+    def __init__(
+        self, model: CausalLM, draft_tokenizer: Tokenizer, target_tokenizer: Tokenizer, p_min: float = 0.0
+    ) -> None:
         self.model = model
-        self.p_min = p_min  # stop where the draft model's top probability falls below this (draft-model's draft_p_min; 0: never)
+        # stop where the draft model's top probability falls below this (draft-model's draft_p_min; 0: never)
+        self.p_min = p_min
         self.draft_tok = draft_tokenizer
         self.target_tok = target_tokenizer
         self._states: dict[str, _State] = {}
@@ -76,7 +79,11 @@ class CrossTokenizerDrafter:
         tail = list(context[-4:])
         head = self.draft_tok.hf.decode(tail, skip_special_tokens=False)
         full = self.draft_tok.hf.decode(tail + list(drafted), skip_special_tokens=False)
-        text = full[len(head) :] if full.startswith(head) else self.draft_tok.hf.decode(list(drafted), skip_special_tokens=False)
+        text = (
+            full[len(head) :]
+            if full.startswith(head)
+            else self.draft_tok.hf.decode(list(drafted), skip_special_tokens=False)
+        )
         return text.rstrip("\ufffd")  # an incomplete UTF-8 sequence at the end is not text yet
 
     def to_target(self, tokens: Sequence[int], text: str) -> list[int]:

@@ -14,9 +14,14 @@ def _build(config: Any, **_: Any) -> Drafter:
 
 
 METHOD = MethodRecord(
-    "custom", _build, "any object with begin/propose/accept/end (tokenleap.drafters.base.Drafter), in speculative_config['drafter']",
-    fields=("drafter",), per_request=False,
-    doc="any object with `begin/propose/accept/end` (`tokenleap.drafters.base.Drafter`); its `Draft` may be a token tree (`parents`), "
-        "verified as a tree for greedy and sampled requests",
+    "custom",
+    _build,
+    "any object with begin/propose/accept/end (tokenleap.drafters.base.Drafter), in speculative_config['drafter']",
+    fields=("drafter",),
+    per_request=False,
+    doc=(
+        "any object with `begin/propose/accept/end` (`tokenleap.drafters.base.Drafter`); its `Draft` may be a token "
+        "tree (`parents`), verified as a tree for greedy and sampled requests"
+    ),
     knobs="`drafter`",
 )

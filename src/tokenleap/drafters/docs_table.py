@@ -18,7 +18,11 @@ def _knobs_cell(r: MethodRecord) -> str:
     cells = []
     for f in r.option_fields:
         value = field_default(f)
-        shown = f"2^{value.bit_length() - 1}" if isinstance(value, int) and value >= 1024 and value & (value - 1) == 0 else str(value)
+        shown = (
+            f"2^{value.bit_length() - 1}"
+            if isinstance(value, int) and value >= 1024 and value & (value - 1) == 0
+            else str(value)
+        )
         default = f" (default {shown})" if value is not None else ""
         server_side = " (not per request)" if r.per_request and not is_per_request(f) else ""
         flags = " or ".join(f"`{flag}`" for flag in (option_flag(r, f.name), *option_own_flags(r, f)))
@@ -29,7 +33,10 @@ def _knobs_cell(r: MethodRecord) -> str:
 def methods_table(records: Iterable[MethodRecord] | None = None) -> str:
     """The markdown table of methods (default: every method); docs/speculative-decoding.md holds
     the built-ins' (`builtin_methods()`)."""
-    rows = ["| method | what drafts | knobs (dict key / CLI flag) | per request (server) |", "| --- | --- | --- | --- |"]
+    rows = [
+        "| method | what drafts | knobs (dict key / CLI flag) | per request (server) |",
+        "| --- | --- | --- | --- |",
+    ]
     for r in (all_methods() if records is None else records):
         spelled = f"`{r.name}`" + (f" ({', '.join(f'`{a}`' for a in r.aliases)})" if r.aliases else "")
         if r.name == "chain":

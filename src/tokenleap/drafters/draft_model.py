@@ -70,8 +70,14 @@ class DraftModelDrafter:
     needs_hidden_states: ClassVar[bool] = False
     drafts_with_model: ClassVar[bool] = True  # a chain asks draftless members first (base.DraftsWithModel)
 
-    def __init__(self, model: CausalLM, p_min: float = 0.0, vocab: torch.Tensor | None = None, context: int | None = None,
-                 relative_draft_cost: float = 0.0) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        p_min: float = 0.0,
+        vocab: torch.Tensor | None = None,
+        context: int | None = None,
+        relative_draft_cost: float = 0.0,
+    ) -> None:
         self.model = model
         # a draft token's price in target steps (base.HasDraftCost): a decode step reads its
         # weights, so the draft's bytes over the target's (measured 0.283 by time, 0.284 by bytes
@@ -80,7 +86,8 @@ class DraftModelDrafter:
         self.relative_draft_cost = relative_draft_cost
         self.p_min = p_min  # stop a draft where the draft model's top probability falls below this (0: never)
         self.vocab = vocab  # the token ids of the model's logits' columns (a reduced head), None: all
-        self.context = context  # the draft reads a prompt's last `context` tokens only (0: all of it; None: auto_draft_context)
+        # the draft reads a prompt's last `context` tokens only (0: all of it; None: auto_draft_context)
+        self.context = context
         self._states: dict[str, _State] = {}
 
     def _logits(self, hidden: torch.Tensor, row: int) -> torch.Tensor:
@@ -188,7 +195,9 @@ class LoadedModels:
     def __init__(self) -> None:
         self._models: dict[tuple[Path, Any, bool, str | None, str], Any] = {}
 
-    def get(self, model: str, *, target: CausalLM, tokenizer: Any, target_path: Any = None, kv_cache_type: str = "auto") -> tuple[Any, Any]:
+    def get(
+        self, model: str, *, target: CausalLM, tokenizer: Any, target_path: Any = None, kv_cache_type: str = "auto"
+    ) -> tuple[Any, Any]:
         """The draft model, and its tokenizer when its vocabulary differs from the target's
         (None when they share one: the draft then speaks the target's ids). `kv_cache_type`:
         the draft's own KV cache type (llama.cpp's -ctkd / -ctvd), "auto" as the target's loader."""
@@ -199,17 +208,27 @@ class LoadedModels:
         path = source.path.resolve()
         if target_path is not None and path == Path(target_path).resolve():
             if kv_cache_type != "auto":
-                raise TokenleapError("a draft cache type needs a draft model of its own (this draft is the target itself)")
+                raise TokenleapError(
+                    "a draft cache type needs a draft model of its own (this draft is the target itself)"
+                )
             return target, None  # the target's own weights (shared, not copied)
         # a GGUF draft keeps its blocks quantized when the target does, and is dequantized when it is not
         quantization = (target.quantization or "none") if source.kind == "gguf" else None
         key = (path, target.dtype, target.kernels is not None, quantization, kv_cache_type)
         if key not in self._models:
-            draft, draft_tok = loading.load_model(source, target.dtype, use_kernels=target.kernels is not None, quantization=quantization,
-                                                  kv_cache_type=kv_cache_type)
+            draft, draft_tok = loading.load_model(
+                source,
+                target.dtype,
+                use_kernels=target.kernels is not None,
+                quantization=quantization,
+                kv_cache_type=kv_cache_type,
+            )
             same = same_vocabulary(tokenizer, draft_tok, target, draft)
             if not same:
-                logger.info("the draft model %s has another tokenizer than the target: drafting by text re-tokenization", source.name)
+                logger.info(
+                    "the draft model %s has another tokenizer than the target: drafting by text re-tokenization",
+                    source.name,
+                )
             self._models[key] = (draft, None if same else draft_tok)
         return self._models[key]
 
@@ -218,24 +237,52 @@ class LoadedModels:
 class DraftModelOptions:
     """The draft-model method's options: which model, and how many of its layers."""
 
-    model: str | None = option(None, help="the draft model (a registered name, a .gguf file or a folder)", flags=MODEL_FLAGS, per_request=False)
-    draft_layers: int | None = option(None, help="use only the draft model's first N layers (default: all)", flags=("--draft-layers",),
-                                      per_request=False)
-    draft_p_min: float = option(0.0, help="stop a draft where the draft model's top probability falls below this (0: off; llama.cpp's own "
-                                          "default is 0.75); drafts only get shorter, output is unchanged",
-                                flags=("--spec-draft-p-min", "--draft-p-min"), per_request=False)
-    draft_context: int | None = option(None, help="the draft model reads only a prompt's last N tokens (0: all; default: "
-                                                   "max(128, 2 x max_tokens), what the answer can repay); output is unchanged",
-                                       flags=("--spec-draft-context", "--draft-context"), per_request=False)
-    draft_vocab: int = option(0, help="the draft's LM head scores only its N most frequent tokens and the special ones (FR-Spec; "
-                                      "0: all); a cheaper draft step, output unchanged", flags=("--spec-draft-vocab", "--draft-vocab"),
-                              per_request=False)
+    model: str | None = option(
+        None, help="the draft model (a registered name, a .gguf file or a folder)", flags=MODEL_FLAGS, per_request=False
+    )
+    draft_layers: int | None = option(
+        None,
+        help="use only the draft model's first N layers (default: all)",
+        flags=("--draft-layers",),
+        per_request=False,
+    )
+    draft_p_min: float = option(
+        0.0,
+        help="stop a draft where the draft model's top probability falls below this (0: off; llama.cpp's own "
+        "default is 0.75); drafts only get shorter, output is unchanged",
+        flags=("--spec-draft-p-min", "--draft-p-min"),
+        per_request=False,
+    )
+    draft_context: int | None = option(
+        None,
+        help="the draft model reads only a prompt's last N tokens (0: all; default: "
+        "max(128, 2 x max_tokens), what the answer can repay); output is unchanged",
+        flags=("--spec-draft-context", "--draft-context"),
+        per_request=False,
+    )
+    draft_vocab: int = option(
+        0,
+        help="the draft's LM head scores only its N most frequent tokens and the special ones (FR-Spec; "
+        "0: all); a cheaper draft step, output unchanged",
+        flags=("--spec-draft-vocab", "--draft-vocab"),
+        per_request=False,
+    )
 
-    draft_cache_type_k: str | None = option(None, help="the draft model's KV cache type: auto, bf16 (f16) or q8_0 (default: auto); "
-                                                       "keys and values alike, as the target's", flags=("--cache-type-k-draft", "-ctkd"),
-                                            per_request=False)
-    draft_cache_type_v: str | None = option(None, help="as --cache-type-k-draft (llama.cpp's -ctvd)", flags=("--cache-type-v-draft", "-ctvd"),
-                                            per_request=False)
+    draft_cache_type_k: str | None = option(
+        None,
+        help=(
+            "the draft model's KV cache type: auto, bf16 (f16) or q8_0 (default: auto); "
+            "keys and values alike, as the target's"
+        ),
+        flags=("--cache-type-k-draft", "-ctkd"),
+        per_request=False,
+    )
+    draft_cache_type_v: str | None = option(
+        None,
+        help="as --cache-type-k-draft (llama.cpp's -ctvd)",
+        flags=("--cache-type-v-draft", "-ctvd"),
+        per_request=False,
+    )
 
     @property
     def draft_kv_cache_type(self) -> str:
@@ -250,7 +297,10 @@ class DraftModelOptions:
                 if kv not in KV_CACHE_DTYPES:
                     raise TokenleapError(f"{name} must be one of {', '.join(KV_CACHE_DTYPES)} (or f16), got {value!r}")
                 object.__setattr__(self, name, kv)
-        if None not in (self.draft_cache_type_k, self.draft_cache_type_v) and self.draft_cache_type_k != self.draft_cache_type_v:
+        if (
+            None not in (self.draft_cache_type_k, self.draft_cache_type_v)
+            and self.draft_cache_type_k != self.draft_cache_type_v
+        ):
             raise TokenleapError("a draft's KV cache holds keys and values in one type: draft_cache_type_k "
                                  f"{self.draft_cache_type_k} and draft_cache_type_v {self.draft_cache_type_v} differ")
         if self.draft_layers is not None and self.draft_layers < 1:
@@ -263,13 +313,25 @@ class DraftModelOptions:
             raise TokenleapError(f"draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
 
 
-def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any = None, models: LoadedModels | None = None,
-           **_: Any) -> Drafter:
+def _build(
+    config: SpecConfig,
+    *,
+    target: Any,
+    tokenizer: Any,
+    target_path: Any = None,
+    models: LoadedModels | None = None,
+    **_: Any,
+) -> Drafter:
     from tokenleap.drafters.cross_tokenizer import CrossTokenizerDrafter
 
     opts = options_of(config, "draft-model", DraftModelOptions)
-    model, draft_tok = (models or LoadedModels()).get(str(opts.model), target=target, tokenizer=tokenizer, target_path=target_path,
-                                                      kv_cache_type=opts.draft_kv_cache_type)
+    model, draft_tok = (models or LoadedModels()).get(
+        str(opts.model),
+        target=target,
+        tokenizer=tokenizer,
+        target_path=target_path,
+        kv_cache_type=opts.draft_kv_cache_type,
+    )
     if opts.draft_layers is not None:
         model = model.with_layers(opts.draft_layers)
     if draft_tok is not None:
@@ -279,7 +341,13 @@ def _build(config: SpecConfig, *, target: Any, tokenizer: Any, target_path: Any 
     vocab = None
     if 0 < opts.draft_vocab < model.config.vocab_size:
         model, vocab = model.with_vocab(frequent_tokens(tokenizer, model.config.vocab_size, opts.draft_vocab))
-    return DraftModelDrafter(model, p_min=opts.draft_p_min, vocab=vocab, context=opts.draft_context, relative_draft_cost=step_price(model, target))
+    return DraftModelDrafter(
+        model,
+        p_min=opts.draft_p_min,
+        vocab=vocab,
+        context=opts.draft_context,
+        relative_draft_cost=step_price(model, target),
+    )
 
 
 def step_price(draft: CausalLM, target: CausalLM) -> float:
@@ -295,7 +363,11 @@ def frequent_tokens(tokenizer: Any, vocab_size: int, n: int) -> torch.Tensor:
     numbered most frequent first), with every special and added token (end of turn, tool
     markers) whatever its id: a reduced draft vocabulary without a corpus."""
     hf = tokenizer.hf
-    special = set(getattr(hf, "all_special_ids", []) or []) | set((hf.get_added_vocab() or {}).values()) | set(tokenizer.eos_token_ids)
+    special = (
+        set(getattr(hf, "all_special_ids", []) or [])
+        | set((hf.get_added_vocab() or {}).values())
+        | set(tokenizer.eos_token_ids)
+    )
     ordinary = [i for i in range(vocab_size) if i not in special][:n]
     return torch.tensor(sorted({*ordinary, *(i for i in special if 0 <= i < vocab_size)}), dtype=torch.long)
 
@@ -305,8 +377,16 @@ def _loaded_models(registry: Any) -> dict[str, Any]:
 
 
 METHOD = MethodRecord(
-    "draft-model", _build, "a smaller LM; with the target's tokenizer it returns q for lossless sampling, with another it drafts through text",
-    options=DraftModelOptions, aliases=("draft_model", "draft", "draft-simple"), per_request=False, needs_model="a draft model", shared=_loaded_models,
-    doc="a smaller LM; with the target's tokenizer it samples and returns q for lossless sampling, with another tokenizer it drafts greedily "
-        "through text ([models.md](models.md), Draft models with another tokenizer)",
+    "draft-model",
+    _build,
+    "a smaller LM; with the target's tokenizer it returns q for lossless sampling, with another it drafts through text",
+    options=DraftModelOptions,
+    aliases=("draft_model", "draft", "draft-simple"),
+    per_request=False,
+    needs_model="a draft model",
+    shared=_loaded_models,
+    doc=(
+        "a smaller LM; with the target's tokenizer it samples and returns q for lossless sampling, with another "
+        "tokenizer it drafts greedily through text ([models.md](models.md), Draft models with another tokenizer)"
+    ),
 )

@@ -219,7 +219,8 @@ class HeadDrafter:
     def _tree(self, h: torch.Tensor, L: int, kv: HeadKV, budget: int) -> Draft:
         """EAGLE-2: expand the `topk` best frontier nodes per depth (topk children each), rerank
         every candidate by cumulative log-probability, keep the best `budget` nodes."""
-        head, topk, depth = self.head, self.tree.topk, min(self.tree.depth, budget)  # deeper than the budget cannot be kept
+        # deeper than the budget cannot be kept
+        head, topk, depth = self.head, self.tree.topk, min(self.tree.depth, budget)
         base = kv.length  # = L: the head's true slots
         # candidate nodes: (score, token, parent candidate index or -1, depth)
         scores: list[float] = []
@@ -347,7 +348,9 @@ class MedusaDrafter:
             frontier = sorted(children, key=lambda i: -scores[i])[: self.topk]
         keep = sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:budget]
         kept = set(keep)
-        order = sorted((i for i in keep if parents[i] < 0 or parents[i] in kept), key=lambda i: (depths[i], -scores[i], i))
+        order = sorted(
+            (i for i in keep if parents[i] < 0 or parents[i] in kept), key=lambda i: (depths[i], -scores[i], i)
+        )
         index = {c: j for j, c in enumerate(order)}
         order = [i for i in order if parents[i] < 0 or parents[i] in index]
         index = {c: j for j, c in enumerate(order)}

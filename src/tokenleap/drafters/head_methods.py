@@ -31,13 +31,19 @@ class HeadOptions:
 
     model: str | None = option(None, help="the head directory", flags=MODEL_FLAGS, per_request=False)
     tree_topk: int = _topk("1 drafts chains, k > 1 EAGLE-2 dynamic trees expanding k children of k nodes per depth")
-    tree_depth: int = option(6, help="tree depth (the node count is the draft budget, --draft-max)", flags=("--spec-tree-depth",),
-                             per_request=False, renamed_from=("eagle_tree_depth",))
+    tree_depth: int = option(
+        6,
+        help="tree depth (the node count is the draft budget, --draft-max)",
+        flags=("--spec-tree-depth",),
+        per_request=False,
+        renamed_from=("eagle_tree_depth",),
+    )
 
     def __post_init__(self) -> None:
         if not 1 <= self.tree_topk <= MAX_TREE_TOPK or not 1 <= self.tree_depth <= MAX_DRAFT_TOKENS:
             raise TokenleapError(
-                f"need tree_topk in [1, {MAX_TREE_TOPK}] and tree_depth in [1, {MAX_DRAFT_TOKENS}], got {self.tree_topk} and {self.tree_depth}"
+                f"need tree_topk in [1, {MAX_TREE_TOPK}] and tree_depth in [1, {MAX_DRAFT_TOKENS}], "
+                f"got {self.tree_topk} and {self.tree_depth}"
             )
 
 
@@ -45,14 +51,18 @@ class HeadOptions:
 class Eagle3Options(HeadOptions):
     """An EAGLE-3 head's options (no directory: the head shipped for the target)."""
 
-    model: str | None = option(None, help="the head directory (default: the head shipped for the target)", flags=MODEL_FLAGS, per_request=False)
+    model: str | None = option(
+        None, help="the head directory (default: the head shipped for the target)", flags=MODEL_FLAGS, per_request=False
+    )
 
 
 @dataclass(frozen=True)
 class MtpOptions(HeadOptions):
     """MTP layers' options (no folder: the target's own)."""
 
-    model: str | None = option(None, help="a folder holding the MTP layers (default: the target's own)", flags=MODEL_FLAGS, per_request=False)
+    model: str | None = option(
+        None, help="a folder holding the MTP layers (default: the target's own)", flags=MODEL_FLAGS, per_request=False
+    )
 
 
 @dataclass(frozen=True)
@@ -108,8 +118,10 @@ def _mtp(config: SpecConfig, *, target: Any, target_path: Any = None, heads: dic
     opts = options_of(config, "mtp", MtpOptions)
     folder = opts.model or (str(target_path) if target_path is not None and Path(target_path).is_dir() else None)
     if folder is None:
-        raise TokenleapError("method 'mtp' reads the MTP layers of the target's Hugging Face folder; this target is not one "
-                             "(a GGUF file's nextn tensors are not read): pass speculative_config['model'] = a folder holding them")
+        raise TokenleapError(
+            "method 'mtp' reads the MTP layers of the target's Hugging Face folder; this target is not one "
+            "(a GGUF file's nextn tensors are not read): pass speculative_config['model'] = a folder holding them"
+        )
     heads = heads if heads is not None else {}
     key = (Path(folder).expanduser().resolve(), id(target))
     if key not in heads:
@@ -146,9 +158,8 @@ EAGLE = MethodRecord(  # EAGLE-1/2 heads, same loader (it tells the layouts apar
     "eagle", _eagle_head, "an EAGLE-1/2 head over the target's hidden states",
     options=HeadOptions, per_request=False, needs_model="an EAGLE head directory", shared=_eagle_heads, doc=_HEADS_DOC,
 )
-MEDUSA = MethodRecord(
-    "medusa", _medusa, "Medusa heads: chains or trees", options=MedusaOptions, per_request=False, needs_model="Medusa heads directory",
-)
+MEDUSA = MethodRecord("medusa", _medusa, "Medusa heads: chains or trees", options=MedusaOptions, per_request=False,
+                      needs_model="Medusa heads directory")
 MTP = MethodRecord(  # MiMo MTP layers (model None: the target's own folder)
     "mtp", _mtp, "the target checkpoint's own MTP layer (MiMo), chains or trees", options=MtpOptions,
     aliases=("mimo_mtp", "mimo-mtp", "deepseek_mtp", "draft-mtp"), shared=_mtp_heads,

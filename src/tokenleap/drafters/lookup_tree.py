@@ -38,7 +38,9 @@ def occurrences(context: np.ndarray, n_min: int, n_max: int, per_n: int = 8) -> 
     return found
 
 
-def build_tree(context: np.ndarray, starts: Sequence[int], budget: int, main: int, alt: int, branches: int) -> tuple[list[int], list[int]]:
+def build_tree(
+    context: np.ndarray, starts: Sequence[int], budget: int, main: int, alt: int, branches: int
+) -> tuple[list[int], list[int]]:
     """(tokens, parents) of the tree merging the continuations at `starts`: the first `main`
     tokens long, the others `alt`, at most `branches` new branches and `budget` nodes."""
     tokens: list[int] = []
@@ -92,7 +94,12 @@ def _build(config: SpecConfig, **_: Any) -> LookupTreeDrafter:
 
 
 METHOD = MethodRecord(
-    "ngram-tree", _build, "prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged",
+    "ngram-tree",
+    _build,
+    "prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged",
     options=NgramOptions,
-    doc="prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged (`drafters/lookup_tree.py`)",
+    doc=(
+        "prompt lookup as a token tree: the continuations of up to 8 earlier occurrences per suffix length merged "
+        "(`drafters/lookup_tree.py`)"
+    ),
 )

@@ -34,8 +34,16 @@ CHAIN_SEPARATORS = ("+", ",")  # llama.cpp lists its types with commas (`--spec-
 MODEL_FLAGS = ("--model-draft", "-md", "--spec-draft-model")
 
 
-def option(default: Any, *, help: str, flags: tuple[str, ...] = (), own_flags: tuple[str, ...] = (), per_request: bool = True,
-           request_max: float | None = None, renamed_from: tuple[str, ...] = ()) -> Any:
+def option(
+    default: Any,
+    *,
+    help: str,
+    flags: tuple[str, ...] = (),
+    own_flags: tuple[str, ...] = (),
+    per_request: bool = True,
+    request_max: float | None = None,
+    renamed_from: tuple[str, ...] = (),
+) -> Any:
     """A field of a method's options dataclass with what the CLI and the server derive from it:
     `help` (the flag's help and the server schema's description), `flags` (the CLI spellings; the
     first is the flag's name, several methods may share one: the value goes to every method of the
@@ -45,8 +53,10 @@ def option(default: Any, *, help: str, flags: tuple[str, ...] = (), own_flags: t
     bounds, operator choices), `request_max` (the largest value a server request may ask for;
     the library takes larger ones) and `renamed_from` (former names of the option: given, they are
     an error that names the new one)."""
-    metadata = {"help": help, "flags": tuple(flags), "own_flags": tuple(own_flags), "per_request": per_request, "request_max": request_max,
-                "renamed_from": tuple(renamed_from)}
+    metadata = {
+        "help": help, "flags": tuple(flags), "own_flags": tuple(own_flags), "per_request": per_request,
+        "request_max": request_max, "renamed_from": tuple(renamed_from)
+    }
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -74,14 +84,23 @@ class MethodRecord:
 
     def __post_init__(self) -> None:
         name = self.name
-        if not name or name != name.strip().lower() or CHAIN_SEPARATOR in name or "," in name or name in ("none", "off"):
-            raise TokenleapError(f"a method name must be lowercase, without '+' or ',', and not 'none' / 'off', got {name!r}")
+        if (
+            not name
+            or name != name.strip().lower()
+            or CHAIN_SEPARATOR in name
+            or "," in name
+            or name in ("none", "off")
+        ):
+            raise TokenleapError(
+                f"a method name must be lowercase, without '+' or ',', and not 'none' / 'off', got {name!r}"
+            )
         if not callable(self.factory):
             raise TokenleapError(f"method {name!r}: factory must be callable, got {self.factory!r}")
         if self.options is not None and not (dataclasses.is_dataclass(self.options) and isinstance(self.options, type)):
             raise TokenleapError(f"method {name!r}: options must be a dataclass type, got {self.options!r}")
         fields = tuple(self.fields)
-        if self.options is not None and OPTIONS_FIELD not in fields:  # the factory reads its options there (`options_of`)
+        # the factory reads its options there (`options_of`)
+        if self.options is not None and OPTIONS_FIELD not in fields:
             fields = (*fields, OPTIONS_FIELD)
         object.__setattr__(self, "fields", fields)
         object.__setattr__(self, "aliases", tuple(self.aliases))
@@ -119,7 +138,11 @@ def is_per_request(f: dataclasses.Field[Any]) -> bool:
 
 def renamed_options(record: MethodRecord) -> dict[str, str]:
     """A former option name -> its name now (`option(renamed_from=...)`)."""
-    return {old: f.name for f in record.option_fields for old in (f.metadata.get("renamed_from") or () if f.metadata else ())}
+    return {
+        old: f.name
+        for f in record.option_fields
+        for old in (f.metadata.get("renamed_from") or () if f.metadata else ())
+    }
 
 
 def renamed_note(keys: Any, renamed: Mapping[str, str]) -> str:
@@ -194,8 +217,11 @@ def make_options(record: MethodRecord, raw: Mapping[str, Any] | Any) -> Any:
     names = [f.name for f in record.option_fields]
     unknown = sorted(set(raw) - set(names))
     if unknown:
-        raise TokenleapError(f"method {record.name!r} has no option(s) {', '.join(unknown)}{renamed_note(unknown, renamed_options(record))}; "
-                             f"its options: {', '.join(names)}")
+        raise TokenleapError(
+            f"method {record.name!r} has no option(s) "
+            f"{', '.join(unknown)}{renamed_note(unknown, renamed_options(record))}; "
+            f"its options: {', '.join(names)}"
+        )
     tps = option_types(record)
     values = {k: _check_value(record, k, v, tps.get(k, Any)) for k, v in raw.items() if v is not None}
     try:
@@ -216,5 +242,7 @@ def options_of(config: Any, name: str, cls: type[_O]) -> _O:
     return opts
 
 
-__all__ = ["CHAIN_SEPARATOR", "MODEL_FLAGS", "OPTIONS_FIELD", "MethodRecord", "field_default", "field_help", "is_per_request",
-           "make_options", "option", "option_types", "options_of", "renamed_note", "renamed_options"]
+__all__ = [
+    "CHAIN_SEPARATOR", "MODEL_FLAGS", "OPTIONS_FIELD", "MethodRecord", "field_default", "field_help", "is_per_request",
+    "make_options", "option", "option_types", "options_of", "renamed_note", "renamed_options"
+]

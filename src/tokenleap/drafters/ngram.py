@@ -63,7 +63,8 @@ class NgramOptions:
     def __post_init__(self) -> None:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise TokenleapError(
-                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, "
+                f"got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
             )
 
 

@@ -210,13 +210,22 @@ class NgramCacheOptions:
     bound on the statistics kept per level."""
 
     ngram_size_n: int = ngram_size_n_option()
-    ngram_cache_path: str | None = option(None, help="static statistics file to load", flags=("--spec-ngram-cache",), per_request=False)
-    ngram_cache_max_entries: int = option(DEFAULT_MAX_ENTRIES, help="(n-gram, token) pairs kept per level, least recently updated dropped",
-                                          flags=("--spec-ngram-cache-max-entries",), per_request=False)
+    ngram_cache_path: str | None = option(
+        None, help="static statistics file to load", flags=("--spec-ngram-cache",), per_request=False
+    )
+    ngram_cache_max_entries: int = option(
+        DEFAULT_MAX_ENTRIES,
+        help="(n-gram, token) pairs kept per level, least recently updated dropped",
+        flags=("--spec-ngram-cache-max-entries",),
+        per_request=False,
+    )
 
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_cache_max_entries < 1:
-            raise TokenleapError(f"ngram_size_n and ngram_cache_max_entries must be >= 1, got {self.ngram_size_n} and {self.ngram_cache_max_entries}")
+            raise TokenleapError(
+                f"ngram_size_n and ngram_cache_max_entries must be >= 1, "
+                f"got {self.ngram_size_n} and {self.ngram_cache_max_entries}"
+            )
 
 
 def _build(config: SpecConfig, *, dynamic: dict[tuple[int, int], Stats], **_: Any) -> NgramCacheDrafter:

@@ -218,7 +218,9 @@ class NgramSimpleOptions:
 
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_size_m < 1:
-            raise TokenleapError(f"ngram_size_n and ngram_size_m must be >= 1, got {self.ngram_size_n} and {self.ngram_size_m}")
+            raise TokenleapError(
+                f"ngram_size_n and ngram_size_m must be >= 1, got {self.ngram_size_n} and {self.ngram_size_m}"
+            )
 
 
 _MIN_HITS_HELP = "occurrences a key's m-gram needs before it is drafted"
@@ -230,13 +232,19 @@ class NgramMapKOptions(NgramSimpleOptions):
 
     ngram_size_n: int = ngram_size_n_option(("--spec-ngram-map-k-size-n",))
     ngram_size_m: int = _size_m_option(("--spec-ngram-map-k-size-m",))
-    ngram_min_hits: int = option(NgramMapKDrafter.DEFAULT_MIN_HITS, help=_MIN_HITS_HELP, flags=("--spec-ngram-min-hits",),
-                                 own_flags=("--spec-ngram-map-k-min-hits",), request_max=1024)
+    ngram_min_hits: int = option(
+        NgramMapKDrafter.DEFAULT_MIN_HITS,
+        help=_MIN_HITS_HELP,
+        flags=("--spec-ngram-min-hits",),
+        own_flags=("--spec-ngram-map-k-min-hits",),
+        request_max=1024,
+    )
 
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_size_m < 1 or self.ngram_min_hits < 1:
             raise TokenleapError(
-                f"ngram_size_n, ngram_size_m and ngram_min_hits must be >= 1, got {self.ngram_size_n}, {self.ngram_size_m}, {self.ngram_min_hits}"
+                f"ngram_size_n, ngram_size_m and ngram_min_hits must be >= 1, "
+                f"got {self.ngram_size_n}, {self.ngram_size_m}, {self.ngram_min_hits}"
             )
 
 
@@ -246,8 +254,13 @@ class NgramMapK4VOptions(NgramMapKOptions):
 
     ngram_size_n: int = ngram_size_n_option(("--spec-ngram-map-k4v-size-n",))
     ngram_size_m: int = _size_m_option(("--spec-ngram-map-k4v-size-m",))
-    ngram_min_hits: int = option(NgramMapK4VDrafter.DEFAULT_MIN_HITS, help=_MIN_HITS_HELP, flags=("--spec-ngram-min-hits",),
-                                 own_flags=("--spec-ngram-map-k4v-min-hits",), request_max=1024)
+    ngram_min_hits: int = option(
+        NgramMapK4VDrafter.DEFAULT_MIN_HITS,
+        help=_MIN_HITS_HELP,
+        flags=("--spec-ngram-min-hits",),
+        own_flags=("--spec-ngram-map-k4v-min-hits",),
+        request_max=1024,
+    )
 
 
 def llamacpp_shared(registry: Any) -> dict[str, Any]:
@@ -271,9 +284,24 @@ def _map_k4v(config: SpecConfig, **_: Any) -> NgramMapK4VDrafter:
     return NgramMapK4VDrafter(opts.ngram_size_n, opts.ngram_size_m, opts.ngram_min_hits)
 
 
-SIMPLE = MethodRecord("ngram-simple", _simple, "llama.cpp's ngram-simple: the m tokens after the last earlier match of the last n",
-                      options=NgramSimpleOptions, shared=llamacpp_shared)
-MAP_K = MethodRecord("ngram-map-k", _map_k, "llama.cpp's ngram-map-k: an n-gram map over the request's history, capped by each key's last accepted length",
-                     options=NgramMapKOptions, shared=llamacpp_shared)
-MAP_K4V = MethodRecord("ngram-map-k4v", _map_k4v, "llama.cpp's ngram-map-k4v: up to 4 values per key, capped by each key and value's last accepted length",
-                       options=NgramMapK4VOptions, shared=llamacpp_shared)
+SIMPLE = MethodRecord(
+    "ngram-simple",
+    _simple,
+    "llama.cpp's ngram-simple: the m tokens after the last earlier match of the last n",
+    options=NgramSimpleOptions,
+    shared=llamacpp_shared,
+)
+MAP_K = MethodRecord(
+    "ngram-map-k",
+    _map_k,
+    "llama.cpp's ngram-map-k: an n-gram map over the request's history, capped by each key's last accepted length",
+    options=NgramMapKOptions,
+    shared=llamacpp_shared,
+)
+MAP_K4V = MethodRecord(
+    "ngram-map-k4v",
+    _map_k4v,
+    "llama.cpp's ngram-map-k4v: up to 4 values per key, capped by each key and value's last accepted length",
+    options=NgramMapK4VOptions,
+    shared=llamacpp_shared,
+)

@@ -163,7 +163,8 @@ def pools_shared(registry: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class NgramModOptions:
-    """ngram-mod's options: the key length (current llama.cpp's `--spec-ngram-mod-n-match`) and the shared pool's size."""
+    """ngram-mod's options: the key length (current llama.cpp's `--spec-ngram-mod-n-match`) and the shared
+    pool's size."""
 
     ngram_size_n: int = ngram_size_n_option(("--spec-ngram-mod-n-match",))
     ngram_mod_pool_size: int = option(DEFAULT_POOL_SIZE, help="hash pool slots (4 bytes each, allocated on first use)",
@@ -171,14 +172,23 @@ class NgramModOptions:
 
     def __post_init__(self) -> None:
         if self.ngram_size_n < 1 or self.ngram_mod_pool_size < 1:
-            raise TokenleapError(f"ngram_size_n and ngram_mod_pool_size must be >= 1, got {self.ngram_size_n} and {self.ngram_mod_pool_size}")
+            raise TokenleapError(
+                f"ngram_size_n and ngram_mod_pool_size must be >= 1, "
+                f"got {self.ngram_size_n} and {self.ngram_mod_pool_size}"
+            )
 
 
-def _build(config: SpecConfig, *, pools: PoolStore, **_: Any) -> NgramModDrafter:  # one pool per (n, size) for every drafter of a registry
+# one pool per (n, size) for every drafter of a registry
+def _build(config: SpecConfig, *, pools: PoolStore, **_: Any) -> NgramModDrafter:
     opts = options_of(config, "ngram-mod", NgramModOptions)
     n, size = opts.ngram_size_n, opts.ngram_mod_pool_size
     return NgramModDrafter(n, size, pool=pools.get(n, size))
 
 
-METHOD = MethodRecord("ngram-mod", _build, "llama.cpp's ngram-mod: a constant-size rolling-hash pool shared by all requests",
-                      options=NgramModOptions, shared=pools_shared)
+METHOD = MethodRecord(
+    "ngram-mod",
+    _build,
+    "llama.cpp's ngram-mod: a constant-size rolling-hash pool shared by all requests",
+    options=NgramModOptions,
+    shared=pools_shared,
+)

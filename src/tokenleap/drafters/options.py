@@ -110,11 +110,19 @@ def merge_options(given: Any, updates: Mapping[str, Mapping[str, Any]]) -> dict[
     for key, value in pairs:
         name = canonical(key)
         is_instance = dataclasses.is_dataclass(value) and not isinstance(value, type)
-        out[name] = dict(value) if isinstance(value, Mapping) else dataclasses.asdict(typing.cast(Any, value)) if is_instance else value
+        out[name] = (
+            dict(value)
+            if isinstance(value, Mapping)
+            else dataclasses.asdict(typing.cast(Any, value))
+            if is_instance
+            else value
+        )
     for name, opts in updates.items():
         out[canonical(name)] = {**out.get(canonical(name), {}), **opts}
     return out
 
 
-__all__ = ["builtin_option_names", "flat_options", "merge_options", "normalize_options", "option_owners", "renamed", "split_options",
-           "unknown_keys_note"]
+__all__ = [
+    "builtin_option_names", "flat_options", "merge_options", "normalize_options", "option_owners", "renamed",
+    "split_options", "unknown_keys_note"
+]

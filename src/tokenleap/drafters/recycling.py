@@ -149,7 +149,12 @@ class TokenRecyclingDrafter:
     needs_hidden_states: ClassVar[bool] = False
     needs_logits: ClassVar[bool] = True
 
-    def __init__(self, topk: int = DEFAULT_TOPK, branching: Sequence[int] = DEFAULT_BRANCHING, table: AdjacencyTable | None = None) -> None:
+    def __init__(
+        self,
+        topk: int = DEFAULT_TOPK,
+        branching: Sequence[int] = DEFAULT_BRANCHING,
+        table: AdjacencyTable | None = None,
+    ) -> None:
         self.branching = parse_branching(branching, topk)
         if table is not None and table.k != topk:
             raise TokenleapError(f"the recycling table keeps {table.k} candidates per token, expected {topk}")
@@ -197,7 +202,9 @@ def parse_branching(value: Any, topk: int = DEFAULT_TOPK) -> tuple[int, ...]:
     except (TypeError, ValueError):
         raise TokenleapError(f"recycling_branching must be a comma list of ints, e.g. '2,2,1', got {value!r}") from None
     if not 1 <= len(widths) <= MAX_DEPTH or not all(1 <= w <= topk for w in widths):
-        raise TokenleapError(f"recycling_branching needs 1..{MAX_DEPTH} widths, each in 1..recycling_topk ({topk}), got {value!r}")
+        raise TokenleapError(
+            f"recycling_branching needs 1..{MAX_DEPTH} widths, each in 1..recycling_topk ({topk}), got {value!r}"
+        )
     return widths
 
 
@@ -213,8 +220,10 @@ class RecyclingOptions:
     recycling_topk: int = option(DEFAULT_TOPK, help="candidates kept per token in the adjacency table (k)",
                                  flags=("--spec-recycling-topk",), per_request=False)
     recycling_branching: tuple[int, ...] | str = option(
-        ",".join(map(str, DEFAULT_BRANCHING)), help="children per node at each depth of the draft tree, from the root (a comma list)",
-        flags=("--spec-recycling-branching",))
+        ",".join(map(str, DEFAULT_BRANCHING)),
+        help="children per node at each depth of the draft tree, from the root (a comma list)",
+        flags=("--spec-recycling-branching",),
+    )
 
     def __post_init__(self) -> None:
         if self.recycling_topk < 1:
@@ -222,15 +231,21 @@ class RecyclingOptions:
         object.__setattr__(self, "recycling_branching", parse_branching(self.recycling_branching, self.recycling_topk))
 
 
-def _build(config: SpecConfig, *, recycling_tables: TableStore, **_: Any) -> TokenRecyclingDrafter:  # one table per k for a registry
+def _build(
+    config: SpecConfig, *, recycling_tables: TableStore, **_: Any
+) -> TokenRecyclingDrafter:  # one table per k for a registry
     opts = options_of(config, "recycling", RecyclingOptions)
     k = opts.recycling_topk
     return TokenRecyclingDrafter(k, parse_branching(opts.recycling_branching, k), table=recycling_tables.get(k))
 
 
 METHOD = MethodRecord(
-    "recycling", _build, "Token Recycling: token trees from the target's own top-k after each token, recycled from verification",
-    options=RecyclingOptions, aliases=("token-recycling",), shared=tables_shared,
-    doc="Token Recycling (Luo et al., 2024): a token tree grown from an adjacency table of the target's top-k candidates after each "
-        "token, recycled from the rows verification computed (`drafters/recycling.py`)",
+    "recycling",
+    _build,
+    "Token Recycling: token trees from the target's own top-k after each token, recycled from verification",
+    options=RecyclingOptions,
+    aliases=("token-recycling",),
+    shared=tables_shared,
+    doc="Token Recycling (Luo et al., 2024): a token tree grown from an adjacency table of the target's top-k "
+    "candidates after each token, recycled from the rows verification computed (`drafters/recycling.py`)",
 )

@@ -69,7 +69,10 @@ def load_entry_points(*, reload: bool = False) -> None:
                         register_method(record)
                 reg.failures.pop(ep.name, None)
             except Exception as exc:  # noqa: BLE001  # reported, not fatal: see the docstring
-                why = f"entry point {ep.name!r} ({getattr(ep, 'value', '?')}) of group {ENTRY_POINT_GROUP!r} failed to load: {exc}"
+                why = (
+                    f"entry point {ep.name!r} ({getattr(ep, 'value', '?')}) of group {ENTRY_POINT_GROUP!r} "
+                    f"failed to load: {exc}"
+                )
                 reg.failures[ep.name] = why
                 logger.error("%s", why)
 
@@ -114,7 +117,9 @@ def register_method(record: MethodRecord, *, replace: bool = False) -> MethodRec
             if spelling in others:
                 raise TokenleapError(f"speculative method {spelling!r} is already registered by another method")
         if record.name in reg.records and not replace and reg.records[record.name] is not record:
-            raise TokenleapError(f"speculative method {record.name!r} is already registered (pass replace=True to replace it)")
+            raise TokenleapError(
+                f"speculative method {record.name!r} is already registered (pass replace=True to replace it)"
+            )
         reg.records[record.name] = record
     return record
 
@@ -206,6 +211,8 @@ def default_registry() -> DrafterRegistry:
     return MethodRegistry()
 
 
-__all__ = ["ENTRY_POINT_GROUP", "MethodRegistry", "all_methods", "builtin_methods", "canonical", "default_registry", "find",
-           "get", "load_entry_points", "members", "method_fields", "method_names", "register_method", "split_chain", "unknown_method",
-           "unregister_method"]
+__all__ = [
+    "ENTRY_POINT_GROUP", "MethodRegistry", "all_methods", "builtin_methods", "canonical", "default_registry", "find",
+    "get", "load_entry_points", "members", "method_fields", "method_names", "register_method", "split_chain",
+    "unknown_method", "unregister_method"
+]

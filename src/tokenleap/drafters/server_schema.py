@@ -42,7 +42,9 @@ def per_request_options() -> dict[str, list[OptionOf]]:
 
 def request_max(owners: Sequence[OptionOf]) -> float | None:
     """The largest value a server request may give an option (the least of its methods' `request_max`)."""
-    limits: list[float] = [f.metadata["request_max"] for _, f in owners if f.metadata and f.metadata.get("request_max") is not None]
+    limits: list[float] = [
+        f.metadata["request_max"] for _, f in owners if f.metadata and f.metadata.get("request_max") is not None
+    ]
     return min(limits) if limits else None
 
 
@@ -78,4 +80,7 @@ def options_json_schema() -> dict[str, dict[str, Any]]:
     return props
 
 
-__all__ = ["check_request_options", "options_json_schema", "per_request_options", "request_max", "request_methods", "server_side_methods"]
+__all__ = [
+    "check_request_options", "options_json_schema", "per_request_options", "request_max", "request_methods",
+    "server_side_methods"
+]

@@ -22,14 +22,24 @@ from typing import TYPE_CHECKING, Any
 
 from tokenleap.config import ACCEPTANCE_RULES, DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS, SAMPLED_TREE_MODES
 from tokenleap.drafters.methods import CHAIN_SEPARATOR, OPTIONS_FIELD
-from tokenleap.drafters.options import builtin_option_names, flat_options, merge_options, normalize_options, option_owners, unknown_keys_note
+from tokenleap.drafters.options import (
+    builtin_option_names,
+    flat_options,
+    merge_options,
+    normalize_options,
+    option_owners,
+    unknown_keys_note,
+)
 from tokenleap.drafters.registry import all_methods, canonical, find, get, method_names, split_chain, unknown_method
 from tokenleap.errors import TokenleapError
 
 # Per-request controls the engine itself reads never make a new drafter. tests/drafters/test_keys.py
 # checks that every SpecConfig field is claimed by a method's `fields` or here, and that the
 # factories read nothing else: a new field must be listed under the methods that read it.
-CONTROL_FIELDS = ("num_speculative_tokens", "draft_min", "adaptive", "sampled_tree", "acceptance", "typical_threshold", "typical_alpha")
+CONTROL_FIELDS = (
+    "num_speculative_tokens", "draft_min", "adaptive", "sampled_tree", "acceptance", "typical_threshold",
+    "typical_alpha"
+)
 _NOT_CHAINED = ("chain", "custom")  # methods a chain may not list
 
 
@@ -51,27 +61,46 @@ class SpecConfig:
     """
 
     method: str
-    num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS  # draft length cap (llama.cpp: --draft-max; adaptive drafting picks within it)
+    # draft length cap (llama.cpp: --draft-max; adaptive drafting picks within it)
+    num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS
     draft_min: int = 0  # drafts shorter than this are not verified (llama.cpp: --draft-min)
     drafter: object | None = None  # a user object implementing the Drafter protocol ("custom")
     adaptive: bool = True  # choose each step's draft length from the cost curve and acceptance
-    chain: tuple[str, ...] = ()  # method "chain": these methods in order, the first that proposes wins (draftless ones before a draft model)
+    # method "chain": these methods in order, the first that proposes wins (draftless ones before a draft model)
+    chain: tuple[str, ...] = ()
     sampled_tree: str = "full"  # sampled requests verify a tree draft: "full" (every branch, lossless) or "first-path"
-    acceptance: str = "exact"  # sampled requests: "exact" (lossless) or "typical-lossy" (Medusa's typical acceptance, NOT lossless)
+    # sampled requests: "exact" (lossless) or "typical-lossy" (Medusa's typical acceptance, NOT lossless)
+    acceptance: str = "exact"
     typical_threshold: float = 0.09  # typical-lossy: accept x when p(x) > min(threshold, alpha * exp(-H(p)))
     typical_alpha: float = 0.3
     # each used method's own options: ((method, options dataclass instance), ...) for the method
     # or a chain's members; given as {method: {option: value}}, defaults filled in
     method_options: tuple[tuple[str, Any], ...] = ()
 
-    def __init__(self, method: str, num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS, draft_min: int = 0, *, drafter: object | None = None,
-                 adaptive: bool = True, chain: tuple[str, ...] | str = (), sampled_tree: str = "full", acceptance: str = "exact",
-                 typical_threshold: float = 0.09, typical_alpha: float = 0.3, method_options: Any = (), **options: Any) -> None:
+    def __init__(
+        self,
+        method: str,
+        num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS,
+        draft_min: int = 0,
+        *,
+        drafter: object | None = None,
+        adaptive: bool = True,
+        chain: tuple[str, ...] | str = (),
+        sampled_tree: str = "full",
+        acceptance: str = "exact",
+        typical_threshold: float = 0.09,
+        typical_alpha: float = 0.3,
+        method_options: Any = (),
+        **options: Any,
+    ) -> None:
         """`**options`: methods' options by their flat names (`prompt_lookup_max=3`), laid over
         `method_options`."""
-        values = {"method": method, "num_speculative_tokens": num_speculative_tokens, "draft_min": draft_min, "drafter": drafter,
-                  "adaptive": adaptive, "chain": chain, "sampled_tree": sampled_tree, "acceptance": acceptance,
-                  "typical_threshold": typical_threshold, "typical_alpha": typical_alpha, "method_options": method_options}
+        values = {
+            "method": method, "num_speculative_tokens": num_speculative_tokens, "draft_min": draft_min,
+            "drafter": drafter, "adaptive": adaptive, "chain": chain, "sampled_tree": sampled_tree,
+            "acceptance": acceptance, "typical_threshold": typical_threshold, "typical_alpha": typical_alpha,
+            "method_options": method_options
+        }
         for name, value in values.items():
             object.__setattr__(self, name, value)
         self._validate(options)
@@ -90,7 +119,9 @@ class SpecConfig:
         if record is None:
             raise unknown_method(self.method)
         if not 1 <= self.num_speculative_tokens <= MAX_DRAFT_TOKENS:
-            raise TokenleapError(f"num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_speculative_tokens}")
+            raise TokenleapError(
+                f"num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_speculative_tokens}"
+            )
         if not 0 <= self.draft_min <= self.num_speculative_tokens:
             raise TokenleapError(f"draft_min must be in [0, num_speculative_tokens], got {self.draft_min}")
         if isinstance(self.chain, str):
@@ -101,7 +132,8 @@ class SpecConfig:
             bad = [m for m in self.chain if m not in names or m in _NOT_CHAINED]
             if not self.chain or bad:
                 raise TokenleapError(
-                    f"method 'chain' needs 'chain': a list of methods from {', '.join(m for m in names if m not in _NOT_CHAINED)}"
+                    f"method 'chain' needs 'chain': a list of methods from "
+                    f"{', '.join(m for m in names if m not in _NOT_CHAINED)}"
                     + (f"; not allowed: {', '.join(bad)}" if bad else "")
                 )
         involved = self.chain if method == "chain" else (method,)
@@ -109,15 +141,21 @@ class SpecConfig:
         if flat:
             given = merge_options(given, flat_options(CHAIN_SEPARATOR.join(involved), flat))
         object.__setattr__(self, "method_options", normalize_options(involved, given))
-        if record.needs_model and not getattr(self.options_for(method), "model", None):  # eagle3 without a model: the head shipped for the target
-            raise TokenleapError(f"method {method!r} needs {record.needs_model}: speculative_config['model'] (CLI: --model-draft)")
+        # eagle3 without a model: the head shipped for the target
+        if record.needs_model and not getattr(self.options_for(method), "model", None):
+            raise TokenleapError(
+                f"method {method!r} needs {record.needs_model}: speculative_config['model'] (CLI: --model-draft)"
+            )
         if self.sampled_tree not in SAMPLED_TREE_MODES:
-            raise TokenleapError(f"sampled_tree must be one of {', '.join(SAMPLED_TREE_MODES)}, got {self.sampled_tree!r}")
+            raise TokenleapError(
+                f"sampled_tree must be one of {', '.join(SAMPLED_TREE_MODES)}, got {self.sampled_tree!r}"
+            )
         if self.acceptance not in ACCEPTANCE_RULES:
             raise TokenleapError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {self.acceptance!r}")
         if not (0.0 <= self.typical_threshold <= 1.0 and 0.0 <= self.typical_alpha <= 1.0):
             raise TokenleapError(
-                f"typical_threshold and typical_alpha must be in [0, 1], got {self.typical_threshold} and {self.typical_alpha}"
+                f"typical_threshold and typical_alpha must be in [0, 1], "
+                f"got {self.typical_threshold} and {self.typical_alpha}"
             )
         if method == "custom" and self.drafter is None:
             raise TokenleapError("method 'custom' needs a drafter object: speculative_config['drafter']")
@@ -161,12 +199,15 @@ class SpecConfig:
                 raise TokenleapError("speculative_config needs a 'method' (or a draft 'model')")
             return None
         known = set(cls.__dataclass_fields__)
-        if set(raw) - known:  # methods' own options, as top-level keys (any built-in method's, as when SpecConfig held them all)
+        # methods' own options, as top-level keys (any built-in method's, as when SpecConfig held them all)
+        if set(raw) - known:
             known |= set(option_owners(str(raw.get("method", "")))) | builtin_option_names()
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise TokenleapError(f"unknown speculative_config key(s): {', '.join(unknown)}{unknown_keys_note(unknown)}; "
-                                 f"known: {', '.join(sorted(known))}")
+            raise TokenleapError(
+                f"unknown speculative_config key(s): {', '.join(unknown)}{unknown_keys_note(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
         try:
             return cls(**raw)  # type: ignore[arg-type]  # the keys are checked above, the values by __post_init__
         except TypeError as exc:

@@ -276,7 +276,9 @@ class SuffixTree:
                 best, spec.match_len = spec, match_len
         return best
 
-    def _walk(self, node: _Node, k: int, limit: int, min_token_prob: float, exclude: int = 0) -> tuple[Speculation, int]:
+    def _walk(
+        self, node: _Node, k: int, limit: int, min_token_prob: float, exclude: int = 0
+    ) -> tuple[Speculation, int]:
         """Follow the most frequent child; returns the walk and the depth where it ended."""
         spec, prob = Speculation(), 1.0
         while len(spec.tokens) < limit:
@@ -433,11 +435,15 @@ def _extends(tokens: Sequence[int], indexed: Sequence[int]) -> bool:
 class SuffixOptions:
     """The suffix method's options (vLLM's `suffix_decoding_*` keys)."""
 
-    suffix_decoding_max_tree_depth: int = option(64, help="longest suffix indexed and matched", flags=("--spec-suffix-max-tree-depth",),
-                                                 request_max=256)
-    suffix_decoding_max_spec_factor: float = option(1.0, help="draft at most factor x match length tokens", flags=("--spec-suffix-max-spec-factor",),
-                                                    request_max=64)
-    suffix_decoding_min_token_prob: float = option(0.1, help="stop a draft below this path probability", flags=("--spec-suffix-min-token-prob",))
+    suffix_decoding_max_tree_depth: int = option(
+        64, help="longest suffix indexed and matched", flags=("--spec-suffix-max-tree-depth",), request_max=256
+    )
+    suffix_decoding_max_spec_factor: float = option(
+        1.0, help="draft at most factor x match length tokens", flags=("--spec-suffix-max-spec-factor",), request_max=64
+    )
+    suffix_decoding_min_token_prob: float = option(
+        0.1, help="stop a draft below this path probability", flags=("--spec-suffix-min-token-prob",)
+    )
     suffix_decoding_max_cached_requests: int = option(1000, help="finished outputs kept in the global tree (FIFO)",
                                                       flags=("--spec-suffix-max-cached-requests",), per_request=False)
 
@@ -466,6 +472,11 @@ def _build(config: SpecConfig, **_: Any) -> SuffixDrafter:
     )
 
 
-METHOD = MethodRecord("suffix", _build, "suffix trees per request and over earlier outputs (SuffixDecoding); `auto` (the command line's "
-                      "default) names it: measured never to lose, the adaptive controller turning it off where nothing repeats",
-                      options=SuffixOptions, aliases=("auto",))
+METHOD = MethodRecord(
+    "suffix",
+    _build,
+    "suffix trees per request and over earlier outputs (SuffixDecoding); `auto` (the command line's "
+    "default) names it: measured never to lose, the adaptive controller turning it off where nothing repeats",
+    options=SuffixOptions,
+    aliases=("auto",),
+)

@@ -41,7 +41,17 @@ import torch
 
 from tokenleap.attention import tree_mask
 from tokenleap.config import DEFAULT_DRAFT_TOKENS
-from tokenleap.drafters.base import Draft, Drafter, DraftRequest, MemberStatistics, ReadsHiddenStates, ReadsLogits, WeighsCost, draft_cost_of, hidden_layers_of
+from tokenleap.drafters.base import (
+    Draft,
+    Drafter,
+    DraftRequest,
+    MemberStatistics,
+    ReadsHiddenStates,
+    ReadsLogits,
+    WeighsCost,
+    draft_cost_of,
+    hidden_layers_of,
+)
 from tokenleap.drafters.spec import SpecConfig
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, DraftController, cached_cost_curve, plan_batch_drafts
@@ -115,9 +125,11 @@ class Engine:
         if spec is not None and self.drafter is not None:
             self._drafters[spec.drafter_key()] = self.drafter
         self._ids = itertools.count()
-        self._grammar_tokenizer: GrammarTokenizer | None = None  # llguidance's view of the tokenizer, built on first use
+        # llguidance's view of the tokenizer, built on first use
+        self._grammar_tokenizer: GrammarTokenizer | None = None
         self._cost_curve = cost_curve  # measured on first need unless given (engines on one model can share one)
-        self._trace = trace if trace is not None else SpecTrace.from_env()  # TOKENLEAP_SPEC_TRACE=FILE: one line per verified draft
+        # TOKENLEAP_SPEC_TRACE=FILE: one line per verified draft
+        self._trace = trace if trace is not None else SpecTrace.from_env()
 
     def cost_curve(self, cap: int | None = None) -> CostCurve:
         """Relative cost of verifying k drafts. Measured once, on first need, for drafts up to
@@ -190,8 +202,12 @@ class Engine:
         # timed cost curve, and another length would consume the random stream differently,
         # so the same seed would give different text on another machine.
         if spec is not None and spec.adaptive and (params.greedy or params.seed is None):
-            controller = DraftController(self.cost_curve(spec.num_speculative_tokens), spec.num_speculative_tokens, spec.draft_min,
-                                         draft_cost=draft_cost_of(drafter))
+            controller = DraftController(
+                self.cost_curve(spec.num_speculative_tokens),
+                spec.num_speculative_tokens,
+                spec.draft_min,
+                draft_cost=draft_cost_of(drafter),
+            )
         grammar = None
         if params.structured_outputs is not None:
             if self._grammar_tokenizer is None:
@@ -238,12 +254,17 @@ class Engine:
         end = min(len(req.prompt_ids), start + self.prefill_chunk)
         ids = torch.tensor(req.prompt_ids[start:end], dtype=torch.long)
         layers = hidden_layers(req.drafter)
-        out = self.model.forward(ids, torch.arange(start, end), req.kv, return_hidden=[layer for layer in layers if layer >= 0])
+        out = self.model.forward(
+            ids, torch.arange(start, end), req.kv, return_hidden=[layer for layer in layers if layer >= 0]
+        )
         if layers:  # a head drafter reads the prompt's target features (same forward)
             features = _with_final(out, layers)
-            cast(ReadsHiddenStates, req.drafter).observe(req.request_id, start, req.prompt_ids[start:end], features)  # layers non-empty: it reads them
+            # layers non-empty: it reads them
+            cast(ReadsHiddenStates, req.drafter).observe(req.request_id, start, req.prompt_ids[start:end], features)
             if req.params.n > 1:  # the forked samples' drafters read them too (`fork`)
-                req.prompt_features.append((start, req.prompt_ids[start:end], {k: v.clone() for k, v in features.items()}))
+                req.prompt_features.append(
+                    (start, req.prompt_ids[start:end], {k: v.clone() for k, v in features.items()})
+                )
         done = end == len(req.prompt_ids)
         if done:
             raw = self.model.compute_logits(out.hidden, [end - start - 1])
@@ -309,7 +330,11 @@ class Engine:
         budgets = [self._draft_budget(r) for r in reqs]
         if len(reqs) == 1:
             req = reqs[0]
-            return [req.controller.choose(budgets[0], req.kv.length) if req.controller is not None and budgets[0] else budgets[0]]
+            return [
+                req.controller.choose(budgets[0], req.kv.length)
+                if req.controller is not None and budgets[0]
+                else budgets[0]
+            ]
         if not any(budgets):
             return budgets
         alphas = [r.controller.alpha if r.controller is not None else None for r in reqs]
@@ -340,13 +365,20 @@ class Engine:
         shaped = _shape_draft(draft, budget, req.spec.draft_min, as_tree)
         if req.grammar is not None and len(shaped):  # never verify a token the grammar forbids
             allowed = req.grammar.cut(shaped.tokens)
-            shaped = Draft(allowed, None, None if shaped.probs is None else shaped.probs[: len(allowed)], shaped.source, shaped.setup_seconds)
+            shaped = Draft(
+                allowed,
+                None,
+                None if shaped.probs is None else shaped.probs[: len(allowed)],
+                shaped.source,
+                shaped.setup_seconds,
+            )
         return shaped
 
     def begin(self, req: Request) -> None:
         """Register a request with its drafter (before its prefill)."""
         if req.drafter is not None:
-            if isinstance(req.drafter, WeighsCost) and req.controller is not None:  # a chain weighing its members' drafts
+            # a chain weighing its members' drafts
+            if isinstance(req.drafter, WeighsCost) and req.controller is not None:
                 req.drafter.use_cost_curve(req.controller.curve)
             t0 = time.perf_counter()
             req.drafter.begin(DraftRequest(req.request_id, req.prompt_ids, req.params, req.generator))
@@ -401,7 +433,9 @@ class Engine:
         t1 = time.perf_counter()
         live = [i for i, d in enumerate(drafts) if d is not None]
         try:
-            logits, hidden = self._forward([reqs[i] for i in live], [d for d in drafts if d is not None]) if live else (None, {})
+            logits, hidden = (
+                self._forward([reqs[i] for i in live], [d for d in drafts if d is not None]) if live else (None, {})
+            )
         except Exception:
             roll_back(reqs, undo)
             raise
@@ -427,13 +461,17 @@ class Engine:
         if len(reqs) == 1 and ctrl is not None and live and not failures:  # calibrate its cost model on this step
             draft = drafts[0]
             setup = draft.setup_seconds if draft is not None else 0.0  # not a draft token's price
-            ctrl.observe_timing(t_fwd, t2 - t0 - setup, t1 - t0 - setup, len(draft) if draft is not None else 0, undo[0].kv_length)
+            ctrl.observe_timing(
+                t_fwd, t2 - t0 - setup, t1 - t0 - setup, len(draft) if draft is not None else 0, undo[0].kv_length
+            )
         if failures:
             if len(reqs) == 1:
                 raise failures[0]
             raise StepFailures([(reqs[i], exc) for i, exc in sorted(failures.items())])
 
-    def _forward(self, reqs: Sequence[Request], drafts: Sequence[Draft]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def _forward(
+        self, reqs: Sequence[Request], drafts: Sequence[Draft]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Logits of every request's last committed token and draft, in one batched forward, and
         the target hidden states (rows alike) that the requests' head drafters read."""
         layers = sorted({layer for req in reqs for layer in hidden_layers(req.drafter)})
@@ -462,8 +500,8 @@ class Engine:
         logits = self._processed(req, logits, row_prefixes(draft.tokens, draft.parents))
         if spec is not None and spec.acceptance == "typical-lossy" and not req.params.greedy and len(draft):
             # opted in: lossy (the output is no longer distributed as the target's)
-            tree = verify_tree_typical(draft.tokens, draft.parents, logits, req.params, req.generator, spec.typical_threshold,
-                                       spec.typical_alpha)
+            tree = verify_tree_typical(draft.tokens, draft.parents, logits, req.params, req.generator,
+                                       spec.typical_threshold, spec.typical_alpha)
             depth = len(draft) if draft.parents is None else max(tree_depths(draft.parents))
             tokens, accepted, path = tree.tokens, tree.num_accepted, (None if draft.parents is None else tree.path)
         elif draft.parents is None:
@@ -477,7 +515,8 @@ class Engine:
             tokens, accepted, depth, path = tree.tokens, tree.num_accepted, max(tree_depths(draft.parents)), tree.path
         # the row each committed token came from: row 0, then the row after each accepted node
         rows = [0, *((path[j] + 1) if path is not None else (j + 1) for j in range(len(tokens) - 1))]
-        entries = self._logprobs(req, raw[rows], tokens) if req.params.logprobs is not None else None  # a copy only when asked
+        # a copy only when asked
+        entries = self._logprobs(req, raw[rows], tokens) if req.params.logprobs is not None else None
         if req.drafter is not None:
             t0 = time.perf_counter()
             req.drafter.accept(req.request_id, tokens, accepted)
@@ -486,9 +525,15 @@ class Engine:
             if hidden:  # the committed positions' target features: row 0 and the accepted rows
                 rows = [0, *(i + 1 for i in (path if path is not None else range(accepted)))]
                 ids = [req.output_ids[-1], *tokens[:accepted]]
-                cast(ReadsHiddenStates, req.drafter).observe(req.request_id, pos, ids, {layer: h[rows] for layer, h in hidden.items()})  # hidden: its reader
-            if getattr(req.drafter, "needs_logits", False):  # every verified row: row 0, then each draft node's (rejected ones too)
-                cast(ReadsLogits, req.drafter).observe_logits(req.request_id, [req.output_ids[-1], *draft.tokens], target)
+                cast(ReadsHiddenStates, req.drafter).observe(
+                    req.request_id, pos, ids, {layer: h[rows] for layer, h in hidden.items()}
+                )  # hidden: its reader
+            if getattr(
+                req.drafter, "needs_logits", False
+            ):  # every verified row: row 0, then each draft node's (rejected ones too)
+                cast(ReadsLogits, req.drafter).observe_logits(
+                    req.request_id, [req.output_ids[-1], *draft.tokens], target
+                )
         if path is None:
             req.kv.truncate(pos + 1 + accepted)
         else:
@@ -500,7 +545,8 @@ class Engine:
             req.metrics.spec.member(draft.source).record(len(draft), min(accepted, kept - 1), depth)
         if self._trace is not None and len(draft) and spec is not None:
             method = "+".join(spec.chain) if spec.chain else spec.method
-            self._trace.step(req.request_id, method, req.metrics.num_forward_passes, draft.tokens, draft.parents, min(accepted, kept - 1))
+            self._trace.step(req.request_id, method, req.metrics.num_forward_passes, draft.tokens, draft.parents,
+                             min(accepted, kept - 1))
         if req.controller is not None:
             req.controller.update(depth, accepted)
         req.metrics.num_forward_passes += 1
@@ -523,7 +569,9 @@ class Engine:
         """vLLM-style logprobs of the committed tokens from their raw rows, when asked for."""
         if req.params.logprobs is None:
             return None
-        return token_logprobs(rows, tokens, req.params.logprobs, lambda t: self.tokenizer.decode([t], skip_special_tokens=False))
+        return token_logprobs(
+            rows, tokens, req.params.logprobs, lambda t: self.tokenizer.decode([t], skip_special_tokens=False)
+        )
 
     def _processed(self, req: Request, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
         """The request's context processors (penalties, min_tokens) on its verify rows, each row

@@ -97,7 +97,8 @@ class Request:
     logprobs: list[dict[int, Logprob]] | None = None  # per output token, when params.logprobs is set
     sample_index: int = 0  # which of the prompt's `params.n` samples this is
     grammar: GrammarState | None = None  # structured output: the matcher at the committed state
-    prompt_logits: torch.Tensor | None = field(default=None, repr=False)  # raw logits of the last prompt row (kept for n > 1 forks)
+    # raw logits of the last prompt row (kept for n > 1 forks)
+    prompt_logits: torch.Tensor | None = field(default=None, repr=False)
     # the prompt's target features per prefill chunk (start, ids, hidden states), kept for n > 1
     # forks when the drafter reads hidden states
     prompt_features: list[tuple[int, list[int], dict[int, torch.Tensor]]] = field(default_factory=list, repr=False)
@@ -178,7 +179,9 @@ class Request:
         self.logprobs.extend(entries[: max(0, need)])
 
     def to_output(self) -> RequestOutput:
-        completion = CompletionOutput(self.sample_index, self.text, list(self.output_ids), self.finish_reason, self.stop_reason)
+        completion = CompletionOutput(
+            self.sample_index, self.text, list(self.output_ids), self.finish_reason, self.stop_reason
+        )
         if self.logprobs is not None:
             completion.logprobs = list(self.logprobs)
             completion.cumulative_logprob = sum(e[t].logprob for e, t in zip(self.logprobs, self.output_ids))

@@ -56,10 +56,12 @@ T = TypeVar("T")  # what the driver tags a job with (offline: its index; the ser
 class SchedulerOutput(Generic[T]):
     """What one `prefill` / `decode` / `step` did, each request with its job's tag."""
 
-    started: list[tuple[T, Request]] = field(default_factory=list)  # got their first token (a prefill's last chunk, or a fork of it)
+    # got their first token (a prefill's last chunk, or a fork of it)
+    started: list[tuple[T, Request]] = field(default_factory=list)
     stepped: list[tuple[T, Request]] = field(default_factory=list)  # decoded one step (finished ones included)
     finished: list[tuple[T, Request]] = field(default_factory=list)  # ended, already freed
-    failed: list[tuple[T, Request, Exception]] = field(default_factory=list)  # rolled back and freed (`isolate_failures` only)
+    # rolled back and freed (`isolate_failures` only)
+    failed: list[tuple[T, Request, Exception]] = field(default_factory=list)
 
     def extend(self, other: SchedulerOutput[T]) -> SchedulerOutput[T]:
         self.started += other.started
@@ -74,7 +76,9 @@ class Scheduler(Generic[T]):
     live. The driver admits (`has_room`, then `add`) and calls `prefill` then `decode` (or
     `step`, both) each iteration; `abort` frees one request, `close` every live one."""
 
-    def __init__(self, engine: Engine, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, *, isolate_failures: bool = False) -> None:
+    def __init__(
+        self, engine: Engine, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, *, isolate_failures: bool = False
+    ) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise TokenleapError(f"max_num_seqs must be >= 1, got {max_num_seqs!r}")
         self.engine = engine
@@ -140,8 +144,13 @@ class Scheduler(Generic[T]):
             raise RuntimeError("a prompt is still being prefilled: admit one job at a time (has_room)")
         if request_ids is not None and len(request_ids) != params.n:
             raise ValueError(f"{len(request_ids)} request ids for {params.n} samples")
-        req = self.engine.add_request(prompt_ids, params, prompt=prompt, request_id=request_ids[0] if request_ids else None,
-                                      speculative=speculative)
+        req = self.engine.add_request(
+            prompt_ids,
+            params,
+            prompt=prompt,
+            request_id=request_ids[0] if request_ids else None,
+            speculative=speculative,
+        )
         self.num_added += 1
         try:
             self.engine.begin(req)
@@ -258,7 +267,12 @@ class Scheduler(Generic[T]):
         except Exception as exc:
             if len(batch) == 1:
                 return {id(reqs[0]): exc}
-            logger.warning("a batched step of %d requests failed (%s: %s); retrying each alone", len(batch), type(exc).__name__, exc)
+            logger.warning(
+                "a batched step of %d requests failed (%s: %s); retrying each alone",
+                len(batch),
+                type(exc).__name__,
+                exc,
+            )
             failed: dict[int, Exception] = {}
             for item in batch:
                 failed.update(self._step([item]))

@@ -1,24 +1,25 @@
 """Adaptive draft length: pick each step's k to maximise expected tokens per second.
 
-With per-token acceptance rate alpha, a chain draft of k tokens yields
-E(k) = (1 - alpha^(k+1)) / (1 - alpha) committed tokens per target forward (Leviathan et al.,
-2023), and that forward costs c(k) = t(k+1 rows) / t(1 row), measured once on this machine (the
-cost curve, at a short and a long context: at long contexts each extra row's attention costs
-more, so the curve is interpolated at the request's length). The controller keeps a decayed estimate of alpha per request and chooses
-k* = argmax E(k) (1 + w) / (c(k) + w + k d) over [draft_min, cap], or 0 when no k beats plain
-decoding by a margin. d is a drafter's own cost per draft token and w the engine's per-step work
-outside the target forward (sampling, verification, bookkeeping, a head's feature fusion), both
-relative to a one-row forward: d starts at the drafter's `relative_draft_cost` (0 for the
-model-free drafters) and both are then measured on the request's own steps (decayed averages of
-the step's timings): a forward-only curve and a drafter's one-off estimate miss what a whole step
-costs on this machine at this context (on the default model in bf16: w 0.05-0.09; a trained
-EAGLE-3 head's d 0.06-0.18 against its static 0.12-0.15; a suffix tree's 0.004-0.011, not 0);
-while off it probes again every `probe_every` steps with a short draft, so a request whose text
-turns predictable (a quoted passage, code being repeated) gets speculation back. A probe that
-gets nothing accepted doubles the wait before the next (up to `probe_max` steps; one accepted
-token resets it): a draft model's probe is not free (it catches the draft up on the tokens
-decoded while off, drafts, and widens the verify), and on text it cannot predict (a summary of a
-long document) probing every 8 steps cost 11 % of the decode time.
+With per-token acceptance rate alpha, a chain draft of k tokens yields E(k) = (1 - alpha^(k+1))
+/ (1 - alpha) committed tokens per target forward (Leviathan et al., 2023), and that forward
+costs c(k) = t(k+1 rows) / t(1 row), measured once on this machine (the cost curve, at a short
+and a long context: at long contexts each extra row's attention costs more, so the curve is
+interpolated at the request's length). The controller keeps a decayed estimate of alpha per
+request and chooses k* = argmax E(k) (1 + w) / (c(k) + w + k d) over [draft_min, cap], or 0 when
+no k beats plain decoding by a margin. d is a drafter's own cost per draft token and w the
+engine's per-step work outside the target forward (sampling, verification, bookkeeping, a head's
+feature fusion), both relative to a one-row forward: d starts at the drafter's
+`relative_draft_cost` (0 for the model-free drafters) and both are then measured on the
+request's own steps (decayed averages of the step's timings): a forward-only curve and a
+drafter's one-off estimate miss what a whole step costs on this machine at this context (on the
+default model in bf16: w 0.05-0.09; a trained EAGLE-3 head's d 0.06-0.18 against its static
+0.12-0.15; a suffix tree's 0.004-0.011, not 0); while off it probes again every `probe_every`
+steps with a short draft, so a request whose text turns predictable (a quoted passage, code
+being repeated) gets speculation back. A probe that gets nothing accepted doubles the wait
+before the next (up to `probe_max` steps; one accepted token resets it): a draft model's probe
+is not free (it catches the draft up on the tokens decoded while off, drafts, and widens the
+verify), and on text it cannot predict (a summary of a long document) probing every 8 steps cost
+11 % of the decode time.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ from tokenleap.cost import CostCurve, expected_tokens
 from tokenleap.models.base import CausalLM, SeqInput
 from tokenleap.paths import cache_dir
 
-__all__ = ["CostCurve", "DraftController", "cached_cost_curve", "expected_tokens", "measure_cost_curve", "plan_batch_drafts",
-           "timed_row_counts"]
+__all__ = [
+    "CostCurve", "DraftController", "cached_cost_curve", "expected_tokens", "measure_cost_curve", "plan_batch_drafts",
+    "timed_row_counts"
+]
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +75,9 @@ def _time_rows(model: CausalLM, context: int, max_rows: int, repeats: int) -> li
             kv.truncate(context)
             t0 = time.perf_counter()
             # the engine's verify forward (`forward_batch`: the row-invariant path at any row count)
-            model.compute_logits(model.forward_batch([SeqInput(torch.full((n,), 17), torch.arange(context, context + n), kv)]).hidden)
+            model.compute_logits(
+                model.forward_batch([SeqInput(torch.full((n,), 17), torch.arange(context, context + n), kv)]).hidden
+            )
             best[n] = min(best[n], time.perf_counter() - t0)
     kv.free()
     measured = [max(1.0, best[n] / best[1]) for n in counts]
@@ -97,8 +102,11 @@ def host_key(model: CausalLM, *parts: object) -> str:
     except OSError:
         cpu = ""
     kernels = getattr(model, "kernels", None)
-    fields = [cpu, platform.machine(), getattr(kernels, "variant", None), getattr(kernels, "threads", torch.get_num_threads()),
-              repr(model.config), str(getattr(model, "dtype", "")), str(getattr(model, "kv_dtype", "")), model.weight_bytes_per_token(), *parts]
+    fields = [
+        cpu, platform.machine(), getattr(kernels, "variant", None),
+        getattr(kernels, "threads", torch.get_num_threads()), repr(model.config), str(getattr(model, "dtype", "")),
+        str(getattr(model, "kv_dtype", "")), model.weight_bytes_per_token(), *parts
+    ]
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:20]
 
 
@@ -130,7 +138,9 @@ def cached_cost_curve(model: CausalLM, max_draft: int, folder: Path | None = Non
     return curve
 
 
-def measure_cost_curve(model: CausalLM, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 5) -> CostCurve:
+def measure_cost_curve(
+    model: CausalLM, max_draft: int, contexts: tuple[int, int] = (128, 1024), repeats: int = 5
+) -> CostCurve:
     """Time forwards of 1..max_draft+1 rows at a short and a long context (fastest of `repeats`).
     The long context is skipped when the model's context cannot hold it; the short one shrinks
     to fit a small model."""

@@ -31,7 +31,13 @@ class SpecTrace:
 
     def step(self, request_id: str, method: str, step: int, drafted: Sequence[int], parents: Sequence[int] | None,
              accepted: int) -> None:
-        line = {"request": request_id, "method": method, "step": step, "drafted": [int(t) for t in drafted], "accepted": int(accepted)}
+        line = {
+            "request": request_id,
+            "method": method,
+            "step": step,
+            "drafted": [int(t) for t in drafted],
+            "accepted": int(accepted),
+        }
         if parents is not None:
             line["parents"] = [int(p) for p in parents]
         with self._lock:

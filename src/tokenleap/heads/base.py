@@ -64,7 +64,9 @@ def head_rope(theta: float, head_dim: int, positions: int) -> tuple[torch.Tensor
     half = head_dim // 2
     inv_freq = 1.0 / (theta ** (torch.arange(0, half, dtype=torch.float64) / half))
     angles = torch.outer(torch.arange(positions, dtype=torch.float64), inv_freq)
-    return torch.cat([angles.cos(), angles.cos()], dim=-1).float(), torch.cat([angles.sin(), angles.sin()], dim=-1).float()
+    return torch.cat([angles.cos(), angles.cos()], dim=-1).float(), torch.cat(
+        [angles.sin(), angles.sin()], dim=-1
+    ).float()
 
 
 HEAD_QTYPE = 8  # GGML type of a head's linears beside a quantized target (Q8_0)
@@ -145,7 +147,9 @@ class DraftHead(Protocol):
         """Token embeddings [n, H] as the head reads them."""
         ...
 
-    def layer(self, g: torch.Tensor, e: torch.Tensor, positions: torch.Tensor, kv: HeadKV, visible: torch.Tensor) -> torch.Tensor:
+    def layer(
+        self, g: torch.Tensor, e: torch.Tensor, positions: torch.Tensor, kv: HeadKV, visible: torch.Tensor
+    ) -> torch.Tensor:
         """One head step over n rows (features g, embeddings e of the next tokens): the rows' K/V
         are appended to `kv`, `visible` [n, kv.length + n] says which slots each row sees; returns
         the outputs, which are the next step's features."""
@@ -173,7 +177,9 @@ class LayerHead:
         self.target = target
         self.kernels = target.kernels
         self.embed = embed if embed is not None else target.embed  # the target's: shared, not copied
-        self._cos, self._sin = head_rope(config.rope_theta, config.head_dim, max(config.max_position, target.config.max_position) + 64)
+        self._cos, self._sin = head_rope(
+            config.rope_theta, config.head_dim, max(config.max_position, target.config.max_position) + 64
+        )
 
     def _linear(self, x: torch.Tensor, w: Linear, b: torch.Tensor | None = None) -> torch.Tensor:
         return linear_on(self.kernels, x, w, b)
@@ -205,7 +211,8 @@ class LayerHead:
         qg = q.view(n, kvh, rep, hd).permute(1, 0, 2, 3).reshape(kvh, n * rep, hd)
         scores = torch.matmul(qg, keys.permute(1, 2, 0)) * (1.0 / math.sqrt(hd))  # [kvh, n*rep, S]
         mask = visible.unsqueeze(1).expand(n, rep, visible.shape[-1]).reshape(n * rep, -1)
-        a = torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), values.transpose(0, 1))  # [kvh, n*rep, hd]
+        # [kvh, n*rep, hd]
+        a = torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), values.transpose(0, 1))
         a = a.view(kvh, n, rep, hd).permute(1, 0, 2, 3).reshape(n, qs)
         return self._linear(a, self.wo)
 
@@ -278,7 +285,8 @@ def measure_step_cost(head: DraftHead, context: int = 64, repeats: int = 5) -> f
             target.compute_logits(target.forward(torch.tensor([1]), torch.tensor([context]), kv).hidden)
             t1 = time.perf_counter()
             hkv.truncate(context)
-            head.logits(head.layer(h, head.embed_tokens([1]), torch.tensor([context]), hkv, torch.ones(1, context + 1, dtype=torch.bool)))
+            head.logits(head.layer(h, head.embed_tokens([1]), torch.tensor([context]), hkv,
+                                   torch.ones(1, context + 1, dtype=torch.bool)))
             t2 = time.perf_counter()
             best_t, best_h = min(best_t, t1 - t0), min(best_h, t2 - t1)
         kv.free()

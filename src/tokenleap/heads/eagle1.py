@@ -64,10 +64,14 @@ class Eagle1Head(FinalHiddenHead):
             if name not in weights:
                 raise TokenleapError(f"EAGLE-1/2 checkpoint lacks tensor {name!r}")
             if tuple(weights[name].shape) != shape:
-                raise TokenleapError(f"EAGLE-1/2 tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}")
+                raise TokenleapError(
+                    f"EAGLE-1/2 tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}"
+                )
         dtype = target.dtype
         emb = weights.get("embed_tokens.weight")
-        super().__init__(c, target, emb.to(dtype).contiguous() if emb is not None and tuple(emb.shape) == (c.vocab_size, h) else None)
+        super().__init__(
+            c, target, emb.to(dtype).contiguous() if emb is not None and tuple(emb.shape) == (c.vocab_size, h) else None
+        )
 
         def lin(*names: str) -> Linear:
             return head_linear(weights, names, dtype, self.kernels)
@@ -75,8 +79,12 @@ class Eagle1Head(FinalHiddenHead):
         def bias(*names: str) -> torch.Tensor | None:
             if not any(n in weights for n in names):
                 return None
-            return torch.cat([weights[n].float() if n in weights else torch.zeros(weights[n.replace("bias", "weight")].shape[0])
-                              for n in names]).contiguous()
+            return torch.cat(
+                [
+                    weights[n].float() if n in weights else torch.zeros(weights[n.replace("bias", "weight")].shape[0])
+                    for n in names
+                ]
+            ).contiguous()
 
         self.fc, self.fc_bias = lin("fc.weight"), bias("fc.bias")
         self.wqkv = lin(*(f"{p}self_attn.{n}_proj.weight" for n in "qkv"))
@@ -86,7 +94,9 @@ class Eagle1Head(FinalHiddenHead):
         self.w_gate_up = lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
         self.w_down = lin(p + "mlp.down_proj.weight")
 
-    def layer(self, g: torch.Tensor, e: torch.Tensor, positions: torch.Tensor, kv: HeadKV, visible: torch.Tensor) -> torch.Tensor:
+    def layer(
+        self, g: torch.Tensor, e: torch.Tensor, positions: torch.Tensor, kv: HeadKV, visible: torch.Tensor
+    ) -> torch.Tensor:
         x = self._linear(torch.cat([e, g], dim=-1), self.fc, self.fc_bias)
         h = x + self._attention(x, positions, kv, visible)  # no input norm in layer 0
         gate, up = self._linear(self._rms(h, self.post_norm), self.w_gate_up).chunk(2, dim=-1)

@@ -50,7 +50,9 @@ def read_config(raw: dict[str, Any], target_layers: int) -> tuple[HeadShape, str
     else:
         layer = raw
         dialect = "eagle"
-        aux = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
+        aux = (raw.get("eagle_config") or {}).get(
+            "eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids")
+        )
         draft_vocab = raw.get("draft_vocab_size", raw.get("vocab_size"))
         nbr = bool(raw.get("norm_before_residual", False))
         target_h = raw.get("target_hidden_size")
@@ -122,7 +124,9 @@ class Eagle3Head(LayerHead):
             if name not in weights:
                 raise TokenleapError(f"EAGLE-3 checkpoint lacks tensor {name!r}")
             if tuple(weights[name].shape) != shape:
-                raise TokenleapError(f"EAGLE-3 tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}")
+                raise TokenleapError(
+                    f"EAGLE-3 tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}"
+                )
         if c.draft_vocab_size > c.vocab_size:
             raise TokenleapError(f"draft_vocab_size {c.draft_vocab_size} exceeds the target vocabulary {c.vocab_size}")
         if "d2t" in weights:
@@ -134,7 +138,8 @@ class Eagle3Head(LayerHead):
                 raise TokenleapError("EAGLE-3 d2t maps draft ids outside the target vocabulary")
         elif c.draft_vocab_size < c.vocab_size:
             raise TokenleapError(
-                f"EAGLE-3 head has a reduced draft vocabulary ({c.draft_vocab_size} < {c.vocab_size}) but no d2t mapping"
+                f"EAGLE-3 head has a reduced draft vocabulary ({c.draft_vocab_size} < {c.vocab_size}) "
+                "but no d2t mapping"
             )
         else:
             self.d2t_ids = torch.arange(c.draft_vocab_size)
@@ -166,7 +171,8 @@ class Eagle3Head(LayerHead):
         self.norm = f32("norm.weight")
         self.lm_head = lin("lm_head.weight")
         # the target hidden states the engine must capture: output of layer l-1 = input of layer l
-        self.hidden_layers = tuple(sorted({layer - 1 for layer in c.aux_layers if layer > 0})) or (0,)  # never empty: it turns `observe` on
+        # never empty: it turns `observe` on
+        self.hidden_layers = tuple(sorted({layer - 1 for layer in c.aux_layers if layer > 0})) or (0,)
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """[n, 3 H_target] concatenated aux states -> the feature g [n, H]."""
@@ -204,7 +210,9 @@ class Eagle3Head(LayerHead):
 _SPECULATORS_RENAMES = (("layers.0.", "midlayer."), ("fusion_fc.", "fc."), ("draft_id_to_target_id", "d2t"))
 
 
-def eagle3_head(raw: dict[str, Any], weights: dict[str, torch.Tensor], target: CausalLM, source: str | Path) -> Eagle3Head:
+def eagle3_head(
+    raw: dict[str, Any], weights: dict[str, torch.Tensor], target: CausalLM, source: str | Path
+) -> Eagle3Head:
     """An EAGLE-3 head from a checkpoint's config.json and tensors, in the EAGLE / SpecForge or
     the speculators spelling (`source` names it in the log)."""
     config, dialect = read_config(raw, target.config.num_layers)

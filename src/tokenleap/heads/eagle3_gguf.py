@@ -120,8 +120,15 @@ def load_eagle3_gguf(path: str | Path, target: CausalLM) -> Eagle3Head:
         norm_before_residual=bool(field("eagle3.norm_before_residual", False)),
     )
     if aux is None:
-        logger.warning("EAGLE-3 GGUF %s names no aux layers; using the default (inputs of layers %s)", path.name, config.aux_layers)
+        logger.warning(
+            "EAGLE-3 GGUF %s names no aux layers; using the default (inputs of layers %s)", path.name, config.aux_layers
+        )
     head = Eagle3Head(config, weights, target)
-    logger.info("EAGLE-3 head %s (llama.cpp GGUF): aux layers %s (inputs of those target layers), draft vocabulary %d of %d",
-                path, list(config.aux_layers), config.draft_vocab_size, config.vocab_size)
+    logger.info(
+        "EAGLE-3 head %s (llama.cpp GGUF): aux layers %s (inputs of those target layers), draft vocabulary %d of %d",
+        path,
+        list(config.aux_layers),
+        config.draft_vocab_size,
+        config.vocab_size,
+    )
     return head

@@ -32,7 +32,9 @@ def load_eagle3(path: str | Path, target: CausalLM) -> DraftHead:
     if folder.is_file() and folder.suffix == ".gguf":  # llama.cpp's eagle3 GGUF
         return load_eagle3_gguf(folder, target)
     if not folder.is_dir():
-        raise TokenleapError(f"EAGLE-3 head {str(path)!r} is not a directory (config.json + model.safetensors) or an eagle3 .gguf file")
+        raise TokenleapError(
+            f"EAGLE-3 head {str(path)!r} is not a directory (config.json + model.safetensors) or an eagle3 .gguf file"
+        )
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise TokenleapError(f"EAGLE-3 head {folder} has no config.json")

@@ -105,7 +105,9 @@ def load_medusa(path: str | Path, target: CausalLM) -> MedusaHeads:
             return f"{i}.{n_layers}.weight"
     if n_heads < 1:
         found = {int(m.group(1)) for k in weights if (m := re.match(r"(?:blocks\.|lm_heads\.)?(\d+)\.", k))}
-        raise TokenleapError(f"Medusa config names no heads (medusa_num_heads / num_heads); the weights hold {len(found)}")
+        raise TokenleapError(
+            f"Medusa config names no heads (medusa_num_heads / num_heads); the weights hold {len(found)}"
+        )
     h, v = target.config.hidden_size, target.config.vocab_size
     dtype = target.dtype
 
@@ -122,14 +124,25 @@ def load_medusa(path: str | Path, target: CausalLM) -> MedusaHeads:
             if wname not in weights:
                 raise TokenleapError(f"Medusa checkpoint lacks tensor {wname!r}")
             if tuple(weights[wname].shape) != (h, h):
-                raise TokenleapError(f"Medusa tensor {wname!r} has shape {tuple(weights[wname].shape)}, expected {(h, h)} (target hidden size)")
+                raise TokenleapError(
+                    f"Medusa tensor {wname!r} has shape {tuple(weights[wname].shape)}, "
+                    f"expected {(h, h)} (target hidden size)"
+                )
             bias = weights.get(bname, torch.zeros(h)).float().contiguous()
             layer.append(_Block(prepared(weights[wname]), bias))
         blocks.append(layer)
         p = weights.get(proj(i))
         if p is not None and tuple(p.shape) != (v, h):
-            raise TokenleapError(f"Medusa tensor {proj(i)!r} has shape {tuple(p.shape)}, expected {(v, h)} (target vocabulary)")
+            raise TokenleapError(
+                f"Medusa tensor {proj(i)!r} has shape {tuple(p.shape)}, expected {(v, h)} (target vocabulary)"
+            )
         projections.append(prepared(p) if p is not None else None)
     shared = sum(p is None for p in projections)
-    logger.info("Medusa heads %s: %d heads of %d residual blocks, %d sharing the target's LM head", folder, n_heads, n_layers, shared)
+    logger.info(
+        "Medusa heads %s: %d heads of %d residual blocks, %d sharing the target's LM head",
+        folder,
+        n_heads,
+        n_layers,
+        shared,
+    )
     return MedusaHeads(blocks, projections, target)

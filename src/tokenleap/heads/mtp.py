@@ -77,8 +77,10 @@ def read_mtp_layer(folder: str | Path, layer: int = 0) -> tuple[dict[str, Any], 
                 "block, which tokenleap's runtime does not run; MiMo's (model.mtp_layers.*, Qwen2 blocks) are supported"
             )
         if any(k.startswith("mtp.") for k in names):
-            raise TokenleapError(f"{root}: Qwen3-Next MTP layers (mtp.*) use gated attention and MoE blocks, which tokenleap's "
-                                 "runtime does not run; MiMo's (model.mtp_layers.*) are supported")
+            raise TokenleapError(
+                f"{root}: Qwen3-Next MTP layers (mtp.*) use gated attention and MoE blocks, which tokenleap's "
+                "runtime does not run; MiMo's (model.mtp_layers.*) are supported"
+            )
         raise TokenleapError(f"{root} holds no MTP layer {layer} ({prefix}*)")
     return raw, weights
 
@@ -96,10 +98,12 @@ class MtpHead(FinalHiddenHead):
             raise TokenleapError(f"MTP layer (hidden {h}, vocabulary {c.vocab_size}) does not fit the target "
                                  f"(hidden {tc.hidden_size}, vocabulary {tc.vocab_size})")
         qs, ks = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        shapes = {"input_proj.weight": (h, 2 * h), "self_attn.q_proj.weight": (qs, h), "self_attn.k_proj.weight": (ks, h),
-                  "self_attn.v_proj.weight": (ks, h), "self_attn.o_proj.weight": (h, qs),
-                  "mlp.gate_proj.weight": (c.intermediate_size, h), "mlp.up_proj.weight": (c.intermediate_size, h),
-                  "mlp.down_proj.weight": (h, c.intermediate_size)}
+        shapes = {
+            "input_proj.weight": (h, 2 * h), "self_attn.q_proj.weight": (qs, h), "self_attn.k_proj.weight": (ks, h),
+            "self_attn.v_proj.weight": (ks, h), "self_attn.o_proj.weight": (h, qs),
+            "mlp.gate_proj.weight": (c.intermediate_size, h), "mlp.up_proj.weight": (c.intermediate_size, h),
+            "mlp.down_proj.weight": (h, c.intermediate_size)
+        }
         for name in _PARTS:
             if name not in weights:
                 raise TokenleapError(f"MTP layer lacks tensor {name!r}")
@@ -116,20 +120,29 @@ class MtpHead(FinalHiddenHead):
             return weights[name].float().contiguous()
 
         biases = [f"self_attn.{n}_proj.bias" for n in "qkv"]
-        self.bqkv = torch.cat([weights[b].float() for b in biases]).contiguous() if all(b in weights for b in biases) else None
+        self.bqkv = (
+            torch.cat([weights[b].float() for b in biases]).contiguous() if all(b in weights for b in biases) else None
+        )
         self.token_norm, self.hidden_norm = norm("token_layernorm.weight"), norm("hidden_layernorm.weight")
-        self.in_norm, self.post_norm, self.final_norm = (norm("input_layernorm.weight"), norm("post_attention_layernorm.weight"),
-                                                         norm("final_layernorm.weight"))
+        self.in_norm, self.post_norm, self.final_norm = (
+            norm("input_layernorm.weight"),
+            norm("post_attention_layernorm.weight"),
+            norm("final_layernorm.weight"),
+        )
         self.input_proj = lin("input_proj.weight")
         self.wqkv = lin(*(f"self_attn.{n}_proj.weight" for n in "qkv"))
         self.wo = lin("self_attn.o_proj.weight")
         self.w_gate_up = lin("mlp.gate_proj.weight", "mlp.up_proj.weight")
         self.w_down = lin("mlp.down_proj.weight")
 
-    def layer(self, g: torch.Tensor, e: torch.Tensor, positions: torch.Tensor, kv: HeadKV, visible: torch.Tensor) -> torch.Tensor:
+    def layer(
+        self, g: torch.Tensor, e: torch.Tensor, positions: torch.Tensor, kv: HeadKV, visible: torch.Tensor
+    ) -> torch.Tensor:
         """Features g (the target's normed final hidden states, or this layer's own output) and
         embeddings e of the next tokens -> the layer's normed output (the next feature)."""
-        x = self._linear(torch.cat([self._rms(g, self.hidden_norm), self._rms(e, self.token_norm)], dim=-1), self.input_proj)
+        x = self._linear(
+            torch.cat([self._rms(g, self.hidden_norm), self._rms(e, self.token_norm)], dim=-1), self.input_proj
+        )
         h = x + self._attention(self._rms(x, self.in_norm), positions, kv, visible)
         gate, up = self._linear(self._rms(h, self.post_norm), self.w_gate_up).chunk(2, dim=-1)
         return self._rms(h + self._linear(F.silu(gate) * up, self.w_down), self.final_norm)

@@ -31,8 +31,10 @@ from tokenleap.kernels.build import cpu_flags, kernel_variant, load_library
 from tokenleap.kernels.formats import FORMATS, Format, PackedWeight, QuantWeight, format_names
 from tokenleap.kernels.linear import Linear, LinearWeight
 
-__all__ = ["FORMATS", "KV_BF16", "KV_Q8_0", "AttentionWork", "CpuKernels", "Format", "Linear", "LinearWeight", "PackedWeight", "QuantWeight", "RowPlan", "cpu_flags", "format_names",
-           "kernel_variant", "kv_slot_bytes", "load_kernels"]
+__all__ = [
+    "FORMATS", "KV_BF16", "KV_Q8_0", "AttentionWork", "CpuKernels", "Format", "Linear", "LinearWeight", "PackedWeight",
+    "QuantWeight", "RowPlan", "cpu_flags", "format_names", "kernel_variant", "kv_slot_bytes", "load_kernels"
+]
 
 # The blocked KV caches' formats (attn16.h's TL_KV_*): bf16, or ggml's q8_0 (32 int8 values and
 # one fp16 scale per 32 dims of a slot)
@@ -61,7 +63,9 @@ class CpuKernels:
         Only the C call in progress on this thread reads or writes it."""
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.numel() < nbytes:
-            buf = self._local.buf = torch.empty(max(nbytes, 1 << 16, 2 * (buf.numel() if buf is not None else 0)), dtype=torch.uint8)
+            buf = self._local.buf = torch.empty(
+                max(nbytes, 1 << 16, 2 * (buf.numel() if buf is not None else 0)), dtype=torch.uint8
+            )
         return buf.data_ptr()
 
     @staticmethod
@@ -91,10 +95,10 @@ class CpuKernels:
         glu: str | None = None,
     ) -> torch.Tensor:
         """`x @ weight.T + bias` with x fp32 `[rows, in]`, weight a `Linear` (or the form it holds:
-        bf16/fp32 `[out, in]`, packed or quantized). With `out` (contiguous fp32 `[rows, out]`), the result is added to it in place.
-        The input may be formed first, the same bits either way (quantized weights fuse it into
-        their call): `norm=(w, eps)` RMSNorms x; `glu` ("silu" or "gelu_tanh") takes x = (gate |
-        up) `[rows, 2 in]` and uses `act(gate) * up` (`glu_mul`)."""
+        bf16/fp32 `[out, in]`, packed or quantized). With `out` (contiguous fp32 `[rows, out]`), the
+        result is added to it in place. The input may be formed first, the same bits either way
+        (quantized weights fuse it into their call): `norm=(w, eps)` RMSNorms x; `glu` ("silu" or
+        "gelu_tanh") takes x = (gate | up) `[rows, 2 in]` and uses `act(gate) * up` (`glu_mul`)."""
         if isinstance(weight, Linear):
             weight = weight.weight
         if isinstance(weight, QuantWeight):
@@ -110,7 +114,9 @@ class CpuKernels:
         rows, in_dim = x.shape
         out_dim = weight.shape[0]
         if in_dim % 32 or weight.shape[1] != in_dim or weight.dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"kernel linear: unsupported shapes/dtype x {tuple(x.shape)}, w {tuple(weight.shape)} {weight.dtype}")
+            raise ValueError(
+                f"kernel linear: unsupported shapes/dtype x {tuple(x.shape)}, w {tuple(weight.shape)} {weight.dtype}"
+            )
         if x.dtype != torch.float32 or not weight.is_contiguous():
             raise ValueError("kernel linear: x must be float32 and the weight contiguous")
         if bias is not None:
@@ -135,9 +141,16 @@ class CpuKernels:
     ) -> torch.Tensor:
         rows, in_dim = x.shape
         if in_dim != weight.in_dim or x.dtype != torch.float32:
-            raise ValueError(f"kernel linear: x {tuple(x.shape)} {x.dtype} does not fit packed weight [{weight.out_dim}, {weight.in_dim}]")
-        if out is not None and (out.shape != (rows, weight.out_dim) or out.dtype != torch.float32 or not out.is_contiguous()):
-            raise ValueError(f"kernel linear: out {tuple(out.shape)} must be contiguous float32 [{rows}, {weight.out_dim}]")
+            raise ValueError(
+                f"kernel linear: x {tuple(x.shape)} {x.dtype} "
+                f"does not fit packed weight [{weight.out_dim}, {weight.in_dim}]"
+            )
+        if out is not None and (
+            out.shape != (rows, weight.out_dim) or out.dtype != torch.float32 or not out.is_contiguous()
+        ):
+            raise ValueError(
+                f"kernel linear: out {tuple(out.shape)} must be contiguous float32 [{rows}, {weight.out_dim}]"
+            )
         if bias is not None:
             bias = bias.float().contiguous()
         x = x.contiguous()
@@ -188,9 +201,16 @@ class CpuKernels:
         if glu_kind:
             in_dim //= 2
         if in_dim != weight.in_dim or x.dtype != torch.float32:
-            raise ValueError(f"kernel linear: x {tuple(x.shape)} {x.dtype} does not fit {weight.name} weight [{weight.out_dim}, {weight.in_dim}]")
-        if out is not None and (out.shape != (rows, weight.out_dim) or out.dtype != torch.float32 or not out.is_contiguous()):
-            raise ValueError(f"kernel linear: out {tuple(out.shape)} must be contiguous float32 [{rows}, {weight.out_dim}]")
+            raise ValueError(
+                f"kernel linear: x {tuple(x.shape)} {x.dtype} "
+                f"does not fit {weight.name} weight [{weight.out_dim}, {weight.in_dim}]"
+            )
+        if out is not None and (
+            out.shape != (rows, weight.out_dim) or out.dtype != torch.float32 or not out.is_contiguous()
+        ):
+            raise ValueError(
+                f"kernel linear: out {tuple(out.shape)} must be contiguous float32 [{rows}, {weight.out_dim}]"
+            )
         if bias is not None:
             bias = bias.float().contiguous()
         x = x.contiguous()
@@ -200,9 +220,19 @@ class CpuKernels:
         y = out if out is not None else torch.empty(rows, weight.out_dim, dtype=torch.float32)
         norm_w = norm[0].contiguous() if norm is not None and not glu_kind else None
         self.lib.tl_linear_q(
-            x.data_ptr(), norm_w.data_ptr() if norm_w is not None else None, float(norm[1]) if norm is not None and norm_w is not None else 0.0,
-            glu_kind, scratch, weight.data.data_ptr(), weight.format,
-            bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, in_dim, weight.out_dim, int(out is not None),
+            x.data_ptr(),
+            norm_w.data_ptr() if norm_w is not None else None,
+            float(norm[1]) if norm is not None and norm_w is not None else 0.0,
+            glu_kind,
+            scratch,
+            weight.data.data_ptr(),
+            weight.format,
+            bias.data_ptr() if bias is not None else None,
+            y.data_ptr(),
+            rows,
+            in_dim,
+            weight.out_dim,
+            int(out is not None),
         )
         return y
 
@@ -240,7 +270,9 @@ class CpuKernels:
         kind = self._glu_kind(activation)
         rows, width = gate_up.shape
         if gate_up.dtype != torch.float32 or width % 32:
-            raise ValueError(f"glu_mul: needs fp32 [rows, 2f] with f a multiple of 16, got {tuple(gate_up.shape)} {gate_up.dtype}")
+            raise ValueError(
+                f"glu_mul: needs fp32 [rows, 2f] with f a multiple of 16, got {tuple(gate_up.shape)} {gate_up.dtype}"
+            )
         y = torch.empty(rows, width // 2, dtype=torch.float32)
         fn = self.lib.tl_gelu_mul if kind == GLU_GELU_TANH else self.lib.tl_silu_mul
         fn(gate_up.contiguous().data_ptr(), y.data_ptr(), rows, width // 2)
@@ -282,7 +314,8 @@ class CpuKernels:
             raise ValueError(f"kernel attention: qkv {tuple(qkv.shape)} does not fit the plan ({plan.rows} rows)")
         qkv = qkv.contiguous()
         out = torch.empty(rows, heads * head_dim, dtype=torch.float32)
-        desc, _work = self.attention_desc(plan, heads, kv_heads, head_dim, cos, sin)  # _work: its buffers, alive for the call
+        # _work: its buffers, alive for the call
+        desc, _work = self.attention_desc(plan, heads, kv_heads, head_dim, cos, sin)
         if self.lib.tl_attention_run(ctypes.byref(desc), qkv.data_ptr(), layer, out.data_ptr()) != 0:
             raise ValueError("kernel attention: this build lacks the kernel these caches need")
         return out
@@ -298,11 +331,25 @@ class CpuKernels:
             return t.data_ptr() if t is not None else None
 
         desc = AttnDesc(
-            kv=1 + plan.kv_type if plan.blocked else ATTN_FP32, rows=plan.rows, heads=heads, kv_heads=kv_heads, hd=head_dim,
-            pos=plan.positions.data_ptr(), cos=cos.data_ptr(), sin=sin.data_ptr(), kv_base=plan.kv_base.data_ptr(),
-            cap=plan.capacity.data_ptr(), wslot=plan.write_slot.data_ptr(), qbuf=work.q.data_ptr(),
-            slot_end=addr(plan.slot_end), slot_off=addr(plan.slot_off), slot_idx=addr(plan.slot_idx), slot_lo=addr(plan.slot_lo),
-            chunk=addr(work.chunk), scratch=work.scratch.data_ptr(), max_slots=plan.max_slots,
+            kv=1 + plan.kv_type if plan.blocked else ATTN_FP32,
+            rows=plan.rows,
+            heads=heads,
+            kv_heads=kv_heads,
+            hd=head_dim,
+            pos=plan.positions.data_ptr(),
+            cos=cos.data_ptr(),
+            sin=sin.data_ptr(),
+            kv_base=plan.kv_base.data_ptr(),
+            cap=plan.capacity.data_ptr(),
+            wslot=plan.write_slot.data_ptr(),
+            qbuf=work.q.data_ptr(),
+            slot_end=addr(plan.slot_end),
+            slot_off=addr(plan.slot_off),
+            slot_idx=addr(plan.slot_idx),
+            slot_lo=addr(plan.slot_lo),
+            chunk=addr(work.chunk),
+            scratch=work.scratch.data_ptr(),
+            max_slots=plan.max_slots,
         )
         if work.mask is not None:  # a token tree over blocked caches (mask_start is set with the mask: plan_rows)
             desc.mask_start, desc.mask, desc.mask_w = addr(plan.mask_start), work.mask.data_ptr(), work.mask.shape[1]
@@ -320,8 +367,13 @@ class CpuKernels:
             raise ValueError("kernel attention: blocked bf16 caches need tl_attention_bf16 and slot_end")
         work, rows = plan.work, plan.rows
         if "q" not in work:  # the layers of one forward share the scratch buffers
-            work["q"] = torch.empty(rows * heads * head_dim // (2 if plan.blocked else 1), dtype=torch.int32 if plan.blocked else torch.float32)
-            work["scratch"] = torch.empty(self.threads * (32 if plan.blocked else 4) * plan.max_slots, dtype=torch.float32)
+            work["q"] = torch.empty(
+                rows * heads * head_dim // (2 if plan.blocked else 1),
+                dtype=torch.int32 if plan.blocked else torch.float32,
+            )
+            work["scratch"] = torch.empty(
+                self.threads * (32 if plan.blocked else 4) * plan.max_slots, dtype=torch.float32
+            )
         if not plan.blocked:
             return AttentionWork(work["q"], work["scratch"])
         if "chunk" not in work:
@@ -331,7 +383,9 @@ class CpuKernels:
             return AttentionWork(work["q"], work["scratch"], work["chunk"])
         tail_slots = -(-(15 + mask.shape[1]) // 16) * 16
         if "tail" not in work:  # zeroed once: slots past a path are read with probability 0
-            work["tail"] = torch.zeros(rows * kv_heads * 2 * tail_slots * kv_slot_bytes(plan.kv_type, head_dim), dtype=torch.uint8)
+            work["tail"] = torch.zeros(
+                rows * kv_heads * 2 * tail_slots * kv_slot_bytes(plan.kv_type, head_dim), dtype=torch.uint8
+            )
         return AttentionWork(work["q"], work["scratch"], work["chunk"], mask, work["tail"], tail_slots)
 
 
@@ -386,4 +440,10 @@ def load_kernels() -> CpuKernels | None:
     loaded = load_library()
     if loaded is None:
         return None
-    return CpuKernels(lib=loaded.lib, threads=loaded.threads, packed=loaded.packed, bf16_attention=loaded.bf16_attention, variant=loaded.variant)
+    return CpuKernels(
+        lib=loaded.lib,
+        threads=loaded.threads,
+        packed=loaded.packed,
+        bf16_attention=loaded.bf16_attention,
+        variant=loaded.variant,
+    )

@@ -125,7 +125,9 @@ def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
     lib.tl_rmsnorm_add.restype = None
     lib.tl_init.argtypes = [ctypes.c_int]
     lib.tl_init.restype = ctypes.c_int
-    lib.tl_linear_q.argtypes = [_ptr, _ptr, ctypes.c_float, ctypes.c_int, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
+    lib.tl_linear_q.argtypes = [
+        _ptr, _ptr, ctypes.c_float, ctypes.c_int, _ptr, _ptr, ctypes.c_int, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int
+    ]
     lib.tl_linear_q.restype = None
     lib.tl_quant_vnni.argtypes = [ctypes.c_int]
     lib.tl_quant_vnni.restype = ctypes.c_int
@@ -169,7 +171,9 @@ def load_library() -> Library | None:
     flags = cpu_flags()
     variant = kernel_variant(flags)
     if not compiler or variant is None:
-        logger.warning("no C compiler, or a CPU without AVX-512 or AVX2+FMA: using torch kernels (slower, not row-invariant)")
+        logger.warning(
+            "no C compiler, or a CPU without AVX-512 or AVX2+FMA: using torch kernels (slower, not row-invariant)"
+        )
         return None
     try:
         lib = ctypes.CDLL(str(build_library(compiler, variant, flags)))

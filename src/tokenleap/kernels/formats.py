@@ -39,7 +39,9 @@ class PackedWeight:
     @classmethod
     def pack(cls, weight: torch.Tensor) -> PackedWeight:
         if not cls.fits(weight):
-            raise ValueError(f"cannot pack weight {tuple(weight.shape)} {weight.dtype}: needs bf16, out % 16 == 0, in % 32 == 0")
+            raise ValueError(
+                f"cannot pack weight {tuple(weight.shape)} {weight.dtype}: needs bf16, out % 16 == 0, in % 32 == 0"
+            )
         out_dim, in_dim = weight.shape
         data = weight.reshape(out_dim // 16, 16, in_dim // 2, 2).permute(0, 2, 1, 3).contiguous()
         return cls(data=data, out_dim=out_dim, in_dim=in_dim)
@@ -49,7 +51,8 @@ class PackedWeight:
         return self.data.permute(0, 2, 1, 3).reshape(self.out_dim, self.in_dim)
 
 
-_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS, _Q3K, _Q2K, _Q50X8, _Q51X8 = range(1, 13)  # quant.h's TLQ_* (the table below)
+# quant.h's TLQ_* (the table below)
+_Q4X8, _Q8X8, _Q40X8, _IQ4NL, _Q4K, _Q6K, _Q5K, _IQ4XS, _Q3K, _Q2K, _Q50X8, _Q51X8 = range(1, 13)
 # IQ4_NL's non-linear grid: w = d IQ4NL_VALUES[q] (ggml's kvalues_iq4nl; quant.h's tlq_iq4nl)
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
@@ -116,11 +119,15 @@ def _repack_k(qtype: int, raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndar
         head = [_by_output(blk[..., 0:2], groups), _by_output(blk[..., 2:4], groups), (sc & 15) | ((mn & 15) << 4),
                 hi[..., :32] | (hi[..., 32:] << 4)]
         if not q5:
-            return np.concatenate([*head, _nibbles(q.reshape(out_dim, nb, 32), groups).reshape(groups, nsb, 1024)], axis=-1).reshape(groups, -1)
+            return np.concatenate(
+                [*head, _nibbles(q.reshape(out_dim, nb, 32), groups).reshape(groups, nsb, 1024)], axis=-1
+            ).reshape(groups, -1)
         qh = blk[..., 16:48]  # [out, nsb, l]: bit j is sub-block j's 5th bit
         h5 = ((qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1)  # [out, nsb, j, l]
         nib = _nibbles(q.reshape(out_dim, nb, 32), groups)  # [G, nb, 128]
-        body = np.concatenate([nib, _high_bits(h5.reshape(out_dim, nb, 32), groups)], axis=-1).reshape(groups, nsb, 1280)
+        body = (
+            np.concatenate([nib, _high_bits(h5.reshape(out_dim, nb, 32), groups)], axis=-1).reshape(groups, nsb, 1280)
+        )
         return np.concatenate([*head, body], axis=-1).reshape(groups, -1)
     ql, qh = blk[..., 0:128].reshape(out_dim, nsb, 2, 64), blk[..., 128:192].reshape(out_dim, nsb, 2, 32)
     q = np.stack([(ql[..., 0:32] & 15) | ((qh & 3) << 4), (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4),
@@ -189,8 +196,10 @@ def _dequantize_q2k(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     """quant.h's Q2K groups -> float32 `[out, in]`: (d sc) q - dmin m per 16 inputs."""
     groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
     g = g.reshape(groups, nsb, -1)
-    d, dmin = (np.ascontiguousarray(g[..., a : a + 16]).view(np.float16).astype(np.float32) for a in (0, 16))  # [G, nsb, o]
-    scm = g[..., 32:160].reshape(groups, nsb, 4, 8, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 8, 16)  # [G, nsb, o, k]
+    # [G, nsb, o]
+    d, dmin = (np.ascontiguousarray(g[..., a : a + 16]).view(np.float16).astype(np.float32) for a in (0, 16))
+    # [G, nsb, o, k]
+    scm = g[..., 32:160].reshape(groups, nsb, 4, 8, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 8, 16)
     dl = d[..., None] * (scm & 15).astype(np.float32)
     ml = dmin[..., None] * (scm >> 4).astype(np.float32)
     crumbs = g[..., 160:].reshape(groups, nb, 2, 8, 4)  # [G, nb, u, o, i]
@@ -207,9 +216,16 @@ def _repack_q3k(raw: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     groups, nsb, nb = out_dim // 8, in_dim // 256, in_dim // 32
     blk = raw.reshape(out_dim, nsb, 110)
     q = _q3k_values(raw, out_dim, in_dim).reshape(groups, 8, nb, 2, 4, 4)  # [G, o, nb, u, s, i]: input 4 (4 u + s) + i
-    thirds = (((q >> 2) & 1).reshape(groups, 8, nb, 8, 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=3, dtype=np.uint8)  # [G, o, nb, i]
-    body = np.concatenate([_crumbs(q, groups), thirds.transpose(0, 2, 1, 3).reshape(groups, nb, 32)], axis=-1).reshape(groups, nsb, 768)
-    head = [_by_output(blk[..., 108:110], groups), *(_by_output(blk[..., 96 + 4 * v : 100 + 4 * v], groups) for v in range(3))]
+    thirds = (((q >> 2) & 1).reshape(groups, 8, nb, 8, 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(
+        axis=3, dtype=np.uint8
+    )  # [G, o, nb, i]
+    body = np.concatenate([_crumbs(q, groups), thirds.transpose(0, 2, 1, 3).reshape(groups, nb, 32)], axis=-1).reshape(
+        groups, nsb, 768
+    )
+    head = [
+        _by_output(blk[..., 108:110], groups),
+        *(_by_output(blk[..., 96 + 4 * v : 100 + 4 * v], groups) for v in range(3)),
+    ]
     return np.concatenate([*head, body], axis=-1).reshape(groups, -1)
 
 
@@ -220,7 +236,8 @@ def _dequantize_q3k(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     d = np.ascontiguousarray(g[..., 0:16]).view(np.float16).astype(np.float32)  # [G, nsb, o]
     words = [np.ascontiguousarray(g[..., 16 + 32 * v : 48 + 32 * v]).view(np.uint32) for v in range(3)]  # [G, nsb, o]
     k = np.arange(16, dtype=np.uint32)
-    low = np.where((k % 8) < 4, words[0][..., None] >> (8 * (k % 4) + 4 * (k // 8)), words[1][..., None] >> (8 * (k % 4) + 4 * (k // 8))) & 15
+    low = np.where((k % 8) < 4, words[0][..., None] >> (8 * (k % 4) + 4 * (k // 8)),
+                   words[1][..., None] >> (8 * (k % 4) + 4 * (k // 8))) & 15
     high = (words[2][..., None] >> (8 * (k % 4) + 2 * (k // 4))) & 3
     dl = d[..., None] * ((low | (high << 4)).astype(np.float32) - np.float32(32))  # [G, nsb, o, k]
     body = g[..., 112:].reshape(groups, nb, 96)
@@ -230,7 +247,8 @@ def _dequantize_q3k(g: np.ndarray, out_dim: int, in_dim: int) -> np.ndarray:
     low2 = (crumbs[:, :, :, None] >> (2 * s)[None, None, None, :, None, None]) & 3  # [G, nb, u, s, o, i]
     third = (thirds[:, :, None] >> np.arange(8, dtype=np.uint8)[None, None, :, None, None]) & 1  # [G, nb, g, o, i]
     q = low2.reshape(groups, nb, 8, 8, 4) | (third << 2)  # [G, nb, g, o, i]
-    qf = q.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nsb, 16, 16).astype(np.float32) - np.float32(4)  # [G, o, nsb, k, 16]
+    # [G, o, nsb, k, 16]
+    qf = q.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nsb, 16, 16).astype(np.float32) - np.float32(4)
     w = dl.transpose(0, 2, 1, 3)[..., None] * qf
     return np.ascontiguousarray(w.reshape(out_dim, in_dim))
 
@@ -272,8 +290,9 @@ def _dequantize_k(fmt: int, g: np.ndarray, out_dim: int, in_dim: int) -> np.ndar
         else:
             body = g[..., 128:].reshape(groups, nsb, 8, 160)
             hb = body[..., 128:].reshape(groups, nsb, 8, 8, 4)  # [G, nsb, j, o, i]
+            # [G, nsb, j, o, 8, i]
             h = np.concatenate([np.stack([(hb >> t) & 1 for t in range(4)], axis=-2),
-                                np.stack([(hb >> (4 + t)) & 1 for t in range(4)], axis=-2)], axis=-2)  # [G, nsb, j, o, 8, i]
+                                np.stack([(hb >> (4 + t)) & 1 for t in range(4)], axis=-2)], axis=-2)
             h = h.reshape(groups, nsb, 8, 8, 32).transpose(0, 3, 1, 2, 4)  # [G, o, nsb, j, 32]
             q = (unnibble(body[..., :128]) | (h << 4)).astype(np.float32)
         scale = (d[:, :, None, :] * sc).transpose(0, 3, 1, 2)[..., None]  # [G, o, nsb, j, 1]
@@ -323,7 +342,9 @@ def _dequantize_blocks(qtype: int, g: np.ndarray, out_dim: int, in_dim: int) -> 
     g = g.reshape(groups, nb, -1)
 
     def scales(lo: int) -> np.ndarray:  # [G, nb, 8] f16 at byte lo -> [G, 8, nb, 1] fp32
-        return np.ascontiguousarray(g[..., lo : lo + 16]).view(np.float16).astype(np.float32).transpose(0, 2, 1)[..., None]
+        return (
+            np.ascontiguousarray(g[..., lo : lo + 16]).view(np.float16).astype(np.float32).transpose(0, 2, 1)[..., None]
+        )
 
     d = scales(0)
     if qtype == 8:
@@ -433,7 +454,10 @@ class QuantWeight:
         else:
             fit = tuple(self.data.shape) == (self.out_dim // 8, nb * BY_GGML[self.qtype].group_bytes)
         if self.in_dim % 32 or self.out_dim % 8 or self.data.dtype != torch.uint8 or not fit:
-            raise ValueError(f"quantized weight data {tuple(self.data.shape)} {self.data.dtype} does not fit [{self.out_dim}, {self.in_dim}] {self.name}")
+            raise ValueError(
+                f"quantized weight data {tuple(self.data.shape)} {self.data.dtype} "
+                f"does not fit [{self.out_dim}, {self.in_dim}] {self.name}"
+            )
 
     @classmethod
     def fits(cls, qtype: int, out_dim: int, in_dim: int) -> bool:
@@ -443,7 +467,10 @@ class QuantWeight:
     def from_blocks(cls, raw: np.ndarray | torch.Tensor, qtype: int, out_dim: int, in_dim: int) -> QuantWeight:
         """From a GGUF tensor's bytes, `[out, in/32 * block bytes]` uint8 (rows = outputs)."""
         if not cls.fits(qtype, out_dim, in_dim):
-            raise ValueError(f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized ({format_names('/')}, out % 8, in % 32 (256 for K-quants))")
+            raise ValueError(
+                f"cannot keep [{out_dim}, {in_dim}] of GGML type {qtype} quantized "
+                f"({format_names('/')}, out % 8, in % 32 (256 for K-quants))"
+            )
         raw = np.ascontiguousarray(raw.numpy() if isinstance(raw, torch.Tensor) else raw, dtype=np.uint8)
         fmt = BY_GGML[qtype]
         if raw.size != out_dim * in_dim // fmt.block_weights * fmt.file_bytes:
@@ -481,9 +508,16 @@ class QuantWeight:
         a, b = self.data[:head], self.data[head:]
         types = self.types or (self.qtype, self.qtype2)
         n_a = next(i for i, t in enumerate(types) if BY_GGML[t].kernel_id != BY_GGML[self.qtype].kernel_id)
-        return [QuantWeight(a.view(self.split // 8, -1), self.qtype, self.split, self.in_dim, _distinct(types[:n_a])),
-                QuantWeight(b.view((self.out_dim - self.split) // 8, -1), self.qtype2, self.out_dim - self.split, self.in_dim,
-                            _distinct(types[n_a:]))]
+        return [
+            QuantWeight(a.view(self.split // 8, -1), self.qtype, self.split, self.in_dim, _distinct(types[:n_a])),
+            QuantWeight(
+                b.view((self.out_dim - self.split) // 8, -1),
+                self.qtype2,
+                self.out_dim - self.split,
+                self.in_dim,
+                _distinct(types[n_a:]),
+            ),
+        ]
 
     @property
     def nbytes(self) -> int:
@@ -508,7 +542,9 @@ class QuantWeight:
         data = _weight_buffer((sum(w.nbytes for w in parts),))
         torch.cat([w.data.reshape(-1) for w in parts], out=data)
         split = sum(w.out_dim for w in parts[: runs[0]])
-        return QuantWeight(data, parts[0].qtype, out_dim, in_dim, _distinct(types), split=split, qtype2=parts[runs[0]].qtype)
+        return QuantWeight(
+            data, parts[0].qtype, out_dim, in_dim, _distinct(types), split=split, qtype2=parts[runs[0]].qtype
+        )
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 `[n, in]`: the dequantized rows `ids` (an embedding lookup in a quantized token
@@ -521,7 +557,9 @@ class QuantWeight:
         loaded = load_library()
         if loaded is not None:
             out = torch.empty(ids.numel(), self.in_dim, dtype=torch.float32)
-            loaded.lib.tl_quant_rows(self.data.data_ptr(), self.format, self.in_dim, ids.data_ptr(), ids.numel(), out.data_ptr())
+            loaded.lib.tl_quant_rows(
+                self.data.data_ptr(), self.format, self.in_dim, ids.data_ptr(), ids.numel(), out.data_ptr()
+            )
             return out
         groups, inverse = torch.unique(torch.div(ids, 8, rounding_mode="floor"), return_inverse=True)
         sub = QuantWeight(self.data[groups].contiguous(), self.qtype, 8 * int(groups.numel()), self.in_dim, self.types)

@@ -6,11 +6,12 @@ global layers with their own rope tables) makes five to seven kernel calls per l
 with its RMSNorm, QK-norm when the model has it, attention, output linear with the residual add
 or with a post-norm and the add, gate/up linear with its RMSNorm, down linear with the gate and
 the residual add, likewise): ~150 a decode step of the default model, ~240 of Gemma 3 4B, each
-paying ~4-10 us of Python and ctypes outside the kernel. `FusedLayers` describes a model's layers once, as C structs of weight
-addresses, kinds and formats; `FusedLayers.run` then fills one struct with a forward's buffers
-and its attention plan and makes a single call, in which C makes the same kernel calls in the
-same order on the same inputs, so the result is bit-identical to the per-call loop. A layer is
-read as it is (`FusedLayer`: its four `Linear`s and its norms; `models.layers.LayerWeights` is one).
+paying ~4-10 us of Python and ctypes outside the kernel. `FusedLayers` describes a model's layers
+once, as C structs of weight addresses, kinds and formats; `FusedLayers.run` then fills one struct
+with a forward's buffers and its attention plan and makes a single call, in which C makes the same
+kernel calls in the same order on the same inputs, so the result is bit-identical to the per-call
+loop. A layer is read as it is (`FusedLayer`: its four `Linear`s and its norms;
+`models.layers.LayerWeights` is one).
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ class FusedLayers:
         if not hasattr(kernels.lib, "tl_forward_layers"):
             raise ValueError("these kernels have no tl_forward_layers")
         self.kernels = kernels
-        self.dim, self.inter, self.heads, self.kv_heads, self.head_dim, self.eps = dim, inter, heads, kv_heads, head_dim, eps
+        self.dim, self.inter, self.heads, self.kv_heads, self.head_dim, self.eps = (
+            dim, inter, heads, kv_heads, head_dim, eps
+        )
         self.glu = kernels._glu_kind(activation)
         self.q_mult = 1.0 if q_mult is None else float(q_mult)
         self.has_local = False  # whether some layer is a sliding-window one (`run` needs `local`)
@@ -129,16 +132,22 @@ class FusedLayers:
         w = linear.weight
         if isinstance(w, QuantWeight):
             if (w.out_dim, w.in_dim) != (out_dim, in_dim):
-                raise ValueError(f"fused layers: {w.name} weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]")
+                raise ValueError(
+                    f"fused layers: {w.name} weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]"
+                )
             d.kind, d.format, d.w = LIN_QUANT, w.format, w.data.data_ptr()
             self._keep.append(w.data)
         elif isinstance(w, PackedWeight):
             if (w.out_dim, w.in_dim) != (out_dim, in_dim):
-                raise ValueError(f"fused layers: packed weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]")
+                raise ValueError(
+                    f"fused layers: packed weight [{w.out_dim}, {w.in_dim}], expected [{out_dim}, {in_dim}]"
+                )
             d.kind, d.w = LIN_PACKED, w.data.data_ptr()
             self._keep.append(w.data)
             self.formed = True
-        elif isinstance(w, torch.Tensor) and w.dtype in (torch.bfloat16, torch.float32) and w.shape == (out_dim, in_dim):
+        elif (
+            isinstance(w, torch.Tensor) and w.dtype in (torch.bfloat16, torch.float32) and w.shape == (out_dim, in_dim)
+        ):
             w = w.contiguous()
             d.kind, d.w = (LIN_BF16 if w.dtype == torch.bfloat16 else LIN_F32), w.data_ptr()
             self._keep.append(w)
@@ -172,7 +181,10 @@ class FusedLayers:
         kernels = self.kernels
         hd = self.head_dim
         wide = max(self.dim, self.inter, self.heads * hd)
-        f = ForwardDesc(x=x.data_ptr(), rows=rows, dim=self.dim, inter=self.inter, eps=self.eps, q_mult=self.q_mult, glu=self.glu, n_layers=n_layers)
+        f = ForwardDesc(
+            x=x.data_ptr(), rows=rows, dim=self.dim, inter=self.inter, eps=self.eps, q_mult=self.q_mult, glu=self.glu,
+            n_layers=n_layers
+        )
         f.layers = ctypes.addressof(self._descs)
         qkv = torch.empty(rows, self.qkv_out, dtype=torch.float32)
         a = torch.empty(rows, self.heads * hd, dtype=torch.float32)
@@ -191,7 +203,8 @@ class FusedLayers:
                     hidden[i] = torch.empty(rows, self.dim, dtype=torch.float32)
                     outs[i] = hidden[i].data_ptr()
             f.hidden_out = ctypes.addressof(outs)
-        f.attn, _work = kernels.attention_desc(plan, self.heads, self.kv_heads, hd, cos, sin)  # _work: alive for the call
+        # _work: alive for the call
+        f.attn, _work = kernels.attention_desc(plan, self.heads, self.kv_heads, hd, cos, sin)
         if self.has_local:  # the struct is read for sliding-window layers only
             f.attn_local, _work_local = self._local_desc(plan, cos, sin, local, f.attn)
         if kernels.lib.tl_forward_layers(ctypes.byref(f)) != 0:
@@ -199,7 +212,12 @@ class FusedLayers:
         return hidden
 
     def _local_desc(
-        self, plan: RowPlan, cos: torch.Tensor, sin: torch.Tensor, local: tuple[RowPlan, torch.Tensor, torch.Tensor] | None, desc: AttnDesc
+        self,
+        plan: RowPlan,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        local: tuple[RowPlan, torch.Tensor, torch.Tensor] | None,
+        desc: AttnDesc,
     ) -> tuple[AttnDesc, object]:
         """The sliding-window layers' attention struct (and its work buffers to keep alive): the
         global one's copy when nothing differs."""

@@ -69,8 +69,12 @@ class KVCache:
         device: torch.device | str = "cpu",
         blocked: bool = False,
     ) -> None:
-        if blocked and not ((dtype == torch.bfloat16 and head_dim % 2 == 0) or (dtype == torch.int8 and head_dim % 32 == 0)):
-            raise ValueError("a blocked KV cache is bfloat16 with an even head_dim, or int8 (q8_0) with head_dim a multiple of 32")
+        if blocked and not (
+            (dtype == torch.bfloat16 and head_dim % 2 == 0) or (dtype == torch.int8 and head_dim % 32 == 0)
+        ):
+            raise ValueError(
+                "a blocked KV cache is bfloat16 with an even head_dim, or int8 (q8_0) with head_dim a multiple of 32"
+            )
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -188,7 +192,9 @@ class KVCache:
         H, D = self.num_kv_heads, self.head_dim
         blocks = -(-end // 16)
         q, d = self._q8(kind)
-        return q8_dequantize(q[layer, :, :blocks].reshape(H, blocks * 16, D), d[layer, :, :blocks].reshape(H, blocks * 16, D // 32))[:, :end]
+        return q8_dequantize(
+            q[layer, :, :blocks].reshape(H, blocks * 16, D), d[layer, :, :blocks].reshape(H, blocks * 16, D // 32)
+        )[:, :end]
 
     def storage(self) -> torch.Tensor:
         """The whole `[layers, 2, kv_heads, capacity, head_dim]` tensor (q8_0: `head_dim * 17/16`

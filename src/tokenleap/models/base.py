@@ -85,7 +85,13 @@ class CausalLM(Protocol):
         ...
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVCache, attn: AttentionMask | None = None, *, return_hidden: Sequence[int] = ()
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KVCache,
+        attn: AttentionMask | None = None,
+        *,
+        return_hidden: Sequence[int] = (),
     ) -> ModelOutput:
         """Run `n` new tokens; their K/V go to cache slots `kv.length ..`, which are committed."""
         ...

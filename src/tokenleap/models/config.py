@@ -78,9 +78,13 @@ class ModelConfig:
         if self.activation not in ("silu", "gelu_tanh"):
             raise TokenleapError(f"MLP activation {self.activation!r} is not supported (supported: silu, gelu_tanh)")
         if self.sliding_layers is not None and len(self.sliding_layers) != self.num_layers:
-            raise TokenleapError(f"sliding_layers names {len(self.sliding_layers)} layers, the model has {self.num_layers}")
+            raise TokenleapError(
+                f"sliding_layers names {len(self.sliding_layers)} layers, the model has {self.num_layers}"
+            )
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
-            raise TokenleapError(f"rope_freqs has {len(self.rope_freq_factors)} factors, expected head_dim / 2 = {self.head_dim // 2}")
+            raise TokenleapError(
+                f"rope_freqs has {len(self.rope_freq_factors)} factors, expected head_dim / 2 = {self.head_dim // 2}"
+            )
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
@@ -125,7 +129,9 @@ class ModelConfig:
     def num_parameters(self) -> int:
         """Parameter count (embedding counted once when tied)."""
         d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 3 * d * f + (4 if self.post_norms else 2) * d
+        per_layer = (
+            d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 3 * d * f + (4 if self.post_norms else 2) * d
+        )
         per_layer += 2 * self.head_dim if self.qk_norm else 0
         emb = v * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + d

@@ -26,7 +26,9 @@ from tokenleap.errors import TokenleapError
 
 # GGUF metadata value types -> struct formats (8: string, 9: array)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_ARRAY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_ARRAY_DTYPES = {
+    0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"
+}
 _FLOAT_DTYPES = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}
 
 
@@ -110,7 +112,9 @@ class GgufFile:
             raise TokenleapError(f"{self.path} is not a readable GGUF file: {exc}") from exc
 
     @staticmethod
-    def _tensor(data: np.ndarray, start: int, name: str, dims: tuple[int, ...], qtype: gguf.GGMLQuantizationType, offset: int) -> GgufTensor:
+    def _tensor(
+        data: np.ndarray, start: int, name: str, dims: tuple[int, ...], qtype: gguf.GGMLQuantizationType, offset: int
+    ) -> GgufTensor:
         block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
         cols = dims[0] if dims else 1
         rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
@@ -118,7 +122,11 @@ class GgufFile:
         raw = data[start + offset : start + offset + rows * row_bytes]
         if raw.size != rows * row_bytes:
             raise ValueError(f"tensor {name} runs past the end of the file")
-        view = raw.view(_FLOAT_DTYPES[qtype]).reshape(rows, cols) if qtype in _FLOAT_DTYPES else raw.reshape(rows, row_bytes)
+        view = (
+            raw.view(_FLOAT_DTYPES[qtype]).reshape(rows, cols)
+            if qtype in _FLOAT_DTYPES
+            else raw.reshape(rows, row_bytes)
+        )
         return GgufTensor(name, dims, qtype, view, start + offset)
 
     def release(self, tensor: GgufTensor) -> None:

@@ -88,7 +88,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
 
 
-def torch_linear(x: torch.Tensor, w: Linear | torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+def torch_linear(
+    x: torch.Tensor, w: Linear | torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0
+) -> torch.Tensor:
     """float32 `[.., in]` (RMSNorm-ed first with `norm`) -> float32 `x @ w.T` in `w`'s dtype (a
     `Linear`'s dense weight)."""
     if isinstance(w, Linear):
@@ -106,7 +108,9 @@ def torch_qk_norm(qkv: torch.Tensor, layer: LayerWeights, config: ModelConfig) -
     lead = qkv.shape[:-1]
     if layer.q_norm is not None:
         qkv[..., :q_end] = rms_norm(qkv[..., :q_end].view(*lead, nq, hd), layer.q_norm, c.rms_norm_eps).view(*lead, -1)
-        qkv[..., q_end:k_end] = rms_norm(qkv[..., q_end:k_end].view(*lead, nkv, hd), layer.k_norm, c.rms_norm_eps).view(*lead, -1)
+        qkv[..., q_end:k_end] = (
+            rms_norm(qkv[..., q_end:k_end].view(*lead, nkv, hd), layer.k_norm, c.rms_norm_eps).view(*lead, -1)
+        )
     q_mult = query_multiplier(c)
     if q_mult is not None:
         qkv[..., :q_end] *= q_mult
@@ -130,7 +134,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def rope_tables(config: ModelConfig, theta: float, positions: int, *, scaled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    config: ModelConfig, theta: float, positions: int, *, scaled: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin `[positions, head_dim]` (half-split layout) as transformers computes them:
     float32 `inv_freq = 1 / theta ** (2i / d)`, scaled per Llama 3.x (`rope_scaling`), divided
     by GGUF's `rope_freqs` and by a linear scaling factor when `scaled`, angles = float32
@@ -155,7 +161,9 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tenso
     high_wavelen = scaling.original_max_position / scaling.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return torch.where(medium, smoothed, scaled)

@@ -37,10 +37,11 @@ Which code serves the forwards is decided once, at load (`ExecutionPath`, `Llama
 
 Longer forwards of fp32 models (prompt prefill) run the block on torch's GEMM and SDPA.
 
-Sliding-window attention (Beltagy et al., 2020; Mistral, Gemma 3) is a mask: the cache keeps every slot (slot i holds position i), and a local layer's row
-at position p sees the slots of positions > p - window, so truncating the cache (rejected draft
-tokens) stays exact. Rotary tables follow transformers (float32 `inv_freq`, Llama 3.x scaling of
-the frequencies, or GGUF's `rope_freqs` divisors).
+Sliding-window attention (Beltagy et al., 2020; Mistral, Gemma 3) is a mask: the cache keeps
+every slot (slot i holds position i), and a local layer's row at position p sees the slots of
+positions > p - window, so truncating the cache (rejected draft tokens) stays exact. Rotary
+tables follow transformers (float32 `inv_freq`, Llama 3.x scaling of the frequencies, or
+GGUF's `rope_freqs` divisors).
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ class LlamaModel:
         self.kernels = kernels = usable_kernels(config, dtype, kernels)
         # the kernels' fused attention serves head_dim 16..128, and 256 (Gemma 3) over bf16 caches;
         # other head dims (256 in float32) attend with torch's row path beside the kernels' linears
-        self.kernel_attention = kernels is not None and config.head_dim in kernels.attention_head_dims(dtype == torch.bfloat16)
+        self.kernel_attention = (
+            kernels is not None and config.head_dim in kernels.attention_head_dims(dtype == torch.bfloat16)
+        )
         # the one decision of which code serves the forwards (ExecutionPath)
         self.path = ExecutionPath.TORCH
         if kernels is not None:
@@ -135,14 +138,18 @@ class LlamaModel:
         self._sdpa_rows = self.path is ExecutionPath.TORCH and config.plain_llama
         # bf16 models on the kernels keep K/V in bf16, laid out for the kernel's bf16 attention
         # (half the bytes, dot products without horizontal sums); fp32 models keep fp32 K/V
-        self.kv_blocked = self.kernel_attention and kernels is not None and kernels.bf16_attention and dtype == torch.bfloat16
+        self.kv_blocked = (
+            self.kernel_attention and kernels is not None and kernels.bf16_attention and dtype == torch.bfloat16
+        )
         default_kv = torch.bfloat16 if self.kv_blocked else torch.float32
         self.kv_dtype = kv_cache_dtype(kv_cache_type, default_kv, self.kv_blocked, config.head_dim, kernels)
         prepared = prepare_weights(config, weights, dtype, kernels, consume=consume_weights)
         self.quantization: str | None = "gguf" if prepared.quantized else None
         # bf16 prompts prefill on the kernels (torch's bf16 GEMM is 1.5x slower with AVX512-BF16
         # and ~9x slower on an AVX2-only CPU; chunking a prompt cannot change the kernels' bits)
-        self.kernel_prefill = kernels is not None and (prepared.quantized or (kernels.packed and dtype == torch.bfloat16))
+        self.kernel_prefill = kernels is not None and (
+            prepared.quantized or (kernels.packed and dtype == torch.bfloat16)
+        )
         self.layers: list[LayerWeights] = list(prepared.layers)
         self.norm = prepared.norm
         # the token table: dense, or kept in its blocks (`embed_tokens` decodes only the rows it
@@ -170,7 +177,9 @@ class LlamaModel:
         config = self.config
         self._cos, self._sin = rope_tables(config, config.rope_theta, positions, scaled=True)  # [P, hd] each
         self._cos_local, self._sin_local = self._cos, self._sin
-        scaled = config.rope_scaling is not None or config.rope_freq_factors is not None or config.rope_linear_factor != 1.0
+        scaled = (
+            config.rope_scaling is not None or config.rope_freq_factors is not None or config.rope_linear_factor != 1.0
+        )
         if config.rope_local_theta is not None and (config.rope_local_theta != config.rope_theta or scaled):
             self._cos_local, self._sin_local = rope_tables(config, config.rope_local_theta, positions, scaled=False)
 
@@ -233,7 +242,9 @@ class LlamaModel:
         ids = ids[ids < vocab]
         clone = copy.copy(self)
         if isinstance(head, QuantWeight) and ids.numel() == groups.numel() * 8:
-            clone.lm_head_linear = Linear(QuantWeight(head.data[groups].contiguous(), head.qtype, ids.numel(), head.in_dim, head.types))
+            clone.lm_head_linear = Linear(
+                QuantWeight(head.data[groups].contiguous(), head.qtype, ids.numel(), head.in_dim, head.types)
+            )
         elif isinstance(head, PackedWeight) and ids.numel() == groups.numel() * 16:
             clone.lm_head_linear = Linear(PackedWeight(head.data[groups].contiguous(), ids.numel(), head.in_dim))
         else:  # dense rows (a vocabulary that is not a multiple of the group: the last group's rows)
@@ -327,7 +338,8 @@ class LlamaModel:
         c = self.config
         starts = self._reserve(seqs)
         plans = self._row_plans(seqs, starts)
-        if True not in plans:  # token trees over blocked caches past the window: the per-op block (it reserves the same slots)
+        # token trees over blocked caches past the window: the per-op block (it reserves the same slots)
+        if True not in plans:
             return self._forward_blocks(seqs, return_hidden, row_invariant=True)
         self._rope_upto(plans[False].positions)
         eps = c.rms_norm_eps
@@ -344,8 +356,11 @@ class LlamaModel:
         q_mult = query_multiplier(c)
         for idx, layer in enumerate(self.layers):
             qkv = kernels.linear(x, layer.wqkv, layer.bqkv, norm=(layer.attn_norm, eps))
-            if layer.q_norm is not None and layer.k_norm is not None:  # QK-norm (Qwen3, Gemma 3), the query scale folded in
-                kernels.head_norm(qkv, 0, c.num_heads, c.head_dim, layer.q_norm, eps, q_mult if q_mult is not None else 1.0)
+            # QK-norm (Qwen3, Gemma 3), the query scale folded in
+            if layer.q_norm is not None and layer.k_norm is not None:
+                kernels.head_norm(
+                    qkv, 0, c.num_heads, c.head_dim, layer.q_norm, eps, q_mult if q_mult is not None else 1.0
+                )
                 kernels.head_norm(qkv, c.q_size, c.num_kv_heads, c.head_dim, layer.k_norm, eps)
             plan, cos, sin = local if c.is_sliding(idx) else glob
             a = kernels.attention(qkv, plan, idx, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
@@ -357,7 +372,9 @@ class LlamaModel:
             if layer.post_mlp_norm is None:
                 kernels.linear(gate_up, layer.w_down, None, out=x, glu=c.activation)  # x += act(gate) * up @ w_down.T
             else:
-                kernels.rmsnorm_add(x, kernels.linear(gate_up, layer.w_down, glu=c.activation), layer.post_mlp_norm, eps)
+                kernels.rmsnorm_add(
+                    x, kernels.linear(gate_up, layer.w_down, glu=c.activation), layer.post_mlp_norm, eps
+                )
             if idx in return_hidden:
                 hidden_states[idx] = x.clone()
         for s in seqs:
@@ -387,7 +404,9 @@ class LlamaModel:
             local_masks = [window_mask(m, st, s.positions, c.sliding_window) for m, st, s in zip(masks, starts, seqs)]
             plans[True] = plan_rows([RowGroup(s.kv, st, s.positions, m) for s, st, m in zip(seqs, starts, local_masks)])
         elif all(m.mask is None for m in masks):  # chains over blocked caches: a lower slot bound per row
-            plans[True] = plan_rows([RowGroup(s.kv, st, s.positions, m, c.sliding_window) for s, st, m in zip(seqs, starts, masks)])
+            plans[True] = plan_rows(
+                [RowGroup(s.kv, st, s.positions, m, c.sliding_window) for s, st, m in zip(seqs, starts, masks)]
+            )
         return plans
 
     @torch.inference_mode()
@@ -404,7 +423,9 @@ class LlamaModel:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _forward_blocks(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], *, row_invariant: bool) -> ModelOutput:
+    def _forward_blocks(
+        self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], *, row_invariant: bool
+    ) -> ModelOutput:
         """`decoder_layer` over one or several sequences (ExecutionPath.KERNELS and TORCH, and
         FUSED's long fp32 prompts). `row_invariant` (`forward_batch`: decode and verify rows): the
         kernels at every row count."""
@@ -416,7 +437,9 @@ class LlamaModel:
         with torch_threads(1 if on_kernels else self._prefill_threads()):
             return self._forward_blocks_on(seqs, return_hidden, on_kernels, row_invariant)
 
-    def _forward_blocks_on(self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], on_kernels: bool, row_invariant: bool) -> ModelOutput:
+    def _forward_blocks_on(
+        self, seqs: Sequence[SeqInput], return_hidden: Sequence[int], on_kernels: bool, row_invariant: bool
+    ) -> ModelOutput:
         c = self.config
         kernels = self.kernels if on_kernels else None
         eps = c.rms_norm_eps
@@ -438,7 +461,9 @@ class LlamaModel:
             plan = plans.get(local)
             if plan is not None and kernels is not None:  # plans are made on the kernels only
                 return kernels.attention(qkv.contiguous(), plan, idx, nq, nkv, hd, cos, sin)
-            return self._attend_torch(qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or row_invariant)
+            return self._attend_torch(
+                qkv, seqs, starts, local_masks if local else masks, idx, cos, sin, on_kernels or row_invariant
+            )
 
         if kernels is not None:
             q_mult = query_multiplier(c)
@@ -479,7 +504,8 @@ class LlamaModel:
                 hidden_states[idx] = x.clone()
         for s in seqs:
             s.kv.commit(int(s.input_ids.shape[0]))
-        final = kernels.rmsnorm(x, self.norm, eps) if kernels is not None else self._rms_norm(x, self.norm)  # the fused path's final norm on the kernels
+        # the fused path's final norm on the kernels
+        final = kernels.rmsnorm(x, self.norm, eps) if kernels is not None else self._rms_norm(x, self.norm)
         return ModelOutput(final, hidden_states)
 
     def _attend_torch(
@@ -502,7 +528,11 @@ class LlamaModel:
             n = int(s.input_ids.shape[0])
             part = qkv[offset : offset + n]
             offset += n
-            qk = apply_rope(part[:, : c.q_size + c.kv_size].reshape(n, nq + nkv, hd), cos[s.positions].unsqueeze(1), sin[s.positions].unsqueeze(1))
+            qk = apply_rope(
+                part[:, : c.q_size + c.kv_size].reshape(n, nq + nkv, hd),
+                cos[s.positions].unsqueeze(1),
+                sin[s.positions].unsqueeze(1),
+            )
             v = part[:, c.q_size + c.kv_size :].reshape(n, nkv, hd)
             s.kv.write(idx, start, qk[:, nq:].transpose(0, 1), v.transpose(0, 1))
             if row_path and not self._sdpa_rows:
@@ -535,9 +565,17 @@ class LlamaModel:
 def fused_layers(config: ModelConfig, kernels: CpuKernels, layers: Sequence[LayerWeights]) -> FusedLayers:
     """A model's decoder layers described once for the fused path's one kernel call."""
     return FusedLayers(
-        kernels, layers, [config.is_sliding(i) for i in range(len(layers))], dim=config.hidden_size, inter=config.intermediate_size,
-        heads=config.num_heads, kv_heads=config.num_kv_heads, head_dim=config.head_dim, eps=config.rms_norm_eps,
-        activation=config.activation, q_mult=query_multiplier(config),
+        kernels,
+        layers,
+        [config.is_sliding(i) for i in range(len(layers))],
+        dim=config.hidden_size,
+        inter=config.intermediate_size,
+        heads=config.num_heads,
+        kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        eps=config.rms_norm_eps,
+        activation=config.activation,
+        q_mult=query_multiplier(config),
     )
 
 
@@ -545,14 +583,19 @@ def usable_kernels(config: ModelConfig, dtype: torch.dtype, kernels: CpuKernels 
     """`kernels` where they serve this model's linears (widths that are multiples of 32; head_dim
     is checked for attention apart), else None; either way, a warning where torch ops serve it."""
     if kernels is not None and not kernels.supports(config.hidden_size, config.intermediate_size, config.q_size, 32):
-        logger.warning("tokenleap kernels need widths that are multiples of 32; using torch ops for this model (slower, not row-invariant)")
+        logger.warning(
+            "tokenleap kernels need widths that are multiples of 32; using torch ops for this model "
+            "(slower, not row-invariant)"
+        )
         kernels = None
     if kernels is None and dtype == torch.bfloat16 and not config.plain_llama:
         logger.warning("no tokenleap kernels: %s runs on torch ops (slower, not row-invariant)", config.architecture)
     return kernels
 
 
-def kv_cache_dtype(name: str, default: torch.dtype, blocked: bool, head_dim: int, kernels: CpuKernels | None) -> torch.dtype:
+def kv_cache_dtype(
+    name: str, default: torch.dtype, blocked: bool, head_dim: int, kernels: CpuKernels | None
+) -> torch.dtype:
     """The KV cache's dtype for a `kv_cache_type` ("auto", llama.cpp's "f16" taken as "bf16",
     "bf16", "q8_0"): a clear error where this model or machine cannot have it."""
     name = {"f16": "bf16", "bfloat16": "bf16", "q8": "q8_0"}.get(name, name)
@@ -561,7 +604,11 @@ def kv_cache_dtype(name: str, default: torch.dtype, blocked: bool, head_dim: int
     if name not in KV_CACHE_TYPES:
         raise TokenleapError(f"unknown KV cache type {name!r}: tokenleap has {', '.join(['auto', *KV_CACHE_TYPES])}")
     if not blocked:
-        why = "no tokenleap kernels on this machine" if kernels is None else "the model runs in float32 or its head dim has no blocked attention"
+        why = (
+            "no tokenleap kernels on this machine"
+            if kernels is None
+            else "the model runs in float32 or its head dim has no blocked attention"
+        )
         raise TokenleapError(f"a {name} KV cache needs the kernels' blocked attention over a bfloat16 model ({why})")
     if name == "q8_0" and head_dim % 32:
         raise TokenleapError(f"a q8_0 KV cache needs a head dim that is a multiple of 32 (this model's is {head_dim})")

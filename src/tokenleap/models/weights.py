@@ -65,8 +65,16 @@ def prepare_weights(
 class _Preparer:
     """The conversions of one `prepare_weights` call over its weights."""
 
-    def __init__(self, weights: RawWeights, dtype: torch.dtype, kernels: CpuKernels | None, quantized: bool, consume: bool) -> None:
-        self.weights, self.dtype, self.kernels, self.quantized, self.consume = weights, dtype, kernels, quantized, consume
+    def __init__(
+        self, weights: RawWeights, dtype: torch.dtype, kernels: CpuKernels | None, quantized: bool, consume: bool
+    ) -> None:
+        self.weights, self.dtype, self.kernels, self.quantized, self.consume = (
+            weights,
+            dtype,
+            kernels,
+            quantized,
+            consume,
+        )
 
     def dense(self, name: str) -> torch.Tensor:
         """A weight in the model dtype (dequantized from its blocks where it has them)."""
@@ -106,9 +114,17 @@ class _Preparer:
         wqkv, wo = self.linear([p + "q", p + "k", p + "v"]), self.linear([p + "o"])
         w_gate_up, w_down = self.linear([p + "gate", p + "up"]), self.linear([p + "down"])
         layer = LayerWeights(
-            attn_norm=self.f32(p + "attn_norm"), wqkv=wqkv, bqkv=bias, wo=wo, mlp_norm=self.f32(p + "mlp_norm"), w_gate_up=w_gate_up, w_down=w_down,
-            q_norm=self.optional_f32(p + "q_norm"), k_norm=self.optional_f32(p + "k_norm"),
-            post_attn_norm=self.optional_f32(p + "post_attn_norm"), post_mlp_norm=self.optional_f32(p + "post_mlp_norm"),
+            attn_norm=self.f32(p + "attn_norm"),
+            wqkv=wqkv,
+            bqkv=bias,
+            wo=wo,
+            mlp_norm=self.f32(p + "mlp_norm"),
+            w_gate_up=w_gate_up,
+            w_down=w_down,
+            q_norm=self.optional_f32(p + "q_norm"),
+            k_norm=self.optional_f32(p + "k_norm"),
+            post_attn_norm=self.optional_f32(p + "post_attn_norm"),
+            post_mlp_norm=self.optional_f32(p + "post_mlp_norm"),
         )
         if config.qk_norm and layer.q_norm is None:
             raise TokenleapError(f"{config.architecture}: layer {i} has no q_norm / k_norm weights")

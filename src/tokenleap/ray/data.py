@@ -27,7 +27,9 @@ from tokenleap.sampling import SamplingParams
 class _Generator:
     """A Ray Data actor: one engine, one batch at a time."""
 
-    def __init__(self, llm_kwargs: dict[str, Any], params: SamplingParams, threads: int, column: str, chat: bool) -> None:
+    def __init__(
+        self, llm_kwargs: dict[str, Any], params: SamplingParams, threads: int, column: str, chat: bool
+    ) -> None:
         import torch
 
         from tokenleap.llm import LLM
@@ -83,16 +85,34 @@ class Processor:
     def __call__(self, ds: Any) -> Any:
         return ds.map_batches(
             _Generator,
-            fn_constructor_kwargs={"llm_kwargs": self.llm_kwargs, "params": self.sampling_params, "threads": self.threads_per_actor,
-                                   "column": self.prompt_column, "chat": self.chat},
-            concurrency=self.concurrency, batch_size=self.batch_size, num_cpus=self.threads_per_actor,
-            batch_format="numpy", **self.map_kwargs)
+            fn_constructor_kwargs={
+                "llm_kwargs": self.llm_kwargs,
+                "params": self.sampling_params,
+                "threads": self.threads_per_actor,
+                "column": self.prompt_column,
+                "chat": self.chat,
+            },
+            concurrency=self.concurrency,
+            batch_size=self.batch_size,
+            num_cpus=self.threads_per_actor,
+            batch_format="numpy",
+            **self.map_kwargs,
+        )
 
 
-def build_processor(model: str = DEFAULT_MODEL, *, speculative_config: dict[str, Any] | None = None,
-                    sampling_params: SamplingParams | Mapping[str, Any] | None = None, llm_kwargs: Mapping[str, Any] | None = None,
-                    concurrency: int | tuple[int, int] = 1, batch_size: int = 16, threads_per_actor: int = 1,
-                    prompt_column: str = "prompt", chat: bool = False, **map_kwargs: Any) -> Processor:
+def build_processor(
+    model: str = DEFAULT_MODEL,
+    *,
+    speculative_config: dict[str, Any] | None = None,
+    sampling_params: SamplingParams | Mapping[str, Any] | None = None,
+    llm_kwargs: Mapping[str, Any] | None = None,
+    concurrency: int | tuple[int, int] = 1,
+    batch_size: int = 16,
+    threads_per_actor: int = 1,
+    prompt_column: str = "prompt",
+    chat: bool = False,
+    **map_kwargs: Any,
+) -> Processor:
     """A Ray Data processor running `tokenleap.LLM(model, speculative_config=..., **llm_kwargs)`
     on `concurrency` actors (an int, or (min, max) to autoscale) over batches of `batch_size`
     rows; `prompt_column` holds raw prompts (text or token ids), or conversations with `chat=True`."""
@@ -100,6 +120,10 @@ def build_processor(model: str = DEFAULT_MODEL, *, speculative_config: dict[str,
         raise TokenleapError(f"batch_size must be >= 1, got {batch_size}")
     if threads_per_actor < 1:
         raise TokenleapError(f"threads_per_actor must be >= 1, got {threads_per_actor}")
-    params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams(**dict(sampling_params or {}))
+    params = (
+        sampling_params
+        if isinstance(sampling_params, SamplingParams)
+        else SamplingParams(**dict(sampling_params or {}))
+    )
     kwargs = {**dict(llm_kwargs or {}), "model": model, "speculative_config": speculative_config}
     return Processor(kwargs, params, concurrency, batch_size, threads_per_actor, prompt_column, chat, dict(map_kwargs))

@@ -28,7 +28,9 @@ class _Merged:
                 if merged is None:
                     merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
                 for s in fam.samples:
-                    merged.samples.append(Sample(s.name, {**s.labels, "replica": replica}, s.value, s.timestamp, s.exemplar))
+                    merged.samples.append(
+                        Sample(s.name, {**s.labels, "replica": replica}, s.value, s.timestamp, s.exemplar)
+                    )
         yield from families.values()
 
 

@@ -73,8 +73,14 @@ class EngineReplica:
         except Exception:  # not inside Serve (tests of the class itself)
             self.replica_id = f"local-{id(self):x}"
         metrics = self.state.metrics
-        self.sharer = Sharer(hub_actor(cfg.app_name, cfg.share_queue), self.replica_id, self.state.loop,
-                             share=cfg.share_stats, period=cfg.share_period, metrics_text=lambda: metrics.render().decode())
+        self.sharer = Sharer(
+            hub_actor(cfg.app_name, cfg.share_queue),
+            self.replica_id,
+            self.state.loop,
+            share=cfg.share_stats,
+            period=cfg.share_period,
+            metrics_text=lambda: metrics.render().decode(),
+        )
         self.sharer.start()
 
     async def forward(self, key: str | None, method: str, path: str, query: str, headers: list[tuple[str, str]],
@@ -88,7 +94,8 @@ class EngineReplica:
             return
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
                  "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-                 "query_string": query.encode(), "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+                 "query_string": query.encode(),
+                 "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
                  "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 80), "state": {}}
         messages: asyncio.Queue[MutableMapping[str, Any] | None] = asyncio.Queue()
         gone = asyncio.Event()
@@ -136,8 +143,15 @@ class EngineReplica:
         key = self.state.config.api_key
         auth = dict((k.lower(), v) for k, v in headers).get("authorization", "")
         scheme, _, token = auth.partition(" ")
-        if key is not None and not (scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode())):
-            status, body = 401, APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key").body()
+        if key is not None and not (
+            scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode())
+        ):
+            status, body = (
+                401,
+                APIError(
+                    401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+                ).body(),
+            )
         else:
             status, body = 200, self.stats()
         yield {"status": status, "headers": [("content-type", "application/json"), (REPLICA_HEADER, self.replica_id)]}
@@ -150,9 +164,12 @@ class EngineReplica:
             if isinstance(d, GlobalStatistics):
                 sizes[d.name] = d.global_size()
         loop = self.state.loop
-        return {"replica": self.replica_id, "actor": ray.get_runtime_context().get_actor_name(), "published": self.sharer.num_published, "ingested": self.sharer.num_ingested,
-                "skipped": self.sharer.num_skipped, "cached_outputs": sizes, "live": loop.num_live,
-                "added": loop.num_added, "freed": loop.num_freed}
+        return {
+            "replica": self.replica_id, "actor": ray.get_runtime_context().get_actor_name(),
+            "published": self.sharer.num_published, "ingested": self.sharer.num_ingested,
+            "skipped": self.sharer.num_skipped, "cached_outputs": sizes, "live": loop.num_live, "added": loop.num_added,
+            "freed": loop.num_freed
+        }
 
     def pull(self) -> int:
         """Pull others' answers now (tests); returns how many were queued for the engine thread."""
@@ -193,7 +210,9 @@ class Ingress:
         path = request.url.path
         if path == "/metrics" and request.method == "GET":
             if self.server.metrics_api_key_required and not self._authorized(request):
-                return _error(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
+                return _error(
+                    401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key"
+                )
             texts = await self.hub.all_metrics.remote()
             return Response(merge_metrics(texts), media_type=CONTENT_TYPE)
         try:

@@ -85,7 +85,9 @@ def hub_actor(app_name: str = "tokenleap", capacity: int = 1024) -> Any:
     import ray
 
     cls = ray.remote(num_cpus=0, max_restarts=-1)(StatsHub)
-    return cls.options(name=f"{HUB_NAME}-{app_name}", namespace="tokenleap", get_if_exists=True, lifetime="detached").remote(capacity)
+    return cls.options(
+        name=f"{HUB_NAME}-{app_name}", namespace="tokenleap", get_if_exists=True, lifetime="detached"
+    ).remote(capacity)
 
 
 def _store_of(drafter: Any) -> Any:

@@ -49,7 +49,9 @@ def _draft_cap(llm: LLM, config: ServerConfig) -> int:
     own = llm.engine.spec.num_speculative_tokens if llm.engine.spec is not None else None
     cap = config.max_num_speculative_tokens or own or DEFAULT_DRAFT_TOKENS
     if own is not None and cap < own:
-        raise TokenleapError(f"max_num_speculative_tokens ({cap}) is below the server's own draft cap ({own}, --draft-max)")
+        raise TokenleapError(
+            f"max_num_speculative_tokens ({cap}) is below the server's own draft cap ({own}, --draft-max)"
+        )
     return cap
 
 
@@ -59,9 +61,12 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     served = config.served_model_name or llm.config.model
     draft_cap = _draft_cap(llm, config)
     holder: dict[str, EngineLoop] = {}
-    metrics = ServerMetrics(served, running=lambda: holder["loop"].num_running, waiting=lambda: holder["loop"].num_waiting)
-    loop = holder["loop"] = EngineLoop(llm.engine, metrics, max_num_seqs=config.max_num_seqs, max_queue=config.max_queue,
-                                       timeout=config.timeout, log_requests=config.log_requests, cost_curve_cap=draft_cap)
+    metrics = ServerMetrics(
+        served, running=lambda: holder["loop"].num_running, waiting=lambda: holder["loop"].num_waiting
+    )
+    loop = holder["loop"] = EngineLoop(llm.engine, metrics, max_num_seqs=config.max_num_seqs,
+                                       max_queue=config.max_queue, timeout=config.timeout,
+                                       log_requests=config.log_requests, cost_curve_cap=draft_cap)
     state = ServerState(llm, config, loop, metrics, served, _aliases(llm, served), int(time.time()), draft_cap)
     llm.engine.max_drafters = config.max_spec_configs  # per-request configs keep at most this many drafters
 
@@ -73,7 +78,9 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         finally:
             await asyncio.to_thread(loop.stop)
 
-    app = FastAPI(title="tokenleap", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="tokenleap", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.tokenleap = state
 
     async def require_key(request: Request) -> None:
@@ -82,7 +89,9 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), config.api_key.encode()):
-            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+            raise APIError(
+                401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+            )
 
     auth = [Depends(require_key)]
 

@@ -57,7 +57,9 @@ class ServerConfig:
         if self.shutdown_timeout < 0:
             raise TokenleapError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
         if self.max_num_speculative_tokens is not None and not 1 <= self.max_num_speculative_tokens <= MAX_DRAFT_TOKENS:
-            raise TokenleapError(f"max_num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.max_num_speculative_tokens}")
+            raise TokenleapError(
+                f"max_num_speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.max_num_speculative_tokens}"
+            )
         if self.max_spec_configs < 1:
             raise TokenleapError(f"max_spec_configs must be >= 1, got {self.max_spec_configs}")
         if self.json_schema_mode not in ("strict", "lenient"):

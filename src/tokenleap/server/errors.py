@@ -29,7 +29,9 @@ _TYPES = {
 class APIError(Exception):
     """An error response: status, message, and the OpenAI error fields."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None, type: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None, type: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message

@@ -74,7 +74,9 @@ class ServerState:
 
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    too_big = APIError(413, f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large")
+    too_big = APIError(
+        413, f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large"
+    )
     if declared is not None:
         try:
             if int(declared) > limit:
@@ -132,18 +134,27 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         raise APIError(400, str(exc), param="top_logprobs") from None
     ctx = state.max_context
     if prompt_len >= ctx:
-        raise APIError(400, f"the prompt has {prompt_len} tokens but the context length is {ctx}: no room left to generate",
-                       param="messages" if isinstance(body, ChatCompletionRequest) else "prompt")
+        raise APIError(
+            400,
+            f"the prompt has {prompt_len} tokens but the context length is {ctx}: no room left to generate",
+            param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+        )
     room = ctx - prompt_len
     if max_tokens is None:
         max_tokens = room
     elif max_tokens > room:
-        raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
-                       f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion). "
-                       "Please reduce the length of the prompt or max_tokens.", param="max_tokens")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion). "
+            "Please reduce the length of the prompt or max_tokens.",
+            param="max_tokens",
+        )
     stops = body.stops()
     if len(stops) > MAX_STOP_STRINGS or any(len(x) > MAX_STOP_CHARS for x in stops):
-        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters each", param="stop")
+        raise APIError(
+            400, f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters each", param="stop"
+        )
     if len(body.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
         raise APIError(400, f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids", param="stop_token_ids")
     if body.stop_token_ids:
@@ -161,14 +172,19 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         raise APIError(400, str(exc), param="response_format") from None
     except TokenleapError as exc:
         raise APIError(400, str(exc), param="response_format") from None
-    optional |= {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                                              "repetition_penalty", "min_tokens", "include_stop_str_in_output", "skip_special_tokens")
-                if getattr(body, k) is not None}
+    optional |= {
+        k: getattr(body, k)
+        for k in (
+            "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+            "min_tokens", "include_stop_str_in_output", "skip_special_tokens"
+        )
+        if getattr(body, k) is not None
+    }
     if optional.get("top_p") == 0:  # OpenAI's range is [0, 1]: 0 keeps only the most likely token
         optional["top_p"] = 1e-12
     try:
-        return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=tuple(stops or ()), stop_token_ids=tuple(body.stop_token_ids or ()),
-                              ignore_eos=body.ignore_eos, **optional)
+        return SamplingParams(max_tokens=max_tokens, seed=body.seed, stop=tuple(stops or ()),
+                              stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, **optional)
     except TokenleapError as exc:
         raise bad_request(exc) from None
 
@@ -184,16 +200,26 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
     default = state.llm.engine.spec
     if override.method_options():  # methods' own options (method records): {method: {option: value}} over the server's
         options, rest = split_options(method, override.method_options())
-        foreign = sorted(set(rest) - builtin_option_names())  # a built-in method's option: checked and dropped, as in the library
+        # a built-in method's option: checked and dropped, as in the library
+        foreign = sorted(set(rest) - builtin_option_names())
         if foreign:
-            raise APIError(400, f"speculative method {method!r} has no option(s) {', '.join(foreign)}", param="speculative")
+            raise APIError(
+                400, f"speculative method {method!r} has no option(s) {', '.join(foreign)}", param="speculative"
+            )
         knobs["method_options"] = merge_options(default.method_options if default is not None else None, options)
         knobs.update(rest)
     cap = state.max_draft_tokens
     if knobs.get("num_speculative_tokens", 0) > cap:  # its cost curve was not measured: refuse
-        raise APIError(400, f"num_speculative_tokens must be <= {cap} on this server (its --max-num-speculative-tokens), "
-                       f"got {knobs['num_speculative_tokens']}", param="speculative")
-    knobs.setdefault("num_speculative_tokens", default.num_speculative_tokens if default is not None else min(cap, DEFAULT_DRAFT_TOKENS))
+        raise APIError(
+            400,
+            f"num_speculative_tokens must be <= {cap} on this server (its --max-num-speculative-tokens), "
+            f"got {knobs['num_speculative_tokens']}",
+            param="speculative",
+        )
+    knobs.setdefault(
+        "num_speculative_tokens",
+        default.num_speculative_tokens if default is not None else min(cap, DEFAULT_DRAFT_TOKENS),
+    )
     spec = None
     if default is not None:  # the same method as the server's: start from the server's settings
         try:
@@ -205,8 +231,12 @@ def speculative(state: ServerState, override: SpeculativeOverride | None) -> Spe
     if spec is None:
         parts = set(members(method))
         if parts & server_side_methods():  # need objects or files only the server's operator may choose
-            raise APIError(400, f"speculative method {method!r} is not available per request on this server (a draft model "
-                           "is chosen when the server starts: --spec-type draft-model --model-draft ...)", param="speculative")
+            raise APIError(
+                400,
+                f"speculative method {method!r} is not available per request on this server (a draft model "
+                "is chosen when the server starts: --spec-type draft-model --model-draft ...)",
+                param="speculative",
+            )
         try:
             spec = SpecConfig.from_dict({"method": method, **knobs})
         except TokenleapError as exc:
@@ -252,16 +282,25 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     tool_constraint = plan.constraint()
     if tool_constraint is not None and not (plan.choice == "auto" and params.structured_outputs is not None):
         if params.structured_outputs is not None:
-            raise APIError(400, "tool_choice 'required' or a named function cannot be combined with response_format or guided_*",
-                           param="tool_choice")
+            raise APIError(
+                400,
+                "tool_choice 'required' or a named function cannot be combined with response_format or guided_*",
+                param="tool_choice",
+            )
         params = dataclasses.replace(params, structured_outputs=tool_constraint)
     spec = speculative(state, body.speculative)
     request_id = new_id("chatcmpl")
     fmt_args = (request_id, body.model or state.model_name, _method_name(state, spec), params.logprobs or 0)
     fmt_kwargs: dict[str, Any] = {"service_tier": body.service_tier}
-    fmt = tool_formatter(ChatFormatter, plan, *fmt_args, **fmt_kwargs) if plan.active else ChatFormatter(*fmt_args, **fmt_kwargs)
+    fmt = (
+        tool_formatter(ChatFormatter, plan, *fmt_args, **fmt_kwargs)
+        if plan.active
+        else ChatFormatter(*fmt_args, **fmt_kwargs)
+    )
     jobs = [Job(request_id, ids, params, spec)]
-    return await _run(request, state, jobs, fmt, body.stream, bool(body.stream_options and body.stream_options.include_usage))
+    return await _run(
+        request, state, jobs, fmt, body.stream, bool(body.stream_options and body.stream_options.include_usage)
+    )
 
 
 async def completions(request: Request, state: ServerState) -> Response:
@@ -276,7 +315,9 @@ async def completions(request: Request, state: ServerState) -> Response:
     if best_of > body.n and body.stream:
         raise APIError(400, "best_of > n cannot be streamed", param="best_of")
     if len(prompts) * best_of > MAX_N:
-        raise APIError(400, f"at most {MAX_N} completions per request: {len(prompts)} prompts x {best_of} each", param="prompt")
+        raise APIError(
+            400, f"at most {MAX_N} completions per request: {len(prompts)} prompts x {best_of} each", param="prompt"
+        )
     tok = state.llm.tokenizer
     ids_list: list[list[int]] = []
     for p in prompts:
@@ -297,10 +338,21 @@ async def completions(request: Request, state: ServerState) -> Response:
     request_id = new_id("cmpl")
     texts = [p if isinstance(p, str) else ("" if p is None else tok.decode(p)) for p in prompts]
     echo = tuple(t for t in texts for _ in range(body.n)) if body.echo else ()
-    fmt = CompletionFormatter(request_id, body.model or state.model_name, _method_name(state, spec), body.logprobs or 0, echo=echo)
+    fmt = CompletionFormatter(
+        request_id, body.model or state.model_name, _method_name(state, spec), body.logprobs or 0, echo=echo
+    )
     fmt.prompt_tokens = sum(len(ids) for ids in ids_list)
-    jobs = [Job(f"{request_id}-p{i}" if len(prompts) > 1 else request_id, ids, params, spec, prompt=text if isinstance(prompts[i], str) else None)
-            for i, (ids, text) in enumerate(zip(ids_list, texts))]  # one per prompt, of params.n samples (one prefill each)
+    # one per prompt, of params.n samples (one prefill each)
+    jobs = [
+        Job(
+            f"{request_id}-p{i}" if len(prompts) > 1 else request_id,
+            ids,
+            params,
+            spec,
+            prompt=text if isinstance(prompts[i], str) else None,
+        )
+        for i, (ids, text) in enumerate(zip(ids_list, texts))
+    ]
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if scoring:
         outs = [RequestOutput(j.request_id, j.prompt, j.prompt_ids, [CompletionOutput(0, "", [], "length")], True)
@@ -364,7 +416,9 @@ def _answer(fmt: Formatter, outs: list[RequestOutput], stream: bool, include_usa
             yield _data(fmt.usage_chunk(merged))
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(chunks(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        chunks(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 def _submit_all(state: ServerState, jobs: list[Job]) -> list[RequestHandle]:
@@ -390,7 +444,9 @@ async def _collect_all(request: Request, state: ServerState, jobs: list[Job]) ->
     return None if outs is None else list(outs)
 
 
-async def _run(request: Request, state: ServerState, jobs: list[Job], fmt: Formatter, stream: bool, include_usage: bool) -> Response:
+async def _run(
+    request: Request, state: ServerState, jobs: list[Job], fmt: Formatter, stream: bool, include_usage: bool
+) -> Response:
     """Run the engine requests of one answer (n samples, several prompts: one choice each, in
     order); streamed, their chunks interleave as they come, each with its choice index, and one
     usage chunk over them all ends the stream."""

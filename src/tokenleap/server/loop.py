@@ -76,8 +76,14 @@ def sample_jobs(job: Job) -> list[Job]:
     p = job.params
     if p.n == 1:
         return [job]
-    return [dataclasses.replace(job, request_id=f"{job.request_id}-{i}", params=dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i))
-            for i in range(p.n)]
+    return [
+        dataclasses.replace(
+            job,
+            request_id=f"{job.request_id}-{i}",
+            params=dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i),
+        )
+        for i in range(p.n)
+    ]
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,9 @@ class StreamEvent:
 class RequestHandle:
     """One sample of a submitted job as both threads see it: events flow out, an abort flag flows in."""
 
-    def __init__(self, job: Job, owner: EngineLoop, aloop: asyncio.AbstractEventLoop, deadline: float | None, group: _Group) -> None:
+    def __init__(
+        self, job: Job, owner: EngineLoop, aloop: asyncio.AbstractEventLoop, deadline: float | None, group: _Group
+    ) -> None:
         self.job = job  # this sample's view (`sample_jobs`)
         self.events: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self.arrival = time.monotonic()
@@ -139,8 +147,17 @@ class _Group:
 class EngineLoop:
     """Owns `engine` on a background thread; see the module docstring."""
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, *, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-                 max_queue: int = 64, timeout: float | None = None, log_requests: bool = False, cost_curve_cap: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: ServerMetrics | None = None,
+        *,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        max_queue: int = 64,
+        timeout: float | None = None,
+        log_requests: bool = False,
+        cost_curve_cap: int | None = None,
+    ) -> None:
         self.engine = engine
         self.scheduler: Scheduler[_Group] = Scheduler(engine, max_num_seqs, isolate_failures=True)  # engine thread only
         self.cost_curve_cap = cost_curve_cap  # measure the cost curve at start for drafts up to this
@@ -313,7 +330,14 @@ class EngineLoop:
             for h in group.handles:
                 if not h.closed:
                     self._num_waiting -= 1
-                    self._close(h, None, "abort", StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s in the queue"))
+                    self._close(
+                        h,
+                        None,
+                        "abort",
+                        StreamEvent(
+                            "error", status=504, message=f"request timed out after {self.timeout:g} s in the queue"
+                        ),
+                    )
 
     def _sweep(self) -> None:
         """Free aborted and timed-out requests. A job still being prefilled is dropped when all
@@ -326,12 +350,18 @@ class EngineLoop:
             if self.scheduler.prefilling is not None and self.scheduler.prefilling[1] is req:
                 if timed_out or group.all_aborted():
                     self.scheduler.abort(req)
-                    event = StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s") if timed_out else cancelled
+                    event = (
+                        StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s")
+                        if timed_out
+                        else cancelled
+                    )
                     self._close_group(group, event)
             elif h.aborted:
                 self._abort(h, req, cancelled)
             elif timed_out:
-                self._abort(h, req, StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s"))
+                self._abort(
+                    h, req, StreamEvent("error", status=504, message=f"request timed out after {self.timeout:g} s")
+                )
 
     def _admit(self, group: _Group) -> None:
         """Hand a waiting job to the scheduler (cheap: no model work); it is prefilled next."""
@@ -341,8 +371,14 @@ class EngineLoop:
                 return
             job = group.job
             try:
-                req = self.scheduler.add(group, job.prompt_ids, job.params, prompt=job.prompt, request_ids=[h.job.request_id for h in group.handles],
-                                         speculative=job.speculative)
+                req = self.scheduler.add(
+                    group,
+                    job.prompt_ids,
+                    job.params,
+                    prompt=job.prompt,
+                    request_ids=[h.job.request_id for h in group.handles],
+                    speculative=job.speculative,
+                )
             except Exception as exc:
                 self._close_group(group, self._error_event(exc, "could not start the request"))
                 return
@@ -411,7 +447,9 @@ class EngineLoop:
         for h in group.handles:
             self._close(h, h.req.to_output() if h.req is not None else None, "abort", event)
 
-    def _close(self, h: RequestHandle, out: RequestOutput | None, reason: str, event: StreamEvent | None = None) -> None:
+    def _close(
+        self, h: RequestHandle, out: RequestOutput | None, reason: str, event: StreamEvent | None = None
+    ) -> None:
         """Record a sample's end (once) and send its last event."""
         if h.closed:
             return

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from tokenleap.types import RequestOutput
 
@@ -20,9 +28,17 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 PREFIX = "tokenleap:"
 
 # vLLM's buckets
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+    640.0, 2560.0
+)
+_ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0
+)
+_E2E_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0
+)
 
 
 class ServerMetrics:
@@ -40,17 +56,51 @@ class ServerMetrics:
 
         gauge("num_requests_running", "Requests in the running batch (prefilling or decoding).", running)
         gauge("num_requests_waiting", "Requests waiting for a batch slot.", waiting)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens.", label, registry=r).labels(model_name)
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", label, registry=r).labels(model_name)
-        self._success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.", label + ["finished_reason"], registry=r)
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time from arrival to the first token.", label, buckets=_TTFT_BUCKETS, registry=r).labels(model_name)
-        self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
-                             "Time between output tokens (a step's time spread over the tokens it produced).", label, buckets=_ITL_BUCKETS, registry=r).labels(model_name)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Time from arrival to the end of the request.", label, buckets=_E2E_BUCKETS, registry=r).labels(model_name)
-        self.num_drafts = Counter(PREFIX + "spec_decode_num_drafts", "Speculative steps that verified a draft.", label, registry=r).labels(model_name)
-        self.num_draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed.", label, registry=r).labels(model_name)
-        self.num_accepted_tokens = Counter(PREFIX + "spec_decode_num_accepted_tokens", "Draft tokens accepted.", label, registry=r).labels(model_name)
-        self._accepted_per_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each draft position.", label + ["position"], registry=r)
+        self.prompt_tokens = (
+            Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens.", label, registry=r).labels(model_name)
+        )
+        self.generation_tokens = (
+            Counter(PREFIX + "generation_tokens", "Generated tokens.", label, registry=r).labels(model_name)
+        )
+        self._success = Counter(
+            PREFIX + "request_success", "Finished requests, by finish reason.", label + ["finished_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Time from arrival to the first token.",
+            label,
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Time between output tokens (a step's time spread over the tokens it produced).",
+            label,
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "Time from arrival to the end of the request.",
+            label,
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.num_drafts = Counter(
+            PREFIX + "spec_decode_num_drafts", "Speculative steps that verified a draft.", label, registry=r
+        ).labels(model_name)
+        self.num_draft_tokens = Counter(
+            PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed.", label, registry=r
+        ).labels(model_name)
+        self.num_accepted_tokens = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens", "Draft tokens accepted.", label, registry=r
+        ).labels(model_name)
+        self._accepted_per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position.",
+            label + ["position"],
+            registry=r,
+        )
         for reason in ("stop", "length", "abort"):  # present (at 0) from the start, as in vLLM
             self._success.labels(model_name, reason)
         # plain totals of the finished requests' speculation, for /health (a person reading it, not a scraper)
@@ -91,8 +141,13 @@ class ServerMetrics:
         """The finished requests' speculation so far: counts, the acceptance rate of draft tokens
         and the mean acceptance length (tokens per target forward after prefill; 1.0 is plain decoding)."""
         t = dict(self._spec_totals)
-        return {**t, "acceptance_rate": round(t["accepted_tokens"] / t["draft_tokens"], 4) if t["draft_tokens"] else 0.0,
-                "mean_acceptance_length": round(t["decode_tokens"] / t["target_forwards"], 4) if t["target_forwards"] else 0.0}
+        return {
+            **t,
+            "acceptance_rate": round(t["accepted_tokens"] / t["draft_tokens"], 4) if t["draft_tokens"] else 0.0,
+            "mean_acceptance_length": round(t["decode_tokens"] / t["target_forwards"], 4)
+            if t["target_forwards"]
+            else 0.0,
+        }
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -63,7 +63,9 @@ class SpeculativeOverride(_Strict):
     method records: `prompt_lookup_max`, `ngram_size_n`, `suffix_decoding_*`, ...) replaces the
     server's default config for this request."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, json_schema_extra=_method_options_schema)
+    model_config = ConfigDict(
+        strict=True, extra="forbid", allow_inf_nan=False, json_schema_extra=_method_options_schema
+    )
     _method_options: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="wrap")
@@ -164,8 +166,9 @@ class _Sampling(_Strict):
     def constraint(self, json_mode: str = "strict") -> dict[str, Any] | None:
         """The structured-output constraint as `StructuredOutputsParams` fields (None: free text);
         `json_mode` is the server's reading of JSON schemas unless the request names its own."""
-        given: dict[str, Any] = {k: v for k, v in (("json", self.guided_json), ("regex", self.guided_regex), ("choice", self.guided_choice),
-                                   ("grammar", self.guided_grammar)) if v is not None}
+        given: dict[str, Any] = {k: v for k, v in (("json", self.guided_json), ("regex", self.guided_regex),
+                                                   ("choice", self.guided_choice),
+                                                   ("grammar", self.guided_grammar)) if v is not None}
         if self.structured_outputs:
             given.update(self.structured_outputs)
         fmt = getattr(self, "response_format", None)
@@ -176,7 +179,9 @@ class _Sampling(_Strict):
             elif kind == "json_schema":
                 spec = fmt.get("json_schema")
                 if not isinstance(spec, dict):
-                    raise ValueError("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}")
+                    raise ValueError(
+                        "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}"
+                    )
                 schema = spec.get("schema")
                 if schema is None:
                     given["json_object"] = True  # the spec lets the schema out: any JSON object
@@ -233,8 +238,10 @@ class ChatMessage(_Strict):
             elif part.type == "refusal" and part.refusal is not None and self.role == "assistant":
                 texts.append(part.refusal)
             else:
-                raise ValueError(f"{where}.content[{j}]: content parts of type {part.type!r} are not supported by this server "
-                                 "(text only)")
+                raise ValueError(
+                    f"{where}.content[{j}]: content parts of type {part.type!r} are not supported by this server "
+                    "(text only)"
+                )
         return "".join(texts)
 
     def calls(self) -> list[dict[str, Any]] | None:
@@ -325,7 +332,12 @@ class CompletionRequest(_Sampling):
     def refusals(self) -> list[tuple[str, str]]:
         out = super().refusals()
         if self.echo and self.logprobs is not None:
-            out.append(("echo", "echo with logprobs is not supported by this server (prompt log-probabilities are not computed)"))
+            out.append(
+                (
+                    "echo",
+                    "echo with logprobs is not supported by this server (prompt log-probabilities are not computed)",
+                )
+            )
         return out
 
 
@@ -394,8 +406,12 @@ def chat_logprobs(c: CompletionOutput, top: int) -> dict[str, Any] | None:
         text = lp.decoded_token or ""
         return {"token": text, "logprob": _finite(lp.logprob), "bytes": list(text.encode("utf-8"))}
 
-    return {"content": [{**item(e[t]), "top_logprobs": [item(lp) for lp in _top(e, top)]} for t, e in zip(c.token_ids, c.logprobs)],
-            "refusal": None}
+    return {
+        "content": [
+            {**item(e[t]), "top_logprobs": [item(lp) for lp in _top(e, top)]} for t, e in zip(c.token_ids, c.logprobs)
+        ],
+        "refusal": None,
+    }
 
 
 def completion_logprobs(c: CompletionOutput, top: int) -> dict[str, Any] | None:
@@ -407,9 +423,12 @@ def completion_logprobs(c: CompletionOutput, top: int) -> dict[str, Any] | None:
     for text in tokens:
         offsets.append(at)
         at += len(text)
-    return {"tokens": tokens, "token_logprobs": [_finite(e[t].logprob) for t, e in zip(c.token_ids, c.logprobs)],
-            "top_logprobs": [{(lp.decoded_token or ""): _finite(lp.logprob) for lp in _top(e, top)} for e in c.logprobs],
-            "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": [_finite(e[t].logprob) for t, e in zip(c.token_ids, c.logprobs)],
+        "top_logprobs": [{(lp.decoded_token or ""): _finite(lp.logprob) for lp in _top(e, top)} for e in c.logprobs],
+        "text_offset": offsets,
+    }
 
 
 class Formatter(ABC):
@@ -431,7 +450,13 @@ class Formatter(ABC):
         self.prompt_tokens: int | None = None  # several prompts: their tokens together
 
     def _head(self, obj: str) -> dict[str, Any]:
-        head = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": SYSTEM_FINGERPRINT}
+        head = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
         if self.service_tier is not None:
             head["service_tier"] = "default"
         return head
@@ -509,7 +534,8 @@ class CompletionFormatter(Formatter):
 
     def response(self, out: RequestOutput) -> dict[str, Any]:
         choices = [{"index": c.index, "text": (self.echo[c.index] if self.echo else "") + c.text,
-                    "logprobs": completion_logprobs(c, self.top), "finish_reason": c.finish_reason} for c in out.outputs]
+                    "logprobs": completion_logprobs(c, self.top),
+                    "finish_reason": c.finish_reason} for c in out.outputs]
         return {
             **self._head(self.object_name),
             "choices": choices,

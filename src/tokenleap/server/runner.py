@@ -103,7 +103,9 @@ class BackgroundServer:
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
         uv, self.state = _uvicorn_config(llm, config, access_log=False)
         self.server = _Server(uv, self.state)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="tokenleap-http", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="tokenleap-http", daemon=True
+        )
         self.thread.start()
         deadline = time.monotonic() + startup_timeout
         while not self.server.started:

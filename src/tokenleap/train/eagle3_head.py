@@ -42,12 +42,11 @@ def shape_for_target(target_config: Any, draft_vocab_size: int, aux_layers: Sequ
     feature: without it the raw fused feature carries the target's massive activations (rms ~170,
     peaks ~25000 on SmolLM2's middle layers) past the layer, drowning what attention and the MLP add."""
     c = target_config
-    return HeadShape(
-        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
-        head_dim=c.head_dim, vocab_size=c.vocab_size, draft_vocab_size=draft_vocab_size, target_hidden_size=c.hidden_size,
-        aux_layers=tuple(int(a) for a in aux_layers), rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
-        max_position=c.max_position, norm_before_residual=norm_before_residual,
-    )
+    return HeadShape(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=c.num_heads,
+                     num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, vocab_size=c.vocab_size,
+                     draft_vocab_size=draft_vocab_size, target_hidden_size=c.hidden_size,
+                     aux_layers=tuple(int(a) for a in aux_layers), rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+                     max_position=c.max_position, norm_before_residual=norm_before_residual)
 
 
 def write_head(folder: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
@@ -64,8 +63,15 @@ def write_head(folder: Path, tensors: dict[str, torch.Tensor], config: dict[str,
     return folder
 
 
-def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, own_k: Sequence[torch.Tensor], own_v: Sequence[torch.Tensor],
-                  causal: torch.Tensor, scale: float) -> torch.Tensor:
+def ttt_attention(
+    q: torch.Tensor,
+    k0: torch.Tensor,
+    v0: torch.Tensor,
+    own_k: Sequence[torch.Tensor],
+    own_v: Sequence[torch.Tensor],
+    causal: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Training-time-test attention of one draft step: queries q [B, T, nh, hd] (rotated) over
     the step-0 keys k0 / v0 [B, T, kvh, hd] of positions <= i (causal [T, T]) and over index i's
     own keys of steps 1..k (`own_k` / `own_v`, the draft chain so far). Returns [B, T, nh * hd]."""
@@ -181,7 +187,12 @@ class TrainableEagle3(nn.Module):
         head = cls(rt.config, target.embed)
         with torch.no_grad():
             for name, t in head.eagle_tensors().items():
-                attr = name.removeprefix("midlayer.").removeprefix("self_attn.").removeprefix("mlp.").removesuffix(".weight")
+                attr = (
+                    name.removeprefix("midlayer.")
+                    .removeprefix("self_attn.")
+                    .removeprefix("mlp.")
+                    .removesuffix(".weight")
+                )
                 getattr(head, attr).copy_(weights[name].float().view(t.shape))
         return head, rt.d2t_ids
 
@@ -226,5 +237,9 @@ class TrainableEagle3(nn.Module):
         }
         if extra:
             config["tokenleap_training"] = extra
-        tensors = {**self.eagle_tensors(), "d2t": d2t.to(torch.int64).contiguous(), "t2d": t2d.to(torch.bool).contiguous()}
+        tensors = {
+            **self.eagle_tensors(),
+            "d2t": d2t.to(torch.int64).contiguous(),
+            "t2d": t2d.to(torch.bool).contiguous(),
+        }
         return write_head(folder, tensors, config)

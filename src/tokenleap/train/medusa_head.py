@@ -39,7 +39,9 @@ class TrainableMedusa(nn.Module):
         self.shape = s = shape
         self.weights = nn.ParameterList(nn.Parameter(torch.zeros(s.hidden_size, s.hidden_size))
                                         for _ in range(s.num_heads * s.num_layers))
-        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(s.hidden_size)) for _ in range(s.num_heads * s.num_layers))
+        self.biases = nn.ParameterList(
+            nn.Parameter(torch.zeros(s.hidden_size)) for _ in range(s.num_heads * s.num_layers)
+        )
         self.register_buffer("lm_head", lm_head.detach(), persistent=False)
         self.softcap = final_logit_softcap
 

@@ -8,8 +8,9 @@ rotary position i+k, and attends to the step-0 keys of positions <= i plus its o
 (`eagle3_head.ttt_attention`), so chained drafting at inference is what training saw.
 
 Its shape is the runtime's `HeadShape` of the target (`eagle3_head.shape_for_target(config,
-vocab_size, ())`: no aux layers, the full vocabulary). `export` writes `model.mtp_layers.0.*` and a config.json with the target's shape, which
-`speculative_config={"method": "mtp", "model": DIR}` loads.
+vocab_size, ())`: no aux layers, the full vocabulary). `export` writes `model.mtp_layers.0.*` and
+a config.json with the target's shape, which `speculative_config={"method": "mtp", "model": DIR}`
+loads.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from torch import nn
 from tokenleap.heads.base import HeadShape, head_rope
 from tokenleap.train.eagle3_head import ttt_attention, write_head
 
-_NAMES = ("token_layernorm", "hidden_layernorm", "input_proj", "input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-          "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-          "final_layernorm")
+_NAMES = (
+    "token_layernorm", "hidden_layernorm", "input_proj", "input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+    "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    "final_layernorm"
+)
 
 
 class TrainableMtp(nn.Module):
@@ -39,8 +42,14 @@ class TrainableMtp(nn.Module):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, shape: HeadShape, embed: torch.Tensor, lm_head: torch.Tensor, final_logit_softcap: float | None = None,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        shape: HeadShape,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        final_logit_softcap: float | None = None,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         self.shape = s = shape
         h = s.hidden_size
@@ -49,15 +58,19 @@ class TrainableMtp(nn.Module):
         def lin(out_f: int, in_f: int) -> nn.Parameter:
             return nn.Parameter(torch.randn(out_f, in_f, generator=g) * 0.02)
 
-        self.params = nn.ParameterDict({
-            "token_layernorm": nn.Parameter(torch.ones(h)), "hidden_layernorm": nn.Parameter(torch.ones(h)),
-            "input_proj": lin(h, 2 * h), "input_layernorm": nn.Parameter(torch.ones(h)),
-            "self_attn_q_proj": lin(s.num_heads * s.head_dim, h), "self_attn_k_proj": lin(s.num_kv_heads * s.head_dim, h),
-            "self_attn_v_proj": lin(s.num_kv_heads * s.head_dim, h), "self_attn_o_proj": lin(h, s.num_heads * s.head_dim),
-            "post_attention_layernorm": nn.Parameter(torch.ones(h)), "mlp_gate_proj": lin(s.intermediate_size, h),
-            "mlp_up_proj": lin(s.intermediate_size, h), "mlp_down_proj": lin(h, s.intermediate_size),
-            "final_layernorm": nn.Parameter(torch.ones(h)),
-        })
+        self.params = nn.ParameterDict(
+            {
+                "token_layernorm": nn.Parameter(torch.ones(h)), "hidden_layernorm": nn.Parameter(torch.ones(h)),
+                "input_proj": lin(h, 2 * h), "input_layernorm": nn.Parameter(torch.ones(h)),
+                "self_attn_q_proj": lin(s.num_heads * s.head_dim, h),
+                "self_attn_k_proj": lin(s.num_kv_heads * s.head_dim, h),
+                "self_attn_v_proj": lin(s.num_kv_heads * s.head_dim, h),
+                "self_attn_o_proj": lin(h, s.num_heads * s.head_dim),
+                "post_attention_layernorm": nn.Parameter(torch.ones(h)), "mlp_gate_proj": lin(s.intermediate_size, h),
+                "mlp_up_proj": lin(s.intermediate_size, h), "mlp_down_proj": lin(h, s.intermediate_size),
+                "final_layernorm": nn.Parameter(torch.ones(h))
+            }
+        )
         self.register_buffer("embed", embed.detach(), persistent=False)
         self.register_buffer("lm_head", lm_head.detach(), persistent=False)
         self.softcap = final_logit_softcap
@@ -93,7 +106,10 @@ class TrainableMtp(nn.Module):
         outs = []
         for k in range(steps):
             e = F.embedding(ids_ext[:, k + 1 : k + 1 + t], self.embed).float()
-            x = F.linear(torch.cat([self._rms(feat, "hidden_layernorm"), self._rms(e, "token_layernorm")], dim=-1), self._p("input_proj"))
+            x = F.linear(
+                torch.cat([self._rms(feat, "hidden_layernorm"), self._rms(e, "token_layernorm")], dim=-1),
+                self._p("input_proj"),
+            )
             xn = self._rms(x, "input_layernorm")
             pos = torch.arange(k, k + t, device=hidden.device)
             q = self._rope(F.linear(xn, self._p("self_attn.q_proj")).view(b, t, nh, hd), pos)
@@ -127,10 +143,18 @@ class TrainableMtp(nn.Module):
             norm = name.endswith("layernorm")
             tensors[f"model.mtp_layers.0.{name}.weight"] = (t.float() if norm else t.to(torch.bfloat16)).contiguous()
         config: dict[str, Any] = {
-            "architectures": ["MiMoForCausalLM"], "hidden_size": s.hidden_size, "intermediate_size": s.intermediate_size,
-            "num_attention_heads": s.num_heads, "num_key_value_heads": s.num_kv_heads, "head_dim": s.head_dim,
-            "vocab_size": s.vocab_size, "rms_norm_eps": s.rms_norm_eps, "rope_theta": s.rope_theta,
-            "max_position_embeddings": s.max_position, "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
+            "architectures": ["MiMoForCausalLM"],
+            "hidden_size": s.hidden_size,
+            "intermediate_size": s.intermediate_size,
+            "num_attention_heads": s.num_heads,
+            "num_key_value_heads": s.num_kv_heads,
+            "head_dim": s.head_dim,
+            "vocab_size": s.vocab_size,
+            "rms_norm_eps": s.rms_norm_eps,
+            "rope_theta": s.rope_theta,
+            "max_position_embeddings": s.max_position,
+            "num_nextn_predict_layers": 1,
+            "torch_dtype": "bfloat16",
         }
         if extra:
             config["tokenleap_training"] = extra

@@ -23,17 +23,37 @@ import torch.nn.functional as F
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import Linear
 from tokenleap.models.config import ModelConfig
-from tokenleap.models.layers import BlockOps, LayerWeights, apply_rope, decoder_layer, rms_norm, rope_tables, torch_linear, torch_qk_norm, torch_residual
+from tokenleap.models.layers import (
+    BlockOps,
+    LayerWeights,
+    apply_rope,
+    decoder_layer,
+    rms_norm,
+    rope_tables,
+    torch_linear,
+    torch_qk_norm,
+    torch_residual,
+)
 
 
 def check_supported(config: ModelConfig) -> None:
     """Refuse what this forward does not implement (rather than train a head on wrong features)."""
-    unsupported = [name for name, bad in (
-        ("Gemma 3 (scaled embeddings, post-norms, GeGLU, soft-capping)",
-         config.architecture == "gemma3" or config.post_norms or config.embed_scale != 1.0 or config.activation != "silu"
-         or config.final_logit_softcap is not None or config.query_scale is not None),
-        ("sliding-window attention", config.sliding_window is not None),
-    ) if bad]
+    unsupported = [
+        name
+        for name, bad in (
+            (
+                "Gemma 3 (scaled embeddings, post-norms, GeGLU, soft-capping)",
+                config.architecture == "gemma3"
+                or config.post_norms
+                or config.embed_scale != 1.0
+                or config.activation != "silu"
+                or config.final_logit_softcap is not None
+                or config.query_scale is not None,
+            ),
+            ("sliding-window attention", config.sliding_window is not None),
+        )
+        if bad
+    ]
     if unsupported:
         raise TokenleapError(f"training on a torch device does not support {' or '.join(unsupported)} "
                              f"({config.architecture}); train this target's head on the CPU (--device cpu)")
@@ -68,14 +88,24 @@ class TorchTarget:
             bqkv = None
             if any(b is not None for b in biases):
                 sizes = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim)
-                bqkv = torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]).to(self.device, dtype)
-            self.layers.append(LayerWeights(
-                attn_norm=f32(p + "attn_norm"),
-                wqkv=Linear(torch.cat([weights[p + "q"], weights[p + "k"], weights[p + "v"]]).to(self.device, dtype)),
-                bqkv=bqkv, q_norm=f32_opt(p + "q_norm"), k_norm=f32_opt(p + "k_norm"), wo=Linear(w(p + "o")),
-                mlp_norm=f32(p + "mlp_norm"),
-                w_gate_up=Linear(torch.cat([weights[p + "gate"], weights[p + "up"]]).to(self.device, dtype)), w_down=Linear(w(p + "down")),
-            ))
+                bqkv = torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]).to(
+                    self.device, dtype
+                )
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=f32(p + "attn_norm"),
+                    wqkv=Linear(
+                        torch.cat([weights[p + "q"], weights[p + "k"], weights[p + "v"]]).to(self.device, dtype)
+                    ),
+                    bqkv=bqkv,
+                    q_norm=f32_opt(p + "q_norm"),
+                    k_norm=f32_opt(p + "k_norm"),
+                    wo=Linear(w(p + "o")),
+                    mlp_norm=f32(p + "mlp_norm"),
+                    w_gate_up=Linear(torch.cat([weights[p + "gate"], weights[p + "up"]]).to(self.device, dtype)),
+                    w_down=Linear(w(p + "down")),
+                )
+            )
         positions = min(max_positions, c.max_position)
         cos, sin = rope_tables(c, c.rope_theta, positions, scaled=True)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)
@@ -192,15 +222,22 @@ class TorchTarget:
         lp = max(len(p) for p in prompts)
         cap = lp + max_new
         if cap > self.max_positions:
-            raise TokenleapError(f"prompt of {lp} tokens + {max_new} new is longer than the rotary tables ({self.max_positions})")
+            raise TokenleapError(
+                f"prompt of {lp} tokens + {max_new} new is longer than the rotary tables ({self.max_positions})"
+            )
         pads = torch.tensor([lp - len(p) for p in prompts], device=self.device)
         ids = torch.zeros(b, lp, dtype=torch.long, device=self.device)
         for r, p in enumerate(prompts):
             ids[r, lp - len(p) :] = torch.tensor(list(p), dtype=torch.long)
         slots = torch.arange(cap, device=self.device)
         valid = slots[None, :] >= pads[:, None]  # [B, cap] key slots holding real tokens
-        cache = [(torch.zeros(b, c.num_kv_heads, cap, c.head_dim, device=self.device, dtype=self.dtype),
-                  torch.zeros(b, c.num_kv_heads, cap, c.head_dim, device=self.device, dtype=self.dtype)) for _ in self.layers]
+        cache = [
+            (
+                torch.zeros(b, c.num_kv_heads, cap, c.head_dim, device=self.device, dtype=self.dtype),
+                torch.zeros(b, c.num_kv_heads, cap, c.head_dim, device=self.device, dtype=self.dtype),
+            )
+            for _ in self.layers
+        ]
         pos = (slots[None, :lp] - pads[:, None]).clamp(min=0)
         causal = slots[:lp, None] >= slots[None, :lp]
         mask = causal[None] & valid[:, None, :lp]
@@ -223,7 +260,9 @@ class TorchTarget:
                 live, nxt, alive, pads, valid = live[sel], nxt[sel], alive[sel], pads[sel], valid[sel]
                 cache = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in cache]
             length = lp + step
-            hidden, _ = self.forward(nxt.unsqueeze(1), (length - pads).unsqueeze(1), valid[:, None, : length + 1], cache, length)
+            hidden, _ = self.forward(
+                nxt.unsqueeze(1), (length - pads).unsqueeze(1), valid[:, None, : length + 1], cache, length
+            )
             nxt = self.logits(hidden[:, -1]).argmax(-1)
         host = out.cpu().tolist()
         return [row[: int(n)] for row, n in zip(host, lengths.cpu().tolist())]

@@ -57,7 +57,8 @@ HEAD_TYPES = ("eagle3", "medusa", "mtp")
 @dataclass(frozen=True)
 class TrainConfig:
     output: Path
-    head_type: str = "eagle3"  # or "medusa" (Medusa-1 heads sharing the target's LM head), "mtp" (a MiMo-layout MTP layer)
+    # or "medusa" (Medusa-1 heads sharing the target's LM head), "mtp" (a MiMo-layout MTP layer)
+    head_type: str = "eagle3"
     medusa_heads: int = 4
     data: tuple[str, ...] = ("sharegpt",)
     max_samples: int | None = 2000
@@ -281,7 +282,9 @@ class TorchFeatures:
 
     def features(self, examples: Sequence[Example], keys: Sequence[int] | None) -> list[Features]:
         cache = self.cache if keys is not None else None
-        out: list[Features | None] = [cache.lookup(k) if cache is not None else None for k in keys or [0] * len(examples)]
+        out: list[Features | None] = [
+            cache.lookup(k) if cache is not None else None for k in keys or [0] * len(examples)
+        ]
         todo = [r for r, f in enumerate(out) if f is None]
         if todo:
             t = max(len(examples[r].ids) for r in todo)
@@ -305,10 +308,12 @@ class Batch:
     aux: torch.Tensor  # [B, T, 3H]
     ids: torch.Tensor  # [B, T]
     target_logp: torch.Tensor  # [B, T, Vd] log-probs of the target over the draft vocabulary (row r predicts x_{r+1})
-    valid: torch.Tensor  # [B, T] bool: row r's label counts (assistant token x_{r+1}, target argmax in the draft vocabulary)
+    # [B, T] bool: row r's label counts (assistant token x_{r+1}, target argmax in the draft vocabulary)
+    valid: torch.Tensor
     target_argmax_draft: torch.Tensor  # [B, T] draft id of the target argmax (accuracy)
     tokens: int
-    assistant: torch.Tensor | None = None  # [B, T] bool: x_{r+1} is an assistant token (the chain acceptance's positions)
+    # [B, T] bool: x_{r+1} is an assistant token (the chain acceptance's positions)
+    assistant: torch.Tensor | None = None
 
 
 def make_batch(source: RuntimeFeatures | TorchFeatures, examples: Sequence[Example], vocab: DraftVocab,
@@ -335,11 +340,19 @@ def make_batch(source: RuntimeFeatures | TorchFeatures, examples: Sequence[Examp
         logp = torch.log_softmax(_logits(source.config, hidden, lm_draft), dim=-1)
     t2d = t2d_index.to(dev)
     valid = (t2d[am] >= 0) & nxt.to(dev)
-    return Batch(aux, ids.to(dev), logp.clone(), valid, t2d[am].clamp(min=0), sum(len(e.ids) for e in examples), nxt.to(dev))
+    return Batch(
+        aux, ids.to(dev), logp.clone(), valid, t2d[am].clamp(min=0), sum(len(e.ids) for e in examples), nxt.to(dev)
+    )
 
 
-def ttt_loss(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, batch: Batch, steps: int, decay: float, bf16: bool = False,
-             chain: list[float] | None = None) -> tuple[torch.Tensor, list[float], list[int]]:
+def ttt_loss(
+    head: TrainableEagle3 | TrainableMedusa | TrainableMtp,
+    batch: Batch,
+    steps: int,
+    decay: float,
+    bf16: bool = False,
+    chain: list[float] | None = None,
+) -> tuple[torch.Tensor, list[float], list[int]]:
     """Weighted TTT loss; also the top-1 hits and counts per step. With `chain` ([drafts
     accepted, positions]) it adds, for every position whose next token is an assistant token, how
     many of the `steps` chained drafts a greedy verifier would accept there (the leading steps whose
@@ -550,7 +563,9 @@ def engine_eval(model_name: str, head_dir: Path, prompts: Sequence[Sequence[dict
     forwards = sum(o.metrics.num_forward_passes for o in runs["spec"])
     res["tokens_per_forward"] = tokens / forwards if forwards else 0.0
     res["speedup"] = res["plain_seconds"] / res["spec_seconds"] if res["spec_seconds"] else 0.0
-    res["identical"] = all(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(runs["plain"], runs["spec"]))
+    res["identical"] = all(
+        a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(runs["plain"], runs["spec"])
+    )
     return res
 
 
@@ -625,9 +640,11 @@ def train_drafter(llm: Any, cfg: TrainConfig, model_name: str, llm_kwargs: dict[
     if prompts:
         log(f"evaluating the head in the engine on {len(prompts)} held-out prompts (greedy, plain vs {cfg.head_type})")
         result.engine_eval = engine_eval(model_name, cfg.output, prompts, cfg.eval_max_tokens,
-                                         steps if cfg.head_type == "medusa" else steps + 2, llm_kwargs or {}, cfg.head_type)
+                                         steps if cfg.head_type == "medusa" else steps + 2, llm_kwargs or {},
+                                         cfg.head_type)
         (cfg.output / "eval.json").write_text(json.dumps({"heldout_top1": result.eval_accuracy,
-                                                          "heldout_acceptance": result.eval_acceptance, **result.engine_eval}, indent=2))
+                                                          "heldout_acceptance": result.eval_acceptance,
+                                                          **result.engine_eval}, indent=2))
     return result
 
 
@@ -640,8 +657,14 @@ def _load_state(cfg: TrainConfig) -> dict[str, Any] | None:
     return torch.load(state_path, weights_only=False, map_location="cpu")
 
 
-def _draft_vocab(cfg: TrainConfig, vocab_size: int, train: Sequence[Example], heldout: Sequence[Example], state: dict[str, Any] | None,
-                 eos: Sequence[int]) -> DraftVocab:
+def _draft_vocab(
+    cfg: TrainConfig,
+    vocab_size: int,
+    train: Sequence[Example],
+    heldout: Sequence[Example],
+    state: dict[str, Any] | None,
+    eos: Sequence[int],
+) -> DraftVocab:
     """The head's draft vocabulary: the whole one for heads on the target's LM head (Medusa,
     MTP), a resumed run's own, or the most frequent assistant tokens of `train` (and `eos`)."""
     bad = [t for e in [*train, *heldout] for t in e.ids if t >= vocab_size]
@@ -654,8 +677,9 @@ def _draft_vocab(cfg: TrainConfig, vocab_size: int, train: Sequence[Example], he
     return build_draft_vocab(train, cfg.draft_vocab_size, vocab_size, always=eos)
 
 
-def _new_head(source: RuntimeFeatures | TorchFeatures, cfg: TrainConfig, vocab: DraftVocab,
-              aux_layers: Sequence[int]) -> tuple[TrainableEagle3 | TrainableMedusa | TrainableMtp, HeadShape | MedusaShape]:
+def _new_head(
+    source: RuntimeFeatures | TorchFeatures, cfg: TrainConfig, vocab: DraftVocab, aux_layers: Sequence[int]
+) -> tuple[TrainableEagle3 | TrainableMedusa | TrainableMtp, HeadShape | MedusaShape]:
     """A fresh head of `cfg.head_type` for the source's target, and its shape."""
     tc = source.config
     softcap = getattr(tc, "final_logit_softcap", None)
@@ -678,17 +702,26 @@ def _save(head: TrainableEagle3 | TrainableMedusa | TrainableMtp, opt: torch.opt
     """The head in its layout (with what trained it) and `trainer_state.pt` (to resume), in
     `cfg.output`. `progress`: steps, tokens, seconds, draft_steps, target, device."""
     out = cfg.output
-    extra = {"steps": progress["steps"], "tokens": progress["tokens"], "seconds": round(progress["seconds"], 1), "data": list(cfg.data),
-             "regenerated": cfg.regenerate, "draft_steps": progress["draft_steps"], "draft_vocab_coverage": round(vocab.coverage, 4),
-             "target": progress["target"], "command": cfg.command, "device": progress["device"]}
+    extra = {
+        "steps": progress["steps"], "tokens": progress["tokens"], "seconds": round(progress["seconds"], 1),
+        "data": list(cfg.data), "regenerated": cfg.regenerate, "draft_steps": progress["draft_steps"],
+        "draft_vocab_coverage": round(vocab.coverage, 4), "target": progress["target"], "command": cfg.command,
+        "device": progress["device"]
+    }
     if isinstance(head, (TrainableMedusa, TrainableMtp)):
         head.export(out, extra)
     else:
         head.export(out, vocab.d2t(), vocab.t2d(), extra)
     tmp = out / (STATE_FILE + ".tmp")
-    torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": progress["steps"], "tokens": progress["tokens"],
-                "seconds": progress["seconds"], "draft_ids": list(vocab.ids), "coverage": vocab.coverage,
-                "shape": {"type": cfg.head_type, **asdict(shape)}, "config": {k: str(v) for k, v in asdict(cfg).items()}}, tmp)
+    torch.save(
+        {
+            "head": head.state_dict(), "optimizer": opt.state_dict(), "step": progress["steps"],
+            "tokens": progress["tokens"], "seconds": progress["seconds"], "draft_ids": list(vocab.ids),
+            "coverage": vocab.coverage, "shape": {"type": cfg.head_type, **asdict(shape)},
+            "config": {k: str(v) for k, v in asdict(cfg).items()}
+        },
+        tmp,
+    )
     tmp.replace(out / STATE_FILE)
 
 
@@ -702,9 +735,9 @@ def _resume(head: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, 
     return state["step"], state["tokens"], state["seconds"]
 
 
-def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], heldout: Sequence[Example], cfg: TrainConfig,
-             model_name: str, *, eos: Sequence[int] = (), state: dict[str, Any] | None = None, progress: bool = True,
-             log: Callable[[str], None] = logger.warning) -> TrainResult:
+def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], heldout: Sequence[Example],
+             cfg: TrainConfig, model_name: str, *, eos: Sequence[int] = (), state: dict[str, Any] | None = None,
+             progress: bool = True, log: Callable[[str], None] = logger.warning) -> TrainResult:
     """The training loop over tokenized `train` sequences on the source's device: the draft
     vocabulary, the head, AdamW with warmup and cosine decay, held-out evaluation, saves (the
     head in its layout and `trainer_state.pt`) every `save_every` steps and at the end."""
@@ -733,8 +766,8 @@ def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], 
         log(f"resuming at step {step} of {total_steps} ({tokens_seen} tokens, {elapsed:.0f} s trained)")
 
     def save() -> None:
-        _save(head, opt, vocab, shape, cfg, {"steps": step, "tokens": tokens_seen, "seconds": elapsed, "draft_steps": steps,
-                                             "target": model_name, "device": str(dev)})
+        _save(head, opt, vocab, shape, cfg, {"steps": step, "tokens": tokens_seen, "seconds": elapsed,
+                                             "draft_steps": steps, "target": model_name, "device": str(dev)})
 
     flat = [(e, b) for e, bs in enumerate(epoch_batches) for b in bs]
     keep_keys = cfg.epochs > 1  # features kept between epochs only when a sequence comes back
@@ -800,4 +833,5 @@ def fit_head(source: RuntimeFeatures | TorchFeatures, train: Sequence[Example], 
     if heldout and held is None:
         held = evaluate()
     return TrainResult(out, step, tokens_seen, elapsed, vocab.coverage, held.accuracy if held else [], None,
-                       stopped_early or (step < total_steps and not cfg.time_schedule), losses, held.acceptance if held else None)
+                       stopped_early or (step < total_steps and not cfg.time_schedule), losses,
+                       held.acceptance if held else None)

@@ -1,4 +1,5 @@
-"""Verification of drafts: chains (greedy and lossless speculative sampling) and token trees (greedy, and lossless multi-candidate sampling)."""
+"""Verification of drafts: chains (greedy and lossless speculative sampling) and token trees (greedy,
+and lossless multi-candidate sampling)."""
 
 from tokenleap.verify.chain import VerifyResult, verify_chain
 from tokenleap.verify.tree import TreeVerifyResult, verify_tree_greedy

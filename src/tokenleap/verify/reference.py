@@ -49,7 +49,9 @@ def verify_chain_reference(
     return VerifyResult(out + [int(torch.multinomial(p_last, 1, generator=generator))], k)
 
 
-def verify_tree_reference(tokens: Sequence[int], parents: Sequence[int], target_logits: torch.Tensor) -> tuple[list[int], list[int]]:
+def verify_tree_reference(
+    tokens: Sequence[int], parents: Sequence[int], target_logits: torch.Tensor
+) -> tuple[list[int], list[int]]:
     """Greedy tree verification by brute force: verify every root-to-leaf path as a chain (with
     the target rows along it) and keep the longest acceptance (on ties, the accepted path whose
     node indices come first lexicographically). Returns (committed tokens, accepted path)."""
@@ -65,7 +67,9 @@ def verify_tree_reference(tokens: Sequence[int], parents: Sequence[int], target_
             path.insert(0, node)
             node = parents[node]
         rows = target_logits[[0] + [i + 1 for i in path]]
-        result = verify_chain_reference([tokens[i] for i in path], rows, SamplingParams(temperature=0.0), torch.Generator())
+        result = verify_chain_reference(
+            [tokens[i] for i in path], rows, SamplingParams(temperature=0.0), torch.Generator()
+        )
         accepted = path[: result.num_accepted]
         if len(accepted) > len(best_path) or (len(accepted) == len(best_path) and accepted < best_path):
             best_tokens, best_path = result.tokens, accepted
