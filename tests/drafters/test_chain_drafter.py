@@ -239,3 +239,33 @@ def test_a_probe_never_displaces_a_draft_that_pays() -> None:
     cheap.draft = []  # the free member has nothing: the idle draft model is probed
     assert chain.propose("r", [1, 2, 3], 3).tokens == [21, 22, 23]
     assert model.calls == ["begin"]
+
+
+class WithSetup(Counting):
+    """A draft-model member with a one-off cost before its next draft (its prefill), in target steps."""
+
+    def __init__(self, draft: Sequence[int], relative_draft_cost: float, setup: float) -> None:
+        super().__init__(draft, relative_draft_cost)
+        self.setup = setup
+
+    def setup_cost(self, request: DraftRequest, tokens: Sequence[int]) -> float:
+        return self.setup
+
+
+def test_a_draft_models_prefill_is_weighed_against_what_it_can_still_save() -> None:
+    """On HumanEval the chain began the 0.5B draft at a step without a suffix draft and paid its
+    prefill (~0.55 s, ten target steps) for a handful of drafts: a member's one-off cost is now
+    spread over the steps it may still serve (tokens left x the share of steps without a paying
+    free draft), so a request with little left does not buy it, and one with much left does."""
+    nothing, model = Fixed([]), WithSetup([21], relative_draft_cost=0.1, setup=10.0)
+    chain = ChainDrafter([nothing, model], probe_every=2)
+    chain.use_cost_curve(FLAT)
+    for rid, max_tokens in (("short", 8), ("long", 1000)):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        chain.begin(DraftRequest(rid, [1, 2, 3], params, torch.Generator()))
+    for _ in range(4):  # probes included: 10 steps of prefill cannot be won back in 8 tokens
+        assert chain.propose("short", [1, 2, 3], 4).tokens == []
+    assert model.calls == []
+    assert chain.propose("long", [1, 2, 3], 4).tokens == [21] and model.calls == ["begin"]
+    model.setup = 0.0  # begun, caught up: nothing stands in the short request's way but its prior
+    assert chain.propose("short", [1, 2, 3], 4).tokens == [21]

@@ -49,6 +49,21 @@ def test_begin_prefills_and_a_catch_up_is_setup_not_drafting(tiny_model: LlamaMo
     d.end("r")
 
 
+def test_pending_tokens_and_setup_cost_count_what_the_draft_has_not_run(tiny_model: LlamaModel) -> None:
+    """Before begin: its prompt window and what followed; after: the context it has not seen
+    (the last token is run by the draft step itself). Priced at the step price x PREFILL_SHARE."""
+    d = DraftModelDrafter(tiny_model, context=5, relative_draft_cost=0.4)
+    request = DraftRequest("r", PROMPT, GREEDY, torch.Generator())
+    assert d.pending_tokens(request, PROMPT + [60, 61]) == 5 + 2 - 1
+    assert d.setup_cost(request, PROMPT + [60, 61]) == pytest.approx(0.4 * draft_model.PREFILL_SHARE * 6)
+    d.begin(request)
+    assert d.pending_tokens(request, PROMPT + [60]) == 0
+    d.propose("r", PROMPT + [60], 2)
+    drafted = d._states["r"].cached[-1]  # its first draft token ran too (a rejected one is rolled back)
+    assert d.pending_tokens(request, PROMPT + [60, drafted + 1, 62, 63]) == 2  # two unseen, 63 runs in the step
+    d.end("r")
+
+
 def test_a_draft_context_window_reads_the_prompts_last_tokens(tiny_model: LlamaModel) -> None:
     d = DraftModelDrafter(tiny_model, context=5)
     d.begin(DraftRequest("r", PROMPT, GREEDY, torch.Generator()))

@@ -155,6 +155,15 @@ class HasDraftCost(Protocol):
 
 
 @runtime_checkable
+class HasSetupCost(Protocol):
+    """A drafter with one-off work before its next draft (a draft model's prefill of the prompt,
+    its catch-up on tokens decoded while another member drafted): `setup_cost` is that work in
+    target decode steps, for a chain to weigh against what the member can still save."""
+
+    def setup_cost(self, request: DraftRequest, tokens: Sequence[int]) -> float: ...
+
+
+@runtime_checkable
 class WeighsCost(Protocol):
     """A drafter that chooses between drafts by expected tokens per cost itself (the cost-aware
     chain): the engine hands it the target's measured cost curve (`tokenleap.cost.CostCurve`)."""

@@ -20,7 +20,13 @@ current whether or not its draft was used; except that a member running a draft 
 (`DraftsWithModel`, hidden states not read) begins a request only when first asked for a draft:
 its prompt's prefill (a third of the target's for the 0.5B draft of a 1.5B) is not paid by a
 request its draftless members serve alone, and when paid it is timed as setup
-(`Draft.setup_seconds`), not as the price of drafting.
+(`Draft.setup_seconds`), not as the price of drafting. That one-off work, and a begun draft's
+catch-up on tokens its draftless partner drafted (`HasSetupCost.setup_cost`, in target steps),
+enters the member's rate spread over the steps it may still serve: the request's tokens left
+times the decayed share of steps on which no free draft paid, over its tokens a step. On code the
+draftless member serves nearly every step and a 0.5B draft's prefill (ten target steps for a
+HumanEval prompt) is not bought for the few steps left to it; on chat, where it serves few, the
+draft model begins as it would alone.
 
 Statistics per member, as llama.cpp prints a line per implementation: each request's calls of
 every member's begin / propose / accept and their durations (`member_statistics`), and the chosen
@@ -41,6 +47,7 @@ from tokenleap.drafters.base import (
     Drafter,
     DraftRequest,
     DraftsWithModel,
+    HasSetupCost,
     LearnsAcrossRequests,
     ReadsHiddenStates,
     ReadsLogits,
@@ -49,6 +56,9 @@ from tokenleap.drafters.base import (
 )
 from tokenleap.drafters.methods import MethodRecord
 from tokenleap.types import SpecStats
+
+MISS_DECAY = 0.9  # the share of steps without a paying free draft: a decayed average
+HORIZON_WITHOUT_CAP = 256  # tokens a request without max_tokens is assumed to have left
 
 
 @dataclass
@@ -106,21 +116,54 @@ class ChainDrafter:
         self._lazy = {
             i for i, d in enumerate(self.drafters) if with_model[i] and not getattr(d, "needs_hidden_states", False)
         }
-        self._unbegun: dict[
-            str, tuple[DraftRequest, set[int]]
-        ] = {}  # request -> (itself, its lazy members not yet begun)
+        # request -> (itself, its lazy members not yet begun)
+        self._unbegun: dict[str, tuple[DraftRequest, set[int]]] = {}
+        # a costly member's one-off work (a draft model's prefill, its catch-up) is priced over the
+        # steps it may still serve: the request's tokens left x the share of steps no free draft pays
+        self._has_setup = [isinstance(d, HasSetupCost) for d in self.drafters]
+        self._requests: dict[str, DraftRequest] = {}
+        self._miss: dict[str, float] = {}  # request -> decayed share of steps without a paying free draft
+        self._horizon: dict[str, float] = {}
+        self._current = ""
 
     def use_cost_curve(self, curve: Any) -> None:
         """The target's verify cost curve (`tokenleap.cost.CostCurve`), from the engine."""
         self._curve = curve
 
-    def _rate(self, member: int, alpha: float, length: int, context: int) -> float:
+    def _rate(self, member: int, alpha: float, length: int, context: int, setup: float = 0.0) -> float:
+        """Expected tokens per unit of cost of the member's `length`-token draft; `setup`: the
+        member's one-off work, in target steps, over the steps it is expected to serve."""
         verify = self._curve.cost(length, context) if self._curve is not None else 1.0 + 0.05 * length
-        return expected_tokens(alpha, length) / (verify + self.costs[member] * length)
+        steps = 1.0
+        if setup > 0.0:
+            steps = max(1.0, self._horizon.get(self._current, 0.0) / expected_tokens(alpha, length))
+        return expected_tokens(alpha, length) / (verify + self.costs[member] * length + setup / steps)
 
-    def _best_length(self, member: int, alpha: float, max_tokens: int, context: int) -> tuple[float, int]:
+    def _best_length(
+        self, member: int, alpha: float, max_tokens: int, context: int, setup: float = 0.0
+    ) -> tuple[float, int]:
         """The member's best expected rate over draft lengths 1..max_tokens, and that length."""
-        return max(((self._rate(member, alpha, n, context), n) for n in range(1, max_tokens + 1)), default=(0.0, 0))
+        rates = ((self._rate(member, alpha, n, context, setup), n) for n in range(1, max_tokens + 1))
+        return max(rates, default=(0.0, 0))
+
+    def _setup_cost(self, i: int, request_id: str, tokens: Sequence[int]) -> float:
+        """Member i's one-off work before its next draft (a draft model's prefill or catch-up),
+        in target steps; 0 for a member that declares none."""
+        request = self._requests.get(request_id)
+        if request is None or not self._has_setup[i]:
+            return 0.0
+        return float(cast(HasSetupCost, self.drafters[i]).setup_cost(request, tokens))
+
+    def _set_horizon(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Tokens a costly member may still help decode: those left to generate times the share
+        of recent steps no free member's draft paid for (prior: half)."""
+        self._current = request_id
+        request = self._requests.get(request_id)
+        if request is None:
+            self._horizon[request_id] = 0.0
+            return
+        left = (request.params.max_tokens or HORIZON_WITHOUT_CAP) - (len(tokens) - len(request.prompt_ids))
+        self._horizon[request_id] = max(0.0, left * self._miss.get(request_id, 0.5))
 
     def member_statistics(self, request_id: str) -> dict[str, SpecStats]:
         """The request's counters by member name, in chain order (kept up to date until `end`)."""
@@ -128,6 +171,7 @@ class ChainDrafter:
 
     def begin(self, request: DraftRequest) -> None:
         self._stats[request.request_id] = [SpecStats() for _ in self.drafters]
+        self._requests[request.request_id] = request
         for i in range(len(self.drafters)):
             if i not in self._lazy:
                 self._begin(i, request)
@@ -182,24 +226,33 @@ class ChainDrafter:
                     return self._chosen(i, dataclasses.replace(draft, setup_seconds=setup))
             return Draft(setup_seconds=setup)
         context = len(tokens)
+        self._set_horizon(request_id, tokens)
         best: tuple[float, int, Draft] | None = None
+        free_paid = False
         for i in self._order:
             est = estimates[i]
             est.idle += 1
             length = max_tokens
             # a probe refreshes an idle member's estimate, but never displaces a draft that pays
             probe = est.idle > self.probe_every and (best is None or best[0] <= 1.0)
-            if self.costs[i] > 0 and not probe:
-                expected, length = self._best_length(i, est.alpha, max_tokens, context)
-                if expected <= (best[0] if best is not None else 1.0):
-                    continue  # not worth its drafting time this step
+            if self.costs[i] > 0:
+                one_off = self._setup_cost(i, request_id, tokens)
+                if probe and one_off > 0.0 and self._rate(i, est.alpha, 1, context, one_off) <= 1.0:
+                    probe = False  # nor paid for with a prefill the request cannot win back
+                if not probe:
+                    expected, length = self._best_length(i, est.alpha, max_tokens, context, one_off)
+                    if expected <= (best[0] if best is not None else 1.0):
+                        continue  # not worth its drafting time this step
             draft = self._propose(i, request_id, tokens, length)
             setup += draft.setup_seconds
             if not len(draft):
                 continue
             rate = float("inf") if probe else self._rate(i, est.alpha, len(draft), context)
+            free_paid = free_paid or (self.costs[i] <= 0 and rate > 1.0)
             if best is None or rate > best[0]:
                 best = (rate, i, draft)
+        missed = 0.0 if free_paid else 1.0
+        self._miss[request_id] = MISS_DECAY * self._miss.get(request_id, 0.5) + (1 - MISS_DECAY) * missed
         if best is None or best[0] <= 1.0:
             return Draft(setup_seconds=setup)
         _, i, draft = best
@@ -242,6 +295,8 @@ class ChainDrafter:
             if self._begun(i, request_id):
                 d.end(request_id)
         self._unbegun.pop(request_id, None)
+        for state in (self._requests, self._miss, self._horizon):
+            state.pop(request_id, None)
         self._estimates.pop(request_id, None)
         self._last.pop(request_id, None)
         self._stats.pop(request_id, None)  # the engine's request metrics keep them
