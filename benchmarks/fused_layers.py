@@ -33,7 +33,8 @@ import torch
 
 from tokenleap import LLM, SamplingParams
 from tokenleap.bench import default_spec_bench, load_questions
-from tokenleap.models.llama import ExecutionPath
+from tokenleap.kv.cache import KVCache
+from tokenleap.models.llama import ExecutionPath, LlamaModel
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_sizes import cpu_name  # noqa: E402
@@ -41,7 +42,7 @@ from model_sizes import cpu_name  # noqa: E402
 ROOT = Path(__file__).resolve().parent
 
 
-def _forward_ms(model, kv, ids: torch.Tensor, rows: int, context: int, reps: int) -> float:  # noqa: ANN001
+def _forward_ms(model: LlamaModel, kv: KVCache, ids: torch.Tensor, rows: int, context: int, reps: int) -> float:
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()

@@ -20,13 +20,14 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenleap.config import DEFAULT_MODEL
+from tokenleap.models.llama import LlamaModel
 from tokenleap.models.loading import DTYPES, load_model
 from tokenleap.models.registry import resolve
 
 ROOT = Path(__file__).resolve().parent
 
 
-def time_rows(model, context: int, ks: list[int], repeats: int) -> dict[int, float]:
+def time_rows(model: LlamaModel, context: int, ks: list[int], repeats: int) -> dict[int, float]:
     kv = model.new_kv_cache(context + max(ks) + 2)
     gen = torch.Generator().manual_seed(context)
     model.forward(torch.randint(100, 40000, (context,), generator=gen), torch.arange(context), kv)

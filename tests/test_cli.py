@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,7 +206,7 @@ def test_generate_with_quantized_weights(capsys: pytest.CaptureFixture[str]) -> 
     assert out["text"] and len(out["token_ids"]) <= 12
 
 
-def test_quantization_of_a_folder_model_is_a_clear_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_quantization_of_a_folder_model_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_text("{}")
     assert main(["generate", "hi", "--model", str(tmp_path), "--quantization", "gguf"]) == 2
     err = capsys.readouterr().err
@@ -317,13 +318,15 @@ def test_speculative_config_json_and_penalties(capsys: pytest.CaptureFixture[str
         (["--resume"], "nothing to resume"),
     ],
 )
-def test_train_drafter_bad_input(extra: list[str], message: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_train_drafter_bad_input(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["train-drafter", "-o", str(tmp_path / "head"), "--no-progress", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
 
-def test_train_drafter_end_to_end_on_the_default_model(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+def test_train_drafter_end_to_end_on_the_default_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Self-distillation, a few TTT steps, the EAGLE-3 layout on disk, and the engine evaluation
     (greedy outputs with the head identical to plain decoding) on SmolLM2."""
     data = tmp_path / "chats.jsonl"

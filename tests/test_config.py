@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,7 +202,7 @@ def test_engine_config_quantization() -> None:
 
 
 
-def test_a_model_without_a_method_is_inferred_as_vllm_does(tmp_path) -> None:  # noqa: ANN001
+def test_a_model_without_a_method_is_inferred_as_vllm_does(tmp_path: Path) -> None:
     import json
 
     from tokenleap import SpecConfig

@@ -17,8 +17,12 @@ import ast
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tokenleap.models.llama import LlamaModel
 
 ROOT = Path(__file__).resolve().parent.parent / "src" / "tokenleap"
 PACKAGE = "tokenleap"
@@ -213,7 +217,7 @@ def test_above_the_models_only_the_seam_is_known() -> None:
     assert not wrong, wrong
 
 
-def test_the_llama_model_implements_the_seam(tiny_model) -> None:  # type: ignore[no-untyped-def]
+def test_the_llama_model_implements_the_seam(tiny_model: LlamaModel) -> None:
     from tokenleap.models.base import CausalLM
 
     assert isinstance(tiny_model, CausalLM) and isinstance(tiny_model.with_layers(1), CausalLM)

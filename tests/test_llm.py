@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve
 from tokenleap.errors import ModelNotFoundError
 from tokenleap.kernels import CpuKernels
+from tokenleap.kv.cache import KVCache
+from tokenleap.models.base import ModelOutput
 from tokenleap.models.llama import ROW_PATH_MAX_ROWS
 from tokenleap.types import CompletionOutput, RequestOutput
 
@@ -414,7 +417,7 @@ def test_parallel_sampling_shares_the_prefill_and_equals_separate_seeded_request
     prefill_rows: list[int] = []
     real = llm.model.forward
 
-    def counting(input_ids, positions, kv, *a, **k):  # noqa: ANN001, ANN002, ANN003
+    def counting(input_ids: torch.Tensor, positions: torch.Tensor, kv: KVCache, *a: Any, **k: Any) -> ModelOutput:
         if int(positions[0]) == 0:
             prefill_rows.append(int(input_ids.shape[0]))
         return real(input_ids, positions, kv, *a, **k)

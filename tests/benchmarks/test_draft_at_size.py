@@ -9,6 +9,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from tokenleap import LLM
 from tokenleap.engine.speculation import CostCurve, expected_tokens
 
 
@@ -25,7 +26,7 @@ def test_break_even_and_controller(load_benchmark: Callable[[str], ModuleType]) 
     assert k_high > k_low and gain_high > gain_low > 0
 
 
-def test_costed_replay_proposes_the_reference(load_benchmark: Callable[[str], ModuleType], llm) -> None:  # type: ignore[no-untyped-def]
+def test_costed_replay_proposes_the_reference(load_benchmark: Callable[[str], ModuleType], llm: LLM) -> None:
     m = load_benchmark("draft_at_size")
     from tokenleap import SamplingParams
     from tokenleap.drafters.base import DraftRequest
@@ -44,7 +45,7 @@ def test_costed_replay_proposes_the_reference(load_benchmark: Callable[[str], Mo
 
 
 @pytest.fixture(scope="module")
-def llm():  # type: ignore[no-untyped-def]
+def llm() -> LLM:
     from tokenleap import LLM
 
     return LLM(model="smollm2-135m-instruct")

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
+from tokenleap import LLM
 
-def test_forward_rows_times_every_case(load_benchmark: Callable[[str], ModuleType], llm) -> None:  # type: ignore[no-untyped-def]
+
+def test_forward_rows_times_every_case(load_benchmark: Callable[[str], ModuleType], llm: LLM) -> None:
     m = load_benchmark("forward_rows")
     result = m.measure(llm, [1, 5], context=16, rounds=1)
     cases = result["cases"]

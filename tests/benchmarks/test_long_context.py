@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
+from tokenleap.kernels import CpuKernels
 
-def test_decode_at_depth(load_benchmark: Callable[[str], ModuleType], kernels) -> None:  # type: ignore[no-untyped-def]
+
+def test_decode_at_depth(load_benchmark: Callable[[str], ModuleType], kernels: CpuKernels) -> None:
     if not kernels.bf16_attention:
         import pytest
 
@@ -26,7 +28,7 @@ def test_decode_at_depth(load_benchmark: Callable[[str], ModuleType], kernels) -
     assert q8["kv_dtype"] == "q8_0" and q8["kv_gb"] == row["kv_gb"] * 17 / 32
 
 
-def test_kv_attention_measures_every_layout(load_benchmark: Callable[[str], ModuleType], kernels) -> None:  # type: ignore[no-untyped-def]
+def test_kv_attention_measures_every_layout(load_benchmark: Callable[[str], ModuleType], kernels: CpuKernels) -> None:
     if not kernels.bf16_attention:
         import pytest
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -13,12 +15,12 @@ from tokenleap.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
-def make_gguf(load_benchmark):  # type: ignore[no-untyped-def]
+def make_gguf(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
     return load_benchmark("make_gguf")
 
 
 @pytest.fixture(scope="module")
-def tiny(make_gguf, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+def tiny(make_gguf: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("gguf") / "tiny-llama-F16.gguf"
     return make_gguf.write_f16(make_gguf.SHAPES["tiny-llama"], path, seed=0, progress=False)
 
@@ -59,7 +61,7 @@ def test_weights_have_the_shapes(loaded: tuple[Any, dict[str, Any]]) -> None:
     assert 0.015 < float(weights["layers.0.up"].std()) < 0.025
 
 
-def test_real_shapes_tensor_lists(make_gguf) -> None:  # type: ignore[no-untyped-def]
+def test_real_shapes_tensor_lists(make_gguf: ModuleType) -> None:
     names = {s.name: s for s in make_gguf.tensor_specs(make_gguf.SHAPES["llama-3.1-8b"])}
     assert names["output.weight"].shape == (128256, 4096) and names["rope_freqs.weight"].shape == (64,)
     assert names["blk.31.attn_k.weight"].shape == (1024, 4096) and names["blk.0.ffn_down.weight"].shape == (4096, 14336)
@@ -75,7 +77,7 @@ GEMMA3 = "gemma3"
 
 
 @pytest.fixture(scope="module")
-def tiny_gemma3(make_gguf, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+def tiny_gemma3(make_gguf: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("gguf") / "tiny-gemma3-F16.gguf"
     return make_gguf.write_f16(make_gguf.SHAPES["tiny-gemma3"], path, seed=0, progress=False)
 
@@ -145,7 +147,7 @@ def test_gemma3_tensors_llama_cpp_loads(gemma3_reader: Any) -> None:
     assert float(norm.data.min()) == float(norm.data.max()) == 1.0  # the multiplier itself (HF's 1 + w, w = 0)
 
 
-def test_gemma3_loaded_by_tokenleap(make_gguf, tiny_gemma3: Path) -> None:  # type: ignore[no-untyped-def]
+def test_gemma3_loaded_by_tokenleap(make_gguf: ModuleType, tiny_gemma3: Path) -> None:
     """tokenleap reads the file as Gemma 3 and runs it on its kernels: finite logits, and a
     5-row forward (a speculative verify) bit-identical to 5 single-row forwards past the window.
     (The tokenizer is the 270M GGUF's, copied verbatim; converting it takes tens of seconds.)"""
@@ -195,7 +197,7 @@ def test_gemma3_loaded_by_tokenleap(make_gguf, tiny_gemma3: Path) -> None:  # ty
     assert torch.equal(torch.cat(rows), torch.stack(steps))
 
 
-def test_spm_vocabulary_padded_as_the_converter_pads(make_gguf) -> None:  # type: ignore[no-untyped-def]
+def test_spm_vocabulary_padded_as_the_converter_pads(make_gguf: ModuleType) -> None:
     """Gemma 3 4B's 262208 tokens: the 262144 of tokenizer.model, its added `<image_soft_token>`,
     then `_create_vocab_sentencepiece`'s padding."""
     import gguf
@@ -216,7 +218,7 @@ def test_spm_vocabulary_padded_as_the_converter_pads(make_gguf) -> None:  # type
     assert kv["tokenizer.ggml.bos_token_id"].type == gguf.GGUFValueType.UINT32  # types copied, not guessed
 
 
-def test_gemma3_real_shapes(make_gguf) -> None:  # type: ignore[no-untyped-def]
+def test_gemma3_real_shapes(make_gguf: ModuleType) -> None:
     import gguf
 
     one, four = make_gguf.SHAPES["gemma3-1b"], make_gguf.SHAPES["gemma3-4b"]
@@ -236,7 +238,7 @@ def test_gemma3_real_shapes(make_gguf) -> None:  # type: ignore[no-untyped-def]
 # --- Mistral 7B v0.3: the llama architecture with Mistral's v3 SentencePiece vocabulary (32768)
 
 
-def test_sentencepiece_model_as_the_converter_writes_it(make_gguf, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_sentencepiece_model_as_the_converter_writes_it(make_gguf: ModuleType, tmp_path: Path) -> None:
     import gguf
     from transformers.utils import sentencepiece_model_pb2_new as sp_pb2
 
@@ -264,7 +266,7 @@ def test_sentencepiece_model_as_the_converter_writes_it(make_gguf, tmp_path: Pat
     assert fields["tokenizer.ggml.bos_token_id"].type == gguf.GGUFValueType.UINT32
 
 
-def test_mistral_shape(make_gguf) -> None:  # type: ignore[no-untyped-def]
+def test_mistral_shape(make_gguf: ModuleType) -> None:
     shape = make_gguf.SHAPES["mistral-7b"]
     specs = {s.name: s for s in make_gguf.tensor_specs(shape)}
     assert shape.arch == "llama" and shape.tokenizer == "mistral-v3" and "rope_freqs.weight" not in specs
@@ -272,7 +274,7 @@ def test_mistral_shape(make_gguf) -> None:  # type: ignore[no-untyped-def]
     assert sum(math.prod(s.shape) for s in specs.values()) == 7_248_023_552  # Mistral 7B v0.3's parameter count
 
 
-def test_mistral_vocabulary(make_gguf) -> None:  # type: ignore[no-untyped-def]
+def test_mistral_vocabulary(make_gguf: ModuleType) -> None:
     import importlib.util
 
     if importlib.util.find_spec(make_gguf.MISTRAL_TOKENIZER_MODULE) is None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
+from tokenleap import LLM
 
-def test_replay_pairs_runs_and_keeps_the_output(load_benchmark: Callable[[str], ModuleType], llm) -> None:  # type: ignore[no-untyped-def]
+
+def test_replay_pairs_runs_and_keeps_the_output(load_benchmark: Callable[[str], ModuleType], llm: LLM) -> None:
     m = load_benchmark("model_sizes")
     result = m.replay(llm, "Name three colours.", 12, [2], 0.5, rounds=2)
     assert result["rounds"] == 2 and [(r["k"], r["p"]) for r in result["rows"]] == [(2, 1.0), (2, 0.5)]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -10,11 +12,11 @@ from tokenleap import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def offline_batch(load_benchmark):  # type: ignore[no-untyped-def]
+def offline_batch(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
     return load_benchmark("offline_batch")
 
 
-def test_measure_alternates_modes_and_compares_outputs(offline_batch, tiny_hf_folder: Path) -> None:  # type: ignore[no-untyped-def]
+def test_measure_alternates_modes_and_compares_outputs(offline_batch: ModuleType, tiny_hf_folder: Path) -> None:
     llm = LLM(str(tiny_hf_folder), dtype="float32", max_model_len=64)
     prompts = [[(3 * i + j) % 200 + 20 for j in range(4 + i)] for i in range(7)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

@@ -3,10 +3,13 @@ differ only in how a sampled request verifies the tree."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+
 from tokenleap.bench import default_spec_bench
 
 
-def test_questions_and_methods(load_benchmark) -> None:  # type: ignore[no-untyped-def]
+def test_questions_and_methods(load_benchmark: Callable[[str], ModuleType]) -> None:
     bench = load_benchmark("tree_sampling")
     qs = bench.pick_questions(default_spec_bench(), 8)
     assert len(qs) == 8 and all(len(q.turns) == 1 for q in qs)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+
 import numpy as np
 import pytest
 
 
 @pytest.fixture(scope="module")
-def tree_sim(load_benchmark):  # type: ignore[no-untyped-def]
+def tree_sim(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
     return load_benchmark("tree_sim")
 
 
-def test_tree_holds_every_continuation_the_chain_misses(tree_sim) -> None:  # type: ignore[no-untyped-def]
+def test_tree_holds_every_continuation_the_chain_misses(tree_sim: ModuleType) -> None:
     # "1 2" was followed by 3 (long ago) and by 4 (recently); the context ends in "1 2"
     context = np.array([1, 2, 3, 9, 9, 1, 2, 4, 8, 7, 1, 2])
     chain = tree_sim.chain(context, 3)
@@ -23,7 +26,7 @@ def test_tree_holds_every_continuation_the_chain_misses(tree_sim) -> None:  # ty
     assert tree_sim.accepted(tree, [3, 9]) == 2  # the tree also holds the older one
 
 
-def test_replay_counts_one_target_token_per_step(tree_sim) -> None:  # type: ignore[no-untyped-def]
+def test_replay_counts_one_target_token_per_step(tree_sim: ModuleType) -> None:
     prompt = list(range(100, 130))
     runs = [{"group": "copy", "prompt_ids": prompt, "output_ids": prompt[:20]}]
     result = tree_sim.replay(runs, lambda c: tree_sim.chain(c, 4))

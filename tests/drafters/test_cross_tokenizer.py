@@ -23,6 +23,8 @@ from tokenleap.tokenizer import Tokenizer
 
 PROMPT_TEXT = "speculative decoding, "
 
+Pair = tuple[LlamaModel, Tokenizer, LlamaModel, Tokenizer]  # target, its tokenizer, draft, its tokenizer
+
 
 CHARS = [chr(c) for c in range(32, 127)] + [chr(c) for c in range(0x100, 0x100 + 161)]  # 256 code points
 
@@ -40,7 +42,7 @@ def _char_tokenizer(order: list[int]) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def pair() -> tuple[LlamaModel, Tokenizer, LlamaModel, Tokenizer]:
+def pair() -> Pair:
     perm = torch.randperm(256, generator=torch.Generator().manual_seed(3)).tolist()
     target_tok, draft_tok = _char_tokenizer(list(range(256))), _char_tokenizer(perm)
     w = make_tiny_weights(TINY_CONFIG, seed=0)
@@ -53,7 +55,7 @@ def pair() -> tuple[LlamaModel, Tokenizer, LlamaModel, Tokenizer]:
     return target, target_tok, draft, draft_tok
 
 
-def test_vocabularies_differ_and_text_maps_back(pair) -> None:
+def test_vocabularies_differ_and_text_maps_back(pair: Pair) -> None:
     target, target_tok, draft, draft_tok = pair
     assert not same_vocabulary(target_tok, draft_tok, target, draft)
     d = CrossTokenizerDrafter(draft, draft_tok, target_tok)
@@ -66,7 +68,7 @@ def test_vocabularies_differ_and_text_maps_back(pair) -> None:
     assert d.to_target(ctx, "") == []
 
 
-def test_greedy_identical_to_plain_with_drafts_accepted(pair) -> None:
+def test_greedy_identical_to_plain_with_drafts_accepted(pair: Pair) -> None:
     target, target_tok, draft, draft_tok = pair
     drafter = CrossTokenizerDrafter(draft, draft_tok, target_tok)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -80,7 +82,7 @@ def test_greedy_identical_to_plain_with_drafts_accepted(pair) -> None:
     assert s.num_draft_tokens >= 30 and s.num_accepted_tokens >= 0.9 * s.num_draft_tokens, s
 
 
-def test_sampled_first_three_tokens_follow_the_target(pair) -> None:
+def test_sampled_first_three_tokens_follow_the_target(pair: Pair) -> None:
     target, target_tok, draft, draft_tok = pair
     params = SamplingParams(temperature=1.0, top_k=3, max_tokens=16, ignore_eos=True)
     prompt = target_tok.encode(PROMPT_TEXT)
@@ -108,7 +110,7 @@ def test_sampled_first_three_tokens_follow_the_target(pair) -> None:
     assert accepted / n > 0.5, accepted / n  # the drafts (the target's argmax in text space) were taken
 
 
-def test_drafter_lifecycle_rolls_back_by_common_prefix(pair) -> None:
+def test_drafter_lifecycle_rolls_back_by_common_prefix(pair: Pair) -> None:
     target, target_tok, draft, draft_tok = pair
     d = CrossTokenizerDrafter(draft, draft_tok, target_tok)
     params = SamplingParams(temperature=0.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 import torch
 
 from tokenleap import SpecConfig
@@ -172,7 +173,7 @@ def test_registry_builds_the_family_with_configured_sizes() -> None:
     assert propose(low, [1, 2, 3, 4, 1, 2]) == [3, 4]  # a value seen once drafts, as in llama.cpp
 
 
-def test_min_hits_help_tells_the_drafters_defaults(capsys) -> None:
+def test_min_hits_help_tells_the_drafters_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     import pytest
 
     from tokenleap.cli import build_parser

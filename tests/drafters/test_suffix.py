@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from tokenleap import SpecConfig
+from tokenleap import LLM, SpecConfig
 from tokenleap.bench import default_spec_bench
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest
@@ -282,14 +282,14 @@ def _bench_prompts() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def suffix_llm():  # -> tokenleap.LLM
+def suffix_llm() -> LLM:
     import tokenleap
 
     return tokenleap.LLM(speculative_config={"method": "suffix"})
 
 
 @pytest.mark.slow
-def test_greedy_output_equals_plain_decoding_on_real_prompts(llm, suffix_llm) -> None:
+def test_greedy_output_equals_plain_decoding_on_real_prompts(llm: LLM, suffix_llm: LLM) -> None:
     from tokenleap import SamplingParams as Params
 
     params = Params(temperature=0.0, max_tokens=96)

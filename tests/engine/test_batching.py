@@ -3,6 +3,9 @@ the batch draft planner speculates less as the batch grows."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
 import tokenleap
@@ -10,6 +13,8 @@ from tokenleap import SpecConfig
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.request import Request
 from tokenleap.engine.speculation import CostCurve, plan_batch_drafts
+from tokenleap.models.base import ModelOutput, SeqInput
+from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams
 
 # --------------------------------------------------------------------------- planner
@@ -135,7 +140,7 @@ def test_batched_seeded_sampling_is_reproducible(llm: tokenleap.LLM, questions: 
     assert req.output_ids == alone
 
 
-def test_cost_curve_times_a_subset_of_row_counts_and_interpolates(tiny_model) -> None:  # type: ignore[no-untyped-def]
+def test_cost_curve_times_a_subset_of_row_counts_and_interpolates(tiny_model: LlamaModel) -> None:
     """A 64-token cap times 19 row counts a round, not 65; the counts between are linear in the
     measured neighbours and the curve never falls."""
     from tokenleap.engine import speculation
@@ -145,7 +150,7 @@ def test_cost_curve_times_a_subset_of_row_counts_and_interpolates(tiny_model) ->
     timed: list[int] = []
     forward_batch = tiny_model.forward_batch
 
-    def counting(seqs, **kw):  # type: ignore[no-untyped-def]
+    def counting(seqs: Sequence[SeqInput], **kw: Any) -> ModelOutput:
         timed.append(int(seqs[0].input_ids.shape[0]))
         return forward_batch(seqs, **kw)
 

@@ -12,11 +12,13 @@ from tokenleap import SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.engine.engine import Engine
 from tokenleap.engine.trace import ENV, SpecTrace
+from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams
+from tokenleap.tokenizer import Tokenizer
 
 
 def test_trace_lines_add_up_to_the_requests_statistics(
-    tiny_model, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+    tiny_model: LlamaModel, tokenizer: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "trace.ndjson"
     monkeypatch.setenv(ENV, str(path))
@@ -36,7 +38,9 @@ def test_trace_lines_add_up_to_the_requests_statistics(
     assert [x["step"] for x in lines] == sorted(x["step"] for x in lines)
 
 
-def test_no_trace_without_the_variable(tiny_model, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_no_trace_without_the_variable(
+    tiny_model: LlamaModel, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(ENV, raising=False)
     assert SpecTrace.from_env() is None
     spec = SpecConfig(method="ngram", num_speculative_tokens=4)

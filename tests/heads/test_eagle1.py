@@ -23,6 +23,7 @@ from tokenleap.heads.eagle1 import Eagle1Head
 from tokenleap.heads.loader import load_eagle3
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams, make_generator
+from tokenleap.tokenizer import Tokenizer
 
 H, HEADS, KVH, HD, INTER, VOCAB = 64, 4, 2, 32, 128, 256
 
@@ -122,7 +123,9 @@ def test_eagle1_chain_matches_slow_reference(tiny_model: LlamaModel, tmp_path: P
 
 
 @pytest.mark.parametrize("topk", [1, 3])
-def test_eagle1_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, tmp_path: Path, topk: int) -> None:
+def test_eagle1_engine_greedy_output_equals_plain(
+    tiny_model: LlamaModel, tokenizer: Tokenizer, tmp_path: Path, topk: int
+) -> None:
     folder = write_eagle1(tmp_path / "e1")
     spec = SpecConfig(method="eagle", model=str(folder), num_speculative_tokens=6, tree_topk=topk, tree_depth=3,
                       adaptive=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,15 +15,17 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from tokenleap import SpecConfig
+from tokenleap import LLM, SpecConfig
 from tokenleap.drafters import default_registry
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.drafters.head_drafter import HeadDrafter, TreeShape
 from tokenleap.engine.engine import Engine
 from tokenleap.errors import TokenleapError
+from tokenleap.heads.base import DraftHead
 from tokenleap.heads.loader import load_eagle3
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams, make_generator
+from tokenleap.tokenizer import Tokenizer
 from tokenleap.verify.tree import check_parents, tree_depths
 
 H, HEADS, KVH, HD, INTER = 64, 4, 2, 32, 128
@@ -182,7 +185,9 @@ def _observe_prompt(drafter: HeadDrafter, target: LlamaModel, tokens: list[int],
 
 
 @pytest.mark.parametrize("use_kernels", [True, False])
-def test_head_chain_matches_slow_reference(tiny_model_factory, head_dir: Path, use_kernels: bool) -> None:  # noqa: ANN001
+def test_head_chain_matches_slow_reference(
+    tiny_model_factory: Callable[..., LlamaModel], head_dir: Path, use_kernels: bool
+) -> None:
     tiny_model = tiny_model_factory(use_kernels=use_kernels)
     head = load_eagle3(head_dir, tiny_model)
     t = head_tensors()
@@ -260,7 +265,9 @@ def test_tree_is_well_formed_and_contains_the_chain(tiny_model: LlamaModel, head
 
 
 @pytest.mark.parametrize("topk", [1, 3])
-def test_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, head_dir: Path, topk: int) -> None:
+def test_engine_greedy_output_equals_plain(
+    tiny_model: LlamaModel, tokenizer: Tokenizer, head_dir: Path, topk: int
+) -> None:
     registry = default_registry()
     spec = SpecConfig(method="eagle3", model=str(head_dir), num_speculative_tokens=8, tree_topk=topk, tree_depth=4,
                       adaptive=False)
@@ -329,7 +336,7 @@ def test_bad_checkpoints_fail_clearly(tiny_model: LlamaModel, tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_real_model_greedy_output_equals_plain(llm, tmp_path: Path) -> None:
+def test_real_model_greedy_output_equals_plain(llm: LLM, tmp_path: Path) -> None:
     """A random head shaped for SmolLM2-135M (aux layers 2, 15, 27, 2048-token draft vocabulary):
     chain and tree drafts through the real bf16 model give the plain greedy output."""
     head_dir = write_head(tmp_path / "smol", aux=[2, 15, 27], dims=SMOLLM2, draft_vocab=2048)
@@ -348,7 +355,7 @@ def test_real_model_greedy_output_equals_plain(llm, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_shipped_head_drafts_the_default_model_losslessly(llm) -> None:  # noqa: ANN001
+def test_shipped_head_drafts_the_default_model_losslessly(llm: LLM) -> None:
     """The head in tokenleap/heads (trained on a GPU by benchmarks/gpu_head.py) loads with no path,
     keeps greedy output identical to plain decoding and has most of its drafts accepted (a broken
     head, wrong aux layers or a bad d2t map would accept next to none)."""
@@ -376,12 +383,12 @@ class OracleEagle(HeadDrafter):
     chain of the next 3 true tokens, or a tree whose first branch is a decoy. Keeps each
     request's final state, so that the features the engine fed can be checked."""
 
-    def __init__(self, head, prompt_len: int, answer: list[int], tree: bool) -> None:  # noqa: ANN001
+    def __init__(self, head: DraftHead, prompt_len: int, answer: list[int], tree: bool) -> None:
         super().__init__(head)
         self.prompt_len, self.answer, self.tree_mode = prompt_len, answer, tree
         self.final: dict[str, object] = {}
 
-    def propose(self, request_id, tokens, max_tokens):  # noqa: ANN001, ANN201
+    def propose(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> Draft:
         assert len(super().propose(request_id, tokens, max_tokens)) > 0
         done = len(tokens) - self.prompt_len
         truth = self.answer[done : done + 3]
@@ -399,7 +406,7 @@ class OracleEagle(HeadDrafter):
 
 @pytest.mark.parametrize("tree", [False, True])
 def test_engine_feeds_the_accepted_positions_true_features(
-    tiny_model: LlamaModel, tokenizer, head_dir: Path, tree: bool
+    tiny_model: LlamaModel, tokenizer: Tokenizer, head_dir: Path, tree: bool
 ) -> None:
     head = load_eagle3(head_dir, tiny_model)
     prompt = [12, 34, 56, 78, 90, 21, 43]
@@ -447,7 +454,9 @@ def test_norm_before_residual_matches_reference(tiny_model: LlamaModel, tmp_path
     torch.testing.assert_close(ours, torch.stack(ref), rtol=1e-4, atol=1e-4)
 
 
-def test_chain_with_a_model_free_drafter_gives_plain_output(tiny_model: LlamaModel, tokenizer, head_dir: Path) -> None:
+def test_chain_with_a_model_free_drafter_gives_plain_output(
+    tiny_model: LlamaModel, tokenizer: Tokenizer, head_dir: Path
+) -> None:
     spec = SpecConfig(method="suffix+eagle3", model=str(head_dir), num_speculative_tokens=6, adaptive=False)
     registry = default_registry()
     drafter = registry.create(spec.method, spec, target=tiny_model)

@@ -15,6 +15,7 @@ from tokenleap.drafters.head_drafter import HeadDrafter as Eagle3Drafter
 from tokenleap.errors import TokenleapError
 from tokenleap.heads.eagle3_gguf import permute_rope
 from tokenleap.heads.loader import load_eagle3
+from tokenleap.models.llama import LlamaModel
 from tokenleap.models.loaders import unpermute_rope
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab
@@ -38,7 +39,7 @@ _GGUF = {
 }
 
 
-def _head(model, nbr: bool) -> tuple[TrainableEagle3, DraftVocab]:  # type: ignore[no-untyped-def]
+def _head(model: LlamaModel, nbr: bool) -> tuple[TrainableEagle3, DraftVocab]:
     ids = sorted(torch.randperm(256, generator=torch.Generator().manual_seed(3))[:96].tolist())
     head = TrainableEagle3(shape_for_target(model.config, 96, AUX, nbr), model.embed, seed=5)
     g = torch.Generator().manual_seed(7)
@@ -89,7 +90,9 @@ def test_permutation_round_trips() -> None:
 
 
 @pytest.mark.parametrize(("aux_key", "nbr"), [("target_layers", True), ("extract_layers", False)])
-def test_gguf_head_drafts_as_the_safetensors_head(tiny_model, tmp_path: Path, aux_key: str, nbr: bool) -> None:  # type: ignore[no-untyped-def]
+def test_gguf_head_drafts_as_the_safetensors_head(
+    tiny_model: LlamaModel, tmp_path: Path, aux_key: str, nbr: bool
+) -> None:
     head, vocab = _head(tiny_model, nbr)
     head.export(tmp_path / "st", vocab.d2t(), vocab.t2d())
     ref = load_eagle3(tmp_path / "st", tiny_model)
@@ -110,7 +113,7 @@ def test_gguf_head_drafts_as_the_safetensors_head(tiny_model, tmp_path: Path, au
     assert drafts[0] == drafts[1] and len(drafts[0]) == 5
 
 
-def test_bad_gguf_files_fail_clearly(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_bad_gguf_files_fail_clearly(tiny_model: LlamaModel, tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf")
     with pytest.raises(TokenleapError, match="not a readable GGUF"):

@@ -21,6 +21,7 @@ from tokenleap.errors import TokenleapError
 from tokenleap.heads.medusa import load_medusa
 from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams, make_generator
+from tokenleap.tokenizer import Tokenizer
 
 H, VOCAB, HEADS = 64, 256, 3
 
@@ -68,7 +69,9 @@ def test_medusa_drafts_match_reference(tiny_model: LlamaModel, tmp_path: Path, l
 
 
 @pytest.mark.parametrize("topk", [1, 3])
-def test_medusa_engine_greedy_output_equals_plain(tiny_model: LlamaModel, tokenizer, tmp_path: Path, topk: int) -> None:
+def test_medusa_engine_greedy_output_equals_plain(
+    tiny_model: LlamaModel, tokenizer: Tokenizer, tmp_path: Path, topk: int
+) -> None:
     spec = SpecConfig(
         method="medusa",
         model=str(write_medusa(tmp_path / "m")),

@@ -22,6 +22,7 @@ from tokenleap.kernels import load_kernels
 from tokenleap.models.llama import LlamaModel
 from tokenleap.models.loaders import load_hf_folder
 from tokenleap.sampling import SamplingParams
+from tokenleap.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -132,7 +133,9 @@ def test_the_target_loads_beside_its_mtp_layer_and_the_head_matches_the_referenc
     torch.testing.assert_close(head.logits(ours), ref @ target.lm_head.float().T, rtol=2e-4, atol=2e-4)
 
 
-def test_greedy_speculation_with_the_mtp_layer_is_plain_decoding(mimo: Path, target: LlamaModel, tokenizer) -> None:  # noqa: ANN001
+def test_greedy_speculation_with_the_mtp_layer_is_plain_decoding(
+    mimo: Path, target: LlamaModel, tokenizer: Tokenizer
+) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 9, 10]
     plain = Engine(target, tokenizer)
@@ -167,7 +170,7 @@ def test_kinds_the_runtime_cannot_run_are_named(tmp_path: Path, mimo: Path, targ
         default_registry().create("mtp", SpecConfig("mtp"), target=target, target_path=tmp_path / "model.gguf")
 
 
-def test_tokenleap_bench_finds_the_targets_own_mtp_layer(mimo: Path, target: LlamaModel, tokenizer) -> None:  # noqa: ANN001
+def test_tokenleap_bench_finds_the_targets_own_mtp_layer(mimo: Path, target: LlamaModel, tokenizer: Tokenizer) -> None:
     from tokenleap.bench import Question, run_bench
 
     q = Question("q", "qa", ("Count: one two three one two three one two three",), "", ())

@@ -14,9 +14,10 @@ import torch
 
 from tiny_models import TINY_CONFIG, make_tiny_weights
 from tokenleap import LLM
-from tokenleap.attention.ops import RowGroup, causal_mask, plan_rows, tree_mask
+from tokenleap.attention.ops import AttentionMask, RowGroup, causal_mask, plan_rows, tree_mask
 from tokenleap.kernels import CpuKernels, Linear, QuantWeight
 from tokenleap.kernels.fused import FusedLayers
+from tokenleap.kv.cache import KVCache
 from tokenleap.models.layers import LayerWeights
 from tokenleap.models.llama import LlamaModel, SeqInput
 
@@ -35,7 +36,7 @@ def _session(model: LlamaModel, vocab: int) -> list[torch.Tensor]:
     ids = torch.randint(0, vocab, (80,), generator=g)
     out: list[torch.Tensor] = []
 
-    def fwd(kv, lo: int, hi: int, attn=None) -> None:  # noqa: ANN001
+    def fwd(kv: KVCache, lo: int, hi: int, attn: AttentionMask | None = None) -> None:
         o = model.forward(ids[lo:hi], torch.arange(lo, hi), kv, attn, return_hidden=(0, model.config.num_layers - 1))
         out.extend([model.compute_logits(o.hidden), *o.hidden_states.values()])
 

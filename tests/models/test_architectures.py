@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tokenleap.errors import TokenleapError
-from tokenleap.kernels import load_kernels
+from tokenleap.kernels import CpuKernels, load_kernels
 from tokenleap.models.llama import LlamaModel
 from tokenleap.models.loaders import load_hf_folder
 
@@ -51,6 +51,9 @@ GGUF_GEMMA = ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
     num_hidden_layers=6, head_dim=32, sliding_window=5, tie_word_embeddings=True, query_pre_attn_scalar=32))
 
 
+Pair = tuple[str, torch.nn.Module, LlamaModel]  # the case's name, transformers' model, ours on its weights
+
+
 def _make(name: str, folder: Path) -> torch.nn.Module:
     if name == "gemma3-linear-gguf":
         cfg_cls, model_cls, extra = (
@@ -72,12 +75,12 @@ def _make(name: str, folder: Path) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def kernels():
+def kernels() -> CpuKernels | None:
     return load_kernels()
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def pair(request, tmp_path_factory, kernels):
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, kernels: CpuKernels | None) -> Pair:
     folder = tmp_path_factory.mktemp(request.param)
     hf = _make(request.param, folder)
     config, weights = load_hf_folder(folder)
@@ -103,7 +106,7 @@ def _greedy(model: LlamaModel, ids: list[int], steps: int) -> list[int]:
     return generated
 
 
-def test_logits_match_transformers(pair):
+def test_logits_match_transformers(pair: Pair) -> None:
     name, hf, model = pair
     ids = list(range(3, 43))  # 40 tokens: past the sliding windows, torch prefill path (> 32 rows)
     with torch.no_grad():
@@ -116,7 +119,7 @@ def test_logits_match_transformers(pair):
     torch.testing.assert_close(_prefill_logits(model, short), ref, atol=2e-4, rtol=2e-4, msg=name)
 
 
-def test_greedy_matches_transformers(pair):
+def test_greedy_matches_transformers(pair: Pair) -> None:
     name, hf, model = pair
     prompt = [5, 17, 33, 2, 99, 41, 7]
     with torch.no_grad():
@@ -126,7 +129,7 @@ def test_greedy_matches_transformers(pair):
     assert _greedy(model, prompt, 24) == ref.tolist(), name
 
 
-def test_verify_rows_equal_single_rows_across_rollback(pair):
+def test_verify_rows_equal_single_rows_across_rollback(pair: Pair) -> None:
     """k rows in one forward are bit-identical to k single-row forwards, also after truncating
     rejected rows (the window of local layers must see the same slots)."""
     name, _, model = pair
@@ -137,7 +140,9 @@ Q8_CASES = [name for name, (_, _, extra) in CASES.items() if extra.get("head_dim
 
 
 @pytest.mark.parametrize("name", Q8_CASES)
-def test_q8_0_cache_verify_rows_equal_single_rows_across_rollback(name, kernels, tmp_path):
+def test_q8_0_cache_verify_rows_equal_single_rows_across_rollback(
+    name: str, kernels: CpuKernels | None, tmp_path: Path
+) -> None:
     """The same over a q8_0 KV cache (bf16 model; the cases whose head dim is a multiple of 32)."""
     if kernels is None or not kernels.bf16_attention:
         pytest.skip("q8_0 caches need the blocked attention kernels")
@@ -168,7 +173,7 @@ def _check_rollback(model: LlamaModel, name: str) -> None:
     assert torch.equal(model.compute_logits(batch.hidden), model.compute_logits(torch.cat(singles[2:]))), name
 
 
-def test_unsupported_options_are_named(tmp_path):
+def test_unsupported_options_are_named(tmp_path: Path) -> None:
     from tokenleap.models.loaders import read_hf_config
 
     base = {
@@ -281,7 +286,7 @@ def _write_gguf(name: str, folder: Path, path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma3", "gemma3-linear"])
-def test_gguf_matches_transformers(name: str, tmp_path: Path, kernels) -> None:
+def test_gguf_matches_transformers(name: str, tmp_path: Path, kernels: CpuKernels | None) -> None:
     from tokenleap.models.loaders import load_gguf
 
     hf = _make(f"{name}-gguf" if name.startswith("gemma3") else name, tmp_path / "hf")
@@ -300,7 +305,7 @@ def test_gguf_matches_transformers(name: str, tmp_path: Path, kernels) -> None:
     assert _greedy(model, prompt, 12) == want.tolist()
 
 
-def test_batched_rows_equal_rows_alone(pair):
+def test_batched_rows_equal_rows_alone(pair: Pair) -> None:
     """A batched step (rows of several sequences) gives each row the bits of its own forward."""
     from tokenleap.models.llama import SeqInput
 
@@ -320,7 +325,9 @@ def test_batched_rows_equal_rows_alone(pair):
 
 
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
-def test_bf16_kernel_attention_keeps_the_sliding_window_over_cached_slots(name: str, tmp_path: Path, kernels) -> None:
+def test_bf16_kernel_attention_keeps_the_sliding_window_over_cached_slots(
+    name: str, tmp_path: Path, kernels: CpuKernels | None
+) -> None:
     """bf16 on the kernels (blocked caches): once a row's window excludes cached slots, its
     sliding layers must attend over the window only (the kernel's per-row lower slot bound). The
     same model with torch attention over the same blocked cache is the reference (they differ by
@@ -354,7 +361,7 @@ def test_bf16_kernel_attention_keeps_the_sliding_window_over_cached_slots(name: 
     assert torch.equal(torch.cat(one), logits[0][-2:])
 
 
-def test_verify_of_65_rows_equals_single_rows(pair):
+def test_verify_of_65_rows_equals_single_rows(pair: Pair) -> None:
     """A 64-token draft's verify forward (65 rows, `forward_batch` as the engine runs it) is
     bit-identical to 65 single-row forwards on every architecture, the general path's included
     (an fp32 `forward` of that many rows would take torch's GEMM and SDPA instead)."""

@@ -5,12 +5,14 @@ batched == solo, greedy speculation == plain decoding), and stay close to the de
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
 
 from tokenleap import LLM, SamplingParams
 from tokenleap.kernels import CpuKernels, QuantWeight
+from tokenleap.models.config import ModelConfig
 from tokenleap.models.llama import LlamaModel, SeqInput
 from tokenleap.tokenizer import Tokenizer
 
@@ -100,7 +102,9 @@ def test_close_to_the_dequantized_model(
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.8
 
 
-def test_kept_blocks_hold_the_dequantized_values(model_path, weights) -> None:  # noqa: ANN001
+def test_kept_blocks_hold_the_dequantized_values(
+    model_path: Path, weights: tuple[ModelConfig, dict[str, torch.Tensor]]
+) -> None:
     """Raw rows keep the loader's Q/K un-permutation: each kept weight dequantizes to exactly
     what the float loader produces."""
     from tokenleap.models.loaders import load_gguf

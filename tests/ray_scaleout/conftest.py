@@ -7,7 +7,8 @@ from __future__ import annotations
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -81,7 +82,10 @@ def replica_stats(url: str, session: str) -> dict:
     )
 
 
-def wait_for(pred, timeout: float = 60.0, every: float = 0.2):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+def wait_for(pred: Callable[[], T], timeout: float = 60.0, every: float = 0.2) -> T:
     deadline = time.monotonic() + timeout
     while True:
         value = pred()

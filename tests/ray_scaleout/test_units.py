@@ -5,12 +5,13 @@ from answers produced elsewhere."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
 pytest.importorskip("ray")
 
-from tokenleap.drafters.base import DraftRequest  # noqa: E402
+from tokenleap.drafters.base import Drafter, DraftRequest  # noqa: E402
 from tokenleap.drafters.ngram_cache import NgramCacheDrafter  # noqa: E402
 from tokenleap.drafters.ngram_mod import NgramModDrafter  # noqa: E402
 from tokenleap.drafters.suffix import SuffixDrafter  # noqa: E402
@@ -92,7 +93,7 @@ def test_config_validation() -> None:
             RayServeConfig(**bad)
 
 
-def _draft_after(drafter, context: list[int]) -> list[int]:  # type: ignore[no-untyped-def]
+def _draft_after(drafter: Drafter, context: list[int]) -> list[int]:
     drafter.begin(DraftRequest("q", context, SamplingParams(temperature=0), None))
     draft = drafter.propose("q", context, 8)
     drafter.end("q")
@@ -102,7 +103,9 @@ def _draft_after(drafter, context: list[int]) -> list[int]:  # type: ignore[no-u
 @pytest.mark.parametrize(
     "make", [SuffixDrafter, lambda: NgramModDrafter(size_n=2, pool_size=4096), lambda: NgramCacheDrafter(n_max=2)]
 )
-def test_drafters_learn_answers_produced_elsewhere(make) -> None:  # type: ignore[no-untyped-def]
+def test_drafters_learn_answers_produced_elsewhere(
+    make: Callable[[], SuffixDrafter | NgramModDrafter | NgramCacheDrafter],
+) -> None:
     answer = [10, 11, 12, 13, 14, 15, 16, 17]
     fresh, taught = make(), make()
     taught.learn([1, 2, 3], answer)

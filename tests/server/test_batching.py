@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tokenleap import LLM
+from tokenleap.engine.request import Request
 from tokenleap.server import BackgroundServer, ServerConfig
 
 from .conftest import MODEL, metrics, reference_chat, wait_idle
@@ -136,11 +137,11 @@ def test_long_prompt_prefill_is_interleaved_with_running_streams(
     calls: list[tuple[str, int]] = []  # appended on the engine thread only
     prefill_step, step_batch = engine.prefill_step, engine.step_batch
 
-    def logged_prefill(req):  # type: ignore[no-untyped-def]
+    def logged_prefill(req: Request) -> bool:
         calls.append(("prefill", len(req.prompt_ids)))
         return prefill_step(req)
 
-    def logged_step(reqs):  # type: ignore[no-untyped-def]
+    def logged_step(reqs: Sequence[Request]) -> None:
         calls.append(("step", len(reqs)))
         return step_batch(reqs)
 
@@ -276,7 +277,7 @@ def test_engine_failure_fails_only_its_requests(
     real = engine.step_batch
     calls = {"n": 0}
 
-    def flaky(reqs):  # type: ignore[no-untyped-def]
+    def flaky(reqs: Sequence[Request]) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("simulated kernel failure")

@@ -9,6 +9,8 @@ import threading
 import openai
 
 from tokenleap.server import BackgroundServer
+from tokenleap.server.loop import Job
+from tokenleap.types import RequestOutput
 
 from .conftest import MODEL
 
@@ -17,7 +19,7 @@ def test_finish_listener_and_call_soon(server: BackgroundServer, client: openai.
     loop = server.state.loop
     seen: list[tuple[str, list[int], str, str]] = []
 
-    def listen(job, out, reason) -> None:  # type: ignore[no-untyped-def]
+    def listen(job: Job, out: RequestOutput | None, reason: str) -> None:
         seen.append(
             (threading.current_thread().name, list(out.outputs[0].token_ids) if out else [], reason, job.request_id)
         )

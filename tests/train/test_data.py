@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tokenleap.errors import TokenleapError
+from tokenleap.tokenizer import Tokenizer
 from tokenleap.train.data import Example, Record, build_draft_vocab, load_records, parse_record, tokenize
 
 
@@ -58,7 +59,7 @@ def test_sharegpt_wheel_loads() -> None:
     assert len(recs) == 50 and all(r.messages[0][0] in ("user", "system") for r in recs)
 
 
-def test_tokenize_masks_exactly_the_assistant_turns(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_tokenize_masks_exactly_the_assistant_turns(tokenizer: Tokenizer) -> None:
     rec = Record(
         messages=(("user", "What is 2+2?"), ("assistant", "It is 4."), ("user", "And 3+3?"), ("assistant", "6."))
     )

@@ -16,6 +16,7 @@ from tokenleap import LLM
 from tokenleap.errors import TokenleapError
 from tokenleap.heads.base import HeadKV
 from tokenleap.heads.loader import load_eagle3
+from tokenleap.models.llama import LlamaModel
 from tokenleap.sampling import SamplingParams
 from tokenleap.train.data import DraftVocab, Example
 from tokenleap.train.eagle3_head import TrainableEagle3, shape_for_target
@@ -41,7 +42,7 @@ def _random_head(model: Any, draft_ids: list[int], seed: int = 1, nbr: bool = Tr
 
 
 @pytest.mark.parametrize("nbr", [True, False])
-def test_ttt_forward_is_the_runtime_head(tiny_model, tmp_path: Path, nbr: bool) -> None:  # type: ignore[no-untyped-def]
+def test_ttt_forward_is_the_runtime_head(tiny_model: LlamaModel, tmp_path: Path, nbr: bool) -> None:
     model = tiny_model
     draft_ids = sorted(
         torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(0))[:64].tolist()
@@ -76,7 +77,7 @@ def test_ttt_forward_is_the_runtime_head(tiny_model, tmp_path: Path, nbr: bool) 
                 torch.testing.assert_close(rt.logits(cur)[0], outs[k][0, i], atol=2e-4, rtol=2e-4)
 
 
-def test_ttt_loss_counts_only_valid_rows(tiny_model) -> None:  # type: ignore[no-untyped-def]
+def test_ttt_loss_counts_only_valid_rows(tiny_model: LlamaModel) -> None:
     model = tiny_model
     ids = list(range(10, 40))
     vocab = DraftVocab(tuple(range(0, 256, 2)), 256, 1.0)  # only even ids are draftable
@@ -239,7 +240,7 @@ def test_feature_cache_changes_nothing_but_time(tiny_hf_folder: Path, tiny_data:
         assert torch.equal(a[k], b[k]), k
 
 
-def test_from_head_reads_back_an_exported_head(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_from_head_reads_back_an_exported_head(tiny_model: LlamaModel, tmp_path: Path) -> None:
     draft_ids = list(range(0, 256, 4))
     vocab = DraftVocab(tuple(draft_ids), 256, 1.0)
     head = _random_head(tiny_model, draft_ids)
@@ -250,7 +251,7 @@ def test_from_head_reads_back_an_exported_head(tiny_model, tmp_path: Path) -> No
         assert torch.equal(a, b), name
 
 
-def test_mtp_ttt_forward_is_the_runtime_layer(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_mtp_ttt_forward_is_the_runtime_layer(tiny_model: LlamaModel, tmp_path: Path) -> None:
     """The trainable MTP layer's TTT steps equal the runtime's chained drafting (heads/mtp.py)
     on the same target features, once exported in MiMo's layout and loaded back."""
     from tokenleap.heads.mtp import load_mtp

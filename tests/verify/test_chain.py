@@ -264,13 +264,25 @@ def assert_detects(counts: np.ndarray, probs: np.ndarray, what: str) -> None:
 # Deliberately wrong verifiers, to show each statistical test would catch a broken algorithm.
 
 
-def accept_always(draft, target_logits, params, generator, draft_probs=None) -> VerifyResult:  # type: ignore[no-untyped-def]
+def accept_always(
+    draft: Sequence[int],
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    draft_probs: torch.Tensor | None = None,
+) -> VerifyResult:
     p = logits_to_probs(target_logits, params)
     bonus = int(torch.multinomial(p[len(draft)], 1, generator=generator))
     return VerifyResult(list(draft) + [bonus], len(draft))
 
 
-def resample_from_p(draft, target_logits, params, generator, draft_probs=None) -> VerifyResult:  # type: ignore[no-untyped-def]
+def resample_from_p(
+    draft: Sequence[int],
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    draft_probs: torch.Tensor | None = None,
+) -> VerifyResult:
     """Correct acceptance test, but the recovered token is drawn from p instead of the residual."""
     p = logits_to_probs(target_logits, params)
     for i, x in enumerate(draft):
@@ -280,7 +292,13 @@ def resample_from_p(draft, target_logits, params, generator, draft_probs=None) -
     return VerifyResult(list(draft) + [int(torch.multinomial(p[len(draft)], 1, generator=generator))], len(draft))
 
 
-def bonus_from_wrong_row(draft, target_logits, params, generator, draft_probs=None) -> VerifyResult:  # type: ignore[no-untyped-def]
+def bonus_from_wrong_row(
+    draft: Sequence[int],
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    draft_probs: torch.Tensor | None = None,
+) -> VerifyResult:
     """Correct except for an off-by-one: the bonus token is drawn from p_{k-1} instead of p_k."""
     result = verify_chain(draft, target_logits, params, generator, draft_probs)
     k = len(draft)

@@ -250,7 +250,14 @@ def stale_walk(fix_acceptance: bool, fix_residual: bool) -> Verifier:
     instead of the residual (`fix_acceptance=False`), or the last token is drawn from the
     node's original p instead of the residual (`fix_residual=False`)."""
 
-    def verify(tokens, parents, logits, params, gen, q=None) -> TreeVerifyResult:  # type: ignore[no-untyped-def]
+    def verify(
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        logits: torch.Tensor,
+        params: SamplingParams,
+        gen: torch.Generator,
+        q: torch.Tensor | None = None,
+    ) -> TreeVerifyResult:
         kids = children_of(parents)
         node, path = -1, []
         while True:

@@ -6,6 +6,8 @@ that draws the last token from p instead of the residual fails the same test."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 import torch
@@ -47,7 +49,14 @@ def _tree_logits(llm: LLM, ids: list[int], tokens: list[int], parents: list[int]
         kv.free()
 
 
-def _stale_residual(tokens, parents, logits, params, gen, q=None) -> TreeVerifyResult:  # type: ignore[no-untyped-def]
+def _stale_residual(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    logits: torch.Tensor,
+    params: SamplingParams,
+    gen: torch.Generator,
+    q: torch.Tensor | None = None,
+) -> TreeVerifyResult:
     """Wrong on purpose: after rejecting every child, the last token comes from p itself."""
     kids, node, path = children_of(parents), -1, []
     while True:
