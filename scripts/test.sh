@@ -9,5 +9,5 @@ lint=0
 if [ "${TOKENLEAP_LINT:-1}" != 0 ]; then
   scripts/lint.sh || lint=$?
 fi
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=15 "$@"  # the 15 slowest: the suite must stay under 20 min
 exit "$lint"
