@@ -123,27 +123,27 @@ class ChainDrafter:
         self._has_setup = [isinstance(d, HasSetupCost) for d in self.drafters]
         self._requests: dict[str, DraftRequest] = {}
         self._miss: dict[str, float] = {}  # request -> decayed share of steps without a paying free draft
-        self._horizon: dict[str, float] = {}
-        self._current = ""
 
     def use_cost_curve(self, curve: Any) -> None:
         """The target's verify cost curve (`tokenleap.cost.CostCurve`), from the engine."""
         self._curve = curve
 
-    def _rate(self, member: int, alpha: float, length: int, context: int, setup: float = 0.0) -> float:
+    def _rate(
+        self, member: int, alpha: float, length: int, context: int, setup: float = 0.0, horizon: float = 0.0
+    ) -> float:
         """Expected tokens per unit of cost of the member's `length`-token draft; `setup`: the
-        member's one-off work, in target steps, over the steps it is expected to serve."""
+        member's one-off work in target steps, spread over the steps it may serve (`horizon`
+        tokens at its expected tokens a step)."""
         verify = self._curve.cost(length, context) if self._curve is not None else 1.0 + 0.05 * length
-        steps = 1.0
-        if setup > 0.0:
-            steps = max(1.0, self._horizon.get(self._current, 0.0) / expected_tokens(alpha, length))
-        return expected_tokens(alpha, length) / (verify + self.costs[member] * length + setup / steps)
+        expected = expected_tokens(alpha, length)
+        steps = max(1.0, horizon / expected)
+        return expected / (verify + self.costs[member] * length + setup / steps)
 
     def _best_length(
-        self, member: int, alpha: float, max_tokens: int, context: int, setup: float = 0.0
+        self, member: int, alpha: float, max_tokens: int, context: int, setup: float = 0.0, horizon: float = 0.0
     ) -> tuple[float, int]:
         """The member's best expected rate over draft lengths 1..max_tokens, and that length."""
-        rates = ((self._rate(member, alpha, n, context, setup), n) for n in range(1, max_tokens + 1))
+        rates = ((self._rate(member, alpha, n, context, setup, horizon), n) for n in range(1, max_tokens + 1))
         return max(rates, default=(0.0, 0))
 
     def _setup_cost(self, i: int, request_id: str, tokens: Sequence[int]) -> float:
@@ -154,16 +154,14 @@ class ChainDrafter:
             return 0.0
         return float(cast(HasSetupCost, self.drafters[i]).setup_cost(request, tokens))
 
-    def _set_horizon(self, request_id: str, tokens: Sequence[int]) -> None:
+    def _horizon(self, request_id: str, tokens: Sequence[int]) -> float:
         """Tokens a costly member may still help decode: those left to generate times the share
         of recent steps no free member's draft paid for (prior: half)."""
-        self._current = request_id
         request = self._requests.get(request_id)
         if request is None:
-            self._horizon[request_id] = 0.0
-            return
+            return 0.0
         left = (request.params.max_tokens or HORIZON_WITHOUT_CAP) - (len(tokens) - len(request.prompt_ids))
-        self._horizon[request_id] = max(0.0, left * self._miss.get(request_id, 0.5))
+        return max(0.0, left * self._miss.get(request_id, 0.5))
 
     def member_statistics(self, request_id: str) -> dict[str, SpecStats]:
         """The request's counters by member name, in chain order (kept up to date until `end`)."""
@@ -226,7 +224,7 @@ class ChainDrafter:
                     return self._chosen(i, dataclasses.replace(draft, setup_seconds=setup))
             return Draft(setup_seconds=setup)
         context = len(tokens)
-        self._set_horizon(request_id, tokens)
+        horizon = self._horizon(request_id, tokens)
         best: tuple[float, int, Draft] | None = None
         free_paid = False
         for i in self._order:
@@ -237,10 +235,10 @@ class ChainDrafter:
             probe = est.idle > self.probe_every and (best is None or best[0] <= 1.0)
             if self.costs[i] > 0:
                 one_off = self._setup_cost(i, request_id, tokens)
-                if probe and one_off > 0.0 and self._rate(i, est.alpha, 1, context, one_off) <= 1.0:
+                if probe and one_off > 0.0 and self._rate(i, est.alpha, 1, context, one_off, horizon) <= 1.0:
                     probe = False  # nor paid for with a prefill the request cannot win back
                 if not probe:
-                    expected, length = self._best_length(i, est.alpha, max_tokens, context, one_off)
+                    expected, length = self._best_length(i, est.alpha, max_tokens, context, one_off, horizon)
                     if expected <= (best[0] if best is not None else 1.0):
                         continue  # not worth its drafting time this step
             draft = self._propose(i, request_id, tokens, length)
@@ -295,8 +293,8 @@ class ChainDrafter:
             if self._begun(i, request_id):
                 d.end(request_id)
         self._unbegun.pop(request_id, None)
-        for state in (self._requests, self._miss, self._horizon):
-            state.pop(request_id, None)
+        self._requests.pop(request_id, None)
+        self._miss.pop(request_id, None)
         self._estimates.pop(request_id, None)
         self._last.pop(request_id, None)
         self._stats.pop(request_id, None)  # the engine's request metrics keep them
