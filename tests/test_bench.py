@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tokenleap.bench import (
     load_questions,
     parse_methods,
     plot,
+    round_speedups,
     run_bench,
     summarize,
 )
@@ -118,6 +120,34 @@ def test_run_bench_on_the_real_model_honours_prefix_and_stop(model_bf16: LlamaMo
     plain = records[0]
     assert 0 < plain.new_tokens < 96  # ended at the closing fence, not at max_tokens
     assert records[1].target_forwards < plain.target_forwards  # the copy was drafted
+
+
+def test_round_speedups_give_each_rounds_ratio_and_their_median() -> None:
+    """Each round's questions pooled: speedup = (tokens / wall) over plain's in the same round;
+    median, min and max across rounds (hf- methods against transformers' own plain)."""
+    records = []
+    for rnd, (plain_wall, ngram_wall) in enumerate([(10.0, 5.0), (10.0, 8.0), (12.0, 4.0)]):
+        records += [
+            dataclasses.replace(_rec("plain", "qa", 100, plain_wall, 1.0, 100, 100), round=rnd),
+            dataclasses.replace(_rec("ngram", "qa", 100, ngram_wall, 1.0, 50, 100), round=rnd),
+            dataclasses.replace(_rec("hf-plain", "qa", 100, 20.0, 20.0, 0, 0), round=rnd),
+            dataclasses.replace(_rec("hf-pld", "qa", 100, 10.0, 10.0, 0, 0), round=rnd),
+        ]
+    spread = round_speedups(records)
+    assert set(spread) == {"ngram", "hf-pld"}
+    assert spread["ngram"]["speedups"] == pytest.approx([2.0, 1.25, 3.0])
+    ngram = spread["ngram"]
+    assert (ngram["median"], ngram["min"], ngram["max"]) == pytest.approx((2.0, 1.25, 3.0))
+    assert spread["hf-pld"]["median"] == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+def test_run_bench_rounds_repeat_every_method_in_turn(model_bf16: LlamaModel, tokenizer: Tokenizer) -> None:
+    q = Question("count", "qa", ("Count from one to five in words.",))
+    records = run_bench(model_bf16, tokenizer, [q], parse_methods("ngram", 4), max_tokens=12, rounds=2)
+    assert [(r.round, r.method) for r in records] == [(0, "plain"), (0, "ngram"), (1, "plain"), (1, "ngram")]
+    assert all(r.matched_plain for r in records) and records[0].new_tokens == records[2].new_tokens
+    assert len(round_speedups(records)["ngram"]["speedups"]) == 2
 
 
 def test_parse_methods_passes_the_draft_model_to_methods_that_need_one() -> None:

@@ -41,6 +41,7 @@ from tokenleap.cli import main
             ["generate", "hi", "-ctk", "q8_0", "-ctv", "f16"],
             "keys and values in one type: --cache-type-k q8_0, --cache-type-v f16 differ",
         ),
+        (["bench", "--methods", "ngram", "--rounds", "0"], "--rounds must be >= 1, got 0"),
     ],
 )
 def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -117,6 +118,7 @@ class Record:
     draft_tokens: int
     accepted_tokens: int
     matched_plain: bool
+    round: int = 0  # the pass over the questions (`rounds`)
 
 
 def parse_methods(spec: str, draft_max: int, model: str | None = None, adaptive: bool = True) -> dict[str, SpecConfig]:
@@ -195,7 +197,10 @@ def run_bench(
     seed: int = 0,
     target_name: str | None = None,
     target_path: Any = None,
+    rounds: int = 1,
 ) -> list[Record]:
+    """Every method on every question, interleaved question by question, `rounds` times over
+    (a round's figures are comparable with each other: the host's speed drifts between rounds)."""
     engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
     # one cost curve for every method: they verify on the same model, and a curve measured in
     # an unlucky moment would otherwise handicap one method for the whole run
@@ -210,11 +215,12 @@ def run_bench(
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     records: list[Record] = []
     names = list(engines)
-    for n, q in enumerate(questions):
+    for rnd, (n, q) in ((rnd, nq) for rnd in range(rounds) for nq in enumerate(questions)):
         # Rotate which engine runs first on each question: whatever the machine does to the
         # first run after a prompt change (cache, frequency, page faults) lands on every
         # method alike. Plain's output is compared once all have run.
-        order = names[n % len(names) :] + names[: n % len(names)]
+        first = (n + rnd) % len(names)
+        order = names[first:] + names[:first]
         history: list[dict[str, str]] = []
         for turn, text in enumerate(q.turns):
             history.append({"role": "user", "content": text})
@@ -240,7 +246,7 @@ def run_bench(
                     Record(
                         q.question_id, q.group, turn, name, len(req.output_ids), m.num_forward_passes,
                         m.num_decode_tokens, wall, m.decode_seconds, m.prefill_seconds, m.spec.num_draft_tokens,
-                        m.spec.num_accepted_tokens, False
+                        m.spec.num_accepted_tokens, False, rnd
                     )
                 )
                 if progress is not None:
@@ -254,7 +260,7 @@ def run_bench(
                 for name, pld in (("hf-plain", False), ("hf-pld", True)):
                     out_ids, wall = hf.generate(ids, max_tokens, pld)
                     records.append(Record(q.question_id, q.group, turn, name, len(out_ids), 0, 0, wall,
-                                          wall, 0.0, 0, 0, out_ids == plain_ids))
+                                          wall, 0.0, 0, 0, out_ids == plain_ids, rnd))
                     if progress is not None:
                         progress()
             history.append({"role": "assistant", "content": answer})
@@ -294,9 +300,35 @@ def summarize(records: Sequence[Record]) -> dict[str, dict[str, dict[str, float]
     return dict(out)
 
 
-def write_json(path: Path, meta: dict[str, Any], records: Sequence[Record], summary: dict[str, Any]) -> None:
+def round_speedups(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    """Per method, its end-to-end speedup over plain decoding in each round (all questions of
+    the round pooled), and their median, min and max: one run's spread, which says whether a
+    difference of a few percent is the method's or the host's."""
+    rounds = sorted({r.round for r in records})
+    by: dict[tuple[str, int], list[Record]] = defaultdict(list)
+    for r in records:
+        by[(r.method, r.round)].append(r)
+
+    def rate(rs: list[Record]) -> float:
+        wall = sum(r.wall_seconds for r in rs)
+        return sum(r.new_tokens for r in rs) / wall if wall else 0.0
+
+    out: dict[str, dict[str, Any]] = {}
+    for method in sorted({r.method for r in records} - {"plain", "hf-plain"}):
+        base = "hf-plain" if method.startswith("hf-") else "plain"
+        speedups = [rate(by[(method, k)]) / rate(by[(base, k)]) for k in rounds if rate(by[(base, k)])]
+        if speedups:
+            out[method] = {"speedups": speedups, "median": statistics.median(speedups), "min": min(speedups),
+                           "max": max(speedups)}
+    return out
+
+
+def write_json(
+    path: Path, meta: dict[str, Any], records: Sequence[Record], summary: dict[str, Any], **extra: Any
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": meta, "summary": summary, "records": [asdict(r) for r in records]}, indent=1))
+    doc = {"meta": meta, "summary": summary, **extra, "records": [asdict(r) for r in records]}
+    path.write_text(json.dumps(doc, indent=1))
 
 
 def plot(path: Path, summary: dict[str, dict[str, dict[str, float]]], key: str = "tokens_per_second") -> None:

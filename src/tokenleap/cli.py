@@ -450,6 +450,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--max-tokens", "-n", type=int, default=128, help="new tokens per turn (default: %(default)s)")
     bench.add_argument(
+        "--rounds", type=int, default=1,
+        help="passes over the questions, every method interleaved in each; with 2 or more, each method's speedup "
+        "per round and their median and range are printed and written (default: %(default)s)",
+    )
+    bench.add_argument(
         "--temperature", type=float, default=0.0, help="0 = greedy, Spec-Bench's protocol (default: %(default)s)"
     )
     bench.add_argument(
@@ -850,6 +855,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         load_questions,
         parse_methods,
         plot,
+        round_speedups,
         run_bench,
         summarize,
         write_json,
@@ -861,6 +867,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     questions = load_questions(Path(args.input) if args.input else default_spec_bench(), args.questions_per_group)
     if not questions:
         raise TokenleapError(f"no questions in {args.input}")
+    if args.rounds < 1:
+        raise TokenleapError(f"--rounds must be >= 1, got {args.rounds}")
     llm = _load(argparse.Namespace(**{**vars(args), "spec_type": "none", "speculative_config": None}))
     console = Console(stderr=True)
     hf = None
@@ -869,22 +877,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise TokenleapError("--hf-baseline needs a GGUF model")
         with console.status("loading the transformers baseline..."):
             hf = HFBaseline(llm.source.path, args.dtype)
-    total = sum(len(q.turns) for q in questions) * (1 + len(methods) + (2 if hf else 0))
+    total = sum(len(q.turns) for q in questions) * (1 + len(methods) + (2 if hf else 0)) * args.rounds
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         records = run_bench(llm.model, llm.tokenizer, questions, methods, args.max_tokens, args.temperature,
                             progress=lambda: bar.advance(task), hf=hf, target_name=llm.source.name,
-                            target_path=llm.source.path)
+                            target_path=llm.source.path, rounds=args.rounds)
     summary = summarize(records)
+    spread = round_speedups(records)
     out = Path(args.out)
     weights = f"{args.dtype}, GGUF blocks kept quantized" if llm.model.quantization else args.dtype
     meta = {
         "model": args.model, "dtype": args.dtype, "quantization": llm.model.quantization, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "questions_per_group": args.questions_per_group, "methods": list(methods),
         "draft_max": args.draft_max, "adaptive": not args.no_adaptive, "input": args.input, "hf_baseline": bool(hf),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S")
+        "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M:%S")
     }
-    write_json(out, meta, records, summary)
+    write_json(out, meta, records, summary, rounds=spread)
     table = Table(
         title=f"Spec-Bench, {args.model} {weights}, {args.max_tokens} new tokens, temperature {args.temperature}"
     )
@@ -897,6 +906,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                           f"{f['decode_speedup']:.2f}x", f"{f['mean_acceptance_length']:.2f}",
                           f"{f['matched_plain']}/{f['prompts']}")
     Console().print(table)
+    if args.rounds > 1:
+        for method, r in spread.items():
+            each = " ".join(f"{x:.2f}x" for x in r["speedups"])
+            span = f"{r['min']:.2f}x-{r['max']:.2f}x"
+            console.print(f"{method}: median {r['median']:.2f}x, {span} over {args.rounds} rounds ({each})")
     mismatched = sum(not r.matched_plain for r in records if not r.method.startswith("hf-"))
     if args.temperature == 0 and mismatched:
         console.print(f"[red]{mismatched} outputs differ from plain decoding[/red]")
