@@ -201,21 +201,29 @@ def run_bench(
 ) -> list[Record]:
     """Every method on every question, interleaved question by question, `rounds` times over
     (a round's figures are comparable with each other: the host's speed drifts between rounds)."""
-    engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
     # one cost curve for every method: they verify on the same model, and a curve measured in
     # an unlucky moment would otherwise handicap one method for the whole run
     cap = max((cfg.num_speculative_tokens for cfg in methods.values()), default=1)
     curve = measure_cost_curve(model, cap) if methods else None
-    for label, cfg in methods.items():
-        # a registry per method: drafters of one registry share state (ngram-mod pools), and
-        # each method is measured on its own
-        drafter = default_registry().create(cfg.method, cfg, target=model, tokenizer=tokenizer, target_name=target_name,
-                                            target_path=target_path)
-        engines[label] = Engine(model, tokenizer, spec=cfg, drafter=drafter, cost_curve=curve)
+
+    def fresh_engines() -> dict[str, Engine]:
+        """Engines with new drafters: a registry per method (drafters of one registry share
+        state, ngram-mod pools), and per round, so a drafter that learns across requests (suffix
+        over earlier outputs, ngram-mod, recycling) does not meet the same questions again."""
+        engines: dict[str, Engine] = {"plain": Engine(model, tokenizer)}
+        for label, cfg in methods.items():
+            drafter = default_registry().create(cfg.method, cfg, target=model, tokenizer=tokenizer,
+                                                target_name=target_name, target_path=target_path)
+            engines[label] = Engine(model, tokenizer, spec=cfg, drafter=drafter, cost_curve=curve)
+        return engines
+
+    engines = fresh_engines()
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     records: list[Record] = []
     names = list(engines)
     for rnd, (n, q) in ((rnd, nq) for rnd in range(rounds) for nq in enumerate(questions)):
+        if rnd and not n:
+            engines = fresh_engines()
         # Rotate which engine runs first on each question: whatever the machine does to the
         # first run after a prompt change (cache, frequency, page faults) lands on every
         # method alike. Plain's output is compared once all have run.
