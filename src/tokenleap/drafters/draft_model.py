@@ -41,7 +41,7 @@ from tokenleap.config import KV_CACHE_ALIASES, KV_CACHE_DTYPES
 from tokenleap.drafters.base import Draft, Drafter, DraftRequest, unsure
 from tokenleap.drafters.methods import MODEL_FLAGS, MethodRecord, option, options_of
 from tokenleap.errors import TokenleapError
-from tokenleap.kv.cache import KVCache, resync
+from tokenleap.kv.cache import KVCache, common_prefix, resync
 from tokenleap.models.base import CausalLM
 from tokenleap.sampling import logits_to_probs
 from tokenleap.tokenizer import Tokenizer
@@ -113,10 +113,8 @@ class DraftModelDrafter:
             window = self._window(request)
             offset = len(request.prompt_ids) - window if 0 < window < len(request.prompt_ids) else 0
             return max(0, len(tokens) - offset - 1)
-        view, cached = tokens[st.offset :], st.cached
-        n = min(len(view), len(cached))
-        lo = max(0, n - 16)  # what the cache holds beyond the context is a rejected draft's tail
-        common = lo + next((j for j, (a, b) in enumerate(zip(cached[lo:n], view[lo:n])) if a != b), n - lo)
+        view = tokens[st.offset :]
+        common = min(common_prefix(st.cached, view), len(view) - 1)  # what `resync` keeps
         return max(0, len(view) - common - 1)
 
     def setup_cost(self, request: DraftRequest, tokens: Sequence[int]) -> float:

@@ -24,6 +24,7 @@ import torch
 
 from tokenleap.drafters.base import Draft, DraftRequest
 from tokenleap.heads.base import FINAL_HIDDEN, DraftHead, HeadKV
+from tokenleap.kv.cache import common_prefix
 
 if TYPE_CHECKING:
     from tokenleap.heads.medusa import MedusaHeads
@@ -101,16 +102,6 @@ def head_method(head: DraftHead) -> str:
     return _METHOD_OF_KIND.get(str(getattr(head, "kind", "")), "head")
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):  # the usual case, compared at C speed
-        return n
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class HeadDrafter:
     """Drafts chains (topk = 1) or EAGLE-2 dynamic trees from any `DraftHead`; greedy argmax
     over the draft vocabulary, deterministic drafts (lossless for sampled requests too). Its
@@ -162,13 +153,13 @@ class HeadDrafter:
     def _sync(self, st: _State, tokens: Sequence[int]) -> int:
         """Drop state not built from `tokens`; rebuild the head's true KV up to the last
         featured position. Returns L, the number of featured positions (0 = cannot draft)."""
-        c = min(_common_prefix(st.feat_tokens, tokens), len(tokens) - 1)
+        c = min(common_prefix(st.feat_tokens, tokens), len(tokens) - 1)
         if c < len(st.feat_tokens):
             st.truncate(c)
         L = len(st.feat_tokens)
         if L == 0 or L != len(tokens) - 1:
             return 0
-        ck = _common_prefix(st.kv_tokens, tokens)
+        ck = common_prefix(st.kv_tokens, tokens)
         st.n_kv = max(0, min(st.n_kv, ck - 1, L - 1))  # always re-run position L-1 (its output drafts)
         assert st.kv is not None
         st.kv.truncate(st.n_kv)

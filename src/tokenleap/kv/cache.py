@@ -277,14 +277,22 @@ def trim_free_memory() -> bool:
     return True
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the usual case, compared at C speed
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 def resync(kv: KVCache, cached: list[int], context: Sequence[int]) -> list[int]:
     """Roll a draft model's cache (holding `cached`) back to its longest common prefix with
     `context` (O(1): rejected drafts are just cut), always re-feeding at least the last token;
     returns the tokens still to feed."""
-    common = 0
-    limit = min(len(cached), len(context) - 1)
-    while common < limit and cached[common] == context[common]:
-        common += 1
+    common = max(0, min(common_prefix(cached, context), len(context) - 1))
     kv.truncate(common)
     del cached[common:]
     return list(context[common:])
