@@ -248,20 +248,25 @@ def test_vnni_and_avx2_integer_sums_give_the_same_bits(kernels: CpuKernels) -> N
 
 
 def test_two_group_tile_gives_the_one_group_tiles_bits(kernels: CpuKernels) -> None:
-    """The K-quants' two-group tile (16 outputs a 512-bit vector, AVX-512 VNNI) against the
-    8-output tile: every K type, 1 to 9 rows, bias, accumulation, an odd number of groups (a
-    leftover group), a Q4_K + Q6_K stack whose split is odd, and 8,192 inputs (where the default
-    takes the two-group tile at any row count): the same bits."""
+    """The two-group tiles (16 outputs a 512-bit vector, AVX-512 VNNI: the K-quants' and the
+    32-input Q4_0 / Q4_1 / Q5_0 / Q5_1's) against the 8-output tiles: each of those types, 1 to
+    17 rows (a second tile of rows), bias, accumulation, an odd number of groups (a leftover
+    group), a Q4_K + Q6_K and a Q5_0 + Q8_0 stack whose splits are odd, and 8,192 inputs (where
+    the default takes the K tile at any row count): the same bits."""
     default, vnni = kernels.quant_pair_rows(), kernels.quant_vnni()
     try:
         if not kernels.quant_vnni(True) or kernels.quant_pair_rows(1) != 1:
             pytest.skip("no two-group tile on this CPU / kernel variant")
         g = torch.Generator().manual_seed(13)
-        stack = QuantWeight.cat([_quant_weight(12, 24, 512, 21), _quant_weight(14, 32, 512, 22)])
-        for w in [_quant_weight(t, 56, 512, seed=t + 9) for t in K_TYPES] + [stack, _quant_weight(12, 24, 8192, 23)]:
-            x, b = torch.randn(9, w.in_dim, generator=g) * 2, torch.randn(w.out_dim, generator=g)
-            base = torch.randn(9, w.out_dim, generator=g)
-            for rows in range(1, 10):
+        stacks = [
+            QuantWeight.cat([_quant_weight(12, 24, 512, 21), _quant_weight(14, 32, 512, 22)]),
+            QuantWeight.cat([_quant_weight(6, 24, 512, 24), _quant_weight(8, 32, 512, 25)]),
+        ]
+        singles = [_quant_weight(t, 56, 512, seed=t + 9) for t in (*K_TYPES, 2, 3, 6, 7)]
+        for w in [*singles, *stacks, _quant_weight(12, 24, 8192, 23)]:
+            x, b = torch.randn(17, w.in_dim, generator=g) * 2, torch.randn(w.out_dim, generator=g)
+            base = torch.randn(17, w.out_dim, generator=g)
+            for rows in (*range(1, 10), 16, 17):
                 got = {}
                 for pair in (default, 1, 0):
                     kernels.quant_pair_rows(pair)
@@ -269,6 +274,30 @@ def test_two_group_tile_gives_the_one_group_tiles_bits(kernels: CpuKernels) -> N
                     got[pair] = (kernels.linear(x[:rows], w, b), kernels.linear(x[:rows], w, out=acc), acc)
                 assert all(torch.equal(a, c) for a, c in zip(got[0], got[1], strict=True)), (w.name, rows)
                 assert all(torch.equal(a, c) for a, c in zip(got[0], got[default], strict=True)), (w.name, rows)
+    finally:
+        kernels.quant_pair_rows(default)
+        kernels.quant_vnni(vnni)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_integer_sums_at_their_bounds(kernels: CpuKernels, sign: float) -> None:
+    """Every Q4_K weight at q = 15 with sub-scales and mins at 63, every activation at |q| = 127
+    of one sign: the largest block sums the kernels form (a half block's 16 * 15 * 127 = 30480,
+    which the two-group tile scales as int16 pairs). 17 rows (a second tile of rows), against
+    the float64 reference and, where the CPU has it, the one-group tile's bits."""
+    out_dim, in_dim = 24, 512
+    raw = np.full((out_dim, in_dim // 256, 144), 0xFF, dtype=np.uint8)
+    raw[..., 0:2] = np.full((out_dim, in_dim // 256, 1), 0.001, dtype=np.float16).view(np.uint8)  # d
+    raw[..., 2:4] = np.full((out_dim, in_dim // 256, 1), 0.0005, dtype=np.float16).view(np.uint8)  # dmin
+    w = QuantWeight.from_blocks(raw.reshape(out_dim, -1), 12, out_dim, in_dim)
+    x = torch.full((17, in_dim), sign) * torch.linspace(1.0, 2.0, 17)[:, None]
+    y = kernels.linear(x, w)
+    torch.testing.assert_close(y, _reference(x, w, None), atol=0, rtol=1e-6)
+    default, vnni = kernels.quant_pair_rows(), kernels.quant_vnni()
+    try:
+        kernels.quant_vnni(True)
+        kernels.quant_pair_rows(0)
+        assert torch.equal(kernels.linear(x, w), y)
     finally:
         kernels.quant_pair_rows(default)
         kernels.quant_vnni(vnni)

@@ -372,29 +372,30 @@ static inline __attribute__((always_inline)) void q_tile(
                 const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * TLQ_Q2K_SB;
                 blk = sb;
                 qb = sb + 160 + 64 * (bi & 7);
-                _mm_prefetch((const char *)(qb + TLQ_PF * 84), _MM_HINT_T0);
-                _mm_prefetch((const char *)(qb + TLQ_PF * 84 + 64), _MM_HINT_T0);
+                if (m0 == 0) _mm_prefetch((const char *)(qb + TLQ_PF * 84), _MM_HINT_T0);
+                if (m0 == 0) _mm_prefetch((const char *)(qb + TLQ_PF * 84 + 64), _MM_HINT_T0);
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
             } else if (format == TLQ_Q3K) { /* the superblock's header (d; the sub-scales, read below), then block bi % 8 */
                 const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * TLQ_Q3K_SB;
                 blk = sb;
                 qb = sb + 112 + 96 * (bi & 7);
-                _mm_prefetch((const char *)(qb + TLQ_PF * 110), _MM_HINT_T0);
-                _mm_prefetch((const char *)(qb + TLQ_PF * 110 + 64), _MM_HINT_T0);
+                if (m0 == 0) _mm_prefetch((const char *)(qb + TLQ_PF * 110), _MM_HINT_T0);
+                if (m0 == 0) _mm_prefetch((const char *)(qb + TLQ_PF * 110 + 64), _MM_HINT_T0);
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
             } else if (format == TLQ_IQ4XS) { /* the superblock's header, then block bi % 8's nibbles */
                 const uint8_t *sb = w + (g0 + j) * group_stride + (bi >> 3) * TLQ_IQ4XS_SB;
                 const int jb = (int)(bi & 7);
                 qb = sb + 64 + 128 * jb;
-                _mm_prefetch((const char *)(qb + TLQ_PF * 136), _MM_HINT_T0);
-                _mm_prefetch((const char *)(qb + TLQ_PF * 136 + 64), _MM_HINT_T0);
-                _mm_prefetch((const char *)(qb + TLQ_PF * 136 + 128), _MM_HINT_T0);
+                if (m0 == 0) _mm_prefetch((const char *)(qb + TLQ_PF * 136), _MM_HINT_T0);
+                if (m0 == 0) _mm_prefetch((const char *)(qb + TLQ_PF * 136 + 64), _MM_HINT_T0);
+                if (m0 == 0) _mm_prefetch((const char *)(qb + TLQ_PF * 136 + 128), _MM_HINT_T0);
                 const __m256i sl = _mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(sb + 16)), _mm_cvtsi32_si128(4 * jb));
                 const __m256i sh = _mm256_srl_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(sb + 48))), _mm_cvtsi32_si128(2 * jb));
                 const __m256i ls = _mm256_or_si256(_mm256_and_si256(sl, _mm256_set1_epi32(15)), _mm256_slli_epi32(_mm256_and_si256(sh, _mm256_set1_epi32(3)), 4));
                 dw = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb)), _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
             } else {
-                for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(blk + TLQ_PF * gb + pf), _MM_HINT_T0);
+                if (m0 == 0) /* later row tiles find the weights in cache */
+                    for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(blk + TLQ_PF * gb + pf), _MM_HINT_T0);
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             }
             __m256i isum[QR], msum[QR];
@@ -646,7 +647,7 @@ static inline __attribute__((always_inline)) void qk_tile(
             for (int bi = 0; bi < 8; bi++) {
                 const uint8_t *blk = sb + head + bi * bb;
                 const int64_t xo = sbi * 256 + bi * 32;
-                qk_prefetch(sb + 2 * sbb, sbb, bi);
+                if (m0 == 0) qk_prefetch(sb + 2 * sbb, sbb, bi); /* later row tiles find the weights in cache */
                 __m256i part[QR][QS];
                 for (int r = 0; r < NR; r++)
                     for (int p = 0; p < (q6 ? 4 : NS); p++) part[r][p] = _mm256_setzero_si256();
@@ -686,7 +687,7 @@ static inline __attribute__((always_inline)) void qk_tile(
             for (int bi = 0; bi < 8; bi++) {
                 const uint8_t *blk = sb + head + bi * bb;
                 const int64_t xo = sbi * 256 + bi * 32;
-                qk_prefetch(sb + 2 * sbb, sbb, bi);
+                if (m0 == 0) qk_prefetch(sb + 2 * sbb, sbb, bi); /* later row tiles find the weights in cache */
                 if (q6) { /* per run of 16: two int16 sums of q x per row (each <= 2 * 2 * 63 * 127 = 32004), one vpmaddwd by the run's scale */
 #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) {
@@ -773,6 +774,12 @@ static inline __attribute__((always_inline)) __m512i qk_pair(const uint8_t *a, c
 static inline __attribute__((always_inline)) __m512i qk_join(__m256i a, __m256i b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
 }
+/* acc + the dot products of u8 w with the four int8 at x, broadcast from memory in the instruction
+ * ({1to16}: GCC issued a separate vpbroadcastd for each; 1.1x the 8-row tile's rate in cache) */
+static inline __attribute__((always_inline)) __m512i qk_dpbusd_b(__m512i acc, __m512i w, const int32_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+    return acc;
+}
 /* qk_nibbles for the two groups' blocks b0 / b1 */
 static inline __attribute__((always_inline)) void qk_nibbles2(const uint8_t *b0, const uint8_t *b1, int t, int q5, __m512i *wl, __m512i *wh) {
     const __m512i lo4 = _mm512_set1_epi8(15), raw = qk_pair(b0 + 32 * t, b1 + 32 * t);
@@ -809,7 +816,9 @@ static inline __attribute__((always_inline)) void qk_tile2(
     const int q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
     const int64_t nsb = in_dim / 256, sbb = 8 * q_group_bytes(format), head = q6 ? 144 : 128, bb = q6 ? 192 : q5 ? 160 : 128;
     const uint8_t *wg0 = w + g * nsb * sbb, *wg1 = wg0 + nsb * sbb;
-    const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1; /* independent partial sums per row */
+    /* independent partial sums per row; Q4K: always the two 16-input halves of a block (its
+     * low and high nibbles), each scaled by vpdpwssd */
+    const int NS = format == TLQ_Q4K ? 2 : NR <= 2 ? 4 : NR <= 4 ? 2 : 1;
     __m512 acc[QR];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t sbi = 0; sbi < nsb; sbi++) {
@@ -827,9 +836,11 @@ static inline __attribute__((always_inline)) void qk_tile2(
         for (int bi = 0; bi < 8; bi++) {
             const uint8_t *b0 = s0 + head + bi * bb, *b1 = s1 + head + bi * bb;
             const int64_t xo = sbi * 256 + bi * 32;
-            qk_prefetch(s0 + ahead, sbb, bi);
-            qk_prefetch(s1 + ahead, sbb, bi);
-            if (NR <= 6) /* a constant per instantiation; 8 rows measured 0.97-1.05x the time with it */
+            if (m0 == 0) { /* the first rows' tile brings the weights in; the later tiles find them in cache */
+                qk_prefetch(s0 + ahead, sbb, bi);
+                qk_prefetch(s1 + ahead, sbb, bi);
+            }
+            if (NR <= 6 && m0 == 0) /* NR: a constant per instantiation; 8 rows measured 0.97-1.05x the time with it */
                 for (int64_t pf = bi * sbb / 8; pf < (bi + 1) * sbb / 8; pf += 64) {
                     _mm_prefetch((const char *)(s0 + far + pf), _MM_HINT_T1);
                     _mm_prefetch((const char *)(s1 + far + pf), _MM_HINT_T1);
@@ -844,7 +855,7 @@ static inline __attribute__((always_inline)) void qk_tile2(
                     const __m512i wv = q6_vector2(b0, b1, gi);
                     const int p = (gi >> 2) * NH + (gi & (NH - 1));
                     for (int r = 0; r < NR; r++)
-                        part[r][p] = _mm512_dpbusd_epi32(part[r][p], wv, _mm512_set1_epi32(qk_x(xq, (m0 + r) * in_dim + xo, gi)));
+                        part[r][p] = qk_dpbusd_b(part[r][p], wv, (const int32_t *)(xq + (m0 + r) * in_dim + xo) + (gi < 4 ? 2 * gi : 2 * gi - 7));
                 }
                 const __m512i slo = qk_join(sc0[2 * bi], sc1[2 * bi]), shi = qk_join(sc0[2 * bi + 1], sc1[2 * bi + 1]);
                 for (int r = 0; r < NR; r++) {
@@ -860,11 +871,15 @@ static inline __attribute__((always_inline)) void qk_tile2(
                 qk_nibbles2(b0, b1, t, q5, &wl, &wh);
                 for (int r = 0; r < NR; r++) {
                     const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + xo);
-                    part[r][(2 * t) % NS] = _mm512_dpbusd_epi32(part[r][(2 * t) % NS], wl, _mm512_set1_epi32(xr[2 * t]));
-                    part[r][(2 * t + 1) % NS] = _mm512_dpbusd_epi32(part[r][(2 * t + 1) % NS], wh, _mm512_set1_epi32(xr[2 * t + 1]));
+                    part[r][(2 * t) % NS] = qk_dpbusd_b(part[r][(2 * t) % NS], wl, xr + 2 * t);
+                    part[r][(2 * t + 1) % NS] = qk_dpbusd_b(part[r][(2 * t + 1) % NS], wh, xr + 2 * t + 1);
                 }
             }
             const __m512i scv = qk_join(sc0[bi], sc1[bi]);
+            if (format == TLQ_Q4K) { /* each half's sum fits int16 (<= 16 * 15 * 127): S += half * scale as int16 pairs */
+                for (int r = 0; r < NR; r++) S[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(S[r], part[r][0], scv), part[r][1], scv);
+                continue;
+            }
             for (int r = 0; r < NR; r++) {
                 __m512i v = part[r][0];
                 for (int p = 1; p < NS; p++) v = _mm512_add_epi32(v, part[r][p]);
@@ -887,6 +902,65 @@ static inline __attribute__((always_inline)) void qk_tile2(
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(d, dx), acc[r]);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(nmin, dx), acc[r]);
             }
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        __m512 v = acc[r];
+        if (b) v = _mm512_add_ps(v, _mm512_loadu_ps(b + g * 8));
+        float *dst = y + (m0 + r) * out_dim + g * 8;
+        if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(dst), v);
+        _mm512_storeu_ps(dst, v);
+    }
+}
+
+/* The 32-input Q4 / Q5 formats' tile over two groups (Q4X8, Q40X8, Q50X8, Q51X8; 16 outputs a
+ * 512-bit vector, AVX-512 VNNI), as qk_tile2 is the K-quants': group g in the low half, g + 1 in
+ * the high half, one broadcast of four activations feeding 16 outputs. Each lane takes q_tile's
+ * steps for its output (the same exact block sums, then acc = fma(float(isum), d_w d_x, acc) and
+ * acc = fma(m_w, s_x, acc) block after block): the same bits. Used from tlq_pair_rows rows up:
+ * prompt prefill and verification, where the 8-output tile spent half its time on float steps. */
+static inline __attribute__((always_inline)) void q_tile2(
+        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
+        int64_t m0, int64_t g, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
+    format &= ~TLQ_VNNI;
+    const int q5 = format == TLQ_Q50X8 || format == TLQ_Q51X8;
+    const int64_t nb = in_dim / 32, gb = q_group_bytes(format), group_stride = nb * gb;
+    const int64_t qoff = format == TLQ_Q4X8 || format == TLQ_Q51X8 ? 32 : 16;
+    const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1; /* independent partial sums per row */
+    const uint8_t *w0 = w + g * group_stride, *w1 = w0 + group_stride;
+    __m512 acc[QR];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t bi = 0; bi < nb; bi++) {
+        const uint8_t *b0 = w0 + bi * gb, *b1 = w1 + bi * gb;
+        if (m0 == 0) /* the first rows' tile brings the weights in; the later tiles find them in cache */
+            for (int64_t pf = 0; pf < gb; pf += 64) {
+                _mm_prefetch((const char *)(b0 + TLQ_PF * gb + pf), _MM_HINT_T0);
+                _mm_prefetch((const char *)(b1 + TLQ_PF * gb + pf), _MM_HINT_T0);
+            }
+        __m512i part[QR][QS];
+        for (int r = 0; r < NR; r++)
+            for (int p = 0; p < NS; p++) part[r][p] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            __m512i wl, wh;
+            qk_nibbles2(b0 + qoff, b1 + qoff, t, q5, &wl, &wh);
+            for (int r = 0; r < NR; r++) {
+                const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
+                part[r][(2 * t) % NS] = qk_dpbusd_b(part[r][(2 * t) % NS], wl, xr + t);
+                part[r][(2 * t + 1) % NS] = qk_dpbusd_b(part[r][(2 * t + 1) % NS], wh, xr + t + 4);
+            }
+        }
+        const __m512 dw = qk_half2(b0, b1, 0);
+        /* the min term's weight factor, as q_tile's: Q4_0's -8 d, Q5_0's -16 d, Q4_1's / Q5_1's m */
+        const __m512 mw = format == TLQ_Q40X8 ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f))
+                        : format == TLQ_Q50X8 ? _mm512_mul_ps(dw, _mm512_set1_ps(-16.0f))
+                                              : qk_half2(b0, b1, 16);
+        for (int r = 0; r < NR; r++) {
+            __m512i isum = part[r][0];
+            for (int p = 1; p < NS; p++) isum = _mm512_add_epi32(isum, part[r][p]);
+            const int64_t xi = (m0 + r) * nb + bi;
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd[xi])), acc[r]);
+            acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[xi]), acc[r]);
         }
     }
     for (int r = 0; r < NR; r++) {
@@ -962,6 +1036,24 @@ QK_FORMAT(q5k_vnni, TLQ_Q5K | TLQ_VNNI)
 QK_FORMAT(q6k, TLQ_Q6K)
 QK_FORMAT(q6k_vnni, TLQ_Q6K | TLQ_VNNI)
 
+/* The 32-input formats' groups: with VNNI, from tlq_pair_rows rows up, the Q4 / Q5 formats' pairs
+ * of groups by q_tile2, then any group left by q_groups */
+static inline __attribute__((always_inline)) void q_groups_paired(
+        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
+        int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
+#if TLQ_HAS_PAIR
+    const int f = format & ~TLQ_VNNI, q4 = f == TLQ_Q4X8 || f == TLQ_Q40X8 || f == TLQ_Q50X8 || f == TLQ_Q51X8;
+    const int pair = q4 && (format & TLQ_VNNI) && tlq_pair_rows > 0 && rows >= tlq_pair_rows;
+    for (; pair && g_lo + 1 < g_hi; g_lo += 2)
+        for (int64_t m0 = 0; m0 < rows; m0 += QR) {
+#define Q_T(NR_) q_tile2(xq, xd, xs, w, b, y, m0, g_lo, in_dim, out_dim, format, accumulate, NR_)
+            QK_BY_ROWS(rows - m0 < QR ? rows - m0 : QR, Q_T)
+#undef Q_T
+        }
+#endif
+    q_groups(xq, xd, xs, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, format, accumulate);
+}
+
 /* one part's activations: the 32-input formats' (q, d, s = d sum q per block of 32) or the
  * K-quants' (q, d per superblock, bs: tl_quantize_q8k's paired sums) */
 typedef struct {
@@ -988,7 +1080,7 @@ static inline int q_signed(int format) { return format == TLQ_Q8X8 || format == 
 
 static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, int64_t lo, int64_t hi) {
     if (lo >= hi) return;
-#define Q_GROUPS(F) q_groups(a->q, a->d, a->s, w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
+#define Q_GROUPS(F) q_groups_paired(a->q, a->d, a->s, w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, (F), j->accumulate)
 #define QK_GROUPS(F) qk_groups_##F(a->q, a->d, a->bs, w, j->b, j->y, j->rows, lo, hi, j->in_dim, j->out_dim, j->accumulate)
     switch (format) { /* one instantiation per format (and VNNI or not): the branches on it fold away */
         case TLQ_Q4X8: Q_GROUPS(TLQ_Q4X8); break;
