@@ -9,6 +9,7 @@ milliseconds per call and the current build's time relative to the baseline's; J
 `benchmarks/results/kernel_ab.json`.
 
     .venv/bin/python benchmarks/kernel_ab.py --baseline 1c9298b --types Q4_K,Q6_K --rows 1,5,8
+    .venv/bin/python benchmarks/kernel_ab.py --baseline ff0b0b4 --shape qwen2.5-0.5b --types Q5_0,Q4_K --rows 1,8,128
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ from tokenleap.kernels.build import _FLAGS, bind  # noqa: E402
 
 # a layer's QKV, gate+up and down (the O projection is QKV's shape class), then the (tied) LM head
 SHAPES = {"llama-3.2-3b": ((5120, 3072), (16384, 3072), (3072, 8192), (128256, 3072)),
-          "llama-3.2-1b": ((3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048))}
+          "llama-3.2-1b": ((3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048)),
+          # the real pair's layers (QKV, gate+up, down): Qwen2.5-Coder-1.5B / -0.5B
+          "qwen2.5-1.5b": ((2048, 1536), (17920, 1536), (1536, 8960)),
+          "qwen2.5-0.5b": ((1152, 896), (9728, 896), (896, 4864))}
 KERNEL_DIR = "src/tokenleap/kernels"
 
 
@@ -109,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.types:
             qtype = gguf.GGMLQuantizationType[name]
             for out_dim, in_dim in SHAPES[args.shape]:
+                if in_dim % gguf.GGML_QUANT_SIZES[qtype][0]:
+                    continue  # a K-quant over inputs that are no multiple of its 256 (Qwen2.5-0.5B's 896)
                 first = QuantWeight.from_blocks(random_blocks(qtype, out_dim, in_dim, rng), int(qtype), out_dim, in_dim)
                 copies = max(1, int(args.budget_mb * 1e6 // first.nbytes))
                 weights = [first] + [

@@ -1,0 +1,93 @@
+"""Prompt prefill of this checkout against another tree's, on real models, processes alternating.
+
+Each pass runs one process per tree (`--baseline DIR`: a checkout of the revision to compare,
+e.g. `git worktree add /tmp/base REV`; then this checkout), in turn, `--pairs` times: each loads
+every model of `--models` and times one forward over a random prompt of each of `--lengths`
+tokens (fastest of 3), so a busy moment of the host hits both trees alike. Prints milliseconds a
+prompt token per tree (the median over the pairs) and the ratio; JSON to `--out`.
+
+    git worktree add /tmp/base ff0b0b4
+    .venv/bin/python benchmarks/prefill_ab.py --baseline /tmp/base \\
+        --models qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct --lengths 128,512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from model_sizes import cpu_name, csv_of  # noqa: E402
+
+WORKER = """
+import json, sys, time
+import torch
+from tokenleap import LLM
+out = {}
+for name in sys.argv[1].split(","):
+    model = LLM(model=name).model
+    for n in map(int, sys.argv[2].split(",")):
+        ids = torch.randint(0, 30000, (n,), generator=torch.Generator().manual_seed(n))
+        best = float("inf")
+        for _ in range(3):
+            kv = model.new_kv_cache(n + 2)
+            t0 = time.perf_counter()
+            model.forward(ids, torch.arange(n), kv)
+            best = min(best, time.perf_counter() - t0)
+            kv.free()
+        out[f"{name} {n}"] = best * 1e3 / n
+print(json.dumps(out))
+"""
+
+
+def run_tree(tree: Path, models: str, lengths: str) -> dict[str, float]:
+    """One worker process on `tree`'s sources: milliseconds a prompt token per model and length."""
+    env_path = str(tree / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {env_path!r})\n" + WORKER, models, lengths],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", type=Path, required=True, help="a checkout of the revision to compare against")
+    ap.add_argument("--models", default="qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--lengths", type=csv_of(int), default="128,512")
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "prefill_ab.json")
+    args = ap.parse_args(argv)
+    if not (args.baseline / "src" / "tokenleap").is_dir():
+        ap.error(f"{args.baseline} is not a tokenleap checkout (no src/tokenleap)")
+    lengths = ",".join(map(str, args.lengths))
+    trees = {"baseline": args.baseline, "current": ROOT}
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
+    for _ in range(args.pairs):
+        for label, tree in trees.items():
+            runs[label].append(run_tree(tree, args.models, lengths))
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "baseline": str(args.baseline), "cases": {}}
+    print(f"{result['cpu']}; ms a prompt token, median of {args.pairs} alternating pairs")
+    for key in runs["current"][0]:
+        base = statistics.median(r[key] for r in runs["baseline"])
+        cur = statistics.median(r[key] for r in runs["current"])
+        per_run = {label: [r[key] for r in v] for label, v in runs.items()}
+        result["cases"][key] = {"baseline_ms": base, "current_ms": cur, "runs": per_run}
+        print(f"{key} tokens: baseline {base:.2f}, current {cur:.2f} ({base / cur:.2f}x the speed)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
