@@ -19,7 +19,7 @@ def test_a_build_streams_a_shape_and_reports_its_fraction_of_the_read(
     if variant is None or shutil.which("gcc") is None and shutil.which("cc") is None:
         pytest.skip("no kernels or no C compiler on this machine")
     m = load_benchmark("quant_stream")
-    binary = m.build(m.KERNEL_DIR, variant, tmp_path / "qs")
+    binary = m.build(m.KERNEL_DIR, variant, tmp_path / "qs", optimize="-O1")
     for fmt, huge in ((m.FORMATS["Q4_K"], True), (m.FORMATS["Q8_0"], False)):
         run = m.run_once(binary, fmt, 256, 512, 1.0, rows=2, threads=2, huge=huge)
         assert run["gbps"] > 0 and run["read"] > 0 and run["us_per_call"] > 0

@@ -175,11 +175,11 @@ class CpuKernels:
         return bool(self.lib.tl_quant_vnni(-1 if enable is None else int(enable)))
 
     def quant_pair_rows(self, rows: int | None = None) -> int:
-        """From how many rows the K-quant linears use the two-group tile (16 outputs a 512-bit
-        vector, one activation broadcast for both groups; AVX-512 VNNI only; the same bits as the
-        8-output tile; at any row count for 8,192+ inputs, as a down projection has): with `rows`,
-        set it (0: never, at any size); returns the setting in force (0 where the build has no
-        such tile)."""
+        """From how many rows the K-quant and the 32-input Q4_0 / Q4_1 / Q5_0 / Q5_1 linears use
+        the two-group tile (16 outputs a 512-bit vector, one activation broadcast for both groups;
+        AVX-512 VNNI only; the same bits as the 8-output tile; the K-quants' also at any row count
+        for 8,192+ inputs, as a down projection has): with `rows`, set it (0: never, at any
+        size); returns the setting in force (0 where the build has no such tile)."""
         if not hasattr(self.lib, "tl_quant_pair"):
             return 0
         return int(self.lib.tl_quant_pair(-1 if rows is None else int(rows)))

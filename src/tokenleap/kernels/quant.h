@@ -981,7 +981,7 @@ static int tlq_pair_rows = 4; /* the two-group tile from this many rows up (0: n
  * it gained in the fast state and lost in the slow one (benchmarks/quant_stream.py, s21) */
 #define TLQ_PAIR_IN 8192
 
-/* Set from how many rows the K-quants use the two-group tile (0: never; -1: leave as is);
+/* Set from how many rows the K-quants and the 32-input Q4 / Q5 formats use the two-group tiles (0: never; -1: leave as is);
  * returns the setting in force (0 when this build has no such tile). */
 int tl_quant_pair(int rows) {
     if (rows >= 0) tlq_pair_rows = rows;
