@@ -54,8 +54,10 @@ def run_tree(tree: Path, models: str, lengths: str) -> dict[str, float]:
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {env_path!r})\n" + WORKER, models, lengths],
         capture_output=True,
         text=True,
-        check=True,
     )
+    if done.returncode != 0:  # an unknown model, a tree that does not import: its last line, not a traceback here
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"prefill_ab: the worker on {tree} failed: {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
