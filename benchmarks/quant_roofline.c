@@ -47,7 +47,8 @@ int main(int argc, char **argv) {
     }
     free(rb);
     printf("read_gbps_per_core %.4f\n", rn / best_read / 1e9 / 2);
-    tl_init(1);
+    pool.n = 1; /* one core for the kernel's timings: tl_init only grows the pool (before 2026-11-28 this
+                 * called tl_init(1), which left both threads running the timed calls) */
     tl_quant_vnni(-1);
     const int64_t bytes = out_dim / 8 * (in_dim / 32) * q_group_bytes(fmt), stride = (bytes + 63) / 64 * 64;
     const int64_t copies = ((int64_t)128 << 20) / stride > 2 ? ((int64_t)128 << 20) / stride : 2;

@@ -208,8 +208,9 @@ for qtype in TYPES:
     x = torch.randn(11, 512, generator=torch.Generator().manual_seed(qtype)) * 2
     y = k.linear(x, w)
     torch.testing.assert_close(y, _reference(x, w, None), atol=2e-5 * 512**0.5, rtol=1e-5)
-    for rows in (1, 3, 4, 8):
+    for rows in (1, 2, 3, 4, 8):
         assert torch.equal(torch.cat([k.linear(x[i : i + rows], w) for i in range(0, 11, rows)]), y), (qtype, rows)
+assert k.quant_xb_rows() == 4  # 4 and 8 rows above took the K-quants' superblock-major tile, 11 the group-major one
 print("ok")
 """
 
@@ -276,6 +277,37 @@ def test_two_group_tile_gives_the_one_group_tiles_bits(kernels: CpuKernels) -> N
                 assert all(torch.equal(a, c) for a, c in zip(got[0], got[default], strict=True)), (w.name, rows)
     finally:
         kernels.quant_pair_rows(default)
+        kernels.quant_vnni(vnni)
+
+
+def test_superblock_major_tile_gives_the_group_major_tiles_bits(kernels: CpuKernels) -> None:
+    """The K-quants' superblock-major tile without VNNI (2-8 rows, 4-8 by default: each row's activations
+    broadcast once per superblock for a run of up to 16 groups) against the group-major tile:
+    Q4_K / Q5_K / Q6_K, 1 to 9 rows, bias, accumulation, 37 groups (runs of 16 and a short
+    one, on each thread's share), a Q4_K + Q6_K stack with an odd split: the same bits. On the
+    AVX2 variant this is the path every verify of 4-8 rows takes (test_avx2_variant_quant_linears
+    runs it there at its default); here, the host variant with VNNI switched off."""
+    default, vnni = kernels.quant_xb_rows(), kernels.quant_vnni()
+    try:
+        kernels.quant_vnni(False)
+        if kernels.quant_xb_rows(2) != 2:
+            pytest.skip("no superblock-major tile in this build")
+        g = torch.Generator().manual_seed(17)
+        stack = QuantWeight.cat([_quant_weight(12, 24, 512, 31), _quant_weight(14, 40, 512, 32)])
+        for w in [*(_quant_weight(t, 296, 512, seed=t + 40) for t in K_TYPES), stack]:
+            x, b = torch.randn(9, w.in_dim, generator=g) * 2, torch.randn(w.out_dim, generator=g)
+            base = torch.randn(9, w.out_dim, generator=g)
+            for rows in range(1, 10):
+                got = {}
+                for xb in (2, 0):
+                    kernels.quant_xb_rows(xb)
+                    acc = base[:rows].clone()
+                    got[xb] = (kernels.linear(x[:rows], w, b), kernels.linear(x[:rows], w, out=acc), acc)
+                assert all(torch.equal(a, c) for a, c in zip(got[0], got[2], strict=True)), (w.name, rows)
+                if not w.split:  # (_reference takes one format)
+                    torch.testing.assert_close(got[2][0], _reference(x[:rows], w, b), atol=2e-5 * 512**0.5, rtol=1e-5)
+    finally:
+        kernels.quant_xb_rows(default)
         kernels.quant_vnni(vnni)
 
 

@@ -184,6 +184,16 @@ class CpuKernels:
             return 0
         return int(self.lib.tl_quant_pair(-1 if rows is None else int(rows)))
 
+    def quant_xb_rows(self, rows: int | None = None) -> int:
+        """From how many rows (up to 8) the K-quant linears without VNNI (the AVX2 variant, or
+        the AVX-512 one with `quant_vnni(False)`) take the superblock-major tile, whose
+        activations are broadcast once per superblock for a run of groups instead of once per
+        group (the same bits as the group-major tile): with `rows`, set it (0: never); returns
+        the setting in force (0 where the build has no such tile)."""
+        if not hasattr(self.lib, "tl_quant_xb"):
+            return 0
+        return int(self.lib.tl_quant_xb(-1 if rows is None else int(rows)))
+
     def _linear_quant(
         self,
         x: torch.Tensor,

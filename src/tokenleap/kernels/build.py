@@ -134,6 +134,9 @@ def bind(lib: ctypes.CDLL) -> tuple[bool, bool]:
     if hasattr(lib, "tl_quant_pair"):  # not in the kernels before 2026-11-26 (benchmarks/kernel_ab.py builds those)
         lib.tl_quant_pair.argtypes = [ctypes.c_int]
         lib.tl_quant_pair.restype = ctypes.c_int
+    if hasattr(lib, "tl_quant_xb"):  # not before 2026-11-28 (session 29)
+        lib.tl_quant_xb.argtypes = [ctypes.c_int]
+        lib.tl_quant_xb.restype = ctypes.c_int
     lib.tl_formats.argtypes = [_ptr, ctypes.c_int]
     lib.tl_formats.restype = ctypes.c_int
     lib.tl_repack.argtypes = [_ptr, _ptr, ctypes.c_int, _i64, _i64]

@@ -187,20 +187,25 @@ static inline __attribute__((always_inline)) void qk_scales(const uint8_t *sb, i
     if (format == TLQ_Q4K || format == TLQ_Q5K) {
         const __m256i m0f = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
         const __m256i h = _mm256_loadu_si256((const __m256i *)(sb + 96));
-        uint8_t scb[64], mnb[64];
+        /* in registers: 32-byte stores read back 8 bytes at a time stalled on store forwarding
+         * (a fifth of a 4-row tile's time on Cascade Lake, s29) */
         for (int k = 0; k < 2; k++) {
             const __m256i l = _mm256_loadu_si256((const __m256i *)(sb + 32 + 32 * k));
             const __m256i hk = _mm256_and_si256(k ? _mm256_srli_epi16(h, 4) : h, m0f);
-            _mm256_storeu_si256((__m256i *)(scb + 32 * k), _mm256_or_si256(_mm256_and_si256(l, m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 4), m30)));
-            _mm256_storeu_si256((__m256i *)(mnb + 32 * k), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 2), m30)));
+            const __m256i scv = _mm256_or_si256(_mm256_and_si256(l, m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 4), m30));
+            const __m256i mnv = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m0f), _mm256_and_si256(_mm256_slli_epi16(hk, 2), m30));
+            const __m128i s8[4] = {_mm256_castsi256_si128(scv), _mm_unpackhi_epi64(_mm256_castsi256_si128(scv), _mm256_castsi256_si128(scv)),
+                                   _mm256_extracti128_si256(scv, 1), _mm_unpackhi_epi64(_mm256_extracti128_si256(scv, 1), _mm256_extracti128_si256(scv, 1))};
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_cvtepu8_epi32(s8[j]);
+                sc[4 * k + j] = dup ? _mm256_or_si256(v, _mm256_slli_epi32(v, 16)) : v;
+            }
+            /* mp[2 k + u]: the mins of blocks 4 k + 2 u (low int16) and 4 k + 2 u + 1 (high), from half u of mnv */
+            for (int u = 0; u < 2; u++) {
+                const __m128i m16 = u ? _mm256_extracti128_si256(mnv, 1) : _mm256_castsi256_si128(mnv);
+                mp[2 * k + u] = _mm256_or_si256(_mm256_cvtepu8_epi32(m16), _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(m16, m16)), 16));
+            }
         }
-        for (int j = 0; j < 8; j++) {
-            const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scb + 8 * j)));
-            sc[j] = dup ? _mm256_or_si256(v, _mm256_slli_epi32(v, 16)) : v;
-        }
-        for (int k = 0; k < 4; k++)
-            mp[k] = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mnb + 16 * k))),
-                                    _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mnb + 16 * k + 8))), 16));
     } else {
         const __m256i lo16 = _mm256_set1_epi32(0xffff);
         __m256i v[16];
@@ -758,6 +763,118 @@ static inline __attribute__((always_inline)) void qk_tile(
     }
 }
 
+/* The K tile without VNNI for up to 8 rows, superblock-major over a run of groups (QK_XB_G at a
+ * time): per superblock, each row's 64 runs of four activations are broadcast once into a
+ * 2 KB-a-row buffer that stays in L1 while the run's groups pass, and vpmaddubsw reads them as
+ * its memory operand. The group-major tile (qk_tile) broadcast them again for every group: one
+ * vpbroadcastd per vpmaddubsw, a third of the tile's instructions (on Zen 3 each takes a
+ * vector pipe, on Intel a front-end slot). The rows' float accumulators live in a small array
+ * between superblocks. Each output's integer sums and float steps are qk_tile's, in the same
+ * order (superblock after superblock, then bias, then the accumulation): the same bits. */
+#define QK_XB_G 16 /* groups a pass */
+static int tlq_xb_rows = 4; /* the superblock-major tile from this many rows up, to QR (0: never): 2-3 rows measured 0.93-1.12x the time on Cascade Lake (s29) */
+
+/* The superblock the tile `ahead` (<= the pass's groups) tiles after group g's superblock s reads, in
+ * a pass's order (superblock-major over groups [g_lo, g_hi)), for its prefetch; NULL past the end */
+static inline __attribute__((always_inline)) const uint8_t *qk_xb_ahead(const uint8_t *w, int64_t g, int64_t g_lo, int64_t g_hi, int64_t s,
+                                                                        int64_t nsb, int64_t sbb, int ahead) {
+    int64_t g2 = g + ahead, s2 = s;
+    if (g2 >= g_hi) g2 -= g_hi - g_lo, s2++;
+    return s2 < nsb ? w + g2 * nsb * sbb + s2 * sbb : NULL;
+}
+
+static inline __attribute__((always_inline)) void qk_tile_xb(
+        const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y,
+        int64_t m0, int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
+    const int q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
+    const int64_t nsb = in_dim / 256, sbb = 8 * q_group_bytes(format), head = q6 ? 144 : 128, bb = q6 ? 192 : q5 ? 160 : 128;
+    __m256i xv[QR][64]; /* row r's broadcast runs of four activations of the superblock, in memory order */
+    __m256 acc[QK_XB_G][QR];
+    for (int64_t s = 0; s < nsb; s++) {
+        for (int r = 0; r < NR; r++) {
+            const int32_t *x32 = (const int32_t *)(xq + (m0 + r) * in_dim + s * 256);
+            for (int j = 0; j < 64; j++) xv[r][j] = _mm256_set1_epi32(x32[j]);
+        }
+        for (int64_t g = g_lo; g < g_hi; g++) {
+            const uint8_t *sb = w + g * nsb * sbb + s * sbb;
+            const uint8_t *ahead = m0 == 0 ? qk_xb_ahead(w, g, g_lo, g_hi, s, nsb, sbb, g_hi - g_lo < 2 ? g_hi - g_lo : 2) : NULL;
+            __m256i sc[16], mp[8], S[QR];
+            qk_scales(sb, format, 1, sc, mp);
+            for (int r = 0; r < NR; r++) S[r] = _mm256_setzero_si256();
+            for (int bi = 0; bi < 8; bi++) {
+                const uint8_t *blk = sb + head + bi * bb;
+                if (ahead) qk_prefetch(ahead, sbb, bi); /* later row tiles find the weights in cache */
+                if (q6) { /* as qk_tile: per run of 16, two int16 sums of q x per row, one vpmaddwd by the run's scale */
+#pragma GCC unroll 2
+                    for (int h = 0; h < 2; h++) {
+                        __m256i s16[QR];
+#pragma GCC unroll 2
+                        for (int u = 0; u < 2; u++) {
+                            const int gi = 4 * h + 2 * u;
+                            const __m256i w0 = q6_vector(blk, gi), w1 = q6_vector(blk, gi + 1);
+                            const int j0 = bi * 8 + (gi < 4 ? 2 * gi : 2 * gi - 7), j1 = bi * 8 + (gi + 1 < 4 ? 2 * gi + 2 : 2 * gi - 5);
+                            for (int r = 0; r < NR; r++) {
+                                __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, xv[r][j0]), _mm256_maddubs_epi16(w1, xv[r][j1]));
+                                TLQ_KEEP(p);
+                                if (u) {
+                                    S[r] = _mm256_add_epi32(S[r], _mm256_add_epi32(_mm256_madd_epi16(s16[r], sc[2 * bi + h]), _mm256_madd_epi16(p, sc[2 * bi + h])));
+                                } else {
+                                    s16[r] = p;
+                                }
+                            }
+                        }
+                    }
+                } else {
+                    __m256i s16[QR];
+                    for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                    for (int t = 0; t < 4; t++) {
+                        __m256i wl, wh;
+                        qk_nibbles(blk, t, q5, &wl, &wh);
+                        for (int r = 0; r < NR; r++) {
+                            s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, xv[r][bi * 8 + 2 * t]),
+                                                                               _mm256_maddubs_epi16(wh, xv[r][bi * 8 + 2 * t + 1])));
+                            TLQ_KEEP(s16[r]);
+                        }
+                        if (q5 && (t & 1)) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 per two steps */
+                            for (int r = 0; r < NR; r++) {
+                                S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
+                                s16[r] = _mm256_setzero_si256();
+                            }
+                    }
+                    if (!q5)
+                        for (int r = 0; r < NR; r++) S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
+                }
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
+            const __m256 nmin = q6 ? d : _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))), _mm256_set1_ps(-0.0f));
+            for (int r = 0; r < NR; r++) {
+                const int32_t *bs = xb + ((m0 + r) * nsb + s) * QK_BS;
+                const __m256 dx = _mm256_set1_ps(xd[(m0 + r) * nsb + s]);
+                __m256 a = s ? acc[g - g_lo][r] : _mm256_setzero_ps();
+                __m256i M = _mm256_setzero_si256();
+                if (q6) {
+                    for (int k = 0; k < 8; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[4 + k])));
+                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r], _mm256_slli_epi32(M, 5))), _mm256_mul_ps(d, dx), a);
+                } else {
+                    for (int k = 0; k < 4; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[k])));
+                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r]), _mm256_mul_ps(d, dx), a);
+                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(nmin, dx), a);
+                }
+                acc[g - g_lo][r] = a;
+            }
+        }
+    }
+    for (int64_t g = g_lo; g < g_hi; g++)
+        for (int r = 0; r < NR; r++) {
+            __m256 v = acc[g - g_lo][r];
+            if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + g * 8));
+            float *dst = y + (m0 + r) * out_dim + g * 8;
+            if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
+            _mm256_storeu_ps(dst, v);
+        }
+}
+
 /* The K tile over two groups at once (16 outputs a 512-bit vector; AVX-512 VNNI only): group g in
  * the low half, g + 1 in the high half, each half loaded from its own group's stream, so one
  * broadcast of four activations feeds 16 outputs (the 8-output tile spends as many broadcasts as
@@ -988,6 +1105,13 @@ int tl_quant_pair(int rows) {
     return TLQ_HAS_PAIR ? tlq_pair_rows : 0;
 }
 
+/* Set from how many rows (to QR) the K-quants without VNNI use the superblock-major tile (0:
+ * never; -1: leave as is); returns the setting in force. */
+int tl_quant_xb(int rows) {
+    if (rows >= 0) tlq_xb_rows = rows;
+    return tlq_xb_rows;
+}
+
 /* T(NR) for n rows (1 <= n <= QR), each row count its own instantiation of the tile */
 #define QK_BY_ROWS(n, T)                                                                                        \
     switch (n) {                                                                                                 \
@@ -1013,6 +1137,15 @@ static inline __attribute__((always_inline)) void qk_groups(
 #undef QK_T
         }
 #endif
+    if (!(format & TLQ_VNNI) && tlq_xb_rows > 0 && rows >= tlq_xb_rows && rows <= QR) {
+        for (int64_t gl = g_lo; gl < g_hi; gl += QK_XB_G) {
+            const int64_t gh = gl + QK_XB_G < g_hi ? gl + QK_XB_G : g_hi;
+#define QK_T(NR_) qk_tile_xb(xq, xd, xb, w, b, y, 0, gl, gh, in_dim, out_dim, format, accumulate, NR_)
+            QK_BY_ROWS(rows, QK_T)
+#undef QK_T
+        }
+        return;
+    }
     for (int64_t g = g_lo; g < g_hi; g++)
         for (int64_t m0 = 0; m0 < rows; m0 += QR) {
 #define QK_T(NR_) qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_)
