@@ -1,9 +1,11 @@
 """What a verify forward of k rows costs against one row, on a GGUF model, with the K-quants'
-two-group tile (quant.h `qk_tile2`, 4 rows and up on AVX-512 VNNI) and without it, and how fast
-the one-row layer stack reads its weights against `torch.sum`'s read rate of the moment.
+two-group tile (quant.h `qk_tile2`, 4 rows and up on AVX-512 VNNI) and without it (without VNNI,
+as on the AVX2 variant, `TOKENLEAP_KERNELS=avx2`: the superblock-major K tile `qk_tile_xb`), and
+how fast the one-row layer stack reads its weights against `torch.sum`'s read rate of the moment.
 
 Each round times, in turn: `torch.sum`, the forward plus logits (the engine's `forward_batch` + LM head) at
-each row count with the tile and, for 4 rows and up, without it (`CpuKernels.quant_pair_rows(0)`),
+each row count with the tile and, from the row count it starts at, without it
+(`CpuKernels.quant_pair_rows(0)`, or `quant_xb_rows(0)`),
 at `--context` cached tokens; then every decoder linear of the model once, one row, in forward
 order; `torch.sum` over 256 MB comes first in each round (then a pause: torch's OpenMP threads
 spin a while after it). Best and median over `--rounds`; JSON to `--out`.
@@ -35,8 +37,14 @@ from tokenleap.models.base import SeqInput  # noqa: E402
 def measure(llm: LLM, rows: list[int], context: int, rounds: int) -> dict[str, Any]:
     model = llm.model
     kernels = getattr(model, "kernels", None)
-    pair_default = kernels.quant_pair_rows() if kernels is not None else 0
-    cases = [(n, True) for n in rows] + [(n, False) for n in rows if pair_default and n >= pair_default]
+    # the tile each row count takes by default, and the one it replaces (the "without" cases):
+    # with VNNI the two-group K tile (quant_pair_rows), without it the superblock-major one (quant_xb_rows)
+    switch = None
+    if kernels is not None:
+        switch = kernels.quant_pair_rows if kernels.quant_vnni() else kernels.quant_xb_rows
+    tile_default = switch() if switch is not None else 0
+    without = "one-group tile" if kernels is not None and kernels.quant_vnni() else "group-major K tile"
+    cases = [(n, True) for n in rows] + [(n, False) for n in rows if tile_default and n >= tile_default]
     linears = [w for layer in model.layers for w in layer.linears()]
     inputs = {w.in_dim: torch.randn(1, w.in_dim) for w in linears}
     kv = model.new_kv_cache(context + max(rows) + 2)
@@ -50,25 +58,25 @@ def measure(llm: LLM, rows: list[int], context: int, rounds: int) -> dict[str, A
             times.setdefault("torch.sum 256 MB", []).append(time.perf_counter() - t0)
             time.sleep(0.2)  # torch's OpenMP threads spin a while after their work: let them go idle first
             for n, pair in cases:
-                if kernels is not None:
-                    kernels.quant_pair_rows(pair_default if pair else 0)
+                if switch is not None:
+                    switch(tile_default if pair else 0)
                 kv.truncate(context)
                 t0 = time.perf_counter()
                 model.compute_logits(
                     model.forward_batch([SeqInput(torch.full((n,), 17), torch.arange(context, context + n), kv)]).hidden
                 )
-                times.setdefault(f"{n} rows" + ("" if pair else ", one-group tile"), []).append(
+                times.setdefault(f"{n} rows" + ("" if pair else f", {without}"), []).append(
                     time.perf_counter() - t0
                 )
-            if kernels is not None:
-                kernels.quant_pair_rows(pair_default)
+            if kernels is not None and switch is not None:
+                switch(tile_default)
                 t0 = time.perf_counter()
                 for w in linears:
                     kernels.linear(inputs[w.in_dim], w)
                 times.setdefault("layer linears, 1 row", []).append(time.perf_counter() - t0)
     finally:
-        if kernels is not None:
-            kernels.quant_pair_rows(pair_default)
+        if switch is not None:
+            switch(tile_default)
         kv.free()
     one = f"{rows[0]} rows"
     result: dict[str, Any] = {"cases": {}}
