@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
+import pytest
+
 from tokenleap import LLM
 
 
@@ -19,3 +21,22 @@ def test_forward_rows_times_every_case(load_benchmark: Callable[[str], ModuleTyp
         assert llm.model.kernels.quant_pair_rows() == 4  # put back
     if llm.model.kernels is not None:
         assert result["linears_gbps"] > 0
+
+
+def test_without_vnni_it_compares_the_superblock_major_tile(
+    load_benchmark: Callable[[str], ModuleType], llm: LLM
+) -> None:
+    """Where the linears run without VNNI (the AVX2 variant; here the host's with VNNI off) the
+    "without" case is the K-quants' group-major tile, and the setting is put back."""
+    kernels = llm.model.kernels
+    if kernels is None or not kernels.quant_xb_rows():
+        pytest.skip("no tokenleap kernels with the superblock-major tile here")
+    m = load_benchmark("forward_rows")
+    vnni = kernels.quant_vnni()
+    try:
+        kernels.quant_vnni(False)
+        cases = m.measure(llm, [1, 5], context=16, rounds=1)["cases"]
+    finally:
+        kernels.quant_vnni(vnni)
+    assert "5 rows, group-major K tile" in cases and "5 rows, one-group tile" not in cases
+    assert kernels.quant_xb_rows() == 4
