@@ -10,6 +10,11 @@ milliseconds per call and the current build's time relative to the baseline's; J
 
     .venv/bin/python benchmarks/kernel_ab.py --baseline 1c9298b --types Q4_K,Q6_K --rows 1,5,8
     .venv/bin/python benchmarks/kernel_ab.py --baseline ff0b0b4 --shape qwen2.5-0.5b --types Q5_0,Q4_K --rows 1,8,128
+
+`--without-tile xb` (or `pair`) compares this build with itself with that tile switched off
+(`CpuKernels.quant_xb_rows(0)`, `quant_pair_rows(0)`) instead of with another revision:
+
+    TOKENLEAP_KERNELS=avx2 .venv/bin/python benchmarks/kernel_ab.py --without-tile xb --shape qwen2.5-1.5b --rows 4,8
 """
 
 from __future__ import annotations
@@ -78,7 +83,9 @@ def load_library(path: Path, variant: str, threads: int) -> CpuKernels:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", required=True, help="git revision whose kernels to compare against (e.g. HEAD~1)")
+    ap.add_argument("--baseline", help="git revision whose kernels to compare against (e.g. HEAD~1)")
+    ap.add_argument("--without-tile", choices=["xb", "pair"],
+                    help="instead: this build with its superblock-major (xb) or two-group (pair) tile off")
     ap.add_argument("--types", type=csv_of(str), default="Q4_K,Q5_K,Q6_K")
     ap.add_argument("--rows", type=csv_of(int), default="1,5,8")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-3b")
@@ -86,27 +93,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-mb", type=float, default=150.0, help="bytes of distinct weights per shape")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kernel_ab.json")
     args = ap.parse_args(argv)
+    if (args.baseline is None) == (args.without_tile is None):
+        ap.error("give one of --baseline REV and --without-tile TILE")
     current = load_kernels()
     if current is None:
         ap.error("no tokenleap kernels on this machine")
     for name in args.types:
         if name not in gguf.GGMLQuantizationType.__members__:
             ap.error(f"unknown GGUF type {name!r}")
+    switch = None
+    if args.without_tile:
+        switch = current.quant_xb_rows if args.without_tile == "xb" else current.quant_pair_rows
+        if not switch():
+            ap.error(f"this build has no {args.without_tile} tile in use (xb: kernels without VNNI, "
+                     "e.g. TOKENLEAP_KERNELS=avx2; pair: AVX-512 VNNI)")
+    tile_default = switch() if switch is not None else 0
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            baseline = load_library(
-                build_revision(args.baseline, current.variant, Path(tmp)), current.variant, current.threads
-            )
-        except subprocess.CalledProcessError as exc:
-            ap.error(f"could not build the kernels of {args.baseline!r}: {(exc.stderr or '').strip()[:300]}")
+        if switch is None:
+            try:
+                baseline = load_library(
+                    build_revision(args.baseline, current.variant, Path(tmp)), current.variant, current.threads
+                )
+            except subprocess.CalledProcessError as exc:
+                ap.error(f"could not build the kernels of {args.baseline!r}: {(exc.stderr or '').strip()[:300]}")
+        else:
+            baseline = current
         builds = {"baseline": baseline, "current": current}
+        settings = {"baseline": 0, "current": tile_default}
         result = {
             "date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "variant": current.variant,
-            "threads": current.threads, "vnni": current.quant_vnni(), "baseline": args.baseline, "shape": args.shape,
+            "threads": current.threads, "vnni": current.quant_vnni(),
+            "baseline": args.baseline or f"this build, {args.without_tile} tile off", "shape": args.shape,
             "ms": {}
         }
         print(
-            f"{result['cpu']}, {current.variant} kernels, {current.threads} threads; baseline {args.baseline}",
+            f"{result['cpu']}, {current.variant} kernels, {current.threads} threads; baseline {result['baseline']}",
             flush=True,
         )
         rng = np.random.default_rng(0)
@@ -126,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                     best = dict.fromkeys(builds, float("inf"))
                     for _ in range(args.rounds):
                         for label, kernels in builds.items():
+                            if switch is not None:
+                                switch(settings[label])
                             t0 = time.perf_counter()
                             for w in weights:
                                 kernels.linear(x, w)
@@ -135,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{key}: baseline {best['baseline'] * 1e3:.3f} ms, current {best['current'] * 1e3:.3f} ms "
                           f"({best['current'] / best['baseline']:.2f}x the time)", flush=True)
                 del weights
+    if switch is not None:
+        switch(tile_default)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
