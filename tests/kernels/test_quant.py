@@ -147,6 +147,30 @@ def test_fused_norm_and_gate_give_the_same_bits(kernels: CpuKernels, qtype: int)
         assert torch.equal(acc, base + kernels.linear(kernels.glu_mul(gu, act), w))
 
 
+def test_activation_preparation_split_over_threads_gives_one_rows_bits(kernels: CpuKernels) -> None:
+    """From 8,192 activations (rows x inputs) a linear's preparation (RMSNorm / GLU, int8 blocks,
+    the Q5_0 + Q8_0 stack's second buffer and VNNI flip, Q8_K blocks) is split over the pool's
+    threads by rows: 12 rows of 1,024 inputs equal 12 one-row calls (prepared on one thread),
+    bit for bit, with and without VNNI."""
+    g = torch.Generator().manual_seed(19)
+    stack = QuantWeight.cat([_quant_weight(6, 24, 1024, 41), _quant_weight(8, 32, 1024, 42)])
+    weights = [_quant_weight(12, 40, 1024, 43), _quant_weight(14, 40, 1024, 44), _quant_weight(2, 40, 1024, 45), stack]
+    x, nw = torch.randn(12, 1024, generator=g), torch.rand(1024, generator=g) + 0.5
+    gu = torch.randn(12, 2048, generator=g) * 3
+    vnni = kernels.quant_vnni()
+    try:
+        for use_vnni in (False, True):
+            kernels.quant_vnni(use_vnni)
+            for w in weights:
+                for kw in ({}, {"norm": (nw, 1e-5)}, {"glu": "silu"}):
+                    inp = gu if "glu" in kw else x
+                    whole = kernels.linear(inp, w, **kw)
+                    rows = torch.cat([kernels.linear(inp[i : i + 1], w, **kw) for i in range(12)])
+                    assert torch.equal(whole, rows), (w.name, kw.keys(), use_vnni)
+    finally:
+        kernels.quant_vnni(vnni)
+
+
 def test_mixed_type_stacks_fuse_by_kernel_format(kernels: CpuKernels) -> None:
     """Gemma 3's and Qwen2.5-0.5B's Q4_K_M files stack Q5_0 Q/K with a Q8_0 V (a stack of two
     formats, Q5_0 in its own bytes); three runs of formats are refused (the model then keeps them

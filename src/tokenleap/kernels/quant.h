@@ -632,6 +632,81 @@ static inline __attribute__((always_inline)) void qk_prefetch(const uint8_t *ahe
     for (int64_t pf = bi * sbb / 8; pf < (bi + 1) * sbb / 8; pf += 64) _mm_prefetch((const char *)(ahead + pf), _MM_HINT_T0);
 }
 
+/* Block bi's exact integer sums without VNNI, added to S[r] (the superblock's, per row): Q4K / Q5K
+ * int16 sums of vpmaddubsw over its nibble vectors (Q5K flushed every two steps), one vpmaddwd by
+ * the block's scale; Q6K per run of 16 two int16 sums (each <= 2 * 2 * 63 * 127 = 32004), one
+ * vpmaddwd each by the run's scale. Row r's activation dword j of the block (memory order) is
+ * xv[r][8 bi + j] (qk_tile_xb's broadcast buffer) or, with xv NULL, broadcast from xrow[r] */
+static inline __attribute__((always_inline)) void qk_block_sums(const uint8_t *blk, int bi, int q5, int q6, const __m256i sc[16], __m256i S[QR],
+                                                                const int NR, const int8_t *const xrow[QR], const __m256i (*xv)[64]) {
+#define QK_XV(r, j) (xv ? xv[r][8 * bi + (j)] : _mm256_set1_epi32(((const int32_t *)xrow[r])[j]))
+    if (q6) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i s16[QR];
+#pragma GCC unroll 2
+            for (int u = 0; u < 2; u++) {
+                const int gi = 4 * h + 2 * u; /* quads gi, gi + 1: dwords qk_x reads */
+                const int j0 = gi < 4 ? 2 * gi : 2 * gi - 7, j1 = gi + 1 < 4 ? 2 * gi + 2 : 2 * gi - 5;
+                const __m256i w0 = q6_vector(blk, gi), w1 = q6_vector(blk, gi + 1);
+                for (int r = 0; r < NR; r++) {
+                    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, QK_XV(r, j0)), _mm256_maddubs_epi16(w1, QK_XV(r, j1)));
+                    TLQ_KEEP(p);
+                    if (u) {
+                        S[r] = _mm256_add_epi32(S[r], _mm256_add_epi32(_mm256_madd_epi16(s16[r], sc[2 * bi + h]), _mm256_madd_epi16(p, sc[2 * bi + h])));
+                    } else {
+                        s16[r] = p;
+                    }
+                }
+            }
+        }
+        return;
+    }
+    __m256i s16[QR];
+    for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) {
+        __m256i wl, wh;
+        qk_nibbles(blk, t, q5, &wl, &wh);
+        for (int r = 0; r < NR; r++) {
+            s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, QK_XV(r, 2 * t)), _mm256_maddubs_epi16(wh, QK_XV(r, 2 * t + 1))));
+            TLQ_KEEP(s16[r]);
+        }
+        if (q5 && (t & 1)) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 per two steps */
+            for (int r = 0; r < NR; r++) {
+                S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
+                s16[r] = _mm256_setzero_si256();
+            }
+    }
+    if (!q5)
+        for (int r = 0; r < NR; r++) S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
+#undef QK_XV
+}
+
+/* A superblock's float steps for one row (S: its integer sum; bs, dx: the row's paired activation
+ * sums and scale of the superblock; d, nmin: the group's d and -dmin): the min terms' integer sum
+ * M, then Q6K acc = fma(float(S - 32 M), d dx, acc), else acc = fma(float(S), d dx, acc) and
+ * acc = fma(float(M), nmin dx, acc) */
+static inline __attribute__((always_inline)) __m256 qk_float_steps(__m256 acc, __m256i S, const int32_t *bs, __m256 dx, __m256 d, __m256 nmin,
+                                                                   const __m256i mp[8], int q6) {
+    __m256i M = _mm256_setzero_si256();
+    if (q6) {
+        for (int k = 0; k < 8; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[4 + k])));
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S, _mm256_slli_epi32(M, 5))), _mm256_mul_ps(d, dx), acc);
+    }
+    for (int k = 0; k < 4; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[k])));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, dx), acc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(nmin, dx), acc);
+}
+
+/* The tile's outputs for row r of group g: + bias, then onto y when accumulating */
+static inline __attribute__((always_inline)) void qk_store(__m256 v, const float *b, float *y, int64_t row, int64_t g, int64_t out_dim, int accumulate) {
+    if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + g * 8));
+    float *dst = y + row * out_dim + g * 8;
+    if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
+    _mm256_storeu_ps(dst, v);
+}
+
 static inline __attribute__((always_inline)) void qk_tile(
         const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y,
         int64_t m0, int64_t g, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
@@ -690,77 +765,19 @@ static inline __attribute__((always_inline)) void qk_tile(
             }
         } else {
             for (int bi = 0; bi < 8; bi++) {
-                const uint8_t *blk = sb + head + bi * bb;
                 const int64_t xo = sbi * 256 + bi * 32;
                 if (m0 == 0) qk_prefetch(sb + 2 * sbb, sbb, bi); /* later row tiles find the weights in cache */
-                if (q6) { /* per run of 16: two int16 sums of q x per row (each <= 2 * 2 * 63 * 127 = 32004), one vpmaddwd by the run's scale */
-#pragma GCC unroll 2
-                    for (int h = 0; h < 2; h++) {
-                        __m256i s16[QR];
-#pragma GCC unroll 2
-                        for (int u = 0; u < 2; u++) {
-                            const int gi = 4 * h + 2 * u;
-                            const __m256i w0 = q6_vector(blk, gi), w1 = q6_vector(blk, gi + 1);
-                            for (int r = 0; r < NR; r++) {
-                                const int64_t off = (m0 + r) * in_dim + xo;
-                                __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(qk_x(xq, off, gi))),
-                                                             _mm256_maddubs_epi16(w1, _mm256_set1_epi32(qk_x(xq, off, gi + 1))));
-                                TLQ_KEEP(p);
-                                if (u) {
-                                    S[r] = _mm256_add_epi32(S[r], _mm256_add_epi32(_mm256_madd_epi16(s16[r], sc[2 * bi + h]), _mm256_madd_epi16(p, sc[2 * bi + h])));
-                                } else {
-                                    s16[r] = p;
-                                }
-                            }
-                        }
-                    }
-                } else {
-                    __m256i s16[QR];
-                    for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                    for (int t = 0; t < 4; t++) {
-                        __m256i wl, wh;
-                        qk_nibbles(blk, t, q5, &wl, &wh);
-                        for (int r = 0; r < NR; r++) {
-                            const int64_t off = (m0 + r) * in_dim + xo;
-                            s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(qk_x(xq, off, t))),
-                                                                               _mm256_maddubs_epi16(wh, _mm256_set1_epi32(qk_x(xq, off, t + 4)))));
-                            TLQ_KEEP(s16[r]);
-                        }
-                        if (q5 && (t & 1)) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 per two steps */
-                            for (int r = 0; r < NR; r++) {
-                                S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
-                                s16[r] = _mm256_setzero_si256();
-                            }
-                    }
-                    if (!q5)
-                        for (int r = 0; r < NR; r++) S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
-                }
+                const int8_t *xrow[QR];
+                for (int r = 0; r < NR; r++) xrow[r] = xq + (m0 + r) * in_dim + xo;
+                qk_block_sums(sb + head + bi * bb, bi, q5, q6, sc, S, NR, xrow, NULL);
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
         const __m256 nmin = q6 ? d : _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))), _mm256_set1_ps(-0.0f));
-        for (int r = 0; r < NR; r++) {
-            const int32_t *bs = xb + ((m0 + r) * nsb + sbi) * QK_BS;
-            const __m256 dx = _mm256_set1_ps(xd[(m0 + r) * nsb + sbi]);
-            __m256i M = _mm256_setzero_si256();
-            if (q6) {
-                for (int k = 0; k < 8; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[4 + k])));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r], _mm256_slli_epi32(M, 5))), _mm256_mul_ps(d, dx), acc[r]);
-            } else {
-                for (int k = 0; k < 4; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[k])));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r]), _mm256_mul_ps(d, dx), acc[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(nmin, dx), acc[r]);
-            }
-        }
+        for (int r = 0; r < NR; r++)
+            acc[r] = qk_float_steps(acc[r], S[r], xb + ((m0 + r) * nsb + sbi) * QK_BS, _mm256_set1_ps(xd[(m0 + r) * nsb + sbi]), d, nmin, mp, q6);
     }
-    for (int r = 0; r < NR; r++) {
-        __m256 v = acc[r];
-        if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + g * 8));
-        float *dst = y + (m0 + r) * out_dim + g * 8;
-        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
-        _mm256_storeu_ps(dst, v);
-    }
+    for (int r = 0; r < NR; r++) qk_store(acc[r], b, y, m0 + r, g, out_dim, accumulate);
 }
 
 /* The K tile without VNNI for up to 8 rows, superblock-major over a run of groups (QK_XB_G at a
@@ -802,77 +819,18 @@ static inline __attribute__((always_inline)) void qk_tile_xb(
             qk_scales(sb, format, 1, sc, mp);
             for (int r = 0; r < NR; r++) S[r] = _mm256_setzero_si256();
             for (int bi = 0; bi < 8; bi++) {
-                const uint8_t *blk = sb + head + bi * bb;
                 if (ahead) qk_prefetch(ahead, sbb, bi); /* later row tiles find the weights in cache */
-                if (q6) { /* as qk_tile: per run of 16, two int16 sums of q x per row, one vpmaddwd by the run's scale */
-#pragma GCC unroll 2
-                    for (int h = 0; h < 2; h++) {
-                        __m256i s16[QR];
-#pragma GCC unroll 2
-                        for (int u = 0; u < 2; u++) {
-                            const int gi = 4 * h + 2 * u;
-                            const __m256i w0 = q6_vector(blk, gi), w1 = q6_vector(blk, gi + 1);
-                            const int j0 = bi * 8 + (gi < 4 ? 2 * gi : 2 * gi - 7), j1 = bi * 8 + (gi + 1 < 4 ? 2 * gi + 2 : 2 * gi - 5);
-                            for (int r = 0; r < NR; r++) {
-                                __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, xv[r][j0]), _mm256_maddubs_epi16(w1, xv[r][j1]));
-                                TLQ_KEEP(p);
-                                if (u) {
-                                    S[r] = _mm256_add_epi32(S[r], _mm256_add_epi32(_mm256_madd_epi16(s16[r], sc[2 * bi + h]), _mm256_madd_epi16(p, sc[2 * bi + h])));
-                                } else {
-                                    s16[r] = p;
-                                }
-                            }
-                        }
-                    }
-                } else {
-                    __m256i s16[QR];
-                    for (int r = 0; r < NR; r++) s16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                    for (int t = 0; t < 4; t++) {
-                        __m256i wl, wh;
-                        qk_nibbles(blk, t, q5, &wl, &wh);
-                        for (int r = 0; r < NR; r++) {
-                            s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, xv[r][bi * 8 + 2 * t]),
-                                                                               _mm256_maddubs_epi16(wh, xv[r][bi * 8 + 2 * t + 1])));
-                            TLQ_KEEP(s16[r]);
-                        }
-                        if (q5 && (t & 1)) /* Q5: at most 4 * 2 * 31 * 127 = 31496 in int16 per two steps */
-                            for (int r = 0; r < NR; r++) {
-                                S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
-                                s16[r] = _mm256_setzero_si256();
-                            }
-                    }
-                    if (!q5)
-                        for (int r = 0; r < NR; r++) S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc[bi]));
-                }
+                qk_block_sums(sb + head + bi * bb, bi, q5, q6, sc, S, NR, NULL, (const __m256i (*)[64])xv);
             }
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
             const __m256 nmin = q6 ? d : _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))), _mm256_set1_ps(-0.0f));
-            for (int r = 0; r < NR; r++) {
-                const int32_t *bs = xb + ((m0 + r) * nsb + s) * QK_BS;
-                const __m256 dx = _mm256_set1_ps(xd[(m0 + r) * nsb + s]);
-                __m256 a = s ? acc[g - g_lo][r] : _mm256_setzero_ps();
-                __m256i M = _mm256_setzero_si256();
-                if (q6) {
-                    for (int k = 0; k < 8; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[4 + k])));
-                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[r], _mm256_slli_epi32(M, 5))), _mm256_mul_ps(d, dx), a);
-                } else {
-                    for (int k = 0; k < 4; k++) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[k])));
-                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r]), _mm256_mul_ps(d, dx), a);
-                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(nmin, dx), a);
-                }
-                acc[g - g_lo][r] = a;
-            }
+            for (int r = 0; r < NR; r++)
+                acc[g - g_lo][r] = qk_float_steps(s ? acc[g - g_lo][r] : _mm256_setzero_ps(), S[r], xb + ((m0 + r) * nsb + s) * QK_BS,
+                                                  _mm256_set1_ps(xd[(m0 + r) * nsb + s]), d, nmin, mp, q6);
         }
     }
     for (int64_t g = g_lo; g < g_hi; g++)
-        for (int r = 0; r < NR; r++) {
-            __m256 v = acc[g - g_lo][r];
-            if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + g * 8));
-            float *dst = y + (m0 + r) * out_dim + g * 8;
-            if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
-            _mm256_storeu_ps(dst, v);
-        }
+        for (int r = 0; r < NR; r++) qk_store(acc[g - g_lo][r], b, y, m0 + r, g, out_dim, accumulate);
 }
 
 /* The K tile over two groups at once (16 outputs a 512-bit vector; AVX-512 VNNI only): group g in
@@ -1266,6 +1224,58 @@ static void tl_glu_mul(const float *gu, float *y, int64_t rows, int64_t f, int k
     else tl_silu_mul(gu, y, rows, f);
 }
 
+/* A linear's activation preparation, row by row: RMSNorm or the GLU into `tmp` (when asked),
+ * then the 32-input formats' int8 blocks (and their copy / VNNI flip) and the K-quants' Q8_K
+ * blocks. Each row's bytes depend on that row alone, so the rows may be split over the pool's
+ * threads (from TLQ_PREP_PAR activations: one thread prepared them while the other waited, ~100 us
+ * for 8 rows of a 8,960-input down projection) and the linear's bits do not change. */
+typedef struct {
+    const float *x, *norm_w;
+    float eps;
+    int glu;
+    float *tmp;
+    int8_t *xq;
+    float *xd, *xs;
+    int any32;
+    int8_t *copy, *flipped; /* the second 32-input buffer (or NULL), the one flipped for VNNI (or NULL) */
+    int8_t *kq;             /* the K-quants' (NULL: none) */
+    float *kd;
+    int32_t *kb;
+    int64_t rows, in_dim;
+} q_prep;
+
+#define TLQ_PREP_PAR 8192 /* rows x inputs from which the preparation is split over the threads */
+
+static void q_prep_rows(const q_prep *p, int64_t r0, int64_t r1) {
+    const int64_t in = p->in_dim, nb = in / 32, nsb = in / 256;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = p->x + r * (p->glu ? 2 * in : in);
+        if (p->norm_w || p->glu) {
+            float *t = p->tmp + r * in;
+            if (p->glu) tl_glu_mul(x, t, 1, in, p->glu);
+            else tl_rmsnorm(x, p->norm_w, t, 1, in, p->eps);
+            x = t;
+        }
+        if (p->any32) {
+            int8_t *q = p->xq + r * in;
+            tl_quantize_q8(x, q, p->xd + r * nb, p->xs + r * nb, 1, in);
+            if (p->copy) memcpy(p->copy + r * in, q, (size_t)in);
+            if (p->flipped) {
+                const __m256i flip = _mm256_set1_epi8((char)0x80);
+                int8_t *f = p->flipped + r * in;
+                for (int64_t i = 0; i < in; i += 32)
+                    _mm256_storeu_si256((__m256i *)(f + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(f + i)), flip));
+            }
+        }
+        if (p->kq) tl_quantize_q8k(x, p->kq + r * in, p->kd + r * nsb, p->kb + r * nsb * QK_BS, 1, in);
+    }
+}
+
+static void q_prep_task(void *ctx, int tid, int nthreads) {
+    const q_prep *p = (const q_prep *)ctx;
+    q_prep_rows(p, p->rows * tid / nthreads, p->rows * (tid + 1) / nthreads);
+}
+
 /* y[m, o] (+)= w[o] . x[m] as above (+ b[o]); x fp32 [rows, in_dim], quantized first into
  * `scratch` (with R = rows * in_dim: R + R / 4 bytes for the 32-input formats' activations, 4 R
  * more when fusing, then R more for a second copy (a stack of two 32-input formats of which
@@ -1281,12 +1291,6 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
                  int format, const float *b, float *y, int64_t rows, int64_t in_dim, int64_t out_dim, int accumulate) {
     int8_t *xq = (int8_t *)scratch;
     float *xd = (float *)(scratch + rows * in_dim), *xs = xd + rows * (in_dim / 32);
-    if (norm_w || glu) {
-        float *tmp = xs + rows * (in_dim / 32);
-        if (glu) tl_glu_mul(x, tmp, rows, in_dim, glu);
-        else tl_rmsnorm(x, norm_w, tmp, rows, in_dim, eps);
-        x = tmp;
-    }
     const int64_t ngroups = out_dim / 8, chunks = (ngroups + Q_CHUNK - 1) / Q_CHUNK;
     const int f1 = format & 15, f2 = (format >> 4) & 15;
     const int k1 = q_is_k(f1), k2 = f2 && q_is_k(f2), any32 = !k1 || (f2 && !k2);
@@ -1294,29 +1298,18 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
     if (tlq_use_vnni < 0) tl_quant_vnni(-1);
     uint8_t *extra = scratch + rows * in_dim * ((norm_w || glu) ? 5 : 1) + 8 * rows * (in_dim / 32);
     q_act a32 = {xq, xd, xs, NULL}, a32b = a32, ak = {NULL, NULL, NULL, NULL};
-    if (any32) {
-        tl_quantize_q8(x, xq, xd, xs, rows, in_dim);
-        /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
-         * when only one part of a stack of two 32-input formats wants it */
-        const int flip1 = tlq_use_vnni && q_signed(f1), flip2 = tlq_use_vnni && q_signed(f2);
-        if (f2 && !k1 && !k2 && flip1 != flip2) {
-            a32b.q = (const int8_t *)extra;
-            memcpy(extra, xq, (size_t)(rows * in_dim));
-        }
-        int8_t *flipped = flip1 ? xq : flip2 ? (int8_t *)a32b.q : NULL;
-        if (flipped) {
-            const __m256i flip = _mm256_set1_epi8((char)0x80);
-            for (int64_t i = 0; i < rows * in_dim; i += 32)
-                _mm256_storeu_si256((__m256i *)(flipped + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(flipped + i)), flip));
-        }
-    }
+    /* the VNNI int8 forms read q + 128 as unsigned: flipped in place, or into a second buffer
+     * when only one part of a stack of two 32-input formats wants it */
+    const int flip1 = any32 && tlq_use_vnni && q_signed(f1), flip2 = any32 && tlq_use_vnni && q_signed(f2);
+    if (any32 && f2 && !k1 && !k2 && flip1 != flip2) a32b.q = (const int8_t *)extra;
     if (k1 || k2) { /* the K-quants' activations after the 32-input ones (no second copy is then needed) */
-        int8_t *kq = (int8_t *)extra;
         float *kd = (float *)(extra + rows * in_dim);
-        int32_t *kb = (int32_t *)(kd + rows * (in_dim / 256));
-        tl_quantize_q8k(x, kq, kd, kb, rows, in_dim);
-        ak = (q_act){kq, kd, NULL, kb};
+        ak = (q_act){(const int8_t *)extra, kd, NULL, (const int32_t *)(kd + rows * (in_dim / 256))};
     }
+    q_prep prep = {x, norm_w, eps, glu, xs + rows * (in_dim / 32), xq, xd, xs, any32, a32b.q != xq ? (int8_t *)a32b.q : NULL,
+                   flip1 ? xq : flip2 ? (int8_t *)a32b.q : NULL, (int8_t *)ak.q, (float *)ak.d, (int32_t *)ak.bs, rows, in_dim};
+    if (rows >= 2 && pool.n > 1 && rows * in_dim >= TLQ_PREP_PAR) tl_parallel(q_prep_task, &prep);
+    else q_prep_rows(&prep, 0, rows);
     const int64_t grab = chunks / (TLQ_GRAB * pool.n) > 1 ? chunks / (TLQ_GRAB * pool.n) : 1;
     const int64_t nb = in_dim / 32, gs1 = nb * q_group_bytes(f1), gs2 = f2 ? nb * q_group_bytes(f2) : 0;
     const uint8_t *w2 = (const uint8_t *)((uintptr_t)w + (uintptr_t)(split * gs1) - (uintptr_t)(split * gs2));
