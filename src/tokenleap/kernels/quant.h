@@ -800,37 +800,38 @@ static inline __attribute__((always_inline)) const uint8_t *qk_xb_ahead(const ui
     return s2 < nsb ? w + g2 * nsb * sbb + s2 * sbb : NULL;
 }
 
+/* all the call's rows (one tile of at most QR) */
 static inline __attribute__((always_inline)) void qk_tile_xb(
         const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y,
-        int64_t m0, int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
+        int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
     const int q6 = format == TLQ_Q6K, q5 = format == TLQ_Q5K;
     const int64_t nsb = in_dim / 256, sbb = 8 * q_group_bytes(format), head = q6 ? 144 : 128, bb = q6 ? 192 : q5 ? 160 : 128;
     __m256i xv[QR][64]; /* row r's broadcast runs of four activations of the superblock, in memory order */
     __m256 acc[QK_XB_G][QR];
     for (int64_t s = 0; s < nsb; s++) {
         for (int r = 0; r < NR; r++) {
-            const int32_t *x32 = (const int32_t *)(xq + (m0 + r) * in_dim + s * 256);
+            const int32_t *x32 = (const int32_t *)(xq + r * in_dim + s * 256);
             for (int j = 0; j < 64; j++) xv[r][j] = _mm256_set1_epi32(x32[j]);
         }
         for (int64_t g = g_lo; g < g_hi; g++) {
             const uint8_t *sb = w + g * nsb * sbb + s * sbb;
-            const uint8_t *ahead = m0 == 0 ? qk_xb_ahead(w, g, g_lo, g_hi, s, nsb, sbb, g_hi - g_lo < 2 ? g_hi - g_lo : 2) : NULL;
+            const uint8_t *ahead = qk_xb_ahead(w, g, g_lo, g_hi, s, nsb, sbb, g_hi - g_lo < 2 ? g_hi - g_lo : 2);
             __m256i sc[16], mp[8], S[QR];
             qk_scales(sb, format, 1, sc, mp);
             for (int r = 0; r < NR; r++) S[r] = _mm256_setzero_si256();
             for (int bi = 0; bi < 8; bi++) {
-                if (ahead) qk_prefetch(ahead, sbb, bi); /* later row tiles find the weights in cache */
+                if (ahead) qk_prefetch(ahead, sbb, bi);
                 qk_block_sums(sb + head + bi * bb, bi, q5, q6, sc, S, NR, NULL, (const __m256i (*)[64])xv);
             }
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
             const __m256 nmin = q6 ? d : _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))), _mm256_set1_ps(-0.0f));
             for (int r = 0; r < NR; r++)
-                acc[g - g_lo][r] = qk_float_steps(s ? acc[g - g_lo][r] : _mm256_setzero_ps(), S[r], xb + ((m0 + r) * nsb + s) * QK_BS,
-                                                  _mm256_set1_ps(xd[(m0 + r) * nsb + s]), d, nmin, mp, q6);
+                acc[g - g_lo][r] = qk_float_steps(s ? acc[g - g_lo][r] : _mm256_setzero_ps(), S[r], xb + (r * nsb + s) * QK_BS,
+                                                  _mm256_set1_ps(xd[r * nsb + s]), d, nmin, mp, q6);
         }
     }
     for (int64_t g = g_lo; g < g_hi; g++)
-        for (int r = 0; r < NR; r++) qk_store(acc[g - g_lo][r], b, y, m0 + r, g, out_dim, accumulate);
+        for (int r = 0; r < NR; r++) qk_store(acc[g - g_lo][r], b, y, r, g, out_dim, accumulate);
 }
 
 /* The K tile over two groups at once (16 outputs a 512-bit vector; AVX-512 VNNI only): group g in
@@ -1098,7 +1099,7 @@ static inline __attribute__((always_inline)) void qk_groups(
     if (!(format & TLQ_VNNI) && tlq_xb_rows > 0 && rows >= tlq_xb_rows && rows <= QR) {
         for (int64_t gl = g_lo; gl < g_hi; gl += QK_XB_G) {
             const int64_t gh = gl + QK_XB_G < g_hi ? gl + QK_XB_G : g_hi;
-#define QK_T(NR_) qk_tile_xb(xq, xd, xb, w, b, y, 0, gl, gh, in_dim, out_dim, format, accumulate, NR_)
+#define QK_T(NR_) qk_tile_xb(xq, xd, xb, w, b, y, gl, gh, in_dim, out_dim, format, accumulate, NR_)
             QK_BY_ROWS(rows, QK_T)
 #undef QK_T
         }
