@@ -1,6 +1,6 @@
 """What a verify forward of k rows costs against one row, on a GGUF model, with the K-quants'
 two-group tile (quant.h `qk_tile2`, 4 rows and up on AVX-512 VNNI) and without it (without VNNI,
-as on the AVX2 variant, `TOKENLEAP_KERNELS=avx2`: the superblock-major K tile `qk_tile_xb`), and
+as on the AVX2 variant, `TOKENLEAP_KERNELS=avx2`: the run-major tiles `qk_tile_xb` / `q_tile_xb`), and
 how fast the one-row layer stack reads its weights against `torch.sum`'s read rate of the moment.
 
 Each round times, in turn: `torch.sum`, the forward plus logits (the engine's `forward_batch` + LM head) at
@@ -38,12 +38,12 @@ def measure(llm: LLM, rows: list[int], context: int, rounds: int) -> dict[str, A
     model = llm.model
     kernels = getattr(model, "kernels", None)
     # the tile each row count takes by default, and the one it replaces (the "without" cases):
-    # with VNNI the two-group K tile (quant_pair_rows), without it the superblock-major one (quant_xb_rows)
+    # with VNNI the two-group tiles (quant_pair_rows), without it the run-major ones (quant_xb_rows)
     switch = None
     if kernels is not None:
         switch = kernels.quant_pair_rows if kernels.quant_vnni() else kernels.quant_xb_rows
     tile_default = switch() if switch is not None else 0
-    without = "one-group tile" if kernels is not None and kernels.quant_vnni() else "group-major K tile"
+    without = "one-group tile" if kernels is not None and kernels.quant_vnni() else "group-major tile"
     cases = [(n, True) for n in rows] + [(n, False) for n in rows if tile_default and n >= tile_default]
     linears = [w for layer in model.layers for w in layer.linears()]
     inputs = {w.in_dim: torch.randn(1, w.in_dim) for w in linears}

@@ -234,7 +234,7 @@ for qtype in TYPES:
     torch.testing.assert_close(y, _reference(x, w, None), atol=2e-5 * 512**0.5, rtol=1e-5)
     for rows in (1, 2, 3, 4, 8):
         assert torch.equal(torch.cat([k.linear(x[i : i + rows], w) for i in range(0, 11, rows)]), y), (qtype, rows)
-assert k.quant_xb_rows() == 4  # 4 and 8 rows above took the K-quants' superblock-major tile, 11 the group-major one
+assert k.quant_xb_rows() == 4  # 4 and 8 rows above took the K-quants' run-major tile (8 rows Q4_0 / Q5_0's), 11 the group-major one
 print("ok")
 """
 
@@ -304,21 +304,14 @@ def test_two_group_tile_gives_the_one_group_tiles_bits(kernels: CpuKernels) -> N
         kernels.quant_vnni(vnni)
 
 
-def test_superblock_major_tile_gives_the_group_major_tiles_bits(kernels: CpuKernels) -> None:
-    """The K-quants' superblock-major tile without VNNI (2-8 rows, 4-8 by default: each row's activations
-    broadcast once per superblock for a run of up to 16 groups) against the group-major tile:
-    Q4_K / Q5_K / Q6_K, 1 to 9 rows, bias, accumulation, 37 groups (runs of 16 and a short
-    one, on each thread's share), a Q4_K + Q6_K stack with an odd split: the same bits. On the
-    AVX2 variant this is the path every verify of 4-8 rows takes (test_avx2_variant_quant_linears
-    runs it there at its default); here, the host variant with VNNI switched off."""
-    default, vnni = kernels.quant_xb_rows(), kernels.quant_vnni()
+def _check_run_major_tiles(kernels: CpuKernels, weights: list[QuantWeight]) -> None:
+    """Each weight at 1 to 9 rows (bias, and accumulating onto y) with the run-major tile from 2 rows
+    up against it switched off (every row count group-major): the same bits, and near the
+    reference. The caller switches VNNI off where the build has it."""
+    g = torch.Generator().manual_seed(17)
+    default = kernels.quant_xb_rows()
     try:
-        kernels.quant_vnni(False)
-        if kernels.quant_xb_rows(2) != 2:
-            pytest.skip("no superblock-major tile in this build")
-        g = torch.Generator().manual_seed(17)
-        stack = QuantWeight.cat([_quant_weight(12, 24, 512, 31), _quant_weight(14, 40, 512, 32)])
-        for w in [*(_quant_weight(t, 296, 512, seed=t + 40) for t in K_TYPES), stack]:
+        for w in weights:
             x, b = torch.randn(9, w.in_dim, generator=g) * 2, torch.randn(w.out_dim, generator=g)
             base = torch.randn(9, w.out_dim, generator=g)
             for rows in range(1, 10):
@@ -329,10 +322,64 @@ def test_superblock_major_tile_gives_the_group_major_tiles_bits(kernels: CpuKern
                     got[xb] = (kernels.linear(x[:rows], w, b), kernels.linear(x[:rows], w, out=acc), acc)
                 assert all(torch.equal(a, c) for a, c in zip(got[0], got[2], strict=True)), (w.name, rows)
                 if not w.split:  # (_reference takes one format)
-                    torch.testing.assert_close(got[2][0], _reference(x[:rows], w, b), atol=2e-5 * 512**0.5, rtol=1e-5)
+                    torch.testing.assert_close(got[2][0], _reference(x[:rows], w, b), atol=2e-5 * w.in_dim**0.5, rtol=1e-5)
     finally:
         kernels.quant_xb_rows(default)
+
+
+def _run_major_weights(k_only: bool) -> list[QuantWeight]:
+    """37 groups (runs of 16 and a short one, on each thread's share); the K-quants at 512 inputs
+    and a Q4_K + Q6_K stack with an odd split; the 32-input formats with a tile (Q4_0, Q5_0) at
+    896 inputs (three runs of 8 blocks and one of 4) and a Q5_0 + Q8_0 stack."""
+    ks = [_quant_weight(t, 296, 512, seed=t + 40) for t in K_TYPES]
+    ks.append(QuantWeight.cat([_quant_weight(12, 24, 512, 31), _quant_weight(14, 40, 512, 32)]))
+    if k_only:
+        return ks
+    q32 = [_quant_weight(t, 296, 896, seed=t + 50) for t in (2, 6)]
+    q32.append(QuantWeight.cat([_quant_weight(6, 24, 896, 33), _quant_weight(8, 40, 896, 34)]))
+    return ks + q32
+
+
+def test_superblock_major_tile_gives_the_group_major_tiles_bits(kernels: CpuKernels) -> None:
+    """The K-quants' superblock-major tile without VNNI (2-8 rows, 4-8 by default: each row's
+    activations broadcast once per superblock for a run of up to 16 groups) against the
+    group-major tile: Q4_K / Q5_K / Q6_K and a stack, 1 to 9 rows, the same bits. Here the
+    host variant with VNNI switched off; the AVX2 variant, where every verify of 4-8 rows takes
+    these tiles, in test_avx2_variant_run_major_tiles."""
+    vnni = kernels.quant_vnni()
+    try:
+        kernels.quant_vnni(False)
+        if kernels.quant_xb_rows(2) != 2:
+            pytest.skip("no superblock-major tile in this build")
+        _check_run_major_tiles(kernels, _run_major_weights(k_only=True))
+    finally:
         kernels.quant_vnni(vnni)
+
+
+_AVX2_RUN_MAJOR_SCRIPT = r"""
+import sys
+sys.path.insert(0, "tests/kernels")
+from test_quant import _check_run_major_tiles, _run_major_weights
+from tokenleap.kernels import load_kernels
+
+k = load_kernels()
+assert k is not None and k.variant == "avx2", k
+_check_run_major_tiles(k, _run_major_weights(k_only=False))
+print("ok")
+"""
+
+
+def test_avx2_variant_run_major_tiles(kernels: CpuKernels) -> None:
+    """On the AVX2 variant (a subprocess forcing it), the run-major tiles, the K-quants' (from 2
+    rows here) and the 32-input formats' (Q4_0, Q5_0: from 6 rows; runs of 8 blocks, the last
+    one short), against the group-major tiles: the same bits (_check_run_major_tiles)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TOKENLEAP_KERNELS": "avx2"}
+    run = subprocess.run([sys.executable, "-c", _AVX2_RUN_MAJOR_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])

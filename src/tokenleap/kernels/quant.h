@@ -353,6 +353,69 @@ static inline __attribute__((always_inline)) __m256i q3_weights(const uint8_t *b
     return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 2)), _mm256_set1_epi8(4));
 }
 
+/* A 32-input block's exact integer sums without VNNI, per row (isum): Q4_0 / Q4_1 / Q5_0 / Q5_1
+ * nibbles (qb: the block's nibble bytes) as int16 sums of vpmaddubsw (4 vectors of Q4: <= 4 x 2 x
+ * 2 x 15 x 127 = 30480; 2 of Q5: <= 31496) widened by vpmaddwd; Q8_0 / IQ4_NL / IQ4_XS bytes by
+ * the sign form (|w| times x with w's sign). Row r's activation dword j of the block is
+ * xv[r][j0 + j] (q_tile_xb's broadcast buffer) or, with xv NULL, broadcast from xrow[r] */
+static inline __attribute__((always_inline)) void q_block_sums(const uint8_t *qb, int format, __m256i isum[QR], const int NR,
+                                                               const int8_t *const xrow[QR], const __m256i (*xv)[64], int j0) {
+#define Q_XV(r, j) (xv ? xv[r][j0 + (j)] : _mm256_set1_epi32(((const int32_t *)xrow[r])[j]))
+    const int q5 = format == TLQ_Q50X8 || format == TLQ_Q51X8;
+    const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || q5, nl = format == TLQ_IQ4NL || format == TLQ_IQ4XS;
+    const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    if (q4) {
+        __m256i s16[QR];
+        for (int r = 0; r < NR; r++) s16[r] = isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int t = 0; t < 4; t++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qb + 32 * t));
+            __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+            if (q5) q5_high(qb, t, &wl, &wh);
+            for (int r = 0; r < NR; r++) {
+                s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, Q_XV(r, t)), _mm256_maddubs_epi16(wh, Q_XV(r, t + 4))));
+                if (NR > 1) TLQ_KEEP(s16[r]);
+                if (q5 && t == 1) {
+                    isum[r] = _mm256_madd_epi16(s16[r], ones);
+                    s16[r] = _mm256_setzero_si256();
+                }
+            }
+        }
+        for (int r = 0; r < NR; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
+        return;
+    }
+    for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        const __m256i wv = q8_weights(qb, g, nl);
+        const __m256i wa = _mm256_sign_epi8(wv, wv);
+        for (int r = 0; r < NR; r++) {
+            const __m256i xs8 = _mm256_sign_epi8(Q_XV(r, g), wv);
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
+            if (NR > 1) TLQ_KEEP(isum[r]);
+        }
+    }
+#undef Q_XV
+}
+
+/* The min term's weight factor of a 32-input block (blk; dw: its d): Q4_0's -8 d, Q5_0's -16 d,
+ * Q4_1's / Q5_1's m, Q2_K's -dmin (times sum(m x)); 0 for the others */
+static inline __attribute__((always_inline)) __m256 q_min_factor(const uint8_t *blk, __m256 dw, int format) {
+    return format == TLQ_Q40X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
+         : format == TLQ_Q50X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f))
+         : format == TLQ_Q4X8 || format == TLQ_Q51X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
+         : format == TLQ_Q2K ? _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))))
+                             : _mm256_setzero_ps();
+}
+
+/* A block's float steps for one row (isum: its exact integer sum; xd, xs: the row's block scale
+ * and d sum q): acc = fma(float(isum), d_w d_x, acc), then for the Q4 / Q5 formats
+ * acc = fma(mw, xs, acc) */
+static inline __attribute__((always_inline)) __m256 q_float_step(__m256 acc, __m256i isum, __m256 dw, __m256 mw, float xd, float xs, int q4) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(xd)), acc);
+    return q4 ? _mm256_fmadd_ps(mw, _mm256_set1_ps(xs), acc) : acc;
+}
+
 /* One tile: NR rows x NO groups of 8 outputs (groups g0 ..). */
 static inline __attribute__((always_inline)) void q_tile(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
@@ -404,6 +467,8 @@ static inline __attribute__((always_inline)) void q_tile(
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             }
             __m256i isum[QR], msum[QR];
+            const int8_t *xrow[QR];
+            for (int r = 0; r < NR; r++) xrow[r] = xq + (m0 + r) * in_dim + bi * 32;
             if (format == TLQ_Q2K) { /* per 16-input half: the exact sums of q x and of x, times sc and m */
                 const __m256i one8 = _mm256_set1_epi8(1);
                 for (int r = 0; r < NR; r++) isum[r] = msum[r] = _mm256_setzero_si256();
@@ -487,27 +552,7 @@ static inline __attribute__((always_inline)) void q_tile(
                     for (int p = 1; p < NS; p++) isum[r] = _mm256_add_epi32(isum[r], part[r][p]);
                 }
             } else if (q4) {
-                /* int16 sums: 4 vectors of Q4 (<= 4 x 2 x 2 x 15 x 127 = 30480), 2 of Q5 (<= 31496),
-                 * then widened by vpmaddwd */
-                __m256i s16[QR];
-                for (int r = 0; r < NR; r++) s16[r] = isum[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int t = 0; t < 4; t++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * t));
-                    __m256i wl = _mm256_and_si256(raw, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-                    if (q5) q5_high(blk + qoff, t, &wl, &wh);
-                    for (int r = 0; r < NR; r++) {
-                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
-                        s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(xr[t])),
-                                                                           _mm256_maddubs_epi16(wh, _mm256_set1_epi32(xr[t + 4]))));
-                        if (NR > 1) TLQ_KEEP(s16[r]);
-                        if (q5 && t == 1) {
-                            isum[r] = _mm256_madd_epi16(s16[r], ones);
-                            s16[r] = _mm256_setzero_si256();
-                        }
-                    }
-                }
-                for (int r = 0; r < NR; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones));
+                q_block_sums(qb, format, isum, NR, xrow, NULL, 0);
             } else if (vnni) {
                 /* activations offset to unsigned (xq ^ 0x80 = q + 128, done once per call), so one
                  * vpdpbusd per row and 4 inputs: sum w (q + 128) - 128 sum w, all exact int32
@@ -533,29 +578,12 @@ static inline __attribute__((always_inline)) void q_tile(
                     isum[r] = v;
                 }
             } else {
-                for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int g = 0; g < 8; g++) {
-                    const __m256i wv = q8_weights(qb, g, nl);
-                    const __m256i wa = _mm256_sign_epi8(wv, wv);
-                    for (int r = 0; r < NR; r++) {
-                        const int32_t *xr = (const int32_t *)(xq + (m0 + r) * in_dim + bi * 32);
-                        const __m256i xs8 = _mm256_sign_epi8(_mm256_set1_epi32(xr[g]), wv);
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs8), ones));
-                        if (NR > 1) TLQ_KEEP(isum[r]);
-                    }
-                }
+                q_block_sums(qb, format, isum, NR, xrow, NULL, 0);
             }
-            /* the min term's weight factor: Q4_0's -8 d, Q5_0's -16 d, Q4_1's / Q5_1's m, Q2_K's -dmin (times sum(m x)) */
-            const __m256 mw = format == TLQ_Q40X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
-                            : format == TLQ_Q50X8 ? _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f))
-                            : format == TLQ_Q4X8 || format == TLQ_Q51X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
-                            : format == TLQ_Q2K ? _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))))
-                                                  : _mm256_setzero_ps();
+            const __m256 mw = q_min_factor(blk, dw, format);
             for (int r = 0; r < NR; r++) {
                 const int64_t xi = (m0 + r) * nb + bi;
-                acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[xi])), acc[r][j]);
-                if (q4) acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[xi]), acc[r][j]);
+                acc[r][j] = q_float_step(acc[r][j], isum[r], dw, mw, xd[xi], q4 ? xs[xi] : 0.0f, q4);
                 if (format == TLQ_Q2K) /* - dmin sum(m x), after the scaled sum */
                     acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r]), _mm256_mul_ps(mw, _mm256_set1_ps(xd[xi])), acc[r][j]);
             }
@@ -791,13 +819,14 @@ static inline __attribute__((always_inline)) void qk_tile(
 #define QK_XB_G 16 /* groups a pass */
 static int tlq_xb_rows = 4; /* the superblock-major tile from this many rows up, to QR (0: never): 2-3 rows measured 0.93-1.12x the time on Cascade Lake (s29) */
 
-/* The superblock the tile `ahead` (<= the pass's groups) tiles after group g's superblock s reads, in
- * a pass's order (superblock-major over groups [g_lo, g_hi)), for its prefetch; NULL past the end */
+/* The step the tile `ahead` (<= the pass's groups) tiles after group g's step s reads, in a pass's
+ * order (step-major over groups [g_lo, g_hi); a step: a superblock, or q_tile_xb's run of blocks,
+ * of `step` bytes, `stride` bytes a group), for its prefetch; NULL past the last of nsteps */
 static inline __attribute__((always_inline)) const uint8_t *qk_xb_ahead(const uint8_t *w, int64_t g, int64_t g_lo, int64_t g_hi, int64_t s,
-                                                                        int64_t nsb, int64_t sbb, int ahead) {
+                                                                        int64_t nsteps, int64_t stride, int64_t step, int ahead) {
     int64_t g2 = g + ahead, s2 = s;
     if (g2 >= g_hi) g2 -= g_hi - g_lo, s2++;
-    return s2 < nsb ? w + g2 * nsb * sbb + s2 * sbb : NULL;
+    return s2 < nsteps ? w + g2 * stride + s2 * step : NULL;
 }
 
 /* all the call's rows (one tile of at most QR) */
@@ -815,7 +844,7 @@ static inline __attribute__((always_inline)) void qk_tile_xb(
         }
         for (int64_t g = g_lo; g < g_hi; g++) {
             const uint8_t *sb = w + g * nsb * sbb + s * sbb;
-            const uint8_t *ahead = qk_xb_ahead(w, g, g_lo, g_hi, s, nsb, sbb, g_hi - g_lo < 2 ? g_hi - g_lo : 2);
+            const uint8_t *ahead = qk_xb_ahead(w, g, g_lo, g_hi, s, nsb, nsb * sbb, sbb, g_hi - g_lo < 2 ? g_hi - g_lo : 2);
             __m256i sc[16], mp[8], S[QR];
             qk_scales(sb, format, 1, sc, mp);
             for (int r = 0; r < NR; r++) S[r] = _mm256_setzero_si256();
@@ -828,6 +857,51 @@ static inline __attribute__((always_inline)) void qk_tile_xb(
             for (int r = 0; r < NR; r++)
                 acc[g - g_lo][r] = qk_float_steps(s ? acc[g - g_lo][r] : _mm256_setzero_ps(), S[r], xb + (r * nsb + s) * QK_BS,
                                                   _mm256_set1_ps(xd[r * nsb + s]), d, nmin, mp, q6);
+        }
+    }
+    for (int64_t g = g_lo; g < g_hi; g++)
+        for (int r = 0; r < NR; r++) qk_store(acc[g - g_lo][r], b, y, r, g, out_dim, accumulate);
+}
+
+/* The 32-input formats' tile without VNNI for up to 8 rows (Q4_0 and Q5_0 take it: TLQ_HAS_Q_XB),
+ * as qk_tile_xb: run-major over QK_XB_G groups, a run being Q_XB_B blocks of 32 inputs whose
+ * activations each row broadcasts once into the buffer vpmaddubsw reads (the group-major tile
+ * broadcast them for every group: on Zen 3 each broadcast takes a vector pipe; llvm-mca's model
+ * puts an 8-row Q4_0 block at 46 cycles against 75, Q5_0 66 against 86). Per output and row the
+ * block's integer sums and float steps are q_tile's, block after block, then bias and
+ * accumulation: the same bits. */
+#define Q_XB_B 8 /* blocks of 32 a run (64 broadcast dwords a row) */
+static inline __attribute__((always_inline)) void q_tile_xb(
+        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
+        int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
+    const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_Q50X8 || format == TLQ_Q51X8;
+    const int64_t nb = in_dim / 32, gb = q_group_bytes(format), stride = nb * gb, nruns = (nb + Q_XB_B - 1) / Q_XB_B;
+    const int64_t qoff = format == TLQ_Q4X8 || format == TLQ_Q51X8 ? 32 : 16;
+    __m256i xv[QR][64]; /* row r's broadcast runs of four activations of the run's blocks, in memory order */
+    __m256 acc[QK_XB_G][QR];
+    for (int64_t s = 0; s < nruns; s++) {
+        const int64_t b0 = s * Q_XB_B;
+        const int nbr = nb - b0 < Q_XB_B ? (int)(nb - b0) : Q_XB_B;
+        for (int r = 0; r < NR; r++) {
+            const int32_t *x32 = (const int32_t *)(xq + r * in_dim + b0 * 32);
+            for (int j = 0; j < 8 * nbr; j++) xv[r][j] = _mm256_set1_epi32(x32[j]);
+        }
+        for (int64_t g = g_lo; g < g_hi; g++) {
+            const uint8_t *run = w + g * stride + b0 * gb;
+            const uint8_t *ahead = qk_xb_ahead(w, g, g_lo, g_hi, s, nruns, stride, Q_XB_B * gb, g_hi - g_lo < 2 ? g_hi - g_lo : 2);
+            for (int bl = 0; bl < nbr; bl++) {
+                const uint8_t *blk = run + bl * gb;
+                if (ahead)
+                    for (int64_t pf = 0; pf < gb; pf += 64) _mm_prefetch((const char *)(ahead + bl * gb + pf), _MM_HINT_T0);
+                __m256i isum[QR];
+                q_block_sums(blk + qoff, format, isum, NR, NULL, (const __m256i (*)[64])xv, 8 * bl);
+                const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)), mw = q_min_factor(blk, dw, format);
+                for (int r = 0; r < NR; r++) {
+                    const int64_t xi = r * nb + b0 + bl;
+                    acc[g - g_lo][r] = q_float_step(b0 + bl ? acc[g - g_lo][r] : _mm256_setzero_ps(), isum[r], dw, mw, xd[xi],
+                                                    q4 ? xs[xi] : 0.0f, q4);
+                }
+            }
         }
     }
     for (int64_t g = g_lo; g < g_hi; g++)
@@ -1130,6 +1204,38 @@ QK_FORMAT(q6k_vnni, TLQ_Q6K | TLQ_VNNI)
 
 /* The 32-input formats' groups: with VNNI, from tlq_pair_rows rows up, the Q4 / Q5 formats' pairs
  * of groups by q_tile2, then any group left by q_groups */
+/* Groups [g_lo, g_hi) by the run-major tile, QK_XB_G at a time; one function per format (inlined
+ * into q_run, the tiles made the variant's build ~25 s longer). Only in builds without VNNI (the
+ * AVX2 variant; AVX-512 without VNNI), where they are the multi-row path; only Q4_0 and Q5_0
+ * (each costs the build a few seconds): Q8_0 ran 1.04-1.11x the time on Cascade Lake (its 272-byte
+ * blocks leave 4-8 rows near the memory's rate, and the run order breaks the stream), Q4_1,
+ * Q5_1 and IQ4_NL are rare; they run group-major. */
+#define TLQ_HAS_Q_XB (!TLQ_HAS_VNNI)
+/* and from 6 rows: at 4 rows Q4_0 ran 0.93-1.06x the time on Cascade Lake (forwards 1.38x -> 1.49x
+ * one row), at 8 rows 0.96-1.02x (forwards 2.73x -> 2.58x); llvm-mca's Zen 3 model puts a 4-row
+ * block under its read time from memory either way, where the run order only costs */
+#define Q_XB_MIN_ROWS 6
+#if TLQ_HAS_Q_XB
+static inline __attribute__((always_inline)) void q_groups_xb(
+        const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
+        int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
+    for (int64_t gl = g_lo; gl < g_hi; gl += QK_XB_G) {
+        const int64_t gh = gl + QK_XB_G < g_hi ? gl + QK_XB_G : g_hi;
+#define Q_T(NR_) q_tile_xb(xq, xd, xs, w, b, y, gl, gh, in_dim, out_dim, format, accumulate, NR_)
+        QK_BY_ROWS(rows, Q_T)
+#undef Q_T
+    }
+}
+#define Q_XB_FORMAT(name, F)                                                                                                \
+    static __attribute__((noinline)) void q_groups_xb_##name(const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, \
+                                                             const float *b, float *y, int64_t rows, int64_t g_lo, int64_t g_hi,   \
+                                                             int64_t in_dim, int64_t out_dim, int accumulate) {                   \
+        q_groups_xb(xq, xd, xs, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, (F), accumulate);                                 \
+    }
+Q_XB_FORMAT(q40, TLQ_Q40X8)
+Q_XB_FORMAT(q50, TLQ_Q50X8)
+#endif
+
 static inline __attribute__((always_inline)) void q_groups_paired(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
@@ -1142,6 +1248,18 @@ static inline __attribute__((always_inline)) void q_groups_paired(
             QK_BY_ROWS(rows - m0 < QR ? rows - m0 : QR, Q_T)
 #undef Q_T
         }
+#endif
+#if TLQ_HAS_Q_XB
+    /* from tlq_xb_rows and Q_XB_MIN_ROWS rows up to QR: the run-major tile */
+    if (tlq_xb_rows > 0 && rows >= tlq_xb_rows && rows >= Q_XB_MIN_ROWS && rows <= QR) {
+#define Q_XB(name) q_groups_xb_##name(xq, xd, xs, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, accumulate)
+        switch (format) {
+            case TLQ_Q40X8: Q_XB(q40); return;
+            case TLQ_Q50X8: Q_XB(q50); return;
+            default: break;
+        }
+#undef Q_XB
+    }
 #endif
     q_groups(xq, xd, xs, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, format, accumulate);
 }
