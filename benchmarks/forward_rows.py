@@ -7,8 +7,10 @@ Each round times, in turn: `torch.sum`, the forward plus logits (the engine's `f
 each row count with the tile and, from the row count it starts at, without it
 (`CpuKernels.quant_pair_rows(0)`, or `quant_xb_rows(0)`),
 at `--context` cached tokens; then every decoder linear of the model once, one row, in forward
-order; `torch.sum` over 256 MB comes first in each round (then a pause: torch's OpenMP threads
-spin a while after it). Best and median over `--rounds`; JSON to `--out`.
+order; with `--parts`, the layer linears and the LM head at each row count (a forward's time
+less those two is its attention, norms and the rest); `torch.sum` over 256 MB comes first in
+each round (then a pause: torch's OpenMP threads spin a while after it). Best and median over
+`--rounds`; JSON to `--out`.
 
     .venv/bin/python benchmarks/forward_rows.py benchmarks/.peer/models/llama-3.1-8b-Q4_K_M.gguf --rows 1,5,9
 """
@@ -34,7 +36,7 @@ from tokenleap import LLM  # noqa: E402
 from tokenleap.models.base import SeqInput  # noqa: E402
 
 
-def measure(llm: LLM, rows: list[int], context: int, rounds: int) -> dict[str, Any]:
+def measure(llm: LLM, rows: list[int], context: int, rounds: int, parts: bool = False) -> dict[str, Any]:
     model = llm.model
     kernels = getattr(model, "kernels", None)
     # the tile each row count takes by default, and the one it replaces (the "without" cases):
@@ -74,6 +76,16 @@ def measure(llm: LLM, rows: list[int], context: int, rounds: int) -> dict[str, A
                 for w in linears:
                     kernels.linear(inputs[w.in_dim], w)
                 times.setdefault("layer linears, 1 row", []).append(time.perf_counter() - t0)
+            if parts and kernels is not None:  # where a forward's time goes: its linears and LM head at each row count
+                for n in rows:
+                    xs = {d: torch.randn(n, d) for d in inputs}
+                    t0 = time.perf_counter()
+                    for w in linears:
+                        kernels.linear(xs[w.in_dim], w)
+                    times.setdefault(f"{n} rows: layer linears", []).append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    kernels.linear(torch.randn(n, model.config.hidden_size), model.lm_head_linear)
+                    times.setdefault(f"{n} rows: LM head", []).append(time.perf_counter() - t0)
     finally:
         if switch is not None:
             switch(tile_default)
@@ -101,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=csv_of(int), default="1,5,9", help="row counts (the first is the reference)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--parts", action="store_true", help="also time the layer linears and LM head at each row count")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "forward_rows.json")
     args = ap.parse_args(argv)
     if any(n < 1 for n in args.rows) or args.rounds < 1 or args.context < 1:
         ap.error("--rows, --rounds and --context must be positive")
     llm = LLM(model=args.model)
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "model": args.model, "context": args.context,
-              "rounds": args.rounds, **measure(llm, args.rows, args.context, args.rounds)}
+              "rounds": args.rounds, **measure(llm, args.rows, args.context, args.rounds, args.parts)}
     print(f"{result['cpu']}; {args.model} at {args.context} tokens of context, {args.rounds} rounds")
     for key, c in result["cases"].items():
         print(

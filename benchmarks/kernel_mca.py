@@ -39,10 +39,15 @@ def assembly(source_dir: Path, cpu: str, out: Path, defines: list[str]) -> str:
 
 
 def blocks(asm: str, function: str) -> list[list[str]]:
-    """The function's basic blocks (split at labels and after jumps)."""
+    """The function's basic blocks (split at labels and after jumps); `function` may have lost a
+    part to GCC's partial inlining (q_run -> q_run.part.0)."""
     lines = asm.split("\n")
-    start = lines.index(f"{function}:")
-    end = next(i for i in range(start, len(lines)) if lines[i].startswith(f"\t.size\t{function}"))
+    label = re.compile(rf"{re.escape(function)}(\.part\.\d+)?:")
+    start = next((i for i, line in enumerate(lines) if label.fullmatch(line)), None)
+    if start is None:
+        raise ValueError(f"no function {function} in the assembly (inlined, or not in this build)")
+    name = lines[start][:-1]
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith(f"\t.size\t{name},"))
     out: list[list[str]] = []
     cur: list[str] = []
     for line in lines[start + 1 : end]:
@@ -73,14 +78,17 @@ def model(asm: str, function: str, cpu: str) -> list[dict[str, Any]]:
         if m is None:
             raise RuntimeError(f"unexpected llvm-mca output: {out[:300]!r}")
         cycles = int(m[1]) / 200
-        rows.append({"maddubs": n, "instructions": len(b), "cycles": cycles, "cycles_per_maddubs": cycles / n})
+        rows.append({"maddubs": n, "broadcasts": sum("vpbroadcastd" in line for line in b), "instructions": len(b),
+                     "cycles": cycles, "cycles_per_maddubs": cycles / n})
     return sorted(rows, key=lambda r: -r["maddubs"])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", default="znver3", help="an -march / -mcpu name (znver3, skylake-avx512, haswell, ...)")
-    ap.add_argument("--function", default="qk_groups_q4k", help="qk_groups_q4k, qk_groups_q5k, qk_groups_q6k")
+    ap.add_argument("--function", default="qk_groups_q4k",
+                    help="qk_groups_q4k, qk_groups_q5k, qk_groups_q6k; q_groups_xb_q40, q_groups_xb_q50 (the 32-input "
+                         "formats' run-major tiles); q_run (every 32-input tile, the group-major ones with broadcasts)")
     ap.add_argument("--baseline", help="a git revision whose kernels to model beside this checkout's")
     ap.add_argument("--define", action="append", default=[], help="a -D for the compiler (NAME or NAME=VALUE)")
     ap.add_argument("--out", type=Path, default=None, help="JSON")
@@ -96,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
             src.mkdir()
             sources = {"baseline": revision_sources(args.baseline, src), **sources}
         for label, folder in sources.items():
-            result["builds"][label] = model(
-                assembly(folder, args.cpu, Path(tmp) / f"{label}.s", defines), args.function, args.cpu
-            )
+            try:
+                result["builds"][label] = model(
+                    assembly(folder, args.cpu, Path(tmp) / f"{label}.s", defines), args.function, args.cpu
+                )
+            except ValueError as exc:
+                ap.error(f"{label}: {exc}")
     print(
         f"llvm-mca -mcpu={args.cpu}, {args.function}: cycles per block of 32 inputs x 8 outputs "
         "(a prediction, not a measurement)"
@@ -106,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, rows in result["builds"].items():
         print(
             f"  {label}: "
-            + ", ".join(f"{r['maddubs'] // 8} rows {r['cycles']:.1f}" for r in rows if r["maddubs"] % 8 == 0)
+            + ", ".join(
+                f"{r['maddubs'] // 8} rows {r['cycles']:.1f}"
+                + (f" ({r['broadcasts']} broadcasts)" if r["broadcasts"] else "")
+                for r in rows
+                if r["maddubs"] % 8 == 0
+            )
         )
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

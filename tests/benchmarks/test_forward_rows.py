@@ -40,3 +40,16 @@ def test_without_vnni_it_compares_the_superblock_major_tile(
         kernels.quant_vnni(vnni)
     assert "5 rows, group-major tile" in cases and "5 rows, one-group tile" not in cases
     assert kernels.quant_xb_rows() == 4
+
+
+def test_parts_time_the_linears_and_the_head_at_each_row_count(
+    load_benchmark: Callable[[str], ModuleType], llm: LLM
+) -> None:
+    if llm.model.kernels is None:
+        pytest.skip("no tokenleap kernels here")
+    m = load_benchmark("forward_rows")
+    cases = m.measure(llm, [1, 3], context=16, rounds=1, parts=True)["cases"]
+    for n in (1, 3):
+        assert cases[f"{n} rows: layer linears"]["best_ms"] > 0 and cases[f"{n} rows: LM head"]["best_ms"] > 0
+    assert "1 rows: layer linears" in m.measure(llm, [1], context=16, rounds=1, parts=True)["cases"]
+    assert not any("LM head" in k for k in m.measure(llm, [1], context=16, rounds=1)["cases"])

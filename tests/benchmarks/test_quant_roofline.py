@@ -52,3 +52,25 @@ def test_llvm_mca_counts_cycles_per_block_for_each_row_count(load_benchmark: Cal
     by_rows = {r["maddubs"] // 8: r["cycles"] for r in rows if r["maddubs"] % 8 == 0}
     assert set(by_rows) == set(range(1, 9))  # one tile per row count, 8 multiplies a row
     assert by_rows[8] > by_rows[4] > by_rows[1] > 0
+    # each row count has a group-major block (activations broadcast per group) and a superblock-major
+    # one (read from the broadcast buffer): the counts tell them apart
+    for broadcasts in (True, False):
+        tiles = {r["maddubs"] // 8 for r in rows if r["maddubs"] % 8 == 0 and (r["broadcasts"] > 0) == broadcasts}
+        assert tiles == set(range(1, 9)), (broadcasts, tiles)
+
+
+def test_kernel_mca_finds_a_function_gcc_split(load_benchmark: Callable[[str], ModuleType]) -> None:
+    """GCC's partial inlining renames a function (q_run -> q_run.part.0): its blocks are still found,
+    and a name that is only a prefix of another function's is not taken for it."""
+    m = load_benchmark("kernel_mca")
+    asm = "\n".join(
+        [
+            "q_run_other:", "\tvpaddd\t%ymm0, %ymm0, %ymm0", "\t.size\tq_run_other, .-q_run_other",
+            "q_run.part.0:", "\tvpmaddubsw\t%ymm1, %ymm2, %ymm3", "\tjne\t.L5", ".L5:", "\tvpaddw\t%ymm3, %ymm4, %ymm4",
+            "\t.size\tq_run.part.0, .-q_run.part.0",
+        ]
+    )
+    blocks = m.blocks(asm, "q_run")
+    assert [len(b) for b in blocks if b] == [2, 1] and "vpmaddubsw" in blocks[0][0]
+    with pytest.raises(ValueError, match="no function q_ru "):
+        m.blocks(asm, "q_ru")

@@ -867,7 +867,7 @@ static inline __attribute__((always_inline)) void qk_tile_xb(
  * as qk_tile_xb: run-major over QK_XB_G groups, a run being Q_XB_B blocks of 32 inputs whose
  * activations each row broadcasts once into the buffer vpmaddubsw reads (the group-major tile
  * broadcast them for every group: on Zen 3 each broadcast takes a vector pipe; llvm-mca's model
- * puts an 8-row Q4_0 block at 46 cycles against 75, Q5_0 66 against 86). Per output and row the
+ * puts an 8-row Q4_0 block at 43 cycles against 75-78, Q5_0 62 against 85-96). Per output and row the
  * block's integer sums and float steps are q_tile's, block after block, then bias and
  * accumulation: the same bits. */
 #define Q_XB_B 8 /* blocks of 32 a run (64 broadcast dwords a row) */
@@ -1187,14 +1187,17 @@ static inline __attribute__((always_inline)) void qk_groups(
         }
 }
 
+/* A groups function of its own for format F (`groups` instantiated with it; XS: the type of the
+ * activations' third array, the K-quants' paired sums or the 32-input formats' d sum q) */
+#define TLQ_GROUPS_FN(fname, groups, F, XS)                                                                                \
+    static __attribute__((noinline)) void fname(const int8_t *xq, const float *xd, XS xs, const uint8_t *w, const float *b,   \
+                                                float *y, int64_t rows, int64_t g_lo, int64_t g_hi, int64_t in_dim,         \
+                                                int64_t out_dim, int accumulate) {                                          \
+        groups(xq, xd, xs, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, (F), accumulate);                                     \
+    }
 /* one function per K format (and VNNI or not): all of them inlined into one made the compiler
  * schedule the one-row Q6K tile 13 % slower */
-#define QK_FORMAT(name, F)                                                                                                  \
-    static __attribute__((noinline)) void qk_groups_##name(const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, \
-                                                           const float *b, float *y, int64_t rows, int64_t g_lo, int64_t g_hi,     \
-                                                           int64_t in_dim, int64_t out_dim, int accumulate) {                     \
-        qk_groups(xq, xd, xb, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, (F), accumulate);                                    \
-    }
+#define QK_FORMAT(name, F) TLQ_GROUPS_FN(qk_groups_##name, qk_groups, F, const int32_t *)
 QK_FORMAT(q4k, TLQ_Q4K)
 QK_FORMAT(q4k_vnni, TLQ_Q4K | TLQ_VNNI)
 QK_FORMAT(q5k, TLQ_Q5K)
@@ -1202,8 +1205,6 @@ QK_FORMAT(q5k_vnni, TLQ_Q5K | TLQ_VNNI)
 QK_FORMAT(q6k, TLQ_Q6K)
 QK_FORMAT(q6k_vnni, TLQ_Q6K | TLQ_VNNI)
 
-/* The 32-input formats' groups: with VNNI, from tlq_pair_rows rows up, the Q4 / Q5 formats' pairs
- * of groups by q_tile2, then any group left by q_groups */
 /* Groups [g_lo, g_hi) by the run-major tile, QK_XB_G at a time; one function per format (inlined
  * into q_run, the tiles made the variant's build ~25 s longer). Only in builds without VNNI (the
  * AVX2 variant; AVX-512 without VNNI), where they are the multi-row path; only Q4_0 and Q5_0
@@ -1216,26 +1217,28 @@ QK_FORMAT(q6k_vnni, TLQ_Q6K | TLQ_VNNI)
  * block under its read time from memory either way, where the run order only costs */
 #define Q_XB_MIN_ROWS 6
 #if TLQ_HAS_Q_XB
+/* rows: Q_XB_MIN_ROWS to QR */
 static inline __attribute__((always_inline)) void q_groups_xb(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
     for (int64_t gl = g_lo; gl < g_hi; gl += QK_XB_G) {
         const int64_t gh = gl + QK_XB_G < g_hi ? gl + QK_XB_G : g_hi;
 #define Q_T(NR_) q_tile_xb(xq, xd, xs, w, b, y, gl, gh, in_dim, out_dim, format, accumulate, NR_)
-        QK_BY_ROWS(rows, Q_T)
+        switch (rows) { /* Q_XB_MIN_ROWS .. QR */
+            case 8: Q_T(8); break;
+            case 7: Q_T(7); break;
+            default: Q_T(6); break;
+        }
 #undef Q_T
     }
 }
-#define Q_XB_FORMAT(name, F)                                                                                                \
-    static __attribute__((noinline)) void q_groups_xb_##name(const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, \
-                                                             const float *b, float *y, int64_t rows, int64_t g_lo, int64_t g_hi,   \
-                                                             int64_t in_dim, int64_t out_dim, int accumulate) {                   \
-        q_groups_xb(xq, xd, xs, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, (F), accumulate);                                 \
-    }
-Q_XB_FORMAT(q40, TLQ_Q40X8)
-Q_XB_FORMAT(q50, TLQ_Q50X8)
+TLQ_GROUPS_FN(q_groups_xb_q40, q_groups_xb, TLQ_Q40X8, const float *)
+TLQ_GROUPS_FN(q_groups_xb_q50, q_groups_xb, TLQ_Q50X8, const float *)
 #endif
 
+/* The 32-input formats' groups: with VNNI, from tlq_pair_rows rows up, the Q4 / Q5 formats' pairs
+ * of groups by q_tile2; without it, Q4_0 / Q5_0 from 6 rows by the run-major tile; then any group
+ * left by q_groups */
 static inline __attribute__((always_inline)) void q_groups_paired(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
