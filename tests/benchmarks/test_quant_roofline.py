@@ -74,3 +74,26 @@ def test_kernel_mca_finds_a_function_gcc_split(load_benchmark: Callable[[str], M
     assert [len(b) for b in blocks if b] == [2, 1] and "vpmaddubsw" in blocks[0][0]
     with pytest.raises(ValueError, match="no function q_ru "):
         m.blocks(asm, "q_ru")
+
+
+def test_kernel_mca_puts_each_row_count_against_the_memory(load_benchmark: Callable[[str], ModuleType]) -> None:
+    """The predicted roofline: each row count's fastest block (of the group-major and run-major
+    ones) against the cycles the memory takes for the block's bytes; free rows stop at the first
+    row count over it."""
+    m = load_benchmark("kernel_mca")
+    rows = [
+        {"maddubs": 8, "cycles": 10.0}, {"maddubs": 16, "cycles": 30.0}, {"maddubs": 16, "cycles": 20.0},
+        {"maddubs": 24, "cycles": 50.0}, {"maddubs": 32, "cycles": 30.0}, {"maddubs": 12, "cycles": 1.0},
+    ]
+    r = m.roofline(rows, block_bytes=144, read_gbs=4.8, ghz=1.2)  # 4 bytes a cycle: 36 cycles a block
+    assert r["memory_cycles"] == pytest.approx(36.0)
+    assert set(r["rows"]) == {1, 2, 3, 4}  # 12 multiplies is no whole row count
+    assert r["rows"][2]["cycles"] == 20.0 and r["free_rows"] == 2  # 3 rows over the memory: 4 (under it) is not free
+    assert r["rows"][1]["over_one_row"] == 1.0 and r["rows"][3]["over_one_row"] == pytest.approx(50 / 36)
+    only_two = m.roofline(rows[1:3], 144, 4.8, 1.2)  # no one-row tile (run-major): one row at the memory's time
+    assert only_two["rows"][2]["over_one_row"] == 1.0 and only_two["free_rows"] == 2
+    unknown_block = ["--read-gbs", "10", "--ghz", "3", "--function", "q_run"]
+    for argv in (["--read-gbs", "10"], ["--ghz", "3", "--read-gbs", "0"], unknown_block):
+        with pytest.raises(SystemExit) as exc:
+            m.main(argv)
+        assert exc.value.code == 2, argv

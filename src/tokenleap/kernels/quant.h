@@ -155,6 +155,14 @@ static inline int64_t q_group_bytes(int format) {
 #undef TLQ_GB
 }
 
+/* The 32-input formats' kinds (each folds to a constant in a format's instantiation): nibbles
+ * plus fifth bits (Q5_0 / Q5_1), nibbles (those and Q4_0 / Q4_1), the non-linear grids (IQ4_NL /
+ * IQ4_XS), and where a block's quants start (after f16 d[8], and m[8] for Q4_1 / Q5_1) */
+static inline __attribute__((always_inline)) int q_is_q5(int format) { return format == TLQ_Q50X8 || format == TLQ_Q51X8; }
+static inline __attribute__((always_inline)) int q_is_q4(int format) { return format == TLQ_Q4X8 || format == TLQ_Q40X8 || q_is_q5(format); }
+static inline __attribute__((always_inline)) int q_is_nl(int format) { return format == TLQ_IQ4NL || format == TLQ_IQ4XS; }
+static inline __attribute__((always_inline)) int64_t q_quant_offset(int format) { return format == TLQ_Q4X8 || format == TLQ_Q51X8 ? 32 : 16; }
+
 /* Q6K: q (unsigned, 0..63; w = d sc (q - 32)) of inputs 4 g .. 4 g + 3 for the 8 outputs (Q8X8's
  * vector g) from a block's 192 bytes: vector g & 3's low (g < 4) or high nibbles, and the high
  * bits of vector g >> 2 */
@@ -361,8 +369,7 @@ static inline __attribute__((always_inline)) __m256i q3_weights(const uint8_t *b
 static inline __attribute__((always_inline)) void q_block_sums(const uint8_t *qb, int format, __m256i isum[QR], const int NR,
                                                                const int8_t *const xrow[QR], const __m256i (*xv)[64], int j0) {
 #define Q_XV(r, j) (xv ? xv[r][j0 + (j)] : _mm256_set1_epi32(((const int32_t *)xrow[r])[j]))
-    const int q5 = format == TLQ_Q50X8 || format == TLQ_Q51X8;
-    const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || q5, nl = format == TLQ_IQ4NL || format == TLQ_IQ4XS;
+    const int q5 = q_is_q5(format), q4 = q_is_q4(format), nl = q_is_nl(format);
     const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     if (q4) {
         __m256i s16[QR];
@@ -431,9 +438,8 @@ static inline __attribute__((always_inline)) void q_tile(
         for (int j = 0; j < NO; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t bi = 0; bi < nb; bi++) {
         for (int j = 0; j < NO; j++) {
-            const int q5 = format == TLQ_Q50X8 || format == TLQ_Q51X8; /* Q4's nibbles plus fifth bits */
-            const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || q5, nl = format == TLQ_IQ4NL || format == TLQ_IQ4XS;
-            const int64_t qoff = format == TLQ_Q4X8 || format == TLQ_Q51X8 ? 32 : 16;
+            const int q5 = q_is_q5(format), q4 = q_is_q4(format), nl = q_is_nl(format);
+            const int64_t qoff = q_quant_offset(format);
             const uint8_t *blk = w + (g0 + j) * group_stride + bi * gb, *qb = blk + qoff;
             __m256 dw;
             if (format == TLQ_Q2K) { /* the superblock's header (d, dmin; the scales, read below), then block bi % 8 */
@@ -874,9 +880,9 @@ static inline __attribute__((always_inline)) void qk_tile_xb(
 static inline __attribute__((always_inline)) void q_tile_xb(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
-    const int q4 = format == TLQ_Q4X8 || format == TLQ_Q40X8 || format == TLQ_Q50X8 || format == TLQ_Q51X8;
+    const int q4 = q_is_q4(format);
     const int64_t nb = in_dim / 32, gb = q_group_bytes(format), stride = nb * gb, nruns = (nb + Q_XB_B - 1) / Q_XB_B;
-    const int64_t qoff = format == TLQ_Q4X8 || format == TLQ_Q51X8 ? 32 : 16;
+    const int64_t qoff = q_quant_offset(format);
     __m256i xv[QR][64]; /* row r's broadcast runs of four activations of the run's blocks, in memory order */
     __m256 acc[QK_XB_G][QR];
     for (int64_t s = 0; s < nruns; s++) {
@@ -1073,9 +1079,9 @@ static inline __attribute__((always_inline)) void q_tile2(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y,
         int64_t m0, int64_t g, int64_t in_dim, int64_t out_dim, int format, int accumulate, const int NR) {
     format &= ~TLQ_VNNI;
-    const int q5 = format == TLQ_Q50X8 || format == TLQ_Q51X8;
+    const int q5 = q_is_q5(format);
     const int64_t nb = in_dim / 32, gb = q_group_bytes(format), group_stride = nb * gb;
-    const int64_t qoff = format == TLQ_Q4X8 || format == TLQ_Q51X8 ? 32 : 16;
+    const int64_t qoff = q_quant_offset(format);
     const int NS = NR <= 2 ? 4 : NR <= 4 ? 2 : 1; /* independent partial sums per row */
     const uint8_t *w0 = w + g * group_stride, *w1 = w0 + group_stride;
     __m512 acc[QR];
@@ -1243,8 +1249,7 @@ static inline __attribute__((always_inline)) void q_groups_paired(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
 #if TLQ_HAS_PAIR
-    const int f = format & ~TLQ_VNNI, q4 = f == TLQ_Q4X8 || f == TLQ_Q40X8 || f == TLQ_Q50X8 || f == TLQ_Q51X8;
-    const int pair = q4 && (format & TLQ_VNNI) && tlq_pair_rows > 0 && rows >= tlq_pair_rows;
+    const int pair = q_is_q4(format & ~TLQ_VNNI) && (format & TLQ_VNNI) && tlq_pair_rows > 0 && rows >= tlq_pair_rows;
     for (; pair && g_lo + 1 < g_hi; g_lo += 2)
         for (int64_t m0 = 0; m0 < rows; m0 += QR) {
 #define Q_T(NR_) q_tile2(xq, xd, xs, w, b, y, m0, g_lo, in_dim, out_dim, format, accumulate, NR_)
@@ -1289,7 +1294,7 @@ typedef struct {
 
 static inline int q_is_k(int format) { return format == TLQ_Q4K || format == TLQ_Q5K || format == TLQ_Q6K; }
 /* the 32-input formats summed with signed int8 weights (their VNNI form reads the activations + 128) */
-static inline int q_signed(int format) { return format == TLQ_Q8X8 || format == TLQ_IQ4NL || format == TLQ_IQ4XS || format == TLQ_Q3K; }
+static inline int q_signed(int format) { return format == TLQ_Q8X8 || q_is_nl(format) || format == TLQ_Q3K; }
 
 static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, int64_t lo, int64_t hi) {
     if (lo >= hi) return;
