@@ -37,10 +37,14 @@ from kernel_ab import revision_sources  # noqa: E402
 KERNEL_DIR = ROOT / "src" / "tokenleap" / "kernels"
 
 
-def assembly(source_dir: Path, cpu: str, out: Path, defines: list[str]) -> str:
+def assembly(source_dir: Path, cpu: str, out: Path, defines: list[str], functions: list[str] | None = None) -> str:
+    """The AVX2 variant's assembly for -march=cpu; only the K-quants' unit (`quant_k.c`, about half
+    the compile) when every function wanted is one of its groups functions and the sources have it."""
     compiler = shutil.which("gcc") or "cc"
+    k_only = bool(functions) and all(f.startswith("qk_groups_") for f in functions or [])
+    source = source_dir / ("quant_k.c" if k_only and (source_dir / "quant_k.c").exists() else "kernels_avx2.c")
     subprocess.run([compiler, "-O3", f"-march={cpu}", "-ffp-contract=off", "-pthread", "-std=gnu11", "-fPIC", *defines,
-                    "-S", str(source_dir / "kernels_avx2.c"), "-o", str(out)],
+                    "-S", str(source), "-o", str(out)],
                    check=True, capture_output=True, text=True)
     return out.read_text()
 
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             src.mkdir()
             sources = {"baseline": revision_sources(args.baseline, src), **sources}
         for label, folder in sources.items():
-            asm = assembly(folder, args.cpu, Path(tmp) / f"{label}.s", defines)
+            asm = assembly(folder, args.cpu, Path(tmp) / f"{label}.s", defines, functions)
             try:
                 result["builds"][label] = {f: model(asm, f, args.cpu) for f in functions}
             except ValueError as exc:

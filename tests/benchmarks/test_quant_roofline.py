@@ -48,7 +48,8 @@ def test_llvm_mca_counts_cycles_per_block_for_each_row_count(load_benchmark: Cal
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        rows = m.model(m.assembly(m.KERNEL_DIR, "haswell", Path(tmp) / "k.s", []), "qk_groups_q4k", "haswell")
+        asm = m.assembly(m.KERNEL_DIR, "haswell", Path(tmp) / "k.s", [], ["qk_groups_q4k"])  # the K unit alone
+        rows = m.model(asm, "qk_groups_q4k", "haswell")
     by_rows = {r["maddubs"] // 8: r["cycles"] for r in rows if r["maddubs"] % 8 == 0}
     assert set(by_rows) == set(range(1, 9))  # one tile per row count, 8 multiplies a row
     assert by_rows[8] > by_rows[4] > by_rows[1] > 0

@@ -24,6 +24,6 @@ def test_wheel_ships_kernel_sources(tmp_path: Path) -> None:
     assert wheel.name.startswith(f"tokenleap-{__version__}-")  # pyproject reads the one version string
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = {p.name for p in (ROOT / "src" / "tokenleap" / "kernels").iterdir() if p.suffix in (".c", ".h")}
-    assert sources >= {"kernels.c", "kernels_avx2.c", "pool.h", "quant.h"}
+    assert sources >= {"kernels.c", "kernels_avx2.c", "quant_k.c", "pool.h", "quant.h"}
     for name in sources:
         assert f"tokenleap/kernels/{name}" in names, name

@@ -1,6 +1,7 @@
 """Building and binding the kernels: the CPU's flags pick a source (`kernels.c` for AVX-512,
 `kernels_avx2.c` for AVX2 + FMA), the system C compiler builds it once into the user cache
-(`-march=native`, keyed by the sources, the flags, the compiler and the CPU's feature flags),
+(`-march=native`, keyed by the sources, the flags, the compiler and the CPU's feature flags; the
+source and `quant_k.c`, the K-quants' groups functions, compile at once, one a core, and link),
 and `bind` declares the C signature of every entry point for ctypes (the kernels' ABI);
 `load_library` does all three once per process and starts the kernels' thread pool.
 """
@@ -27,6 +28,9 @@ logger = logging.getLogger(__name__)
 _DIR = Path(__file__).parent
 _SOURCES = {"avx512": _DIR / "kernels.c", "avx2": _DIR / "kernels_avx2.c"}
 _HEADERS = sorted(_DIR.glob("*.h"))  # every header is part of every build
+# the K-quants' groups functions: a unit of their own beside the variant's source (quant.h's TLQ_UNIT),
+# so the two compile at once, one a core
+_K_UNIT = _DIR / "quant_k.c"
 # -ffp-contract=off: a scalar a*b+c must not become an FMA in one inlined tile and stay a
 # multiply-add in another (the row-invariance contract); FMAs are written as intrinsics.
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
@@ -72,9 +76,20 @@ def prune_kernel_cache(folder: Path, variant: str, keep: Path, limit: int = KERN
     return removed
 
 
+def _run_all(commands: list[list[str]]) -> None:
+    """Run the commands at once and wait for all; the first that failed raises
+    CalledProcessError with its output (as subprocess.run(check=True) would)."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+    results = [(c, p, *p.communicate()) for c, p in zip(commands, procs)]
+    for command, proc, out, err in results:
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, command, out, err)
+
+
 def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
     source = _SOURCES[variant]
-    parts = [source.read_bytes(), *(h.read_bytes() for h in _HEADERS), " ".join(_FLAGS).encode(), compiler.encode()]
+    parts = [source.read_bytes(), _K_UNIT.read_bytes(), *(h.read_bytes() for h in _HEADERS), " ".join(_FLAGS).encode(),
+             compiler.encode()]
     parts.append(" ".join(sorted(flags)).encode())  # -march=native: a build for one CPU is no build for another
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"tokenleap_kernels_{variant}_{digest}.so"
@@ -87,12 +102,15 @@ def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         tmp_out = Path(tmp) / target.name
-        subprocess.run(
-            [compiler, *_FLAGS, str(source), "-o", str(tmp_out), "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
+        compile_flags = [f for f in _FLAGS if f != "-shared"]
+        objects = [Path(tmp) / "main.o", Path(tmp) / "quant_k.o"]
+        _run_all(
+            [
+                [compiler, *compile_flags, "-DTLQ_UNIT=1", "-c", str(source), "-o", str(objects[0])],
+                [compiler, *compile_flags, "-c", str(_K_UNIT), "-o", str(objects[1])],
+            ]
         )
+        _run_all([[compiler, "-shared", "-pthread", *map(str, objects), "-o", str(tmp_out), "-lm"]])
         os.replace(tmp_out, target)  # atomic: concurrent processes never see half a file
     try:
         prune_kernel_cache(target.parent, variant, target)

@@ -29,7 +29,33 @@
  * then acc = fma(float(isum), d_w d_x, acc) and, for Q4, acc = fma(m_w, d_x sum(q_x), acc),
  * block after block: the same sequence in every tile. */
 #pragma once
+
+/* The translation units this header makes (build.py compiles the two of a split build at once, one
+ * a core): TLQ_UNIT 0 (the default, the benchmarks' harnesses) all of it; 1 the kernel source's
+ * unit, with the K-quants' groups functions only declared; 2 quant_k.c, those functions alone
+ * (the header's exported functions become unused statics there and are dropped, and the settings
+ * they share with the unit 1 are its). The functions are noinline in every unit: the same code. */
+#ifndef TLQ_UNIT
+#define TLQ_UNIT 0
+#endif
+#if TLQ_UNIT == 2
+#define TLQ_API static __attribute__((unused)) /* unit 1 exports these */
+#define TLQ_SETTING(name, value) extern __attribute__((visibility("hidden"))) int name
+#else
+#define TLQ_API
+#if TLQ_UNIT == 1
+#define TLQ_SETTING(name, value) __attribute__((visibility("hidden"))) int name = value
+#else
+#define TLQ_SETTING(name, value) static int name = value
+#endif
+#endif
+#if TLQ_UNIT == 2 /* without the thread pool (its tl_init is unit 1's) */
+#include <stdint.h>
+#include <string.h>
+#include <immintrin.h>
+#else
 #include "pool.h"
+#endif
 
 #define TLQ_Q4X8 1
 #define TLQ_Q8X8 2
@@ -117,7 +143,7 @@ static const tlq_format tlq_formats[] = {TLQ_FORMATS(TLQ_ROW)};
 #define TLQ_NFORMATS ((int)(sizeof tlq_formats / sizeof tlq_formats[0]))
 
 /* The table's rows into out (5 int32 each, at most max rows); returns the number of rows. */
-int tl_formats(int32_t *out, int max) {
+TLQ_API int tl_formats(int32_t *out, int max) {
     for (int i = 0; i < TLQ_NFORMATS && i < max; i++) memcpy(out + 5 * i, &tlq_formats[i], sizeof(tlq_format));
     return TLQ_NFORMATS;
 }
@@ -141,7 +167,7 @@ static int tlq_use_vnni = -1; /* -1: not decided yet (cpuid on first use) */
 
 /* Set whether the quantized linears use VNNI (1 / 0; -1: as cpuid says); returns the setting in
  * force (0 when this build has no VNNI path). */
-int tl_quant_vnni(int enable) {
+TLQ_API int tl_quant_vnni(int enable) {
     if (enable < 0) enable = tlq_use_vnni >= 0 ? tlq_use_vnni : (TLQ_HAS_VNNI && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"));
     tlq_use_vnni = TLQ_HAS_VNNI && enable;
     return tlq_use_vnni;
@@ -262,7 +288,7 @@ static inline float q8_amax(const float *x, int n) {
 
 /* Activations for the 32-input formats: per row, per block of 32: d = max|x| / 127 (0 for an
  * all-zero block), q = round-to-nearest-even(x / d) in [-127, 127], s = d * sum(q) (ggml's Q8_1 `s`). */
-void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows, int64_t in_dim) {
+TLQ_API void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows, int64_t in_dim) {
     const int64_t nb = in_dim / 32;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < nb; b++) {
@@ -281,7 +307,7 @@ void tl_quantize_q8(const float *x, int8_t *q, float *d, float *s, int64_t rows,
  * over block 2k + 1 << 16 (blocks of 32); bs[4 + k], k < 8: the same over the superblock's 16
  * runs of 16 inputs. */
 #define QK_BS 12
-void tl_quantize_q8k(const float *x, int8_t *q, float *d, int32_t *bs, int64_t rows, int64_t in_dim) {
+TLQ_API void tl_quantize_q8k(const float *x, int8_t *q, float *d, int32_t *bs, int64_t rows, int64_t in_dim) {
     const int64_t nsb = in_dim / 256;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t sb = 0; sb < nsb; sb++) {
@@ -823,7 +849,7 @@ static inline __attribute__((always_inline)) void qk_tile(
  * between superblocks. Each output's integer sums and float steps are qk_tile's, in the same
  * order (superblock after superblock, then bias, then the accumulation): the same bits. */
 #define QK_XB_G 16 /* groups a pass */
-static int tlq_xb_rows = 4; /* the superblock-major tile from this many rows up, to QR (0: never): 2-3 rows measured 0.93-1.12x the time on Cascade Lake (s29) */
+TLQ_SETTING(tlq_xb_rows, 4); /* the superblock-major tile from this many rows up, to QR (0: never): 2-3 rows measured 0.93-1.12x the time on Cascade Lake (s29) */
 
 /* The step the tile `ahead` (<= the pass's groups) tiles after group g's step s reads, in a pass's
  * order (step-major over groups [g_lo, g_hi); a step: a superblock, or q_tile_xb's run of blocks,
@@ -1130,7 +1156,7 @@ static inline __attribute__((always_inline)) void q_tile2(
 #else
 #define TLQ_HAS_PAIR 0
 #endif
-static int tlq_pair_rows = 4; /* the two-group tile from this many rows up (0: never) */
+TLQ_SETTING(tlq_pair_rows, 4); /* the two-group tile from this many rows up (0: never) */
 /* ... and at any row count from this many inputs up (a down projection's): one row's cold stream
  * through it ran at 0.83 of a plain read where the 8-output tile ran at 0.66 (Q4_K [4096, 14336],
  * the fast memory state; 0.91 vs 0.88 in the slow one; Q6_K likewise), while at 2,048-4,096 inputs
@@ -1139,14 +1165,14 @@ static int tlq_pair_rows = 4; /* the two-group tile from this many rows up (0: n
 
 /* Set from how many rows the K-quants and the 32-input Q4 / Q5 formats use the two-group tiles (0: never; -1: leave as is);
  * returns the setting in force (0 when this build has no such tile). */
-int tl_quant_pair(int rows) {
+TLQ_API int tl_quant_pair(int rows) {
     if (rows >= 0) tlq_pair_rows = rows;
     return TLQ_HAS_PAIR ? tlq_pair_rows : 0;
 }
 
 /* Set from how many rows (to QR) the K-quants without VNNI use the superblock-major tile (0:
  * never; -1: leave as is); returns the setting in force. */
-int tl_quant_xb(int rows) {
+TLQ_API int tl_quant_xb(int rows) {
     if (rows >= 0) tlq_xb_rows = rows;
     return tlq_xb_rows;
 }
@@ -1195,21 +1221,33 @@ static inline __attribute__((always_inline)) void qk_groups(
 
 /* A groups function of its own for format F (`groups` instantiated with it; XS: the type of the
  * activations' third array, the K-quants' paired sums or the 32-input formats' d sum q) */
-#define TLQ_GROUPS_FN(fname, groups, F, XS)                                                                                \
-    static __attribute__((noinline)) void fname(const int8_t *xq, const float *xd, XS xs, const uint8_t *w, const float *b,   \
+#define TLQ_GROUPS_FN(fname, groups, F, XS) TLQ_GROUPS_DEF(static, fname, groups, F, XS)
+#define TLQ_GROUPS_DEF(linkage, fname, groups, F, XS)                                                                       \
+    linkage __attribute__((noinline)) void fname(const int8_t *xq, const float *xd, XS xs, const uint8_t *w, const float *b,   \
                                                 float *y, int64_t rows, int64_t g_lo, int64_t g_hi, int64_t in_dim,         \
                                                 int64_t out_dim, int accumulate) {                                          \
         groups(xq, xd, xs, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, (F), accumulate);                                     \
     }
 /* one function per K format (and VNNI or not): all of them inlined into one made the compiler
  * schedule the one-row Q6K tile 13 % slower */
+#if TLQ_UNIT == 0
 #define QK_FORMAT(name, F) TLQ_GROUPS_FN(qk_groups_##name, qk_groups, F, const int32_t *)
+#elif TLQ_UNIT == 2
+#define QK_FORMAT(name, F) TLQ_GROUPS_DEF(__attribute__((visibility("hidden"))), qk_groups_##name, qk_groups, F, const int32_t *)
+#else /* defined in quant_k.c */
+#define QK_FORMAT(name, F)                                                                                             \
+    __attribute__((visibility("hidden"))) void qk_groups_##name(const int8_t *, const float *, const int32_t *,       \
+                                                               const uint8_t *, const float *, float *, int64_t,      \
+                                                               int64_t, int64_t, int64_t, int64_t, int);
+#endif
 QK_FORMAT(q4k, TLQ_Q4K)
 QK_FORMAT(q4k_vnni, TLQ_Q4K | TLQ_VNNI)
 QK_FORMAT(q5k, TLQ_Q5K)
 QK_FORMAT(q5k_vnni, TLQ_Q5K | TLQ_VNNI)
 QK_FORMAT(q6k, TLQ_Q6K)
 QK_FORMAT(q6k_vnni, TLQ_Q6K | TLQ_VNNI)
+
+#if TLQ_UNIT != 2 /* the rest: the kernel source's unit (it needs that source's tl_gelu_mul) */
 
 /* Groups [g_lo, g_hi) by the run-major tile, QK_XB_G at a time; one function per format (inlined
  * into q_run, the tiles made the variant's build ~25 s longer). Only in builds without VNNI (the
@@ -1445,3 +1483,4 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
                  f1 | vnni, f2 ? f2 | vnni : 0, accumulate};
     tl_parallel(q_task, &job);
 }
+#endif /* TLQ_UNIT != 2 */
