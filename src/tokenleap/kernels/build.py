@@ -31,6 +31,9 @@ _HEADERS = sorted(_DIR.glob("*.h"))  # every header is part of every build
 # the K-quants' groups functions: a unit of their own beside the variant's source (quant.h's TLQ_UNIT),
 # so the two compile at once, one a core
 _K_UNIT = _DIR / "quant_k.c"
+# what each variant's source defines before it includes quant.h, for quant_k.c (a unit that
+# disagrees on VNNI fails to link: quant.h's TLQ_UNITS_VNNI)
+_K_DEFINES = {"avx512": ["-DTLQ_ALLOW_VNNI=1"], "avx2": []}
 # -ffp-contract=off: a scalar a*b+c must not become an FMA in one inlined tile and stay a
 # multiply-add in another (the row-invariance contract); FMAs are written as intrinsics.
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
@@ -107,7 +110,7 @@ def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
         _run_all(
             [
                 [compiler, *compile_flags, "-DTLQ_UNIT=1", "-c", str(source), "-o", str(objects[0])],
-                [compiler, *compile_flags, "-c", str(_K_UNIT), "-o", str(objects[1])],
+                [compiler, *compile_flags, *_K_DEFINES[variant], "-c", str(_K_UNIT), "-o", str(objects[1])],
             ]
         )
         _run_all([[compiler, "-shared", "-pthread", *map(str, objects), "-o", str(tmp_out), "-lm"]])

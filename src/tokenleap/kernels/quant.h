@@ -165,9 +165,24 @@ static inline __m256i tlq_dpbusd(__m256i acc, __m256i u8, __m256i s8) { (void)u8
 #endif
 static int tlq_use_vnni = -1; /* -1: not decided yet (cpuid on first use) */
 
+/* The two units of a split build must agree on VNNI (kernels.c defines TLQ_ALLOW_VNNI; build.py
+ * passes it to quant_k.c for that variant): unit 2 defines the symbol named for its setting and
+ * unit 1 reads the one named for its own, so units that disagree fail to link. */
+#define TLQ_CAT2(a, b) a##b
+#define TLQ_CAT(a, b) TLQ_CAT2(a, b)
+#define TLQ_UNITS_VNNI TLQ_CAT(tlq_units_vnni_, TLQ_HAS_VNNI)
+#if TLQ_UNIT == 2
+__attribute__((visibility("hidden"))) const int TLQ_UNITS_VNNI = 1;
+#elif TLQ_UNIT == 1
+extern __attribute__((visibility("hidden"))) const int TLQ_UNITS_VNNI;
+#else
+static const int TLQ_UNITS_VNNI = 1;
+#endif
+
 /* Set whether the quantized linears use VNNI (1 / 0; -1: as cpuid says); returns the setting in
  * force (0 when this build has no VNNI path). */
 TLQ_API int tl_quant_vnni(int enable) {
+    (void)*(const volatile int *)&TLQ_UNITS_VNNI; /* the link's check (above) */
     if (enable < 0) enable = tlq_use_vnni >= 0 ? tlq_use_vnni : (TLQ_HAS_VNNI && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"));
     tlq_use_vnni = TLQ_HAS_VNNI && enable;
     return tlq_use_vnni;
