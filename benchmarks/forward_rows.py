@@ -5,7 +5,8 @@ how fast the one-row layer stack reads its weights against `torch.sum`'s read ra
 
 Each round times, in turn: `torch.sum`, the forward plus logits (the engine's `forward_batch` + LM head) at
 each row count with the tile and, from the row count it starts at, without it
-(`CpuKernels.quant_pair_rows(0)`, or `quant_xb_rows(0)`),
+(`CpuKernels.quant_pair_rows(0)`, or `quant_xb_rows(0)`; where the load measured the group-major
+tile faster and chose it, `kernels/tiles.py`, the other case is the run-major tiles from 4 rows),
 at `--context` cached tokens; then every decoder linear of the model once, one row, in forward
 order; with `--parts`, the layer linears and the LM head at each row count (a forward's time
 less those two is its attention, norms and the rest); `torch.sum` over 256 MB comes first in
@@ -35,18 +36,28 @@ from model_sizes import cpu_name, csv_of  # noqa: E402
 from tokenleap import LLM  # noqa: E402
 from tokenleap.models.base import SeqInput  # noqa: E402
 
+XB_FROM = 4  # quant.h's tlq_xb_rows default: the run-major tiles from this many rows
+
 
 def measure(llm: LLM, rows: list[int], context: int, rounds: int, parts: bool = False) -> dict[str, Any]:
     model = llm.model
     kernels = getattr(model, "kernels", None)
-    # the tile each row count takes by default, and the one it replaces (the "without" cases):
-    # with VNNI the two-group tiles (quant_pair_rows), without it the run-major ones (quant_xb_rows)
-    switch = None
+    # the tile each row count takes by default, and the other one (the labelled cases): with VNNI
+    # the two-group tiles (quant_pair_rows) against the one-group tile; without it the run-major
+    # ones (quant_xb_rows) against the group-major tile, or, where this host's load measured the
+    # group-major tile faster and chose it (kernels/tiles.py), the run-major ones from XB_FROM rows
+    switch, tile_default, other, other_name = None, 0, 0, ""
     if kernels is not None:
         switch = kernels.quant_pair_rows if kernels.quant_vnni() else kernels.quant_xb_rows
-    tile_default = switch() if switch is not None else 0
-    without = "one-group tile" if kernels is not None and kernels.quant_vnni() else "group-major tile"
-    cases = [(n, True) for n in rows] + [(n, False) for n in rows if tile_default and n >= tile_default]
+        tile_default = switch()
+        if kernels.quant_vnni():
+            other_name = "one-group tile"
+        elif tile_default:
+            other_name = "group-major tile"
+        else:
+            other, other_name = XB_FROM, "superblock-major tile"
+    start = tile_default or other  # the row count from which the two settings differ (0: they never do)
+    cases = [(n, True) for n in rows] + [(n, False) for n in rows if start and n >= start]
     linears = [w for layer in model.layers for w in layer.linears()]
     inputs = {w.in_dim: torch.randn(1, w.in_dim) for w in linears}
     kv = model.new_kv_cache(context + max(rows) + 2)
@@ -61,13 +72,13 @@ def measure(llm: LLM, rows: list[int], context: int, rounds: int, parts: bool = 
             time.sleep(0.2)  # torch's OpenMP threads spin a while after their work: let them go idle first
             for n, pair in cases:
                 if switch is not None:
-                    switch(tile_default if pair else 0)
+                    switch(tile_default if pair else other)
                 kv.truncate(context)
                 t0 = time.perf_counter()
                 model.compute_logits(
                     model.forward_batch([SeqInput(torch.full((n,), 17), torch.arange(context, context + n), kv)]).hidden
                 )
-                times.setdefault(f"{n} rows" + ("" if pair else f", {without}"), []).append(
+                times.setdefault(f"{n} rows" + ("" if pair else f", {other_name}"), []).append(
                     time.perf_counter() - t0
                 )
             if kernels is not None and switch is not None:

@@ -27,19 +27,24 @@ def test_without_vnni_it_compares_the_superblock_major_tile(
     load_benchmark: Callable[[str], ModuleType], llm: LLM
 ) -> None:
     """Where the linears run without VNNI (the AVX2 variant; here the host's with VNNI off) the
-    "without" case is the K-quants' group-major tile, and the setting is put back."""
+    other case is the K-quants' group-major tile, or the superblock-major one where the load
+    chose the group-major tile (kernels/tiles.py), and the setting is put back."""
     kernels = llm.model.kernels
-    if kernels is None or not kernels.quant_xb_rows():
+    if kernels is None or not hasattr(kernels.lib, "tl_quant_xb"):
         pytest.skip("no tokenleap kernels with the superblock-major tile here")
     m = load_benchmark("forward_rows")
-    vnni = kernels.quant_vnni()
+    vnni, xb = kernels.quant_vnni(), kernels.quant_xb_rows()
     try:
         kernels.quant_vnni(False)
-        cases = m.measure(llm, [1, 5], context=16, rounds=1)["cases"]
+        for default, other in ((4, "group-major tile"), (0, "superblock-major tile")):
+            kernels.quant_xb_rows(default)
+            cases = m.measure(llm, [1, 5], context=16, rounds=1)["cases"]
+            assert f"5 rows, {other}" in cases and "1 rows, " + other not in cases, (default, list(cases))
+            assert "5 rows, one-group tile" not in cases
+            assert kernels.quant_xb_rows() == default  # put back
     finally:
         kernels.quant_vnni(vnni)
-    assert "5 rows, group-major tile" in cases and "5 rows, one-group tile" not in cases
-    assert kernels.quant_xb_rows() == 4
+        kernels.quant_xb_rows(xb)
 
 
 def test_parts_time_the_linears_and_the_head_at_each_row_count(

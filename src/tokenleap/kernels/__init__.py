@@ -20,6 +20,7 @@ module is the API: `CpuKernels` (linears, norms, attention) and `load_kernels`.
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -30,6 +31,8 @@ from tokenleap.kernels.abi import ATTN_FP32, GLU_GELU_TANH, GLU_KINDS, AttnDesc
 from tokenleap.kernels.build import cpu_flags, kernel_variant, load_library
 from tokenleap.kernels.formats import FORMATS, Format, PackedWeight, QuantWeight, format_names
 from tokenleap.kernels.linear import Linear, LinearWeight
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "FORMATS", "KV_BF16", "KV_Q8_0", "AttentionWork", "CpuKernels", "Format", "Linear", "LinearWeight", "PackedWeight",
@@ -451,10 +454,21 @@ def load_kernels() -> CpuKernels | None:
     loaded = load_library()
     if loaded is None:
         return None
-    return CpuKernels(
+    kernels = CpuKernels(
         lib=loaded.lib,
         threads=loaded.threads,
         packed=loaded.packed,
         bf16_attention=loaded.bf16_attention,
         variant=loaded.variant,
     )
+    from tokenleap.kernels.tiles import choose_tiles  # it builds on this module's API
+
+    choice = choose_tiles(kernels)
+    if choice is not None:
+        logger.info(
+            "AVX2 many-row tiles: buffered %.3f ms, group-major %.3f ms an 8-row call: %s",
+            choice.buffered_ms,
+            choice.group_major_ms,
+            "buffered" if choice.xb_rows else "group-major",
+        )
+    return kernels
