@@ -131,6 +131,32 @@ def test_another_file_of_the_same_model_reuses_the_conversion(
     ), names
 
 
+@pytest.mark.parametrize("model", ["smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct"])
+def test_the_conversion_saves_what_autotokenizer_saves(model: str, tmp_path: Path) -> None:
+    """`convert_gguf` (the class from the architecture, not from AutoTokenizer's full metadata
+    parse) gives the tokenizer `AutoTokenizer.from_pretrained(gguf_file=)` gives, on the three
+    architectures' real files (llama: TokenizersBackend, gemma3: GemmaTokenizer, qwen2:
+    Qwen2Tokenizer): the same class and the same saved folder, byte for byte."""
+    from transformers import AutoTokenizer
+
+    from tokenleap.errors import ModelNotFoundError
+    from tokenleap.models.registry import resolve
+    from tokenleap.tokenizer import convert_gguf
+
+    try:
+        path = resolve(model).path
+    except ModelNotFoundError as exc:  # the Qwen pair's chunk packages (scripts/setup.sh installs them)
+        pytest.skip(str(exc))
+    ours, auto = convert_gguf(path), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert type(ours) is type(auto)
+    ours.save_pretrained(tmp_path / "ours")
+    auto.save_pretrained(tmp_path / "auto")
+    names = sorted(p.name for p in (tmp_path / "auto").iterdir())
+    assert "tokenizer.json" in names and sorted(p.name for p in (tmp_path / "ours").iterdir()) == names
+    for name in names:
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "auto" / name).read_bytes(), name
+
+
 @pytest.mark.parametrize("model", ["smollm2-135m-instruct", "gemma3-270m"])
 def test_the_cached_folder_loads_as_autotokenizer_loads_it(
     model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

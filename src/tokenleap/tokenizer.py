@@ -1,8 +1,9 @@
 """Tokenizer, chat template and incremental (streaming) detokenization.
 
-Tokenization is Hugging Face `tokenizers` through transformers' `AutoTokenizer`, built from a
-GGUF file's embedded vocabulary, merges and chat template (converted once, then cached as a
-regular tokenizer folder), or from a model folder. Streaming uses the two-offset incremental
+Tokenization is Hugging Face `tokenizers` through transformers' tokenizer classes, built from a
+GGUF file's embedded vocabulary, merges and chat template (the class `AutoTokenizer` would pick,
+found from the architecture: `convert_gguf`; converted once, then cached as a regular tokenizer
+folder), or from a model folder. Streaming uses the two-offset incremental
 detokenizer of Hugging Face TGI / vLLM: decode a window of recent tokens and emit only text
 that is complete, so a multi-byte character split across tokens is never printed half-formed.
 """
@@ -39,8 +40,8 @@ class Tokenizer:
     def from_gguf(cls, path: Path, extra_eos_ids: Sequence[int] = ()) -> Tokenizer:
         """The file's tokenizer, converted once and cached: by the file's identity (path, size,
         mtime), and by the content of its `tokenizer.*` metadata, so that another file of the
-        same model (another quantization) reuses the conversion (15 s for Gemma 3's 262k
-        tokens) at the cost of one metadata read."""
+        same model (another quantization) reuses the conversion (2.6 s for Gemma 3's 262k
+        tokens; 12-25 s through AutoTokenizer) at the cost of one metadata read."""
         stat = path.stat()
         root = cache_dir() / "tokenizers"
         key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:16]
@@ -57,10 +58,8 @@ class Tokenizer:
         if (shared / "tokenizer_config.json").exists():
             hf = load_saved(shared)
         else:
-            from transformers import AutoTokenizer
-
             logger.info("converting the tokenizer of %s (once; cached in %s)", path.name, shared)
-            _save_atomically(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), shared)
+            _save_atomically(convert_gguf(path), shared)
             hf = load_saved(shared)  # as every later load builds it
         tmp = ref.with_name(ref.name + f".tmp{os.getpid()}")
         tmp.write_text(shared.name + "\n" + json.dumps(source_identity(path)) + "\n")
@@ -185,6 +184,39 @@ def prune_tokenizer_cache(root: Path, keep: Path, limit: int = TOKENIZER_CACHE_K
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
+
+
+# GGUF `general.architecture` -> the model type transformers' GGUF loader gives its config
+# (`load_gguf_checkpoint`: gemma3's text model is "gemma3_text"; a llama file named exactly
+# "mistral" is "mistral"): the architectures tokenleap runs
+_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+
+
+def convert_gguf(path: Path) -> Any:
+    """The GGUF's tokenizer as `AutoTokenizer.from_pretrained(folder, gguf_file=name)` builds it,
+    without the parse it does first only to pick the class: gguf-py's reader over every metadata
+    array (for Gemma 3's 262k tokens ~20 of a 25 s conversion; transformers' own fast reader covers
+    only a few architectures' configs so far). The class comes from the architecture's config
+    class through AutoTokenizer's mapping (its last rule, the one a GGUF folder reaches), and the
+    class then reads the vocabulary with transformers' fast reader. Other architectures, or a
+    folder with its own tokenizer_config.json, go through AutoTokenizer
+    (tests/test_tokenizer.py: the same files on the real models)."""
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    from tokenleap.models.gguf_file import GgufFile
+
+    fields = GgufFile(path).fields
+    model_type = _MODEL_TYPES.get(str(fields.get("general.architecture")))
+    if model_type == "llama" and fields.get("general.name") == "mistral":
+        model_type = "mistral"
+    if model_type is None or (path.parent / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    found: Any = TOKENIZER_MAPPING.get(type(AutoConfig.for_model(model_type)), TokenizersBackend)
+    if not hasattr(found, "from_pretrained"):  # a transformers whose mapping holds something else
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return found.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def _tokenizer_digest(path: Path) -> str:
