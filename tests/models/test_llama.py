@@ -91,7 +91,7 @@ def test_greedy_generation_matches_transformers(
     engine = Engine(model_fp32, tokenizer)
     params = SamplingParams(temperature=0.0, max_tokens=max_new)
     compared = 0
-    for question in questions[:5]:
+    for question in questions[:3]:  # transformers' generate costs ~2 s a question here
         ids = tokenizer.apply_chat_template([{"role": "user", "content": question}])
         with torch.inference_mode():
             ref = hf_model.generate(
@@ -110,7 +110,7 @@ def test_greedy_generation_matches_transformers(
         else:
             assert len(ref) == max_new and req.finish_reason == "length"
         compared += len(hf_tokens)
-    assert compared >= 5 * 32  # a real comparison, not five immediate EOS
+    assert compared >= 3 * 32  # a real comparison, not three immediate EOS
 
 
 # --------------------------------------------------------------------------- verification == decoding
