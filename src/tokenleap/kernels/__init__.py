@@ -463,7 +463,11 @@ def load_kernels() -> CpuKernels | None:
     )
     from tokenleap.kernels.tiles import choose_tiles  # it builds on this module's API
 
-    choice = choose_tiles(kernels)
+    try:
+        choice = choose_tiles(kernels)
+    except (RuntimeError, ValueError, OSError) as exc:  # a choice of speed only: keep the default tiles
+        logger.warning("could not time the AVX2 many-row tiles (%s); keeping the default", exc)
+        choice = None
     if choice is not None:
         logger.info(
             "AVX2 many-row tiles: buffered %.3f ms, group-major %.3f ms an 8-row call: %s",
