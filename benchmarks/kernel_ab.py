@@ -12,7 +12,8 @@ milliseconds per call and the current build's time relative to the baseline's; J
     .venv/bin/python benchmarks/kernel_ab.py --baseline ff0b0b4 --shape qwen2.5-0.5b --types Q5_0,Q4_K --rows 1,8,128
 
 `--without-tile xb` (or `pair`) compares this build with itself with that tile switched off
-(`CpuKernels.quant_xb_rows(0)`, `quant_pair_rows(0)`) instead of with another revision:
+(`CpuKernels.quant_xb_rows(0)`, `quant_pair_rows(0)`) instead of with another revision (the
+xb tiles from 4 rows, even where the load measured them slower and chose the group-major tile):
 
     TOKENLEAP_KERNELS=avx2 .venv/bin/python benchmarks/kernel_ab.py --without-tile xb --shape qwen2.5-1.5b --rows 4,8
 """
@@ -40,6 +41,8 @@ from model_sizes import cpu_name, csv_of  # noqa: E402
 from quant_bandwidth import random_blocks  # noqa: E402
 
 from tokenleap.kernels import CpuKernels, QuantWeight, load_kernels  # noqa: E402
+
+XB_FROM = 4  # quant.h's tlq_xb_rows default: the buffered tiles from this many rows
 from tokenleap.kernels.build import _FLAGS, bind  # noqa: E402
 
 # a layer's QKV, gate+up and down (the O projection is QKV's shape class), then the (tied) LM head
@@ -101,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.types:
         if name not in gguf.GGMLQuantizationType.__members__:
             ap.error(f"unknown GGUF type {name!r}")
-    switch = None
+    switch, loaded_setting = None, 0
     if args.without_tile:
         switch = current.quant_xb_rows if args.without_tile == "xb" else current.quant_pair_rows
+        loaded_setting = switch()
+        if args.without_tile == "xb" and not current.quant_vnni() and hasattr(current.lib, "tl_quant_xb"):
+            switch(switch() or XB_FROM)  # where the load chose the group-major tile (kernels/tiles.py)
         if not switch():
             ap.error(f"this build has no {args.without_tile} tile in use (xb: kernels without VNNI, "
                      "e.g. TOKENLEAP_KERNELS=avx2; pair: AVX-512 VNNI)")
@@ -159,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"({best['current'] / best['baseline']:.2f}x the time)", flush=True)
                 del weights
     if switch is not None:
-        switch(tile_default)
+        switch(loaded_setting)  # as the load left it
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

@@ -29,6 +29,29 @@ def test_a_tile_against_the_same_build_without_it(load_benchmark: Callable[[str]
     assert switch() == default  # put back
 
 
+def test_the_xb_tile_is_compared_where_the_load_chose_the_group_major_one(
+    load_benchmark: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
+    """Without VNNI, where kernels/tiles.py left the buffered tiles off, `--without-tile xb` still
+    compares them (from 4 rows) with the group-major tile, and leaves the setting at 0."""
+    kernels = load_kernels()
+    if kernels is None or not hasattr(kernels.lib, "tl_quant_xb"):
+        pytest.skip("no buffered tiles on this machine")
+    m = load_benchmark("kernel_ab")
+    xb, vnni = kernels.quant_xb_rows(), kernels.quant_vnni()
+    try:
+        kernels.quant_vnni(False)
+        kernels.quant_xb_rows(0)
+        out = tmp_path / "ab.json"
+        args = ["--without-tile", "xb", "--shape", "qwen2.5-1.5b", "--types", "Q4_K", "--rows", "4", "--rounds", "1"]
+        assert m.main([*args, "--budget-mb", "1", "--out", str(out)]) == 0
+        assert json.loads(out.read_text())["baseline"] == "this build, xb tile off"
+        assert kernels.quant_xb_rows() == 0
+    finally:
+        kernels.quant_xb_rows(xb)
+        kernels.quant_vnni(vnni)
+
+
 @pytest.mark.parametrize("argv", [[], ["--baseline", "HEAD", "--without-tile", "xb"]])
 def test_one_comparison_must_be_named(load_benchmark: Callable[[str], ModuleType], argv: list[str]) -> None:
     m = load_benchmark("kernel_ab")
