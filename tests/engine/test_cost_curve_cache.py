@@ -60,6 +60,15 @@ def test_the_key_tells_model_shapes_and_settings_apart(tiny_model: LlamaModel) -
     assert host_key(tiny_model) == host_key(tiny_model)
     assert host_key(tiny_model.with_layers(1)) != host_key(tiny_model)
     assert host_key(tiny_model, ("repeats", 3)) != host_key(tiny_model)
+    kernels = tiny_model.kernels
+    if kernels is not None and hasattr(kernels.lib, "tl_quant_xb"):  # the tile the load chose
+        xb = kernels.quant_xb_rows()
+        try:
+            before = host_key(tiny_model)
+            kernels.quant_xb_rows(0 if xb else 4)
+            assert host_key(tiny_model) != before
+        finally:
+            kernels.quant_xb_rows(xb)
 
 
 def test_the_real_measurement_attends_over_a_zero_filled_context(tiny_model: LlamaModel) -> None:
