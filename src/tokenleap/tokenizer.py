@@ -54,12 +54,15 @@ class Tokenizer:
                 except OSError:  # a read-only cache
                     pass
                 return cls(load_saved(folder), extra_eos_ids)
-        shared = root / f"content-{_tokenizer_digest(path)}"
+        from tokenleap.models.gguf_file import GgufFile
+
+        fields = GgufFile(path).fields  # read once: the digest and the conversion's architecture
+        shared = root / f"content-{_tokenizer_digest(fields)}"
         if (shared / "tokenizer_config.json").exists():
             hf = load_saved(shared)
         else:
             logger.info("converting the tokenizer of %s (once; cached in %s)", path.name, shared)
-            _save_atomically(convert_gguf(path), shared)
+            _save_atomically(convert_gguf(path, fields), shared)
             hf = load_saved(shared)  # as every later load builds it
         tmp = ref.with_name(ref.name + f".tmp{os.getpid()}")
         tmp.write_text(shared.name + "\n" + json.dumps(source_identity(path)) + "\n")
@@ -192,7 +195,7 @@ def prune_tokenizer_cache(root: Path, keep: Path, limit: int = TOKENIZER_CACHE_K
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 
 
-def convert_gguf(path: Path) -> Any:
+def convert_gguf(path: Path, fields: dict[str, Any] | None = None) -> Any:
     """The GGUF's tokenizer as `AutoTokenizer.from_pretrained(folder, gguf_file=name)` builds it,
     without the parse it does first only to pick the class: gguf-py's reader over every metadata
     array (for Gemma 3's 262k tokens ~20 of a 25 s conversion; transformers' own fast reader covers
@@ -200,14 +203,16 @@ def convert_gguf(path: Path) -> Any:
     class through AutoTokenizer's mapping (its last rule, the one a GGUF folder reaches), and the
     class then reads the vocabulary with transformers' fast reader. Other architectures, or a
     folder with its own tokenizer_config.json, go through AutoTokenizer
-    (tests/test_tokenizer.py: the same files on the real models)."""
+    (tests/test_tokenizer.py: the same files on the real models). `fields`: the file's metadata,
+    where the caller has read it."""
     from transformers import AutoConfig, AutoTokenizer
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     from tokenleap.models.gguf_file import GgufFile
 
-    fields = GgufFile(path).fields
+    if fields is None:
+        fields = GgufFile(path).fields
     model_type = _MODEL_TYPES.get(str(fields.get("general.architecture")))
     if model_type == "llama" and fields.get("general.name") == "mistral":
         model_type = "mistral"
@@ -219,11 +224,9 @@ def convert_gguf(path: Path) -> Any:
     return found.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def _tokenizer_digest(path: Path) -> str:
-    """A digest of a GGUF's tokenizer: its `tokenizer.*` metadata and architecture."""
-    from tokenleap.models.gguf_file import GgufFile
-
-    fields = GgufFile(path).fields
+def _tokenizer_digest(fields: dict[str, Any]) -> str:
+    """A digest of a GGUF's tokenizer: its `tokenizer.*` metadata and architecture (`fields`: the
+    file's metadata)."""
     wanted = {k: v for k, v in fields.items() if k.startswith("tokenizer.") or k == "general.architecture"}
     return hashlib.sha256(json.dumps(wanted, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -10,7 +10,7 @@ on Intel a broadcast is a load-port uop, and there they measured 0.90-1.04x the 
 Lake (s29) but 1.07-1.16x, slower, on a Golden Cove core (s32: a Sapphire Rapids-class Xeon
 running the AVX2 variant; the same core as Alder / Raptor Lake's AVX2-only P-cores). So a build
 without VNNI times an 8-row call of one Q4_K weight both ways once per process (interleaved,
-fastest of several rounds, ~10 ms) and keeps the buffered tiles unless they are slower. The
+fastest of several rounds, ~8 ms) and keeps the buffered tiles unless they are over 3 % slower. The
 choice only moves time: every tile gives the same bits (tests/kernels/test_quant.py runs both).
 """
 
