@@ -7,6 +7,7 @@ from types import ModuleType
 
 import pytest
 
+from kernel_settings import tile_settings
 from tokenleap import LLM
 
 
@@ -33,18 +34,13 @@ def test_without_vnni_it_compares_the_superblock_major_tile(
     if kernels is None or not hasattr(kernels.lib, "tl_quant_xb"):
         pytest.skip("no tokenleap kernels with the superblock-major tile here")
     m = load_benchmark("forward_rows")
-    vnni, xb = kernels.quant_vnni(), kernels.quant_xb_rows()
-    try:
-        kernels.quant_vnni(False)
+    with tile_settings(kernels, vnni=False):
         for default, other in ((4, "group-major tile"), (0, "superblock-major tile")):
             kernels.quant_xb_rows(default)
             cases = m.measure(llm, [1, 5], context=16, rounds=1)["cases"]
             assert f"5 rows, {other}" in cases and "1 rows, " + other not in cases, (default, list(cases))
             assert "5 rows, one-group tile" not in cases
             assert kernels.quant_xb_rows() == default  # put back
-    finally:
-        kernels.quant_vnni(vnni)
-        kernels.quant_xb_rows(xb)
 
 
 def test_parts_time_the_linears_and_the_head_at_each_row_count(

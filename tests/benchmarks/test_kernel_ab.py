@@ -9,6 +9,7 @@ from types import ModuleType
 
 import pytest
 
+from kernel_settings import tile_settings
 from tokenleap.kernels import load_kernels
 
 
@@ -38,18 +39,12 @@ def test_the_xb_tile_is_compared_where_the_load_chose_the_group_major_one(
     if kernels is None or not hasattr(kernels.lib, "tl_quant_xb"):
         pytest.skip("no buffered tiles on this machine")
     m = load_benchmark("kernel_ab")
-    xb, vnni = kernels.quant_xb_rows(), kernels.quant_vnni()
-    try:
-        kernels.quant_vnni(False)
-        kernels.quant_xb_rows(0)
+    with tile_settings(kernels, vnni=False, xb_rows=0):
         out = tmp_path / "ab.json"
         args = ["--without-tile", "xb", "--shape", "qwen2.5-1.5b", "--types", "Q4_K", "--rows", "4", "--rounds", "1"]
         assert m.main([*args, "--budget-mb", "1", "--out", str(out)]) == 0
         assert json.loads(out.read_text())["baseline"] == "this build, xb tile off"
         assert kernels.quant_xb_rows() == 0
-    finally:
-        kernels.quant_xb_rows(xb)
-        kernels.quant_vnni(vnni)
 
 
 @pytest.mark.parametrize("argv", [[], ["--baseline", "HEAD", "--without-tile", "xb"]])

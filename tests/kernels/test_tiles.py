@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_settings import tile_settings
 from tokenleap.kernels import CpuKernels, tiles
 from tokenleap.kernels.tiles import TileChoice, choose_tiles, keep_buffered, synthetic_q4k
 
@@ -36,10 +37,7 @@ def test_it_keeps_the_faster_tile_and_times_each_under_its_own_setting(
         return 2.0 if buffered == (slower == "buffered") else 1.0
 
     monkeypatch.setattr(tiles, "_fastest_call", timed)
-    xb, vnni = kernels.quant_xb_rows(), kernels.quant_vnni()
-    try:
-        kernels.quant_vnni(False)
-        kernels.quant_xb_rows(4)
+    with tile_settings(kernels, vnni=False, xb_rows=4):
         choice = choose_tiles(kernels)
         assert choice is not None
         if slower == "buffered":
@@ -47,9 +45,6 @@ def test_it_keeps_the_faster_tile_and_times_each_under_its_own_setting(
         else:
             assert (choice.buffered_ms, choice.group_major_ms, choice.xb_rows) == (1.0, 2.0, 4)
         assert kernels.quant_xb_rows() == choice.xb_rows
-    finally:
-        kernels.quant_xb_rows(xb)
-        kernels.quant_vnni(vnni)
 
 
 def test_a_real_measurement_sets_what_it_reports(kernels: CpuKernels) -> None:
@@ -57,19 +52,13 @@ def test_a_real_measurement_sets_what_it_reports(kernels: CpuKernels) -> None:
     setting left as the decision says; with VNNI on there is nothing to choose."""
     if not hasattr(kernels.lib, "tl_quant_xb"):
         pytest.skip("no buffered tiles in this build")
-    xb, vnni = kernels.quant_xb_rows(), kernels.quant_vnni()
-    try:
+    with tile_settings(kernels, xb_rows=4):
         if kernels.quant_vnni(True):
-            kernels.quant_xb_rows(4)
             assert choose_tiles(kernels) is None and kernels.quant_xb_rows() == 4
         kernels.quant_vnni(False)
-        kernels.quant_xb_rows(4)
         choice = choose_tiles(kernels)
         assert isinstance(choice, TileChoice) and choice.buffered_ms > 0 and choice.group_major_ms > 0
         assert choice.xb_rows == (4 if keep_buffered(choice.buffered_ms, choice.group_major_ms) else 0)
         assert kernels.quant_xb_rows() == choice.xb_rows
         kernels.quant_xb_rows(0)
         assert choose_tiles(kernels) is None  # switched off by hand: left alone
-    finally:
-        kernels.quant_xb_rows(xb)
-        kernels.quant_vnni(vnni)
