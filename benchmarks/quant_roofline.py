@@ -7,8 +7,8 @@ compute time) and streamed from memory (a new copy each call), and the memory's 
 core while both cores read. A row count is free when its in-cache time is under the time the
 memory needs for the weight's bytes: verifying that many draft tokens then costs what one
 decode step costs, in the linears. `--mno-avx512` adds an AVX2 build without AVX-512's 32
-vector registers and EVEX forms (what an AVX2-only CPU such as Zen 3 compiles), since on an
-AVX-512 host the library's AVX2 variant is compiled with `-march=native`.
+vector registers and EVEX forms, and without AVX-VNNI (what an AVX2-only CPU such as Zen 3
+compiles), since on an AVX-512 host the library's AVX2 variant is compiled with `-march=native`.
 
     .venv/bin/python benchmarks/quant_roofline.py --mno-avx512
     .venv/bin/python benchmarks/quant_roofline.py --types Q4_K,Q6_K --rows 1,2,4,8 --variants avx2
@@ -51,7 +51,7 @@ def build(variant: str, out: Path, no_avx512: bool = False, optimize: str = "-O3
     source = "kernels.c" if variant == "avx512" else "kernels_avx2.c"
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
     flags = [optimize if f == "-O3" else f for f in _FLAGS if f not in ("-shared", "-fPIC")]
-    flags += ["-mno-avx512f"] if no_avx512 else []
+    flags += ["-mno-avx512f", "-mno-avxvnni"] if no_avx512 else []  # Zen 3 has neither
     subprocess.run([compiler, *flags, f"-I{KERNEL_DIR}", f'-DKERNELS_SOURCE="{source}"',
                     str(ROOT / "benchmarks" / "quant_roofline.c"), "-o", str(out), "-lm"],
                    check=True, capture_output=True, text=True)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--mno-avx512",
         action="store_true",
-        help="also an AVX2 build without AVX-512 (16 registers: an AVX2-only CPU's code)",
+        help="also an AVX2 build without AVX-512 or AVX-VNNI (16 registers: Zen 3's code)",
     )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quant_roofline.json")
     args = ap.parse_args(argv)

@@ -235,9 +235,14 @@ for qtype in TYPES:
     torch.testing.assert_close(y, _reference(x, w, None), atol=2e-5 * 512**0.5, rtol=1e-5)
     for rows in (1, 2, 3, 4, 8):
         assert torch.equal(torch.cat([k.linear(x[i : i + rows], w) for i in range(0, 11, rows)]), y), (qtype, rows)
+    if k.quant_vnni():  # AVX-VNNI (Intel's AVX2 client cores; this host when it has it): the same bits without
+        k.quant_vnni(False)
+        for rows in (1, 4, 8, 11):
+            assert torch.equal(torch.cat([k.linear(x[i : i + rows], w) for i in range(0, 11, rows)]), y), (qtype, rows)
+        k.quant_vnni(True)
 # 4 and 8 rows above took the K-quants' run-major tile (8 rows Q4_0 / Q5_0's), 11 the group-major one
 assert k.quant_xb_rows() == 4
-print("ok")
+print("vnni" if k.quant_vnni() else "no vnni", "ok")
 """
 
 

@@ -174,7 +174,9 @@ class CpuKernels:
     def quant_vnni(self, enable: bool | None = None) -> bool:
         """Whether the quantized linears' integer sums run on AVX-512 VNNI (`vpdpbusd`) rather
         than AVX2 `vpmaddubsw` + `vpmaddwd` (the same exact sums, so the same bits): with `enable`,
-        switch (None: as cpuid says); True only on the AVX-512 variant of a CPU with VNNI."""
+        switch (None: as cpuid says); True only on the AVX-512 variant of a CPU with AVX-512 VNNI
+        or the AVX2 variant of one with AVX-VNNI (the same instruction VEX-encoded: Intel's
+        AVX2-only client cores from Alder Lake on)."""
         return bool(self.lib.tl_quant_vnni(-1 if enable is None else int(enable)))
 
     def quant_pair_rows(self, rows: int | None = None) -> int:

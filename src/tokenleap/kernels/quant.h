@@ -153,14 +153,22 @@ TLQ_API int tl_formats(int32_t *out, int max) {
 
 #define TLQ_VNNI 16 /* or'ed into a format: the integer sums on vpdpbusd (bit-identical to vpmaddubsw + vpmaddwd) */
 
-/* AVX-512 VNNI (vpdpbusd on 256-bit vectors, AVX512VL): only in the AVX-512 variant (which
- * defines TLQ_ALLOW_VNNI), when the build's -march=native has it; used when cpuid says so at
- * load (tl_quant_vnni(-1)), switchable to compare (tl_quant_vnni(0 / 1)). */
+/* VNNI (vpdpbusd on 256-bit vectors): AVX-512 VNNI (with AVX512VL) in the AVX-512 variant (which
+ * defines TLQ_ALLOW_VNNI), or AVX-VNNI, the same instruction VEX-encoded, in the AVX2 variant
+ * (Intel's AVX2-only client cores from Alder Lake on have it; Zen 3 does not), when the build's
+ * -march=native has it; used when cpuid says so at load (tl_quant_vnni(-1)), switchable to
+ * compare (tl_quant_vnni(0 / 1)). */
 #if defined(TLQ_ALLOW_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define TLQ_HAS_VNNI 1
+#define TLQ_VNNI_CPU (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
 static inline __m256i tlq_dpbusd(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_epi32(acc, u8, s8); }
+#elif !defined(TLQ_ALLOW_VNNI) && defined(__AVXVNNI__)
+#define TLQ_HAS_VNNI 1
+#define TLQ_VNNI_CPU __builtin_cpu_supports("avxvnni")
+static inline __m256i tlq_dpbusd(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
 #else
 #define TLQ_HAS_VNNI 0
+#define TLQ_VNNI_CPU 0
 static inline __m256i tlq_dpbusd(__m256i acc, __m256i u8, __m256i s8) { (void)u8; (void)s8; return acc; }
 #endif
 static int tlq_use_vnni = -1; /* -1: not decided yet (cpuid on first use) */
@@ -183,7 +191,7 @@ static const int TLQ_UNITS_VNNI = 1;
  * force (0 when this build has no VNNI path). */
 TLQ_API int tl_quant_vnni(int enable) {
     (void)*(const volatile int *)&TLQ_UNITS_VNNI; /* the link's check (above) */
-    if (enable < 0) enable = tlq_use_vnni >= 0 ? tlq_use_vnni : (TLQ_HAS_VNNI && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"));
+    if (enable < 0) enable = tlq_use_vnni >= 0 ? tlq_use_vnni : (TLQ_HAS_VNNI && TLQ_VNNI_CPU);
     tlq_use_vnni = TLQ_HAS_VNNI && enable;
     return tlq_use_vnni;
 }
@@ -961,7 +969,7 @@ static inline __attribute__((always_inline)) void q_tile_xb(
  * vpdpbusd). Every lane computes exactly what qk_tile computes for its output (the same exact
  * integer sums, the same float steps in the same order): the same bits. Used from
  * tlq_pair_rows rows up (tl_quant_pair), and at any row count from TLQ_PAIR_IN inputs up. */
-#if TLQ_HAS_VNNI && defined(__AVX512BW__)
+#if TLQ_HAS_VNNI && defined(TLQ_ALLOW_VNNI) && defined(__AVX512BW__)
 #define TLQ_HAS_PAIR 1
 #define TLQ_PF2 2    /* superblocks ahead into L1 (1 to 16 measured alike at 5 rows) */
 #define TLQ_PF2_L2 8 /* and into L2, up to 6 rows (4-5 rows on cold weights: 0.78-0.99x the time with it) */
