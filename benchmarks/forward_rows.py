@@ -34,9 +34,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from model_sizes import cpu_name, csv_of  # noqa: E402
 
 from tokenleap import LLM  # noqa: E402
+from tokenleap.kernels.tiles import XB_FROM  # noqa: E402
 from tokenleap.models.base import SeqInput  # noqa: E402
-
-XB_FROM = 4  # quant.h's tlq_xb_rows default: the run-major tiles from this many rows
 
 
 def measure(llm: LLM, rows: list[int], context: int, rounds: int, parts: bool = False) -> dict[str, Any]:

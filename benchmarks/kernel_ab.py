@@ -41,9 +41,8 @@ from model_sizes import cpu_name, csv_of  # noqa: E402
 from quant_bandwidth import random_blocks  # noqa: E402
 
 from tokenleap.kernels import CpuKernels, QuantWeight, load_kernels  # noqa: E402
-
-XB_FROM = 4  # quant.h's tlq_xb_rows default: the buffered tiles from this many rows
 from tokenleap.kernels.build import _FLAGS, bind  # noqa: E402
+from tokenleap.kernels.tiles import XB_FROM  # noqa: E402
 
 # a layer's QKV, gate+up and down (the O projection is QKV's shape class), then the (tied) LM head
 SHAPES = {"llama-3.2-3b": ((5120, 3072), (16384, 3072), (3072, 8192), (128256, 3072)),

@@ -240,7 +240,8 @@ for qtype in TYPES:
         for rows in (1, 4, 8, 11):
             assert torch.equal(torch.cat([k.linear(x[i : i + rows], w) for i in range(0, 11, rows)]), y), (qtype, rows)
         k.quant_vnni(True)
-# 4 and 8 rows above took the K-quants' run-major tile (8 rows Q4_0 / Q5_0's), 11 the group-major one
+# without VNNI, 4 and 8 rows above took the K-quants' run-major tile (8 rows Q4_0 / Q5_0's), 11 the
+# group-major one; with AVX-VNNI the first loop took the VNNI tiles and the second one the run-major
 assert k.quant_xb_rows() == 4
 print("vnni" if k.quant_vnni() else "no vnni", "ok")
 """

@@ -28,6 +28,7 @@ from tokenleap.kernels.formats import QuantWeight
 if TYPE_CHECKING:
     from tokenleap.kernels import CpuKernels
 
+XB_FROM = 4  # quant.h's tlq_xb_rows default: the buffered tiles from this many rows (what the choice keeps)
 GGML_Q4_K = 12
 _Q4K_BLOCK = 144  # bytes per 256 weights: f16 d, f16 dmin, 12 bytes of scales, 128 of nibbles
 SHAPE = (1024, 2048)  # [out, in]: 1.2 MB of Q4_K, an L2 or L3 read on every host here
