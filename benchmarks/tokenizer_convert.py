@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from model_sizes import cpu_name  # noqa: E402
 
+from tokenleap.errors import TokenleapError  # noqa: E402
 from tokenleap.models.registry import resolve  # noqa: E402
 from tokenleap.tokenizer import convert_gguf  # noqa: E402
 
@@ -64,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
                               "models": {}}
     print(f"{result['cpu']}; best of {args.rounds}")
     for model in args.models:
-        r = result["models"][model] = measure(model, args.rounds)
+        try:
+            r = result["models"][model] = measure(model, args.rounds)
+        except TokenleapError as exc:  # an unknown name, a missing file
+            ap.error(str(exc))
         print(f"  {model} ({r['class']}): convert_gguf {r['best_s']['convert_gguf']:.2f} s, AutoTokenizer "
               f"{r['best_s']['AutoTokenizer']:.2f} s ({r['speedup']:.1f}x), same files: {r['same_files']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,3 +26,10 @@ def test_rounds_must_be_positive(load_benchmark: Callable[[str], ModuleType], tm
     m = load_benchmark("tokenizer_convert")
     with pytest.raises(SystemExit):
         m.main(["smollm2-135m-instruct", "--rounds", "0", "--out", str(tmp_path / "r")])
+
+
+def test_an_unknown_model_is_a_usage_error(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    m = load_benchmark("tokenizer_convert")
+    with pytest.raises(SystemExit) as exc:
+        m.main(["no-such-model", "--out", str(tmp_path / "r")])
+    assert exc.value.code == 2
