@@ -41,7 +41,7 @@ from model_sizes import cpu_name, csv_of  # noqa: E402
 from quant_bandwidth import random_blocks  # noqa: E402
 
 from tokenleap.kernels import CpuKernels, QuantWeight, load_kernels  # noqa: E402
-from tokenleap.kernels.build import _FLAGS, bind  # noqa: E402
+from tokenleap.kernels.build import bind, kernel_flags  # noqa: E402
 from tokenleap.kernels.tiles import XB_FROM  # noqa: E402
 
 # a layer's QKV, gate+up and down (the O projection is QKV's shape class), then the (tied) LM head
@@ -71,7 +71,9 @@ def build_revision(rev: str, variant: str, workdir: Path) -> Path:
     source = revision_sources(rev, workdir) / ("kernels.c" if variant == "avx512" else "kernels_avx2.c")
     out = workdir / f"baseline_{variant}.so"
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
-    subprocess.run([compiler, *_FLAGS, str(source), "-o", str(out), "-lm"], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [compiler, *kernel_flags(), str(source), "-o", str(out), "-lm"], check=True, capture_output=True, text=True
+    )
     return out
 
 

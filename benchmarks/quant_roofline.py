@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from model_sizes import cpu_name, csv_of  # noqa: E402
 
-from tokenleap.kernels.build import _FLAGS, cpu_flags, kernel_variant  # noqa: E402
+from tokenleap.kernels.build import cpu_flags, kernel_flags, kernel_variant  # noqa: E402
 from tokenleap.kernels.formats import FORMATS as FORMAT_TABLE  # noqa: E402
 
 KERNEL_DIR = ROOT / "src" / "tokenleap" / "kernels"
@@ -50,7 +50,7 @@ def build(variant: str, out: Path, no_avx512: bool = False, optimize: str = "-O3
     library's -O3 for timings; the tests build at -O1, a third of the compile time)."""
     source = "kernels.c" if variant == "avx512" else "kernels_avx2.c"
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
-    flags = [optimize if f == "-O3" else f for f in _FLAGS if f not in ("-shared", "-fPIC")]
+    flags = [optimize if f == "-O3" else f for f in kernel_flags() if f not in ("-shared", "-fPIC")]
     flags += ["-mno-avx512f", "-mno-avxvnni"] if no_avx512 else []  # Zen 3 has neither
     subprocess.run([compiler, *flags, f"-I{KERNEL_DIR}", f'-DKERNELS_SOURCE="{source}"',
                     str(ROOT / "benchmarks" / "quant_roofline.c"), "-o", str(out), "-lm"],

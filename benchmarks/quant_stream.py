@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from kernel_ab import revision_sources  # noqa: E402
 from model_sizes import cpu_name, csv_of  # noqa: E402
 
-from tokenleap.kernels.build import _FLAGS, cpu_flags, kernel_variant  # noqa: E402
+from tokenleap.kernels.build import cpu_flags, kernel_flags, kernel_variant  # noqa: E402
 
 KERNEL_DIR = ROOT / "src" / "tokenleap" / "kernels"
 FORMATS = {"Q4_K": 5, "Q6_K": 6, "Q5_K": 7, "Q4_0": 3, "Q8_0": 2}  # quant.h's TLQ_* kernel formats
@@ -49,7 +49,7 @@ def build(source_dir: Path, variant: str, out: Path, optimize: str = "-O3") -> P
     the library's -O3 for timings; the tests build at -O1, a third of the compile time)."""
     source = "kernels.c" if variant == "avx512" else "kernels_avx2.c"
     compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
-    flags = [optimize if f == "-O3" else f for f in _FLAGS if f not in ("-shared", "-fPIC")]
+    flags = [optimize if f == "-O3" else f for f in kernel_flags() if f not in ("-shared", "-fPIC")]
     subprocess.run([compiler, *flags, f"-I{source_dir}", f'-DKERNELS_SOURCE="{source}"',
                     str(ROOT / "benchmarks" / "quant_stream.c"), "-o", str(out), "-lm"],
                    check=True, capture_output=True, text=True)

@@ -34,3 +34,25 @@ def test_bad_arguments_are_usage_errors(load_benchmark: Callable[[str], ModuleTy
         with pytest.raises(SystemExit) as exc:
             m.main(argv)
         assert exc.value.code == 2
+
+
+def test_the_no_gather_load_leaves_small_weights_apart_and_puts_the_gather_back(
+    load_benchmark: Callable[[str], ModuleType],
+) -> None:
+    import tokenleap.models.llama as llama
+    from tokenleap.kernels.memory import gather_on_huge_pages
+
+    m = load_benchmark("weight_pages")
+    model = m.load_on_small_pages("smollm2-135m-instruct", "no-gather").model
+    ptr = model.layers[len(model.layers) // 2].linears()[0].weight.data.data_ptr()
+    flags: list[str] = []
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= ptr < hi
+        elif inside and head == "VmFlags:":
+            flags = line.split()[1:]
+    assert flags and "hg" not in flags  # where numpy's allocator put it: not madvised for huge pages
+    assert llama.gather_on_huge_pages is gather_on_huge_pages

@@ -103,6 +103,26 @@ def test_kernels_build_wherever_they_can() -> None:
     assert kernel_variant(flags) is None or load_kernels() is not None
 
 
+def test_another_cpus_code_is_another_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TOKENLEAP_KERNEL_MARCH builds another CPU's code (benchmarks: Zen 3's AVX2 stream on an
+    AVX-512 host) under its own cache key; anything but a CPU name is refused."""
+    from tokenleap.kernels.build import kernel_flags, kernel_march, library_path
+
+    flags = frozenset({"avx2", "fma", "f16c"})
+    monkeypatch.delenv("TOKENLEAP_KERNEL_MARCH", raising=False)
+    assert kernel_march() == "native" and kernel_flags()[0] == "-march=native"
+    native = library_path("gcc", "avx2", flags, kernel_march())
+    monkeypatch.setenv("TOKENLEAP_KERNEL_MARCH", "znver3")
+    assert kernel_march() == "znver3"
+    assert [f for f in kernel_flags() if f.startswith("-march")] == ["-march=znver3"]
+    zen3 = library_path("gcc", "avx2", flags, kernel_march())
+    assert zen3 != native and zen3 == library_path("gcc", "avx2", flags, "znver3")
+    for bad in ("znver3 -O0", "../x", "a;b", "-mno-avx"):
+        monkeypatch.setenv("TOKENLEAP_KERNEL_MARCH", bad)
+        with pytest.raises(ValueError, match="not a CPU name"):
+            kernel_march()
+
+
 def test_the_kernel_cache_keeps_the_most_recently_used_builds_of_a_variant(tmp_path: Path) -> None:
     from tokenleap.kernels.build import prune_kernel_cache
 

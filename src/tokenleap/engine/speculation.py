@@ -94,7 +94,7 @@ COST_CURVE_MAX_AGE_S = 7 * 24 * 3600  # a cached cost curve is measured again af
 
 
 def host_key(model: CausalLM, *parts: object) -> str:
-    """What a measured cost depends on: this CPU, the kernels' variant, threads and many-row tile
+    """What a measured cost depends on: this CPU, the kernels' variant and -march, threads and many-row tile
     (which the load may choose by timing, kernels/tiles.py), the model's shape, dtype, KV type and
     bytes a step, and `parts`; a short digest."""
     try:
@@ -104,7 +104,7 @@ def host_key(model: CausalLM, *parts: object) -> str:
         cpu = ""
     kernels = getattr(model, "kernels", None)
     fields = [
-        cpu, platform.machine(), getattr(kernels, "variant", None),
+        cpu, platform.machine(), getattr(kernels, "variant", None), getattr(kernels, "march", None),
         getattr(kernels, "threads", torch.get_num_threads()), getattr(kernels, "quant_xb_rows", lambda: None)(),
         repr(model.config), str(getattr(model, "dtype", "")),
         str(getattr(model, "kv_dtype", "")), model.weight_bytes_per_token(), *parts

@@ -57,6 +57,7 @@ class CpuKernels:
     packed: bool = True  # whether tl_linear_packed (packed bf16 weights) is available
     bf16_attention: bool = True  # whether tl_attention_bf16 (blocked bf16 KV cache) is available
     variant: str = "avx512"  # which source: "avx512" (kernels.c) or "avx2" (kernels_avx2.c)
+    march: str = "native"  # the build's -march (build.kernel_march: another CPU's code, for benchmarks)
     # each calling thread's scratch buffer for the linears (int8 / bf16 copies of the input),
     # reused across calls: a fresh torch.empty per call cost ~2.7 us of a ~12 us small linear
     _local: threading.local = field(default_factory=threading.local, repr=False, compare=False)
@@ -462,6 +463,7 @@ def load_kernels() -> CpuKernels | None:
         packed=loaded.packed,
         bf16_attention=loaded.bf16_attention,
         variant=loaded.variant,
+        march=loaded.march,
     )
     from tokenleap.kernels.tiles import choose_tiles  # it builds on this module's API
 

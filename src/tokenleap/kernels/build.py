@@ -1,7 +1,8 @@
 """Building and binding the kernels: the CPU's flags pick a source (`kernels.c` for AVX-512,
 `kernels_avx2.c` for AVX2 + FMA), the system C compiler builds it once into the user cache
 (`-march=native`, keyed by the sources, the flags, the compiler and the CPU's feature flags; the
-source and `quant_k.c`, the K-quants' groups functions, compile at once, one a core, and link),
+source and `quant_k.c`, the K-quants' groups functions, compile at once, one a core, and link;
+`TOKENLEAP_KERNEL_MARCH` builds another CPU's code instead, for benchmarks: see `kernel_march`),
 and `bind` declares the C signature of every entry point for ctypes (the kernels' ABI);
 `load_library` does all three once per process and starts the kernels' thread pool.
 """
@@ -12,6 +13,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -36,7 +38,7 @@ _K_UNIT = _DIR / "quant_k.c"
 _K_DEFINES = {"avx512": ["-DTLQ_ALLOW_VNNI=1"], "avx2": []}
 # -ffp-contract=off: a scalar a*b+c must not become an FMA in one inlined tile and stay a
 # multiply-add in another (the row-invariance contract); FMAs are written as intrinsics.
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
+_FLAGS = ["-O3", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
 
@@ -64,6 +66,25 @@ def kernel_variant(flags: frozenset[str]) -> str | None:
     return None
 
 
+def kernel_march() -> str:
+    """The build's -march: "native", or `TOKENLEAP_KERNEL_MARCH` (a GCC CPU name such as "znver3"
+    or "skylake") to run that CPU's code on this one: on an AVX-512 host, `TOKENLEAP_KERNELS=avx2
+    TOKENLEAP_KERNEL_MARCH=znver3` measures the instruction stream a Zen 3 host compiles (16
+    vector registers, no VNNI) instead of an AVX2 build that may use AVX-512's registers and
+    AVX-VNNI. It must name a CPU whose instructions this one has (else the kernels die on an
+    illegal instruction), e.g. "znver3", "skylake", "x86-64-v3". Raises ValueError for anything
+    but such a name (a flag, a path, two words)."""
+    march = os.environ.get("TOKENLEAP_KERNEL_MARCH", "").strip() or "native"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", march):
+        raise ValueError(f"TOKENLEAP_KERNEL_MARCH={march!r} is not a CPU name (e.g. znver3, skylake, native)")
+    return march
+
+
+def kernel_flags(march: str | None = None) -> list[str]:
+    """A kernel build's compiler flags for `march` (default: kernel_march())."""
+    return [f"-march={march or kernel_march()}", *_FLAGS]
+
+
 KERNEL_CACHE_KEEP = 4  # builds of a variant kept beside the one in use (the most recently used)
 
 
@@ -89,13 +110,20 @@ def _run_all(commands: list[list[str]]) -> None:
             raise subprocess.CalledProcessError(proc.returncode, command, out, err)
 
 
-def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
-    source = _SOURCES[variant]
-    parts = [source.read_bytes(), _K_UNIT.read_bytes(), *(h.read_bytes() for h in _HEADERS), " ".join(_FLAGS).encode(),
-             compiler.encode()]
+def library_path(compiler: str, variant: str, flags: frozenset[str], march: str = "native") -> Path:
+    """Where the build of `variant` for `march` lives in the cache: keyed by the sources, the
+    build's flags, the compiler and the CPU's feature flags."""
+    parts = [_SOURCES[variant].read_bytes(), _K_UNIT.read_bytes(), *(h.read_bytes() for h in _HEADERS),
+             " ".join(kernel_flags(march)).encode(), compiler.encode()]
     parts.append(" ".join(sorted(flags)).encode())  # -march=native: a build for one CPU is no build for another
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"tokenleap_kernels_{variant}_{digest}.so"
+    return cache_dir() / "kernels" / f"tokenleap_kernels_{variant}_{digest}.so"
+
+
+def build_library(compiler: str, variant: str, flags: frozenset[str], march: str = "native") -> Path:
+    source = _SOURCES[variant]
+    build_flags = kernel_flags(march)
+    target = library_path(compiler, variant, flags, march)
     if target.exists():
         try:
             os.utime(target)  # most recently used (prune_kernel_cache keeps those)
@@ -105,7 +133,7 @@ def build_library(compiler: str, variant: str, flags: frozenset[str]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         tmp_out = Path(tmp) / target.name
-        compile_flags = [f for f in _FLAGS if f != "-shared"]
+        compile_flags = [f for f in build_flags if f != "-shared"]
         objects = [Path(tmp) / "main.o", Path(tmp) / "quant_k.o"]
         _run_all(
             [
@@ -183,6 +211,7 @@ class Library:
     packed: bool  # tl_linear_packed (packed bf16 weights)
     bf16_attention: bool  # attention over blocked bf16 / q8_0 KV caches
     variant: str  # "avx512" (kernels.c) or "avx2" (kernels_avx2.c)
+    march: str = "native"  # the build's -march (kernel_march)
 
 
 @lru_cache(maxsize=1)
@@ -200,12 +229,13 @@ def load_library() -> Library | None:
         )
         return None
     try:
-        lib = ctypes.CDLL(str(build_library(compiler, variant, flags)))
-    except (OSError, subprocess.CalledProcessError) as exc:
+        march = kernel_march()
+        lib = ctypes.CDLL(str(build_library(compiler, variant, flags, march)))
+    except (OSError, ValueError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or str(exc)
         logger.warning("could not build tokenleap kernels, using torch: %s", detail.strip()[:500])
         return None
     packed, bf16_attention = bind(lib)
     threads = lib.tl_init(torch.get_num_threads())  # the kernels' own thread pool (see pool.h)
-    logger.info("tokenleap kernels: %s variant, %d threads", variant, threads)
-    return Library(lib, threads, packed, bf16_attention, variant)
+    logger.info("tokenleap kernels: %s variant, -march=%s, %d threads", variant, march, threads)
+    return Library(lib, threads, packed, bf16_attention, variant, march)

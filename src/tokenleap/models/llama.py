@@ -60,6 +60,7 @@ from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import CpuKernels, Linear, LinearWeight, PackedWeight, QuantWeight, RowPlan
 from tokenleap.kernels.fused import FusedLayers
+from tokenleap.kernels.memory import copy_to_huge_pages, gather_on_huge_pages
 from tokenleap.kv.cache import KV_CACHE_TYPES, KVCache
 from tokenleap.models.base import ModelOutput, SeqInput
 from tokenleap.models.config import ModelConfig
@@ -103,6 +104,12 @@ class ExecutionPath(str, enum.Enum):
     FUSED = "fused"
     KERNELS = "kernels"
     TORCH = "torch"
+
+
+def _weight_tensor(linear: Linear) -> torch.Tensor:
+    """The tensor holding a linear's bytes, whatever its form."""
+    w = linear.weight
+    return w if isinstance(w, torch.Tensor) else w.data
 
 
 class LlamaModel:
@@ -160,6 +167,9 @@ class LlamaModel:
         # the LM head as `compute_logits` reads it (a reduced vocabulary's rows: `with_vocab`), and
         # the whole one, which `lm_head` decodes on first use where it is not dense
         self.lm_head_linear = self._lm_head_whole = prepared.lm_head
+        # the small weights (under 2 MB each: QKV / output projections, a small model's every matrix)
+        # into one huge-page mapping, in forward order, before the fused path takes their addresses
+        gather_on_huge_pages(_weight_tensor(w) for layer in self.layers for w in layer.linears())
         # the fused path's layers as one kernel call (kernels/fused.py; None: a call per op)
         self.fused: FusedLayers | None = None
         if kernels is not None and self.path is ExecutionPath.FUSED:
@@ -241,12 +251,13 @@ class LlamaModel:
         ids = (groups[:, None] * width + torch.arange(width)).reshape(-1)
         ids = ids[ids < vocab]
         clone = copy.copy(self)
+        # the rows on huge pages, as the whole head's are (a 32k-token draft head: ~31 MB a step)
         if isinstance(head, QuantWeight) and ids.numel() == groups.numel() * 8:
             clone.lm_head_linear = Linear(
-                QuantWeight(head.data[groups].contiguous(), head.qtype, ids.numel(), head.in_dim, head.types)
+                QuantWeight(copy_to_huge_pages(head.data[groups]), head.qtype, ids.numel(), head.in_dim, head.types)
             )
         elif isinstance(head, PackedWeight) and ids.numel() == groups.numel() * 16:
-            clone.lm_head_linear = Linear(PackedWeight(head.data[groups].contiguous(), ids.numel(), head.in_dim))
+            clone.lm_head_linear = Linear(PackedWeight(copy_to_huge_pages(head.data[groups]), ids.numel(), head.in_dim))
         else:  # dense rows (a vocabulary that is not a multiple of the group: the last group's rows)
             ids = torch.unique(keep)
             dense = self.lm_head[ids].contiguous()
