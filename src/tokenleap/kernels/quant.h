@@ -360,11 +360,11 @@ TLQ_API void tl_quantize_q8k(const float *x, int8_t *q, float *d, int32_t *bs, i
 #else
 #define TLQ_KEEP(v) __asm__("" : "+x"(v))
 #endif
-/* Scheduling: each thread grabs TLQ_GRAB runs of adjacent 32-output chunks (a contiguous
- * stretch of the weights) instead of one chunk at a time: with the threads interleaving single
- * chunks, each core's weight stream broke every 20 KB and a one-row call (decode) read the
- * Gemma 3 LM head at 34 GB/s; in a few long runs, 50-80 GB/s of the ~75 two cores can read. */
-#define TLQ_GRAB 4
+/* Scheduling: each thread grabs runs of adjacent 32-output chunks (a contiguous stretch of the
+ * weights), long first and shorter towards the end (pool.h's tl_next_guided), instead of one
+ * chunk at a time: with the threads interleaving single chunks, each core's weight stream broke
+ * every 20 KB and a one-row call (decode) read the Gemma 3 LM head at 34 GB/s; in a few long
+ * runs, 50-80 GB/s of the ~75 two cores can read. */
 /* software prefetch distance, in blocks of the weight stream (every cache line of the block) */
 #define TLQ_PF 16
 #define QO 4 /* groups of 8 outputs per tile at most */
@@ -1394,9 +1394,9 @@ static void q_run(const q_job *j, const q_act *a, const uint8_t *w, int format, 
 
 static void q_task(void *ctx, int tid, int nthreads) {
     q_job *j = (q_job *)ctx;
-    (void)tid; (void)nthreads;
+    (void)tid;
     int64_t end;
-    for (int64_t c = tl_next(&j->ctr, &end); c < j->ctr.count; c = tl_next(&j->ctr, &end)) {
+    for (int64_t c = tl_next_guided(&j->ctr, &end, nthreads); c < j->ctr.count; c = tl_next_guided(&j->ctr, &end, nthreads)) {
         const int64_t ngroups = j->out_dim / 8;
         const int64_t lo = c * Q_CHUNK, hi = end * Q_CHUNK < ngroups ? end * Q_CHUNK : ngroups;
         q_run(j, &j->a1, j->w, j->format, lo, hi < j->split ? hi : j->split);
@@ -1498,7 +1498,7 @@ void tl_linear_q(const float *x, const float *norm_w, float eps, int glu, uint8_
                    flip1 ? xq : flip2 ? (int8_t *)a32b.q : NULL, (int8_t *)ak.q, (float *)ak.d, (int32_t *)ak.bs, rows, in_dim};
     if (rows >= 2 && pool.n > 1 && rows * in_dim >= TLQ_PREP_PAR) tl_parallel(q_prep_task, &prep);
     else q_prep_rows(&prep, 0, rows);
-    const int64_t grab = chunks / (TLQ_GRAB * pool.n) > 1 ? chunks / (TLQ_GRAB * pool.n) : 1;
+    const int64_t grab = 1; /* the smallest grab (tl_next_guided) */
     const int64_t nb = in_dim / 32, gs1 = nb * q_group_bytes(f1), gs2 = f2 ? nb * q_group_bytes(f2) : 0;
     const uint8_t *w2 = (const uint8_t *)((uintptr_t)w + (uintptr_t)(split * gs1) - (uintptr_t)(split * gs2));
     const int vnni = tlq_use_vnni ? TLQ_VNNI : 0;
