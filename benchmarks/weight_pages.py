@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from model_sizes import cpu_name, read_bandwidth, tg  # noqa: E402
 
 import tokenleap.kernels.formats as formats  # noqa: E402
-import tokenleap.models.llama as llama  # noqa: E402
+import tokenleap.models.weights as model_weights  # noqa: E402
 from tokenleap import LLM  # noqa: E402
 
 
@@ -42,15 +42,15 @@ def load_on_small_pages(model: str, against: str = "small-pages") -> LLM:
     """`model` loaded as the library did before: "small-pages", numpy's allocator for every weight
     and no gathering (before huge-page buffers, s22); "no-gather", the weights of 2 MB and more on
     their own huge-page mappings but the smaller ones left on 4 KiB pages (before s33)."""
-    own, gather = formats._weight_buffer, llama.gather_on_huge_pages
+    own, gather = formats._weight_buffer, model_weights.gather_on_huge_pages
     if against == "small-pages":
         formats._weight_buffer = lambda shape: torch.from_numpy(np.empty(shape, dtype=np.uint8))  # type: ignore[assignment]
-    llama.gather_on_huge_pages = lambda tensors: 0  # type: ignore[assignment]
+    model_weights.gather_on_huge_pages = lambda tensors: 0  # type: ignore[assignment]
     try:
         return LLM(model=model)
     finally:
         formats._weight_buffer = own  # type: ignore[assignment]
-        llama.gather_on_huge_pages = gather  # type: ignore[assignment]
+        model_weights.gather_on_huge_pages = gather  # type: ignore[assignment]
 
 
 def huge_page_kb() -> int:

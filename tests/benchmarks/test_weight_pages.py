@@ -39,7 +39,7 @@ def test_bad_arguments_are_usage_errors(load_benchmark: Callable[[str], ModuleTy
 def test_the_no_gather_load_leaves_small_weights_apart_and_puts_the_gather_back(
     load_benchmark: Callable[[str], ModuleType],
 ) -> None:
-    import tokenleap.models.llama as llama
+    import tokenleap.models.weights as model_weights
     from tokenleap.kernels.memory import gather_on_huge_pages
 
     m = load_benchmark("weight_pages")
@@ -55,4 +55,4 @@ def test_the_no_gather_load_leaves_small_weights_apart_and_puts_the_gather_back(
         elif inside and head == "VmFlags:":
             flags = line.split()[1:]
     assert flags and "hg" not in flags  # where numpy's allocator put it: not madvised for huge pages
-    assert llama.gather_on_huge_pages is gather_on_huge_pages
+    assert model_weights.gather_on_huge_pages is gather_on_huge_pages

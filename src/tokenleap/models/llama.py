@@ -60,7 +60,7 @@ from tokenleap.attention.ops import AttentionMask, RowGroup, attend, causal_mask
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import CpuKernels, Linear, LinearWeight, PackedWeight, QuantWeight, RowPlan
 from tokenleap.kernels.fused import FusedLayers
-from tokenleap.kernels.memory import copy_to_huge_pages, gather_on_huge_pages
+from tokenleap.kernels.memory import copy_to_huge_pages
 from tokenleap.kv.cache import KV_CACHE_TYPES, KVCache
 from tokenleap.models.base import ModelOutput, SeqInput
 from tokenleap.models.config import ModelConfig
@@ -104,12 +104,6 @@ class ExecutionPath(str, enum.Enum):
     FUSED = "fused"
     KERNELS = "kernels"
     TORCH = "torch"
-
-
-def _weight_tensor(linear: Linear) -> torch.Tensor:
-    """The tensor holding a linear's bytes, whatever its form."""
-    w = linear.weight
-    return w if isinstance(w, torch.Tensor) else w.data
 
 
 class LlamaModel:
@@ -167,9 +161,6 @@ class LlamaModel:
         # the LM head as `compute_logits` reads it (a reduced vocabulary's rows: `with_vocab`), and
         # the whole one, which `lm_head` decodes on first use where it is not dense
         self.lm_head_linear = self._lm_head_whole = prepared.lm_head
-        # the small weights (under 2 MB each: QKV / output projections, a small model's every matrix)
-        # into one huge-page mapping, in forward order, before the fused path takes their addresses
-        gather_on_huge_pages(_weight_tensor(w) for layer in self.layers for w in layer.linears())
         # the fused path's layers as one kernel call (kernels/fused.py; None: a call per op)
         self.fused: FusedLayers | None = None
         if kernels is not None and self.path is ExecutionPath.FUSED:

@@ -9,7 +9,8 @@ in their blocks where every part is quantized and they stack (one kernel format,
 `QuantWeight.cat`), else dense in the model dtype, packed for the kernels where they take it.
 Norms and biases are float32. The token table stays in its blocks (the model's lookups decode
 only the rows they read) or is dense in the model dtype; the LM head is a `Linear` like the
-others (the token table's when the embeddings are tied).
+others (the token table's when the embeddings are tied). On the kernels, the layers' weights under
+2 MB end on one shared huge-page mapping (`kernels/memory.gather_on_huge_pages`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from tokenleap.errors import TokenleapError
 from tokenleap.kernels import CpuKernels, Linear, QuantWeight
+from tokenleap.kernels.memory import gather_on_huge_pages
 from tokenleap.models.config import ModelConfig
 from tokenleap.models.layers import LayerWeights
 
@@ -59,6 +61,10 @@ def prepare_weights(
         lm_head = prep.dense_linear(embed if isinstance(embed, torch.Tensor) else embed.dequantize().to(dtype))
     norm = prep.f32("norm")
     layers = tuple(prep.layer(config, i) for i in range(config.num_layers))
+    if kernels is not None:  # the weights under 2 MB (QKV / output projections, a small model's every
+        # matrix) onto one huge-page mapping, in forward order, before a fused path takes their addresses
+        gather_on_huge_pages(w.weight if isinstance(w.weight, torch.Tensor) else w.weight.data
+                             for layer in layers for w in layer.linears())
     return ModelWeights(layers, norm, embed, lm_head, quantized)
 
 
