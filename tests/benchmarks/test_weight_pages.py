@@ -9,6 +9,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+from smaps import vm_flags  # tests/smaps.py
 
 from tokenleap.kernels.formats import QuantWeight
 
@@ -44,15 +45,6 @@ def test_the_no_gather_load_leaves_small_weights_apart_and_puts_the_gather_back(
 
     m = load_benchmark("weight_pages")
     model = m.load_on_small_pages("smollm2-135m-instruct", "no-gather").model
-    ptr = model.layers[len(model.layers) // 2].linears()[0].weight.data.data_ptr()
-    flags: list[str] = []
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=1)[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(v, 16) for v in head.split("-"))
-            inside = lo <= ptr < hi
-        elif inside and head == "VmFlags:":
-            flags = line.split()[1:]
+    flags = vm_flags(model.layers[len(model.layers) // 2].linears()[0].weight.data.data_ptr())
     assert flags and "hg" not in flags  # where numpy's allocator put it: not madvised for huge pages
     assert model_weights.gather_on_huge_pages is gather_on_huge_pages

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from smaps import vm_flags  # tests/smaps.py
 
 from tokenleap.kernels import formats
 from tokenleap.kernels.formats import _weight_buffer
@@ -21,19 +22,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds `address` (/proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=1)[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(v, 16) for v in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "VmFlags:":
-            return line.split()[1:]
-    return []
-
-
 def test_big_buffers_are_zero_aligned_and_madvised_over_their_used_pages() -> None:
     big = huge_page_tensor((5, HUGE_PAGE // 2 + 3))  # 2.5 pages: the half-used last page is madvised too
     short = huge_page_tensor((5, HUGE_PAGE // 4 + 3))  # 1.25 pages: the last one stays on small pages
@@ -42,8 +30,8 @@ def test_big_buffers_are_zero_aligned_and_madvised_over_their_used_pages() -> No
         assert int(t.sum()) == 0 and t.data_ptr() % HUGE_PAGE == 0
         t.fill_(7)
         assert int(t.sum()) == 7 * t.numel()
-    assert "hg" in _vm_flags(big.data_ptr()) and "hg" in _vm_flags(big.data_ptr() + big.numel() - 1)
-    assert "hg" in _vm_flags(short.data_ptr()) and "hg" not in _vm_flags(short.data_ptr() + short.numel() - 1)
+    assert "hg" in vm_flags(big.data_ptr()) and "hg" in vm_flags(big.data_ptr() + big.numel() - 1)
+    assert "hg" in vm_flags(short.data_ptr()) and "hg" not in vm_flags(short.data_ptr() + short.numel() - 1)
 
 
 def test_other_dtypes_and_small_buffers() -> None:
@@ -53,7 +41,7 @@ def test_other_dtypes_and_small_buffers() -> None:
     assert huge_page_tensor((1000, 1000)) is None  # under 2 MB: the caller's allocator
     small = _weight_buffer((100, 1000))
     assert small.shape == (100, 1000)  # numpy's allocator (its VmFlags are whatever that allocator's region has)
-    assert "hg" in _vm_flags(_weight_buffer((3, HUGE_PAGE)).data_ptr())
+    assert "hg" in vm_flags(_weight_buffer((3, HUGE_PAGE)).data_ptr())
 
 
 def test_weight_buffers_take_a_mapping_from_2_mb_on(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,7 +70,7 @@ def test_small_tensors_are_gathered_onto_one_mapping_in_place() -> None:
         assert t.dtype == v.dtype and t.shape == v.shape and torch.equal(t, v)
     assert a.data_ptr() % HUGE_PAGE == 0  # the mapping's start, then each 64-byte aligned, in order
     assert b.data_ptr() == a.data_ptr() + 1024 and d.data_ptr() == b.data_ptr() + 1_000_000
-    assert "hg" in _vm_flags(a.data_ptr()) and "hg" in _vm_flags(d.data_ptr())
+    assert "hg" in vm_flags(a.data_ptr()) and "hg" in vm_flags(d.data_ptr())
     a.fill_(3)  # the tensors own their new bytes: writing one leaves its neighbours
     assert torch.equal(b, values[1]) and int(a.sum()) == 3 * a.numel()
     assert gather_on_huge_pages([torch.zeros(10), torch.zeros(20)]) == 0  # under 2 MB in all: left alone
@@ -91,7 +79,7 @@ def test_small_tensors_are_gathered_onto_one_mapping_in_place() -> None:
 def test_copies_to_huge_pages_from_2_mb_on() -> None:
     t = torch.randn(1024, 1024)[:, :600]  # not contiguous, 2.4 MB
     c = copy_to_huge_pages(t)
-    assert torch.equal(c, t) and c.is_contiguous() and c.data_ptr() % HUGE_PAGE == 0 and "hg" in _vm_flags(c.data_ptr())
+    assert torch.equal(c, t) and c.is_contiguous() and c.data_ptr() % HUGE_PAGE == 0 and "hg" in vm_flags(c.data_ptr())
     s = torch.arange(10)
     small = copy_to_huge_pages(s)
     assert torch.equal(small, s) and small.data_ptr() != s.data_ptr()
@@ -106,4 +94,4 @@ def test_a_models_small_weights_share_one_huge_page_mapping() -> None:
     assert all(w.nbytes < HUGE_PAGE for w in linears)  # SmolLM2-135M: every matrix is small
     assert ptrs == sorted(ptrs) and ptrs[0] % HUGE_PAGE == 0  # in forward order from the mapping's start
     assert ptrs[-1] - ptrs[0] < sum(w.nbytes for w in linears)  # one mapping, back to back
-    assert "hg" in _vm_flags(ptrs[len(ptrs) // 2])
+    assert "hg" in vm_flags(ptrs[len(ptrs) // 2])
