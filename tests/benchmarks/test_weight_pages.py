@@ -9,8 +9,8 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from smaps import vm_flags  # tests/smaps.py
 
+from smaps import vm_flags  # tests/smaps.py
 from tokenleap.kernels.formats import QuantWeight
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from smaps import vm_flags  # tests/smaps.py
 
+from smaps import vm_flags  # tests/smaps.py
 from tokenleap.kernels import formats
 from tokenleap.kernels.formats import _weight_buffer
 from tokenleap.kernels.memory import HUGE_PAGE, copy_to_huge_pages, gather_on_huge_pages, huge_page_tensor
