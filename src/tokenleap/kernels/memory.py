@@ -58,10 +58,10 @@ def gather_on_huge_pages(tensors: Iterable[torch.Tensor], align: int = 64) -> in
     """Move the contiguous tensors under 2 MB among `tensors` (a model's small weights: a 1.5B's
     QKV and output projections, every matrix of a 135M) into one shared huge-page mapping, in the
     order given, each `align`-byte aligned; in place (`Tensor.set_`: every holder of a tensor
-    object sees its new storage; views made of it before keep the old bytes). Decoding then runs
-    1.013x / 1.015x / 1.023x on SmolLM2-135M / Qwen2.5-Coder-0.5B / -1.5B (`benchmarks/weight_pages.py
-    MODEL --against no-gather`). Returns the bytes moved (0 when fewer than 2 MB would move, or
-    without `madvise`)."""
+    object sees its new storage; views made of it before keep the old bytes). Decoding the
+    Qwen2.5-Coder-1.5B then runs 1.023x (AVX2: 1.033x), against a noise of ~1.016x in a control
+    where nothing moves (`benchmarks/weight_pages.py MODEL --against no-gather`). Returns the
+    bytes moved (0 when fewer than 2 MB would move, or without `madvise`)."""
     small, seen = [], set()
     for t in tensors:
         n = t.numel() * t.element_size()
