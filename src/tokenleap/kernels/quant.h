@@ -884,6 +884,16 @@ static inline __attribute__((always_inline)) const uint8_t *qk_xb_ahead(const ui
     return s2 < nsteps ? w + g2 * stride + s2 * step : NULL;
 }
 
+/* The broadcast buffer's fill: dst[j] = x32[j] in every dword, j < 8 n (unrolled by 8: the loop's
+ * counter and compare took as many ALU slots as the broadcasts' stores, a tenth of an 8-row tile
+ * on Golden Cove) */
+static inline __attribute__((always_inline)) void q_xv_fill(__m256i *dst, const int32_t *x32, int n) {
+    for (int i = 0; i < n; i++) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) dst[8 * i + k] = _mm256_set1_epi32(x32[8 * i + k]);
+    }
+}
+
 /* all the call's rows (one tile of at most QR) */
 static inline __attribute__((always_inline)) void qk_tile_xb(
         const int8_t *xq, const float *xd, const int32_t *xb, const uint8_t *w, const float *b, float *y,
@@ -893,10 +903,7 @@ static inline __attribute__((always_inline)) void qk_tile_xb(
     __m256i xv[QR][64]; /* row r's broadcast runs of four activations of the superblock, in memory order */
     __m256 acc[QK_XB_G][QR];
     for (int64_t s = 0; s < nsb; s++) {
-        for (int r = 0; r < NR; r++) {
-            const int32_t *x32 = (const int32_t *)(xq + r * in_dim + s * 256);
-            for (int j = 0; j < 64; j++) xv[r][j] = _mm256_set1_epi32(x32[j]);
-        }
+        for (int r = 0; r < NR; r++) q_xv_fill(xv[r], (const int32_t *)(xq + r * in_dim + s * 256), 8);
         for (int64_t g = g_lo; g < g_hi; g++) {
             const uint8_t *sb = w + g * nsb * sbb + s * sbb;
             const uint8_t *ahead = qk_xb_ahead(w, g, g_lo, g_hi, s, nsb, nsb * sbb, sbb, g_hi - g_lo < 2 ? g_hi - g_lo : 2);
@@ -937,10 +944,7 @@ static inline __attribute__((always_inline)) void q_tile_xb(
     for (int64_t s = 0; s < nruns; s++) {
         const int64_t b0 = s * Q_XB_B;
         const int nbr = nb - b0 < Q_XB_B ? (int)(nb - b0) : Q_XB_B;
-        for (int r = 0; r < NR; r++) {
-            const int32_t *x32 = (const int32_t *)(xq + r * in_dim + b0 * 32);
-            for (int j = 0; j < 8 * nbr; j++) xv[r][j] = _mm256_set1_epi32(x32[j]);
-        }
+        for (int r = 0; r < NR; r++) q_xv_fill(xv[r], (const int32_t *)(xq + r * in_dim + b0 * 32), nbr);
         for (int64_t g = g_lo; g < g_hi; g++) {
             const uint8_t *run = w + g * stride + b0 * gb;
             const uint8_t *ahead = qk_xb_ahead(w, g, g_lo, g_hi, s, nruns, stride, Q_XB_B * gb, g_hi - g_lo < 2 ? g_hi - g_lo : 2);
