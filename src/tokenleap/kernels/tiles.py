@@ -8,7 +8,8 @@ Which is faster depends on the core, not on the model: where a broadcast takes a
 (AMD Zen 3, modelled by llvm-mca) the buffered tiles are modelled 1.2-1.8x faster at 8 rows;
 on Intel a broadcast is a load-port uop, and there they measured 0.90-1.04x the time on Cascade
 Lake (s29) but 1.07-1.16x, slower, on a Golden Cove core (s32: a Sapphire Rapids-class Xeon
-running the AVX2 variant; the same core as Alder / Raptor Lake's AVX2-only P-cores). So a build
+running the AVX2 variant; the same core as Alder / Raptor Lake's AVX2-only P-cores; 1.07-1.10x
+in s34, after their broadcast fill lost its loop overhead). So a build
 without VNNI times an 8-row call of one Q4_K weight both ways once per process (interleaved,
 fastest of several rounds, ~8 ms) and keeps the buffered tiles unless they are over 3 % slower. The
 choice only moves time: every tile gives the same bits (tests/kernels/test_quant.py runs both).
