@@ -49,7 +49,7 @@ def copy_to_huge_pages(t: torch.Tensor) -> torch.Tensor:
     else from torch's allocator: for weights made at run time (a reduced draft vocabulary's head)."""
     out = huge_page_tensor(tuple(t.shape), t.dtype)
     if out is None:
-        return t.contiguous().clone() if t.is_contiguous() else t.contiguous()
+        return t.clone(memory_format=torch.contiguous_format)
     out.copy_(t)
     return out
 
