@@ -12,6 +12,7 @@ per tree (the median over the pairs) and the ratio; JSON to `--out`.
     .venv/bin/python benchmarks/prefill_ab.py --baseline /tmp/base \\
         --models qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct --lengths 128,512
     .venv/bin/python benchmarks/prefill_ab.py --baseline /tmp/base --decode --lengths 256 --pairs 4
+    TOKENLEAP_KERNELS=avx2 .venv/bin/python benchmarks/prefill_ab.py --baseline /tmp/base --xb-rows 4
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ decode = sys.argv[3] == "decode"
 out = {}
 for name in sys.argv[1].split(","):
     model = LLM(model=name).model
+    if int(sys.argv[4]) >= 0:  # the buffered tiles' setting, over the load's choice (kernels/tiles.py)
+        from tokenleap.kernels import load_kernels
+        load_kernels().quant_xb_rows(int(sys.argv[4]))
     for n in map(int, sys.argv[2].split(",")):
         ids = torch.randint(0, 30000, (n,), generator=torch.Generator().manual_seed(n))
         best = float("inf")
@@ -63,12 +67,14 @@ print(json.dumps(out))
 """
 
 
-def run_tree(tree: Path, models: str, lengths: str, mode: str = "prefill") -> dict[str, float]:
+def run_tree(tree: Path, models: str, lengths: str, mode: str = "prefill", xb_rows: int = -1) -> dict[str, float]:
     """One worker process on `tree`'s sources: milliseconds a prompt token (or, `mode` "decode",
-    a one-row step at that context) per model and length."""
+    a one-row step at that context) per model and length; `xb_rows` >= 0 sets the AVX2 buffered
+    tiles' threshold (CpuKernels.quant_xb_rows) after each load."""
     env_path = str(tree / "src")
     done = subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.path.insert(0, {env_path!r})\n" + WORKER, models, lengths, mode],
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {env_path!r})\n" + WORKER, models, lengths, mode,
+         str(xb_rows)],
         capture_output=True,
         text=True,
     )
@@ -87,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", action="store_true",
                     help="time one-row decode steps (forward + logits, fastest of 40) after a prompt of each "
                     "length instead")
+    ap.add_argument("--xb-rows", type=int, default=-1,
+                    help="in both trees, the AVX2 buffered tiles from this many rows (0: group-major only) "
+                    "whatever the load measured (kernels/tiles.py); default: the load's choice")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "prefill_ab.json")
     args = ap.parse_args(argv)
     if not (args.baseline / "src" / "tokenleap").is_dir():
@@ -96,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
     for _ in range(args.pairs):
         for label, tree in trees.items():
-            runs[label].append(run_tree(tree, args.models, lengths, "decode" if args.decode else "prefill"))
+            mode = "decode" if args.decode else "prefill"
+            runs[label].append(run_tree(tree, args.models, lengths, mode, args.xb_rows))
     unit = "ms a decode step at that context" if args.decode else "ms a prompt token"
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "baseline": str(args.baseline),
-              "unit": unit, "cases": {}}
+              "unit": unit, "xb_rows": args.xb_rows, "cases": {}}
     print(f"{result['cpu']}; {unit}, median of {args.pairs} alternating pairs")
     for key in runs["current"][0]:
         base = statistics.median(r[key] for r in runs["baseline"])

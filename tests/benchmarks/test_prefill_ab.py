@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("mode", [[], ["--decode"]])
+@pytest.mark.parametrize("mode", [[], ["--decode"], ["--xb-rows", "0"]])
 def test_both_trees_are_timed_per_model_and_length(
     load_benchmark: Callable[[str], ModuleType], tmp_path: Path, mode: list[str]
 ) -> None:
@@ -22,7 +22,8 @@ def test_both_trees_are_timed_per_model_and_length(
     assert m.main([*argv, *mode, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert set(result["cases"]) == {"smollm2-135m-instruct 8", "smollm2-135m-instruct 20"}
-    assert result["unit"] == ("ms a decode step at that context" if mode else "ms a prompt token")
+    assert result["unit"] == ("ms a decode step at that context" if "--decode" in mode else "ms a prompt token")
+    assert result["xb_rows"] == (0 if "--xb-rows" in mode else -1)  # set in each worker after its load
     for case in result["cases"].values():
         assert case["baseline_ms"] > 0 and case["current_ms"] > 0
         assert len(case["runs"]["baseline"]) == len(case["runs"]["current"]) == 1

@@ -240,8 +240,9 @@ for qtype in TYPES:
         for rows in (1, 4, 8, 11):
             assert torch.equal(torch.cat([k.linear(x[i : i + rows], w) for i in range(0, 11, rows)]), y), (qtype, rows)
         k.quant_vnni(True)
-# without VNNI, 4 and 8 rows above took the K-quants' run-major tile (8 rows Q4_0 / Q5_0's), 11 the
-# group-major one; with AVX-VNNI the first loop took the VNNI tiles and the second one the run-major
+# without VNNI, 4, 8 and 11 rows above took the K-quants' run-major tile (8 and 11 rows Q4_0 / Q5_0's;
+# 11 as 8 rows, then 3 group-major); with AVX-VNNI the first loop took the VNNI tiles and the second
+# one the run-major
 assert k.quant_xb_rows() == 4
 print("vnni" if k.quant_vnni() else "no vnni", "ok")
 """
@@ -313,17 +314,20 @@ def test_two_group_tile_gives_the_one_group_tiles_bits(kernels: CpuKernels) -> N
 
 
 def _check_run_major_tiles(kernels: CpuKernels, weights: list[QuantWeight]) -> None:
-    """Each weight at 1 to 9 rows (bias, and accumulating onto y) with the run-major tile from 2 rows
-    up against it switched off (every row count group-major): the same bits, and near the
-    reference. The caller switches VNNI off where the build has it."""
-    g = torch.Generator().manual_seed(17)
+    """Each weight at 1 to 9, 13, 17 and 22 rows (bias, and accumulating onto y; over 8 rows the
+    tile takes 8 at a time and a last few rows under its threshold go group-major) with the
+    run-major tile from 2 rows up against it switched off (every row count group-major): the same
+    bits, and near the reference. The caller switches VNNI off where the build has it."""
+    g, more = torch.Generator().manual_seed(17), torch.Generator().manual_seed(23)
     default = kernels.quant_xb_rows()  # 0 where kernels/tiles.py measured the group-major tile faster
     assert hasattr(kernels.lib, "tl_quant_xb"), "no run-major tile in this build"
     try:
         for w in weights:
             x, b = torch.randn(9, w.in_dim, generator=g) * 2, torch.randn(w.out_dim, generator=g)
             base = torch.randn(9, w.out_dim, generator=g)
-            for rows in range(1, 10):
+            x = torch.cat([x, torch.randn(13, w.in_dim, generator=more) * 2])  # (the first 9 rows' draws as before)
+            base = torch.cat([base, torch.randn(13, w.out_dim, generator=more)])
+            for rows in (*range(1, 10), 13, 17, 22):  # over 8: tiles of 8, then 5 / 1 / 6 rows
                 got = {}
                 for xb in (2, 0):
                     kernels.quant_xb_rows(xb)
@@ -351,11 +355,11 @@ def _run_major_weights(k_only: bool) -> list[QuantWeight]:
 
 
 def test_superblock_major_tile_gives_the_group_major_tiles_bits(kernels: CpuKernels) -> None:
-    """The K-quants' superblock-major tile without VNNI (2-8 rows, 4-8 by default: each row's
-    activations broadcast once per superblock for a run of up to 16 groups) against the
-    group-major tile: Q4_K / Q5_K / Q6_K and a stack, 1 to 9 rows, the same bits. Here the
-    host variant with VNNI switched off; the AVX2 variant, where every verify of 4-8 rows takes
-    these tiles, in test_avx2_variant_run_major_tiles."""
+    """The K-quants' superblock-major tile without VNNI (from 2 rows here, 4 by default; over 8
+    rows, 8 at a time: each row's activations broadcast once per superblock for a run of up to 16
+    groups) against the group-major tile: Q4_K / Q5_K / Q6_K and a stack, 1 to 22 rows, the same
+    bits. Here the host variant with VNNI switched off; the AVX2 variant, where verification and
+    prefill take these tiles, in test_avx2_variant_run_major_tiles."""
     default, vnni = kernels.quant_xb_rows(), kernels.quant_vnni()
     try:
         kernels.quant_vnni(False)

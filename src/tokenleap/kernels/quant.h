@@ -872,7 +872,7 @@ static inline __attribute__((always_inline)) void qk_tile(
  * between superblocks. Each output's integer sums and float steps are qk_tile's, in the same
  * order (superblock after superblock, then bias, then the accumulation): the same bits. */
 #define QK_XB_G 16 /* groups a pass */
-TLQ_SETTING(tlq_xb_rows, 4); /* the superblock-major tile from this many rows up, to QR (0: never): 2-3 rows measured 0.93-1.12x the time on Cascade Lake (s29) */
+TLQ_SETTING(tlq_xb_rows, 4); /* the superblock-major tile from this many rows up, QR at a time (0: never): 2-3 rows measured 0.93-1.12x the time on Cascade Lake (s29) */
 
 /* The step the tile `ahead` (<= the pass's groups) tiles after group g's step s reads, in a pass's
  * order (step-major over groups [g_lo, g_hi); a step: a superblock, or q_tile_xb's run of blocks,
@@ -1197,7 +1197,7 @@ TLQ_API int tl_quant_pair(int rows) {
     return TLQ_HAS_PAIR ? tlq_pair_rows : 0;
 }
 
-/* Set from how many rows (to QR) the K-quants without VNNI use the superblock-major tile (0:
+/* Set from how many rows the K-quants without VNNI (and Q4_0 / Q5_0 from Q_XB_MIN_ROWS) use the superblock-major tile (0:
  * never; -1: leave as is); returns the setting in force. */
 TLQ_API int tl_quant_xb(int rows) {
     if (rows >= 0) tlq_xb_rows = rows;
@@ -1229,12 +1229,29 @@ static inline __attribute__((always_inline)) void qk_groups(
 #undef QK_T
         }
 #endif
-    if (!(format & TLQ_VNNI) && tlq_xb_rows > 0 && rows >= tlq_xb_rows && rows <= QR) {
+    if (!(format & TLQ_VNNI) && tlq_xb_rows > 0 && rows >= tlq_xb_rows) {
+        /* over QR rows (prompt prefill, a long draft's verification) the tile takes them QR at a
+         * time while the run's weights stay in cache; a last tile under tlq_xb_rows rows goes
+         * group-major, as such a call would */
+        const int64_t nsb = in_dim / 256;
         for (int64_t gl = g_lo; gl < g_hi; gl += QK_XB_G) {
             const int64_t gh = gl + QK_XB_G < g_hi ? gl + QK_XB_G : g_hi;
-#define QK_T(NR_) qk_tile_xb(xq, xd, xb, w, b, y, gl, gh, in_dim, out_dim, format, accumulate, NR_)
-            QK_BY_ROWS(rows, QK_T)
+            for (int64_t m0 = 0; m0 < rows; m0 += QR) {
+                const int64_t n = rows - m0 < QR ? rows - m0 : QR;
+                if (n < tlq_xb_rows) {
+                    for (int64_t g = gl; g < gh; g++) {
+#define QK_T(NR_) qk_tile(xq, xd, xb, w, b, y, m0, g, in_dim, out_dim, format, accumulate, NR_)
+                        QK_BY_ROWS(n, QK_T)
 #undef QK_T
+                    }
+                    continue;
+                }
+#define QK_T(NR_)                                                                                                 \
+    qk_tile_xb(xq + m0 * in_dim, xd + m0 * nsb, xb + m0 * nsb * QK_BS, w, b, y + m0 * out_dim, gl, gh, in_dim, out_dim, \
+               format, accumulate, NR_)
+                QK_BY_ROWS(n, QK_T)
+#undef QK_T
+            }
         }
         return;
     }
@@ -1288,19 +1305,30 @@ QK_FORMAT(q6k_vnni, TLQ_Q6K | TLQ_VNNI)
  * block under its read time from memory either way, where the run order only costs */
 #define Q_XB_MIN_ROWS 6
 #if TLQ_HAS_Q_XB
-/* rows: Q_XB_MIN_ROWS to QR */
+/* rows: from tlq_xb_rows and Q_XB_MIN_ROWS up, QR at a time while the run's weights stay in cache
+ * (as qk_groups); a last tile under that many rows group-major, as such a call would */
 static inline __attribute__((always_inline)) void q_groups_xb(
         const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *b, float *y, int64_t rows,
         int64_t g_lo, int64_t g_hi, int64_t in_dim, int64_t out_dim, int format, int accumulate) {
+    const int64_t nb = in_dim / 32, from = tlq_xb_rows > Q_XB_MIN_ROWS ? tlq_xb_rows : Q_XB_MIN_ROWS;
     for (int64_t gl = g_lo; gl < g_hi; gl += QK_XB_G) {
         const int64_t gh = gl + QK_XB_G < g_hi ? gl + QK_XB_G : g_hi;
-#define Q_T(NR_) q_tile_xb(xq, xd, xs, w, b, y, gl, gh, in_dim, out_dim, format, accumulate, NR_)
-        switch (rows) { /* Q_XB_MIN_ROWS .. QR */
-            case 8: Q_T(8); break;
-            case 7: Q_T(7); break;
-            default: Q_T(6); break;
-        }
+        for (int64_t m0 = 0; m0 < rows; m0 += QR) {
+            const int64_t n = rows - m0 < QR ? rows - m0 : QR;
+            const int8_t *xq_m = xq + m0 * in_dim;
+            const float *xd_m = xd + m0 * nb, *xs_m = xs + m0 * nb;
+            if (n < from) {
+                q_groups(xq_m, xd_m, xs_m, w, b, y + m0 * out_dim, n, gl, gh, in_dim, out_dim, format, accumulate);
+                continue;
+            }
+#define Q_T(NR_) q_tile_xb(xq_m, xd_m, xs_m, w, b, y + m0 * out_dim, gl, gh, in_dim, out_dim, format, accumulate, NR_)
+            switch (n) { /* Q_XB_MIN_ROWS .. QR */
+                case 8: Q_T(8); break;
+                case 7: Q_T(7); break;
+                default: Q_T(6); break;
+            }
 #undef Q_T
+        }
     }
 }
 TLQ_GROUPS_FN(q_groups_xb_q40, q_groups_xb, TLQ_Q40X8, const float *)
@@ -1323,8 +1351,8 @@ static inline __attribute__((always_inline)) void q_groups_paired(
         }
 #endif
 #if TLQ_HAS_Q_XB
-    /* from tlq_xb_rows and Q_XB_MIN_ROWS rows up to QR: the run-major tile */
-    if (tlq_xb_rows > 0 && rows >= tlq_xb_rows && rows >= Q_XB_MIN_ROWS && rows <= QR) {
+    /* from tlq_xb_rows and Q_XB_MIN_ROWS rows up: the run-major tile */
+    if (tlq_xb_rows > 0 && rows >= tlq_xb_rows && rows >= Q_XB_MIN_ROWS) {
 #define Q_XB(name) q_groups_xb_##name(xq, xd, xs, w, b, y, rows, g_lo, g_hi, in_dim, out_dim, accumulate)
         switch (format) {
             case TLQ_Q40X8: Q_XB(q40); return;
