@@ -11,8 +11,9 @@ Lake (s29) but 1.07-1.16x, slower, on a Golden Cove core (s32: a Sapphire Rapids
 running the AVX2 variant; the same core as Alder / Raptor Lake's AVX2-only P-cores; 1.07-1.10x
 in s34, after their broadcast fill lost its loop overhead). So a build
 without VNNI times an 8-row call of one Q4_K weight both ways once per process (interleaved,
-fastest of several rounds, ~8 ms) and keeps the buffered tiles unless they are over 3 % slower. The
-choice only moves time: every tile gives the same bits (tests/kernels/test_quant.py runs both).
+fastest of 15 short rounds, ~12 ms) and keeps the buffered tiles unless they are over 3 % slower. The
+choice covers every call of 4 rows and more (verification, and since s35 prompt prefill, 8 rows at a
+time) and only moves time: every tile gives the same bits (tests/kernels/test_quant.py runs both).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ GGML_Q4_K = 12
 _Q4K_BLOCK = 144  # bytes per 256 weights: f16 d, f16 dmin, 12 bytes of scales, 128 of nibbles
 SHAPE = (1024, 2048)  # [out, in]: 1.2 MB of Q4_K, an L2 or L3 read on every host here
 ROWS = 8  # where the tiles differ most (at 4 rows they measured within 6 % of each other)
-CALLS = 6  # calls a round, per tile
-ROUNDS = 5
+CALLS = 4  # calls a round, per tile
+# rounds: at 5 rounds of 6 calls 2 of 8 fresh processes on a Golden Cove core kept the buffered
+# tiles, 5-9 % slower there; at 15 of 4, 0 of 10 (s35)
+ROUNDS = 15
 MARGIN = 0.03  # the buffered tiles stay unless they take more than 3 % longer
 
 
