@@ -191,8 +191,8 @@ class CpuKernels:
         return int(self.lib.tl_quant_pair(-1 if rows is None else int(rows)))
 
     def quant_xb_rows(self, rows: int | None = None) -> int:
-        """From how many rows (up to 8) the K-quant linears without VNNI (the AVX2 variant, or
-        the AVX-512 one with `quant_vnni(False)`) take the superblock-major tile, whose
+        """From how many rows (8 at a time past 8) the K-quant linears without VNNI (the AVX2
+        variant, or the AVX-512 one with `quant_vnni(False)`) take the superblock-major tile, whose
         activations are broadcast once per superblock for a run of groups instead of once per
         group (the same bits as the group-major tile); in builds without VNNI Q4_0 and Q5_0 take
         their run-major tile from this and 6 rows: with `rows`, set it (0: never); returns

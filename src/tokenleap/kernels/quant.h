@@ -1197,7 +1197,8 @@ TLQ_API int tl_quant_pair(int rows) {
     return TLQ_HAS_PAIR ? tlq_pair_rows : 0;
 }
 
-/* Set from how many rows the K-quants without VNNI (and Q4_0 / Q5_0 from Q_XB_MIN_ROWS) use the superblock-major tile (0:
+/* Set from how many rows the linears without VNNI take the buffered tiles (the K-quants'
+ * superblock-major one; Q4_0 / Q5_0's run-major one, from Q_XB_MIN_ROWS), QR rows at a time (0:
  * never; -1: leave as is); returns the setting in force. */
 TLQ_API int tl_quant_xb(int rows) {
     if (rows >= 0) tlq_xb_rows = rows;
