@@ -126,7 +126,7 @@ def test_sampled_constrained_speculation_keeps_the_distribution(llm: LLM) -> Non
     counts = {}
     for name, engine_llm in (("plain", llm), ("spec", spec)):
         # 300 samples seeded 0..299: three requests of n = 100 (each prefilled once, its samples forked
-        # with seeds seed + i; 300 one-sample requests took 4x as long, each prefilling the prompt)
+        # with seeds seed + i; 300 one-sample requests took ~2x as long, each prefilling the prompt)
         outs = engine_llm.generate(
             [prompt] * 3, [dataclasses.replace(params, n=n // 3, seed=j * (n // 3)) for j in range(3)], use_tqdm=False
         )
